@@ -1,0 +1,156 @@
+"""One service = one action: validate a request, answer from stored results or the cache,
+otherwise run the resource once (however often the request is delivered)."""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from cloudevents.core.v1.event import CloudEvent
+
+from functions import events, keys, protocol, steps
+from functions.errors import InvalidRequest, Unavailable
+from functions.flights import Flights
+from functions.logs import fields
+from functions.metrics import Metrics
+from functions.model import Action, Outcome, Request, Task
+from functions.requests import parse_request_data
+from functions.runtimes import Runtime
+from functions.settings import Settings
+from storage import Store
+from storage.errors import StorageError
+
+log = logging.getLogger("functions")
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What the HTTP layer sends: a status and, unless 202, a reply event."""
+
+    status: int
+    event: CloudEvent | None = None
+
+
+class Service:
+    def __init__(
+        self, action: Action, settings: Settings, store: Store, runtime: Runtime, metrics: Metrics
+    ) -> None:
+        self.action = action
+        self.settings = settings
+        self.store = store
+        self.runtime = runtime
+        self.metrics = metrics
+        self.flights = Flights()
+        self.sink = settings.environ.get("K_SINK", "")
+
+    def handle(self, event: CloudEvent) -> Reply:
+        """Serve one request event. Raises ``InvalidRequest`` (400) or ``Unavailable`` (503)."""
+        request = self.parse(event)
+        run = keys.run_id(request.event_source, request.event_id)
+        log.info("request", extra=fields(action=self.action, id=request.event_id,
+                                         source=request.event_source, run_id=run,
+                                         type=request.type_name, image=request.resource_type.image))
+        try:
+            return self._serve(request, run)
+        except StorageError as err:
+            raise Unavailable(f"store: {err}") from err
+
+    def parse(self, event: CloudEvent) -> Request:
+        events.check_type(event, self.action)
+        reply_async = self._wants_async(event)
+        return parse_request_data(
+            events.event_data(event),
+            action=self.action,
+            event=event.get_attributes(),
+            resource_types=self.settings.resource_types,
+            artifact_url_prefix=self.store.url_for("artifacts/"),
+            reply_async=reply_async,
+        )
+
+    def _wants_async(self, event: CloudEvent) -> bool:
+        mode = event.get_extension("replymode") or self.settings.reply_mode
+        if mode not in ("sync", "async"):
+            raise InvalidRequest(f"replymode must be 'sync' or 'async', got {mode!r}")
+        if mode == "async" and not self.sink:
+            raise InvalidRequest("replymode async needs K_SINK, which this service lacks")
+        return mode == "async"
+
+    def _serve(self, request: Request, run: str) -> Reply:
+        stored = steps.read_outcome(self.store, run)
+        if stored is not None:
+            self.metrics.joined.labels(self.action).inc()
+            return self._reply(request, run, stored)
+        cache_key = self._cache_key(request)
+        if cache_key:
+            cached = steps.read_cache(self.store, cache_key)
+            if cached is not None:
+                self.metrics.cache_hits.labels(self.action).inc()
+                return self._reply(request, run, Outcome(action=self.action, data=cached))
+        task = self._task(request, run, cache_key)
+        if request.reply_async:
+            self.runtime.start(task)  # idempotent per run id; the task posts its reply
+            return Reply(status=202)
+        outcome = self._run(task, self._flight_keys(request, run, cache_key))
+        return self._reply(request, run, outcome)
+
+    def _run(self, task: Task, flight_keys: list[str]) -> Outcome:
+        started = time.monotonic()
+        outcome, joined = self.flights.run(flight_keys, lambda: self.runtime.run(task))
+        if joined:
+            self.metrics.joined.labels(self.action).inc()
+            return outcome
+        kind = "succeeded" if outcome.failure is None else outcome.failure.kind
+        self.metrics.runs.labels(self.action, kind).inc()
+        self.metrics.duration.labels(self.action).observe(time.monotonic() - started)
+        artifact = (outcome.data or {}).get("artifact")
+        if artifact:
+            self.metrics.bytes.labels(self.action).inc(artifact["size"])
+        log.info("run finished", extra=fields(action=self.action, run_id=task.run_id,
+                                              outcome=kind, seconds=time.monotonic() - started))
+        return outcome
+
+    def _cache_key(self, request: Request) -> str | None:
+        if request.action != "get":
+            return None
+        return keys.cache_key(self.settings.cache_secret, image=request.resource_type.image,
+                              source=request.source, version=request.version,
+                              params=request.params)
+
+    def _flight_keys(self, request: Request, run: str, cache_key: str | None) -> list[str]:
+        """Identical checks and gets arriving together share one run."""
+        flight = [run]
+        if cache_key:
+            flight.append(f"get:{cache_key}")
+        elif request.action == "check":
+            flight.append("check:" + keys.cache_key(
+                self.settings.cache_secret, image=request.resource_type.image,
+                source=request.source, version=request.version, params={}, action="check"))
+        return flight
+
+    def _task(self, request: Request, run: str, cache_key: str | None) -> Task:
+        timeout = request.resource_type.timeout_seconds or self.settings.task_timeout_seconds
+        return Task(
+            run_id=run,
+            action=request.action,
+            resource_type=request.resource_type,
+            stdin=protocol.stdin_payload(request.action, request.source, request.version,
+                                         request.params),
+            env=protocol.build_env(request.action, request.build),
+            inputs=request.inputs,
+            cache_key=cache_key,
+            timeout_seconds=timeout,
+            request_id=request.event_id,
+            request_source=request.event_source,
+            subject=request.subject,
+        )
+
+    def _reply(self, request: Request, run: str, outcome: Outcome) -> Reply:
+        event = events.reply_event(action=self.action, outcome=outcome,
+                                   request_id=request.event_id, subject=request.subject,
+                                   run_id=run)
+        return Reply(status=200, event=event)
+
+
+def describe(reply: Reply) -> dict[str, Any]:
+    return {"status": reply.status, "type": reply.event.get_type() if reply.event else None}

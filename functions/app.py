@@ -1,0 +1,71 @@
+"""The Flask application of one service: ``create_app(settings, action)``.
+
+Routes: ``POST /`` takes a request CloudEvent (binary or structured mode) and answers per the
+event contract (200 + reply event, 202, 400 + JSON error, 503 + JSON error); ``GET /healthz``;
+``GET /metrics`` (Prometheus text format).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from flask import Flask, Response, jsonify, request
+
+from functions import events
+from functions.actions import Service
+from functions.errors import InvalidRequest, Unavailable
+from functions.logs import fields
+from functions.metrics import Metrics
+from functions.model import Action
+from functions.runtimes import Runtime, make_runtime
+from functions.settings import Settings
+from storage import Store, StoreOptions, open_store
+
+log = logging.getLogger("functions.app")
+
+
+def create_app(
+    settings: Settings,
+    action: Action,
+    *,
+    store: Store | None = None,
+    runtime: Runtime | None = None,
+) -> Flask:
+    store = store or open_store(settings.store_url, StoreOptions.from_env(settings.environ))
+    runtime = runtime or make_runtime(settings, store)
+    service = Service(action, settings, store, runtime, Metrics())
+    app = Flask(f"resource-functions-{action}")
+    app.extensions["service"] = service
+    app.add_url_rule("/", "event", lambda: _handle(service), methods=["POST"])
+    app.add_url_rule("/healthz", "healthz", lambda: {"status": "ok", "action": action})
+    app.add_url_rule("/metrics", "metrics", lambda: Response(
+        service.metrics.exposition(), mimetype="text/plain; version=0.0.4"))
+    return app
+
+
+def _handle(service: Service) -> Response:
+    status, response = _respond(service)
+    service.metrics.requests.labels(service.action, str(status)).inc()
+    return response
+
+
+def _respond(service: Service) -> tuple[int, Response]:
+    try:
+        event = events.read_event(dict(request.headers), request.get_data())
+        reply = service.handle(event)
+    except InvalidRequest as err:
+        log.info("invalid request", extra=fields(action=service.action, problems=err.problems))
+        return 400, _error(400, "invalid_request", err, problems=err.problems)
+    except Unavailable as err:
+        log.warning("unavailable", extra=fields(action=service.action, error=str(err)))
+        return 503, _error(503, "unavailable", err)
+    if reply.event is None:
+        return reply.status, Response(status=reply.status)
+    headers, body = events.to_http(reply.event)
+    return reply.status, Response(body, status=reply.status, headers=headers)
+
+
+def _error(status: int, kind: str, err: Exception, **extra: Any) -> Response:
+    response = jsonify({"error": {"kind": kind, "message": str(err), **extra}})
+    response.status_code = status
+    return response

@@ -1,0 +1,104 @@
+"""The command line for people and for task pods.
+
+    serve ACTION            run one service (check, get, put or dead-letter) under gunicorn
+    run ACTION …            run one action locally and print the reply (progress on stderr)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+from functions.errors import FunctionError
+
+
+def main(argv: list[str]) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except FunctionError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m functions", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(required=True, dest="command")
+    serve = sub.add_parser("serve", help="serve one action over HTTP (CloudEvents)")
+    serve.add_argument("action", choices=["check", "get", "put", "dead-letter"])
+    serve.add_argument("--host", default=os.environ.get("HOST", "0.0.0.0"))
+    serve.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8080")))
+    serve.add_argument("--threads", type=int, default=int(os.environ.get("THREADS", "16")))
+    serve.set_defaults(handler=cmd_serve)
+    run = sub.add_parser("run", help="run one action locally and print the reply data")
+    run.add_argument("action", choices=["check", "get", "put"])
+    kind = run.add_mutually_exclusive_group(required=True)
+    kind.add_argument("--type", help="resource type name from the catalogue")
+    kind.add_argument("--image", help="resource type image")
+    run.add_argument("--source", default="{}", help="source as JSON, or @file")
+    run.add_argument("--version", help="version as JSON (check: optional, get: required)")
+    run.add_argument("--params", help="params as JSON, or @file")
+    run.add_argument("--input", action="append", default=[], metavar="NAME=DIR|URL",
+                     help="put input: a local directory (uploaded first) or an artifact URL")
+    run.add_argument("--output", metavar="DIR", help="get: unpack the artifact into DIR")
+    run.set_defaults(handler=cmd_run)
+    return parser
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from functions import logs
+    from functions.serving import serve
+    from functions.settings import Settings
+
+    settings = Settings.from_env()
+    logs.configure(settings.log_level)
+    if args.action == "dead-letter":
+        from functions.dead_letter import create_dead_letter_app
+
+        app = create_dead_letter_app()
+    else:
+        from functions.app import create_app
+
+        app = create_app(settings, args.action)
+    serve(app, host=args.host, port=args.port, threads=args.threads)
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from functions.local import run_local
+
+    data: dict[str, Any] = {"source": _json_arg(args.source, "--source")}
+    data.update({"type": args.type} if args.type else {"image": args.image})
+    if args.version:
+        data["version"] = _json_arg(args.version, "--version")
+    if args.params:
+        data["params"] = _json_arg(args.params, "--params")
+    reply = run_local(args.action, data, inputs=dict(_pair(i) for i in args.input),
+                      output=Path(args.output) if args.output else None)
+    print(json.dumps(reply, indent=2))
+    return 0 if "error" not in reply else 1
+
+
+def _json_arg(value: str, name: str) -> Any:
+    text = Path(value[1:]).read_text() if value.startswith("@") else value
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise SystemExit(f"{name}: not valid JSON: {err}") from None
+
+
+def _pair(value: str) -> tuple[str, str]:
+    name, sep, where = value.partition("=")
+    if not sep or not name or not where:
+        raise SystemExit(f"--input {value!r}: expected NAME=DIR or NAME=URL")
+    return name, where
+
+
+def new_event_id() -> str:
+    return str(uuid.uuid4())

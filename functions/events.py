@@ -1,0 +1,102 @@
+"""CloudEvents in and out over HTTP, through the cloudevents SDK (2.x API).
+
+Requests are accepted in binary and structured content mode; replies are binary mode
+with ``datacontenttype: application/json``, the extension ``requestid`` and the request's
+``subject``.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any, Mapping
+
+from cloudevents.core.bindings.http import HTTPMessage, from_http_event, to_binary_event
+from cloudevents.core.exceptions import BaseCloudEventException
+from cloudevents.core.v1.event import CloudEvent
+
+from functions.errors import InvalidRequest
+from functions.model import Action, Outcome
+
+TYPE_PREFIX = "dev.resourcefunctions."
+REPLY_SOURCE = "/resource-functions/{action}"
+MAX_BODY_BYTES = 4 * 1024 * 1024
+
+
+def request_type(action: str) -> str:
+    return f"{TYPE_PREFIX}{action}.requested"
+
+
+def reply_type(action: str, succeeded: bool) -> str:
+    return f"{TYPE_PREFIX}{action}.{'succeeded' if succeeded else 'failed'}"
+
+
+def read_event(headers: Mapping[str, str], body: bytes) -> CloudEvent:
+    """Parse an HTTP request into a CloudEvent; ``InvalidRequest`` says what is wrong."""
+    if len(body) > MAX_BODY_BYTES:
+        raise InvalidRequest(f"request body is larger than {MAX_BODY_BYTES} bytes")
+    lowered = {k.lower(): v for k, v in headers.items()}
+    if "ce-specversion" not in lowered and "cloudevents" not in lowered.get("content-type", ""):
+        raise InvalidRequest(
+            "not a CloudEvent: send ce-specversion/ce-type/ce-source/ce-id headers (binary "
+            "mode) or Content-Type: application/cloudevents+json (structured mode)"
+        )
+    try:
+        event = from_http_event(HTTPMessage(headers=lowered, body=body))
+    except (BaseCloudEventException, ValueError, TypeError, KeyError) as err:
+        raise InvalidRequest(f"invalid CloudEvent: {err}") from None
+    if not isinstance(event, CloudEvent):
+        raise InvalidRequest("only CloudEvents specversion 1.0 is supported")
+    return event
+
+
+def event_data(event: CloudEvent) -> Any:
+    """The event's data as JSON; text or bytes are decoded, and must be JSON."""
+    data = event.get_data()
+    if isinstance(data, (bytes, str)):
+        try:
+            return json.loads(data)
+        except (ValueError, UnicodeDecodeError) as err:
+            raise InvalidRequest(f"data is not valid JSON: {err}") from None
+    return data
+
+
+def check_type(event: CloudEvent, action: Action) -> None:
+    if event.get_type() != request_type(action):
+        raise InvalidRequest(
+            f"this is the {action} service: event type must be {request_type(action)!r}, "
+            f"got {event.get_type()!r}"
+        )
+
+
+def reply_event(
+    *, action: Action, outcome: Outcome, request_id: str, subject: str | None, run_id: str
+) -> CloudEvent:
+    """The reply CloudEvent for an outcome (pure: same inputs, same event but for ``time``)."""
+    attributes: dict[str, Any] = {
+        "specversion": "1.0",
+        "type": reply_type(action, outcome.succeeded),
+        "source": REPLY_SOURCE.format(action=action),
+        "id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{run_id}/{outcome.succeeded}")),
+        "datacontenttype": "application/json",
+        "requestid": request_id,
+    }
+    if subject:
+        attributes["subject"] = subject
+    return CloudEvent(attributes=attributes, data=reply_data(outcome))
+
+
+def reply_data(outcome: Outcome) -> dict[str, Any]:
+    if outcome.failure is not None:
+        return {"error": outcome.failure.as_dict()}
+    return dict(outcome.data or {})
+
+
+def reply_data_of(event: CloudEvent) -> dict[str, Any]:
+    data = event.get_data()
+    return data if isinstance(data, dict) else {}
+
+
+def to_http(event: CloudEvent) -> tuple[dict[str, str], bytes]:
+    """Binary-mode HTTP headers and body of an event."""
+    message = to_binary_event(event)
+    return dict(message.headers), message.body

@@ -1,0 +1,51 @@
+"""Names derived from requests: run ids, cache keys and store keys (pure functions).
+
+Cache keys are HMAC-SHA256 under the configured CACHE_SECRET, so a key in the store reveals
+nothing about the credentials in ``source`` or ``params`` and cannot be guessed from them.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from typing import Any
+
+
+def canonical_json(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def run_id(event_source: str, event_id: str) -> str:
+    """Identity of one request: the CloudEvent (source, id) pair, as 32 hex chars."""
+    digest = hashlib.sha256(canonical_json([event_source, event_id]))
+    return digest.hexdigest()[:32]
+
+
+def cache_key(
+    secret: bytes, *, image: str, source: Any, version: Any, params: Any, action: str = "get"
+) -> str:
+    """Keyed hash of what determines a resource's output: the same inputs as Concourse's
+    resource cache (image, source, version, params), plus the action."""
+    message = canonical_json(
+        {"action": action, "image": image, "source": source, "version": version, "params": params}
+    )
+    return hmac.new(secret, message, hashlib.sha256).hexdigest()
+
+
+def artifact_key(key: str, suffix: str) -> str:
+    return f"artifacts/{key}{suffix}"
+
+
+def cache_record_key(key: str) -> str:
+    """The small JSON next to an artifact that makes it a cache entry (version, metadata,
+    artifact url/digest/size/format); written after the artifact, so its presence means
+    the artifact is complete."""
+    return f"artifacts/{key}.json"
+
+
+def result_key(run: str) -> str:
+    return f"results/{run}.json"
+
+
+def log_key(run: str) -> str:
+    return f"logs/{run}.log"

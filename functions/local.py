@@ -1,0 +1,67 @@
+"""``python -m functions run``: one action in this process, as the services would run it."""
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+from cloudevents.core.v1.event import CloudEvent
+
+from functions import events
+from functions.actions import Service
+from functions.metrics import Metrics
+from functions.model import Action
+from functions.progress import ProgressReader
+from functions.runtimes import make_runtime
+from functions.settings import Settings
+from storage import Store, StoreOptions, open_store
+from storage.archive import ArchiveOptions, Limits, pack, suffix_for, unpack, format_for_key
+
+
+def run_local(action: Action, data: dict[str, Any], *, inputs: dict[str, str],
+              output: Path | None) -> dict[str, Any]:
+    """Run ``action`` with request ``data``; local directories among ``inputs`` are uploaded
+    first; a get's artifact is unpacked into ``output``. Returns the reply data."""
+    settings = Settings.from_env()
+    store = open_store(settings.store_url, StoreOptions.from_env(settings.environ))
+    if inputs:
+        data["inputs"] = {name: _as_artifact(store, where, settings) for name, where in
+                          inputs.items()}
+    runtime = make_runtime(settings, store)
+    try:
+        service = Service(action, settings, store, runtime, Metrics())
+        reply = service.handle(_event(action, data))
+    finally:
+        runtime.close()
+    body = events.reply_data_of(reply.event) if reply.event else {}
+    if output is not None and "artifact" in body:
+        _download(store, body["artifact"], output, settings)
+    return body
+
+
+def _event(action: Action, data: dict[str, Any]) -> CloudEvent:
+    return CloudEvent(attributes={
+        "specversion": "1.0", "type": events.request_type(action), "source": "/cli",
+        "id": str(uuid.uuid4()), "datacontenttype": "application/json"}, data=data)
+
+
+def _as_artifact(store: Store, where: str, settings: Settings) -> str | dict[str, str]:
+    if "://" in where:
+        return where
+    directory = Path(where)
+    if not directory.is_dir():
+        raise SystemExit(f"--input: {where} is neither a directory nor a URL")
+    options = ArchiveOptions.from_env(settings.environ)
+    key = f"artifacts/inputs/{uuid.uuid4().hex}{suffix_for(options.format)}"
+    with pack(directory, options) as stream:
+        info = store.put(key, ProgressReader(stream, f"upload {where}"))
+    return {"url": store.url_for(key), "digest": info.digest or ""}
+
+
+def _download(store: Store, artifact: dict[str, Any], output: Path, settings: Settings) -> None:
+    key = artifact["url"][len(store.url_for("")):]
+    output.mkdir(parents=True, exist_ok=True)
+    with store.open(key) as stream:
+        unpack(ProgressReader(stream, f"download to {output}"), output,
+               format=format_for_key(key), expected_digest=artifact["digest"],
+               limits=Limits.from_env(settings.environ))

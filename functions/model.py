@@ -1,0 +1,144 @@
+"""Plain data passed between the layers: requests, tasks and outcomes.
+
+Nothing here does I/O. ``Task.stdin`` carries the resource's ``source`` and ``params``
+(credentials), so a Task is never logged, serialised into a pod spec or stored.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Action = Literal["check", "get", "put"]
+ACTIONS: tuple[Action, ...] = ("check", "get", "put")
+
+# The resource script each action runs, and its argv[1] (Concourse's paths).
+SCRIPTS = {"check": "/opt/resource/check", "get": "/opt/resource/in", "put": "/opt/resource/out"}
+WORKDIRS = {"check": None, "get": "/tmp/build/get", "put": "/tmp/build/put"}
+
+FAILURE_KINDS = (
+    "invalid_request",
+    "resource_failed",
+    "invalid_output",
+    "image_pull",
+    "timeout",
+    "storage",
+    "runtime",
+)
+
+
+@dataclass(frozen=True)
+class Build:
+    """The pipeline engine's description of the build a get/put belongs to."""
+
+    id: str = ""
+    name: str = ""
+    job: str = ""
+    pipeline: str = ""
+    team: str = ""
+    url: str = ""
+    external_url: str = ""
+    instance_vars: str = ""  # JSON text, as Concourse passes it
+
+
+@dataclass(frozen=True)
+class ResourceType:
+    """How to run one resource type: its image and per-type pod settings."""
+
+    image: str
+    privileged: bool = False
+    timeout_seconds: float | None = None
+    resources: dict[str, Any] = field(default_factory=dict)
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = field(default_factory=list)
+    image_pull_secrets: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Request:
+    """A validated request event."""
+
+    action: Action
+    event_id: str
+    event_source: str
+    subject: str | None
+    resource_type: ResourceType
+    type_name: str | None  # catalogue name, if the request named one
+    source: dict[str, Any]
+    version: dict[str, str] | None
+    params: dict[str, Any]
+    inputs: dict[str, "ArtifactRef"]  # put only: input name -> artifact in the store
+    build: Build
+    reply_async: bool = False
+
+
+@dataclass(frozen=True)
+class ArtifactRef:
+    """An artifact in the store: its key and, when known, its digest."""
+
+    key: str
+    digest: str | None = None
+
+
+@dataclass(frozen=True)
+class Task:
+    """One run of a resource script, as a runtime sees it."""
+
+    run_id: str
+    action: Action
+    resource_type: ResourceType
+    stdin: bytes = field(repr=False)  # secret: source and params
+    env: dict[str, str]
+    inputs: dict[str, ArtifactRef]
+    cache_key: str | None  # get: names the output artifact and its cache record
+    timeout_seconds: float
+    request_id: str = ""
+    request_source: str = ""
+    subject: str | None = None
+
+
+@dataclass(frozen=True)
+class Failure:
+    kind: str
+    message: str
+    exit_code: int | None = None
+    log_tail: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"kind": self.kind, "message": self.message}
+        if self.exit_code is not None:
+            body["exit_code"] = self.exit_code
+        if self.log_tail:
+            body["log_tail"] = self.log_tail
+        return body
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a run produced: reply data on success, or a failure."""
+
+    action: Action
+    data: dict[str, Any] | None = None
+    failure: Failure | None = None
+
+    @property
+    def succeeded(self) -> bool:
+        return self.failure is None
+
+    def as_record(self) -> dict[str, Any]:
+        """The JSON stored under ``results/<run-id>.json`` (no secrets in it)."""
+        if self.failure is not None:
+            return {"action": self.action, "error": self.failure.as_dict()}
+        return {"action": self.action, "data": self.data}
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> "Outcome":
+        if "error" in record:
+            err = record["error"]
+            failure = Failure(
+                kind=err["kind"],
+                message=err["message"],
+                exit_code=err.get("exit_code"),
+                log_tail=err.get("log_tail"),
+            )
+            return cls(action=record["action"], failure=failure)
+        return cls(action=record["action"], data=record["data"])

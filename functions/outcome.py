@@ -1,0 +1,85 @@
+"""Turning what a script did (exit code, stdout, stderr) into an ``Outcome`` (pure).
+
+A non-zero exit is a *result* (``resource_failed``), malformed stdout is ``invalid_output``;
+neither is an error of this system.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from functions.model import Action, Failure, Outcome
+from functions.protocol import InvalidOutput, parse_check_output, parse_version_output
+
+LOG_TAIL_BYTES = 2048
+MIN_SECRET_LEN = 6
+REDACTED = "[redacted]"
+
+
+def secret_strings(stdin: bytes) -> list[str]:
+    """Every string in the stdin payload's source and params long enough to be a secret,
+    longest first (so a secret containing another is redacted whole)."""
+    try:
+        payload = json.loads(stdin)
+    except ValueError:
+        return []
+    found: set[str] = set()
+    _collect_strings({k: payload.get(k) for k in ("source", "params")}, found)
+    return sorted((s for s in found if len(s) >= MIN_SECRET_LEN), key=len, reverse=True)
+
+
+def _collect_strings(value: Any, found: set[str]) -> None:
+    if isinstance(value, str):
+        found.add(value)
+        found.update(line for line in value.splitlines() if line.strip())
+    elif isinstance(value, dict):
+        for item in value.values():
+            _collect_strings(item, found)
+    elif isinstance(value, list):
+        for item in value:
+            _collect_strings(item, found)
+
+
+def redact(text: str, secrets: list[str]) -> str:
+    for secret in secrets:
+        text = text.replace(secret, REDACTED)
+    return text
+
+
+def log_tail(log: str, limit: int = LOG_TAIL_BYTES) -> str:
+    tail = log[-limit:]
+    return tail if len(log) <= limit else "…" + tail.split("\n", 1)[-1]
+
+
+def script_failure(exit_code: int, log: str) -> Failure:
+    return Failure(
+        kind="resource_failed",
+        message=f"the resource script exited with code {exit_code}",
+        exit_code=exit_code,
+        log_tail=log_tail(log) or None,
+    )
+
+
+def parse_output(action: Action, stdout: bytes) -> dict[str, Any]:
+    """Reply data from a successful script's stdout; raises ``InvalidOutput``."""
+    if action == "check":
+        return {"versions": parse_check_output(stdout)}
+    version, metadata = parse_version_output(stdout)
+    return {"version": version, "metadata": metadata}
+
+
+def outcome_of_script(action: Action, exit_code: int, stdout: bytes, log: str) -> Outcome:
+    """The outcome before any artifact is stored: failure, or data without ``artifact``."""
+    if exit_code != 0:
+        return Outcome(action=action, failure=script_failure(exit_code, log))
+    try:
+        return Outcome(action=action, data=parse_output(action, stdout))
+    except InvalidOutput as err:
+        failure = Failure(kind="invalid_output", message=f"invalid output: {err}",
+                          exit_code=0, log_tail=log_tail(log) or None)
+        return Outcome(action=action, failure=failure)
+
+
+def failed(action: Action, kind: str, message: str, log: str = "") -> Outcome:
+    return Outcome(action=action, failure=Failure(kind=kind, message=message,
+                                                  log_tail=log_tail(log) or None))

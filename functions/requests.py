@@ -1,0 +1,151 @@
+"""Validation of request data into a ``Request``: every problem found is reported at once."""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Mapping
+
+from functions.errors import InvalidRequest
+from functions.model import Action, ArtifactRef, Build, Request, ResourceType
+
+BUILD_FIELDS = ("id", "name", "job", "pipeline", "team", "url", "external_url", "instance_vars")
+ALLOWED_KEYS = {
+    "check": {"type", "image", "source", "version"},
+    "get": {"type", "image", "source", "version", "params", "build"},
+    "put": {"type", "image", "source", "params", "inputs", "build"},
+}
+# An input name becomes a directory under the put's working directory.
+INPUT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+# Image references: registry/repo[:tag][@sha256:hex]; no whitespace or shell characters.
+IMAGE_REF = re.compile(r"^[a-z0-9][a-z0-9._/:@-]*[a-zA-Z0-9._-]$", re.IGNORECASE)
+
+
+def parse_request_data(
+    data: Any,
+    *,
+    action: Action,
+    event: Mapping[str, Any],
+    resource_types: Mapping[str, ResourceType],
+    artifact_url_prefix: str,
+    reply_async: bool,
+) -> Request:
+    """Validate ``data`` for ``action``; raise ``InvalidRequest`` listing every problem."""
+    if not isinstance(data, dict):
+        raise InvalidRequest("data must be a JSON object")
+    problems: list[str] = []
+    unknown = sorted(set(data) - ALLOWED_KEYS[action])
+    if unknown:
+        problems.append(f"unknown field(s) for {action}: {', '.join(unknown)}")
+    resource_type, type_name = _resource_type(data, resource_types, problems)
+    source = _object(data, "source", problems, required=True)
+    version = _version(data, action, problems)
+    params = _object(data, "params", problems, required=False)
+    inputs = _inputs(data, action, artifact_url_prefix, problems)
+    build = _build(data.get("build"), problems)
+    if problems:
+        raise InvalidRequest(*problems)
+    assert resource_type is not None
+    return Request(
+        action=action,
+        event_id=str(event["id"]),
+        event_source=str(event["source"]),
+        subject=event.get("subject"),
+        resource_type=resource_type,
+        type_name=type_name,
+        source=source,
+        version=version,
+        params=params,
+        inputs=inputs,
+        build=build,
+        reply_async=reply_async,
+    )
+
+
+def _resource_type(
+    data: dict[str, Any], catalogue: Mapping[str, ResourceType], problems: list[str]
+) -> tuple[ResourceType | None, str | None]:
+    name, image = data.get("type"), data.get("image")
+    if (name is None) == (image is None):
+        problems.append("exactly one of 'type' (a catalogue name) or 'image' is required")
+        return None, None
+    if name is not None:
+        if not isinstance(name, str) or name not in catalogue:
+            known = ", ".join(sorted(catalogue)) or "none configured"
+            problems.append(f"type {name!r} is not in the catalogue (known: {known})")
+            return None, None
+        return catalogue[name], name
+    if not isinstance(image, str) or len(image) > 512 or not IMAGE_REF.match(image):
+        problems.append(f"image {image!r} is not a valid image reference")
+        return None, None
+    return ResourceType(image=image), None
+
+
+def _object(data: dict[str, Any], key: str, problems: list[str], *, required: bool) -> dict:
+    value = data.get(key)
+    if value is None:
+        if required:
+            problems.append(f"'{key}' is required (a JSON object)")
+        return {}
+    if not isinstance(value, dict):
+        problems.append(f"'{key}' must be a JSON object")
+        return {}
+    return value
+
+
+def _version(data: dict[str, Any], action: Action, problems: list[str]) -> dict[str, str] | None:
+    value = data.get("version")
+    if value is None:
+        if action == "get":
+            problems.append("'version' is required for get (an object of strings)")
+        return None
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        problems.append("'version' must be an object mapping strings to strings")
+        return None
+    return value
+
+
+def _inputs(data: dict[str, Any], action: Action, prefix: str, problems: list[str]) -> dict:
+    """put inputs: name -> artifact URL, or name -> {"url", "digest"} to verify the bytes."""
+    value = data.get("inputs")
+    if action != "put" or value is None:
+        return {}
+    if not isinstance(value, dict):
+        problems.append("'inputs' must be an object mapping input names to artifact URLs")
+        return {}
+    refs: dict[str, ArtifactRef] = {}
+    for name, spec in value.items():
+        if not INPUT_NAME.match(name):
+            problems.append(f"input name {name!r} must match {INPUT_NAME.pattern}")
+        url, digest = (spec.get("url"), spec.get("digest")) if isinstance(spec, dict) else (
+            spec, None)
+        if not isinstance(url, str) or not url.startswith(prefix) or ".." in url[len(prefix):]:
+            problems.append(f"input {name!r}: URL must be an artifact in this store ({prefix}…)")
+        elif digest is not None and not (isinstance(digest, str) and DIGEST.match(digest)):
+            problems.append(f"input {name!r}: digest must be 'sha256:' and 64 hex digits")
+        else:
+            refs[name] = ArtifactRef(key="artifacts/" + url[len(prefix):], digest=digest)
+    return refs
+
+
+def _build(value: Any, problems: list[str]) -> Build:
+    if value is None:
+        return Build()
+    if not isinstance(value, dict):
+        problems.append("'build' must be a JSON object")
+        return Build()
+    unknown = sorted(set(value) - set(BUILD_FIELDS))
+    if unknown:
+        problems.append(f"unknown build field(s): {', '.join(unknown)}")
+    fields: dict[str, str] = {}
+    for key in BUILD_FIELDS:
+        item = value.get(key, "")
+        if isinstance(item, (int, float)) and not isinstance(item, bool):
+            item = str(item)
+        elif key == "instance_vars" and isinstance(item, dict):
+            item = json.dumps(item, sort_keys=True, separators=(",", ":"))
+        if not isinstance(item, str):
+            problems.append(f"build.{key} must be a string")
+            continue
+        fields[key] = item
+    return Build(**fields)

@@ -1,0 +1,40 @@
+"""Runtimes run one ``Task`` (one resource script) somewhere and return its ``Outcome``.
+
+    class Runtime(Protocol):
+        def run(self, task: Task) -> Outcome      # blocks until the outcome is stored
+        def start(self, task: Task) -> None       # begin; the task replies by itself (async)
+        def close(self) -> None
+
+Contract: ``run`` stores ``results/<run-id>.json`` and ``logs/<run-id>.log`` before it
+returns, so a redelivered request finds them. A script that fails, a missing image or a
+timeout is an ``Outcome`` with a failure; only infrastructure trouble raises
+(``functions.errors.Unavailable``). ``make_runtime`` is the one place that picks a runtime,
+so only ``container.py`` imports docker and only ``kubernetes.py`` imports kubernetes.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from functions.model import Outcome, Task
+
+if TYPE_CHECKING:
+    from functions.settings import Settings
+    from storage import Store
+
+
+class Runtime(Protocol):
+    def run(self, task: Task) -> Outcome: ...
+
+    def start(self, task: Task) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def make_runtime(settings: "Settings", store: "Store") -> Runtime:
+    if settings.runtime == "kubernetes":
+        from functions.runtimes.kubernetes import KubernetesRuntime
+
+        return KubernetesRuntime.from_settings(settings, store)
+    from functions.runtimes.container import ContainerRuntime
+
+    return ContainerRuntime.from_settings(settings, store)

@@ -1,0 +1,141 @@
+"""Settings, read once from the environment into a typed, immutable object.
+
+Every public variable is documented in the README's configuration table. Reading never
+writes the environment; a malformed value raises ``ConfigError`` naming the variable.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from functions.errors import ConfigError
+from functions.model import ResourceType
+
+# The embedded catalogue: Concourse's core resource types, by name.
+DEFAULT_RESOURCE_TYPES = {
+    "git": "docker.io/concourse/git-resource:1.17",
+    "time": "docker.io/concourse/time-resource:1.8",
+    "registry-image": "docker.io/concourse/registry-image-resource:1.11",
+    "s3": "docker.io/concourse/s3-resource:1.3",
+    "semver": "docker.io/concourse/semver-resource:1.8",
+    "github-release": "docker.io/concourse/github-release-resource:1.9",
+    "mock": "docker.io/concourse/mock-resource:0.13",
+}
+RUNTIMES = ("container", "kubernetes")
+REPLY_MODES = ("sync", "async")
+
+
+def default_store_url(environ: Mapping[str, str]) -> str:
+    base = environ.get("XDG_DATA_HOME") or str(Path(environ.get("HOME", "/tmp")) / ".local/share")
+    return "file://" + str(Path(base) / "resource-functions" / "store")
+
+
+@dataclass(frozen=True)
+class Settings:
+    store_url: str
+    runtime: str = "container"
+    resource_types: dict[str, ResourceType] = field(default_factory=dict)
+    cache_secret: bytes = field(default=b"", repr=False)
+    cache_secret_generated: bool = False
+    task_timeout_seconds: float = 3600.0
+    reply_mode: str = "sync"
+    log_level: str = "info"
+    task_namespace: str = "default"
+    task_service_account: str = "resource-task"
+    task_image: str = "resource-functions:latest"
+    task_ttl_seconds: int = 600
+    environ: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":
+        env = dict(os.environ if environ is None else environ)
+        secret = env.get("CACHE_SECRET", "")
+        return cls(
+            store_url=env.get("STORE_URL") or default_store_url(env),
+            runtime=_choice(env, "RUNTIME", RUNTIMES, "container"),
+            resource_types=parse_resource_types(env.get("RESOURCE_TYPES", "")),
+            cache_secret=secret.encode() if secret else secrets.token_bytes(32),
+            cache_secret_generated=not secret,
+            task_timeout_seconds=_number(env, "TASK_TIMEOUT_SECONDS", 3600.0),
+            reply_mode=_choice(env, "REPLY_MODE", REPLY_MODES, "sync"),
+            log_level=_choice(env, "LOG_LEVEL", ("debug", "info", "warning", "error"), "info"),
+            task_namespace=env.get("TASK_NAMESPACE") or _own_namespace(),
+            task_service_account=env.get("TASK_SERVICE_ACCOUNT") or "resource-task",
+            task_image=env.get("TASK_IMAGE") or "resource-functions:latest",
+            task_ttl_seconds=int(_number(env, "TASK_TTL_SECONDS", 600)),
+            environ=env,
+        )
+
+
+def parse_resource_types(value: str) -> dict[str, ResourceType]:
+    """RESOURCE_TYPES: a JSON object (or a path to a file holding one) mapping a type name to
+    an image, or to {"image", "privileged", "timeout_seconds", "resources", "node_selector",
+    "tolerations", "image_pull_secrets"}. Unset: the embedded catalogue."""
+    if not value.strip():
+        raw: Any = DEFAULT_RESOURCE_TYPES
+    else:
+        raw = _load_json_or_file(value)
+    if not isinstance(raw, dict):
+        raise ConfigError("RESOURCE_TYPES must be a JSON object mapping type names to images")
+    return {name: _resource_type(name, spec) for name, spec in raw.items()}
+
+
+def _resource_type(name: str, spec: Any) -> ResourceType:
+    where = f"RESOURCE_TYPES[{name!r}]"
+    if isinstance(spec, str):
+        spec = {"image": spec}
+    if not isinstance(spec, dict) or not isinstance(spec.get("image"), str) or not spec["image"]:
+        raise ConfigError(f"{where} must be an image name or an object with an 'image'")
+    known = {f for f in ResourceType.__dataclass_fields__}
+    unknown = sorted(set(spec) - known)
+    if unknown:
+        raise ConfigError(f"{where} has unknown keys {unknown}; known: {sorted(known)}")
+    try:
+        return ResourceType(**spec)
+    except TypeError as err:
+        raise ConfigError(f"{where}: {err}") from None
+
+
+def _load_json_or_file(value: str) -> Any:
+    text = value
+    if not value.lstrip().startswith("{"):
+        try:
+            text = Path(value).read_text()
+        except OSError as err:
+            raise ConfigError(f"RESOURCE_TYPES: cannot read {value}: {err.strerror}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"RESOURCE_TYPES is not valid JSON: {err}") from None
+
+
+def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...], default: str) -> str:
+    value = (env.get(name) or default).strip().lower()
+    if value not in choices:
+        raise ConfigError(f"{name}={value!r}: expected one of {', '.join(choices)}")
+    return value
+
+
+def _number(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r}: expected a number") from None
+    if value <= 0:
+        raise ConfigError(f"{name}={raw!r}: must be positive")
+    return value
+
+
+def _own_namespace() -> str:
+    path = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+    try:
+        return path.read_text().strip() or "default"
+    except OSError:
+        return "default"

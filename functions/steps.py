@@ -1,0 +1,146 @@
+"""The two steps around a resource script, shared by every runtime.
+
+``stage`` fills a put's working directory from input artifacts; ``collect`` turns the
+script's exit code, stdout and stderr into an ``Outcome``, stores the output directory of a
+get as an artifact (plus its cache record), the log and the result record. The container
+runtime calls them in-process; on Kubernetes they run in the task pod
+(``python -m functions stage|collect``).
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from functions import keys
+from functions.model import Action, ArtifactRef, Outcome
+from functions.outcome import failed, outcome_of_script, redact, secret_strings
+from storage import Store, get_json, put_json
+from storage.archive import ArchiveOptions, Limits, suffix_for
+from storage.artifacts import download_tree, upload_tree
+from storage.errors import ArchiveError, ObjectExists, ObjectNotFound, StorageError
+
+FORMAT_NAMES = {"zstd": "tar+zstd", "gzip": "tar+gzip", "none": "tar"}
+
+
+class StageFailed(Exception):
+    """An input artifact is missing or unsafe: a permanent ``storage`` failure."""
+
+
+@dataclass(frozen=True)
+class CollectSpec:
+    """What ``collect`` needs besides the script's output; no secrets in it."""
+
+    run_id: str
+    action: Action
+    cache_key: str | None  # get only
+    archive: ArchiveOptions
+
+
+def stage(store: Store, inputs: dict[str, ArtifactRef], workdir: Path, limits: Limits) -> None:
+    """Unpack each input artifact into ``workdir/<name>``. ``StoreUnavailable`` propagates
+    (retryable); a missing or unsafe artifact raises ``StageFailed``."""
+    for name, ref in sorted(inputs.items()):
+        target = workdir / name
+        target.mkdir(parents=True, exist_ok=True)
+        try:
+            download_tree(store, ref.key, target, expected_digest=ref.digest, limits=limits)
+        except ObjectNotFound:
+            raise StageFailed(f"input {name!r}: artifact {ref.key} does not exist") from None
+        except ArchiveError as err:
+            raise StageFailed(f"input {name!r}: {err}") from None
+
+
+def collect(
+    store: Store,
+    spec: CollectSpec,
+    *,
+    exit_code: int,
+    stdout: bytes,
+    stderr: bytes,
+    stdin: bytes,
+    output_dir: Path | None,
+) -> Outcome:
+    """Build, store and return the outcome of one script run (idempotent per run id)."""
+    log = redact(stderr.decode("utf-8", errors="replace"), secret_strings(stdin))
+    outcome = outcome_of_script(spec.action, exit_code, stdout, log)
+    if outcome.succeeded and spec.action == "get" and spec.cache_key and output_dir:
+        outcome = store_artifact(store, spec, outcome, output_dir, log)
+    write_once(store, keys.log_key(spec.run_id), log.encode())
+    return record_outcome(store, spec.run_id, outcome)
+
+
+def store_artifact(
+    store: Store, spec: CollectSpec, outcome: Outcome, output_dir: Path, log: str
+) -> Outcome:
+    """Upload the get's output directory and its cache record; add ``artifact`` to the data."""
+    assert spec.cache_key and outcome.data is not None
+    key = keys.artifact_key(spec.cache_key, suffix_for(spec.archive.format))
+    try:
+        info = upload_tree(store, key, output_dir, spec.archive)
+        digest, size = info.digest, info.size
+    except ObjectExists:
+        digest, size = describe_existing(store, key)
+    except ArchiveError as err:
+        return failed(spec.action, "invalid_output", f"output directory: {err}", log)
+    artifact = {"url": store.url_for(key), "digest": digest, "size": size,
+                "format": FORMAT_NAMES[spec.archive.format]}
+    data = {**outcome.data, "artifact": artifact}
+    record = {"version": data["version"], "metadata": data["metadata"], "artifact": artifact}
+    try:
+        put_json(store, keys.cache_record_key(spec.cache_key), record)
+    except ObjectExists:
+        pass  # a concurrent identical get finished first; its record is as good
+    return Outcome(action=spec.action, data={**data, "cached": False})
+
+
+def describe_existing(store: Store, key: str) -> tuple[str, int]:
+    """Digest and size of an object already stored (hashes it if the store can't say)."""
+    info = store.stat(key)
+    if info is not None and info.digest:
+        return info.digest, info.size
+    digest, size = hashlib.sha256(), 0
+    with store.open(key) as stream:
+        while chunk := stream.read(1 << 20):
+            digest.update(chunk)
+            size += len(chunk)
+    return "sha256:" + digest.hexdigest(), size
+
+
+def record_outcome(store: Store, run: str, outcome: Outcome) -> Outcome:
+    """Store ``results/<run>.json``; if a record exists already, the first one wins."""
+    try:
+        put_json(store, keys.result_key(run), outcome.as_record())
+    except ObjectExists:
+        return Outcome.from_record(get_json(store, keys.result_key(run)))
+    return outcome
+
+
+def read_outcome(store: Store, run: str) -> Outcome | None:
+    try:
+        return Outcome.from_record(get_json(store, keys.result_key(run)))
+    except ObjectNotFound:
+        return None
+
+
+def read_cache(store: Store, cache_key: str) -> dict[str, Any] | None:
+    """The reply data of a cached get, or None on a miss."""
+    try:
+        record = get_json(store, keys.cache_record_key(cache_key))
+    except ObjectNotFound:
+        return None
+    return {**record, "cached": True}
+
+
+def write_once(store: Store, key: str, body: bytes) -> None:
+    import io
+
+    try:
+        store.put(key, io.BytesIO(body))
+    except ObjectExists:
+        pass  # a redelivered run already stored it
+
+
+__all__ = ["CollectSpec", "StageFailed", "StorageError", "collect", "stage", "read_outcome",
+           "read_cache", "record_outcome"]

@@ -1,0 +1,199 @@
+"""The object store interface shared by every backend.
+
+A store holds immutable objects under string keys (``artifacts/…``, ``results/…``,
+``logs/…``) below the prefix of its URL. Contract for every backend:
+
+* ``put`` consumes a binary stream of unknown length to its end and stores it under
+  ``key`` only if no object exists there (write-once). The object becomes visible
+  atomically when complete; a failed or interrupted upload leaves nothing visible.
+  It returns the size and sha256 of the bytes stored.
+* ``open`` returns a readable binary stream of the whole object; the caller closes it
+  and may stop reading early.
+* ``stat`` returns size (and digest where the backend recorded it) or ``None``.
+* ``delete`` is idempotent; ``list`` yields keys (relative to the store prefix) in
+  lexical order.
+* Backends retry transient faults themselves (via their client library) and raise
+  ``storage.errors`` types, never the library's own.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, BinaryIO, Callable, Iterator, Protocol
+
+from storage.errors import InvalidKey
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    size: int
+    digest: str | None = None  # "sha256:<hex>" when known
+
+
+class Store(Protocol):
+    url: str  # the store URL, e.g. s3://bucket/prefix
+
+    def put(self, key: str, stream: BinaryIO) -> ObjectInfo: ...
+
+    def open(self, key: str) -> BinaryIO: ...
+
+    def stat(self, key: str) -> ObjectInfo | None: ...
+
+    def delete(self, key: str) -> None: ...
+
+    def list(self, prefix: str = "") -> Iterator[str]: ...
+
+    def url_for(self, key: str) -> str: ...
+
+
+class HashingReader:
+    """Wraps a readable stream; counts and sha256-hashes every byte read through it."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self._stream = stream
+        self._hash = hashlib.sha256()
+        self.size = 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._stream.read(n)
+        self._hash.update(data)
+        self.size += len(data)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def readable(self) -> bool:
+        return True
+
+    @property
+    def digest(self) -> str:
+        return "sha256:" + self._hash.hexdigest()
+
+
+def put_json(store: Store, key: str, value: Any) -> ObjectInfo:
+    """Store ``value`` as a compact JSON object (write-once)."""
+    import io
+
+    body = json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+    return store.put(key, io.BytesIO(body))
+
+
+def get_json(store: Store, key: str, *, limit: int = 16 * 1024 * 1024) -> Any:
+    """Read a JSON object written by ``put_json``; refuses bodies over ``limit`` bytes."""
+    with store.open(key) as stream:
+        body = stream.read(limit + 1)
+    if len(body) > limit:
+        raise ValueError(f"{key}: JSON object larger than {limit} bytes")
+    return json.loads(body)
+
+
+# --- helpers shared by the backends -------------------------------------------------------
+
+MAX_KEY_BYTES = 1024  # the S3 and GCS limit on object names
+PARTIAL_MARKER = ".partial-"  # the file backend names in-flight uploads ".<name>.partial-<random>"
+
+
+def validate_key(key: str) -> str:
+    """Return ``key`` unchanged if every backend can store it, else raise ``InvalidKey``.
+
+    A key is 1–1024 UTF-8 bytes of ``/``-separated segments. No segment is empty, ``.`` or
+    ``..`` (so no leading or trailing ``/``), no character is a control character or a
+    backslash, and no segment looks like the file backend's temp files (``.<x>.partial-<y>``).
+    The same rules hold for every backend, so a key that works on ``file://`` works on S3/GCS.
+    """
+    problem = _key_problem(key)
+    if problem:
+        raise InvalidKey(f"invalid object key {key!r}: {problem}")
+    return key
+
+
+def validate_prefix(prefix: str) -> str:
+    """Return a ``list`` prefix unchanged if valid: empty, or a key with an optional final ``/``."""
+    problem = _key_problem(prefix[:-1] if prefix.endswith("/") else prefix) if prefix else None
+    if problem:
+        raise InvalidKey(f"invalid key prefix {prefix!r}: {problem}")
+    return prefix
+
+
+def _key_problem(key: object) -> str | None:
+    if not isinstance(key, str) or not key:
+        return "keys are non-empty strings"
+    try:
+        if len(key.encode("utf-8")) > MAX_KEY_BYTES:
+            return f"longer than {MAX_KEY_BYTES} bytes"
+    except UnicodeEncodeError:
+        return "not encodable as UTF-8"
+    if key.startswith("/"):
+        return "keys are relative to the store (no leading '/')"
+    if any(ch < " " or ch in "\x7f\\" for ch in key):
+        return "control characters and backslashes are not allowed"
+    for segment in key.split("/"):
+        if segment in ("", ".", ".."):
+            return "empty, '.' and '..' path segments are not allowed"
+        if segment.startswith(".") and PARTIAL_MARKER in segment:
+            return f"segments like '.<name>{PARTIAL_MARKER}<x>' are reserved for in-flight uploads"
+    return None
+
+
+def read_full(stream: Any, size: int) -> bytes:
+    """Read ``size`` bytes from ``stream``; fewer only at end of stream.
+
+    ``read(n)`` on pipes, sockets and decompressors may return short; this loops until the
+    part is complete so that part boundaries never depend on how the producer chunks its output.
+    """
+    chunks: list[bytes] = []
+    remaining = size
+    while remaining > 0:
+        data = stream.read(remaining)
+        if not data:
+            break
+        chunks.append(data)
+        remaining -= len(data)
+    return b"".join(chunks)
+
+
+class TranslatingReader(io.RawIOBase):
+    """A read-only stream over a backend's download stream that raises only storage errors.
+
+    ``errors`` is the backend's error-translating context manager factory; every read runs
+    inside it, so a connection lost mid-download surfaces as ``StoreUnavailable``.
+    """
+
+    def __init__(self, stream: Any, errors: Callable[[], AbstractContextManager[None]]) -> None:
+        super().__init__()
+        self._stream = stream
+        self._errors = errors
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int | None = -1) -> bytes:
+        with self._errors():
+            if size is None or size < 0:
+                return self._stream.read()
+            return self._stream.read(size)
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            with self._errors():
+                self._stream.close()
+        super().close()
+
+
+def download_stream(
+    stream: Any, errors: Callable[[], AbstractContextManager[None]]
+) -> BinaryIO:
+    """Wrap a backend's download stream for callers: buffered, closeable, storage errors only."""
+    return io.BufferedReader(TranslatingReader(stream, errors), buffer_size=1024 * 1024)

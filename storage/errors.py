@@ -1,0 +1,56 @@
+"""Errors raised by the storage layer.
+
+    StorageError                 base of everything below
+    ├── ObjectNotFound           the key does not exist (permanent)
+    ├── ObjectExists             write-once refused: the key already exists (permanent)
+    ├── StoreUnavailable         endpoint, bucket or credentials trouble; retryable by the caller
+    ├── InvalidStoreURL          STORE_URL is malformed or names an unknown scheme (configuration)
+    ├── InvalidKey               an object key breaks the key rules (a caller bug)
+    └── ArchiveError             an artifact stream is unsafe or corrupt (permanent)
+        ├── ArchiveRejected      hostile or over-limit content (the message names the entry)
+        └── DigestMismatch       the bytes read do not have the expected sha256
+
+Backends translate their client library's exceptions into these with ``raise … from``,
+so callers never import botocore or google.api_core to handle a failure.
+"""
+from __future__ import annotations
+
+
+class StorageError(Exception):
+    """Base of all storage errors."""
+
+    retryable = False
+
+
+class ObjectNotFound(StorageError):
+    """The object does not exist."""
+
+
+class ObjectExists(StorageError):
+    """The object already exists and objects are written once."""
+
+
+class StoreUnavailable(StorageError):
+    """The store could not be reached or refused access; trying again later may work."""
+
+    retryable = True
+
+
+class InvalidStoreURL(StorageError, ValueError):
+    """The store URL cannot be used."""
+
+
+class InvalidKey(StorageError, ValueError):
+    """The object key cannot be used (the message says which rule it breaks)."""
+
+
+class ArchiveError(StorageError):
+    """An artifact stream could not be packed or unpacked safely."""
+
+
+class ArchiveRejected(ArchiveError):
+    """The archive holds an entry that is unsafe or over a limit."""
+
+
+class DigestMismatch(ArchiveError):
+    """The stream's sha256 differs from the expected digest."""

@@ -1,0 +1,64 @@
+"""Cache keys reveal nothing; run ids follow the request identity; logs lose secrets."""
+from functions import keys
+from functions.outcome import log_tail, outcome_of_script, redact, secret_strings
+from functions.protocol import stdin_payload
+
+SECRET = "canary-4f1d2a9c-secret"
+
+
+def key(**overrides):
+    args = {"image": "img", "source": {"password": SECRET}, "version": {"v": "1"}, "params": {}}
+    args.update(overrides)
+    return keys.cache_key(b"k1", **args)
+
+
+def test_cache_key_is_stable_and_reveals_no_source():
+    assert key() == key()
+    assert SECRET not in key() and len(key()) == 64
+
+
+def test_cache_key_changes_with_every_input():
+    variants = [key(image="img2"), key(source={"password": "other"}), key(version={"v": "2"}),
+                key(params={"depth": 1}), keys.cache_key(b"k2", image="img",
+                                                          source={"password": SECRET},
+                                                          version={"v": "1"}, params={})]
+    assert len({key(), *variants}) == 6
+
+
+def test_cache_key_ignores_dict_order():
+    assert key(source={"a": "1", "b": "2"}) == key(source={"b": "2", "a": "1"})
+
+
+def test_run_id_depends_on_event_source_and_id():
+    assert keys.run_id("/a", "1") == keys.run_id("/a", "1")
+    assert len({keys.run_id("/a", "1"), keys.run_id("/b", "1"), keys.run_id("/a", "2")}) == 3
+
+
+def test_secrets_in_source_and_params_are_redacted_from_logs():
+    stdin = stdin_payload("get", {"uri": "https://x", "private_key": f"-----\n{SECRET}\n-----"},
+                          {"v": "1"}, {"token": "tok-123456"})
+    log = f"cloning with {SECRET} and tok-123456\n"
+    cleaned = redact(log, secret_strings(stdin))
+    assert SECRET not in cleaned and "tok-123456" not in cleaned
+    assert cleaned.count("[redacted]") == 2
+
+
+def test_short_values_are_not_treated_as_secrets():
+    assert secret_strings(stdin_payload("check", {"branch": "main"}, None, {})) == []
+
+
+def test_failure_outcome_quotes_exit_code_and_log_tail():
+    outcome = outcome_of_script("get", 3, b"", "line\n" * 1000)
+    assert outcome.failure.kind == "resource_failed" and outcome.failure.exit_code == 3
+    assert len(outcome.failure.log_tail) <= 2049
+
+
+def test_invalid_output_outcome_says_why():
+    outcome = outcome_of_script("check", 0, b'{"not": "a list"}', "")
+    assert outcome.failure.kind == "invalid_output"
+    assert "JSON list" in outcome.failure.message
+
+
+def test_log_tail_keeps_whole_lines():
+    tail = log_tail("a" * 3000 + "\nlast line\n", limit=20)
+    assert tail.startswith("…") and tail.endswith("last line\n")
