@@ -1,0 +1,805 @@
+"""Static checks of the Knative deployment in knative/, without a cluster.
+
+- Core kinds are validated strictly against the official Kubernetes schemas
+  (kubernetes-validate), for the oldest supported and the newest shipped version.
+- Knative kinds are validated against the openAPIV3Schema of their CRD, made strict the
+  way the API server treats a structural schema (unknown fields are an error unless the
+  schema preserves them). The CRDs come from $KNATIVE_SCHEMAS_DIR (default:
+  <repo>/../shared/schemas/knative); if they are missing the tests fail, never skip.
+- A Knative Service's pod template is also validated as a core Pod, so a misspelled
+  container field is caught even where a CRD would let it through.
+- The project's own rules (event routing, least privilege, secrets kept out of the
+  ConfigMap, kustomizations complete) are asserted as data.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from kubernetes_validate.utils import latest_version, major_minor
+
+REPO = Path(__file__).resolve().parents[1]
+KNATIVE = REPO / "knative"
+SCHEMAS_DIR = Path(
+    os.environ.get("KNATIVE_SCHEMAS_DIR") or REPO.parent / "shared" / "schemas" / "knative"
+)
+
+# Oldest Kubernetes the manifests support, and the newest schema the package ships.
+K8S_VERSIONS = ("1.30", major_minor(latest_version()))
+KNATIVE_GROUPS = frozenset(
+    {
+        "serving.knative.dev",
+        "eventing.knative.dev",
+        "sources.knative.dev",
+        "sinks.knative.dev",
+        "messaging.knative.dev",
+        "flows.knative.dev",
+    }
+)
+NAMESPACE = "resource-functions"
+ACTIONS = ("check", "get", "put")
+REQUEST_TYPES = {action: f"dev.resourcefunctions.{action}.requested" for action in ACTIONS}
+REPLY_TYPES = [
+    f"dev.resourcefunctions.{action}.{outcome}"
+    for action in ACTIONS
+    for outcome in ("succeeded", "failed")
+]
+PROJECT_IMAGE = "resource-functions"
+FUNCTION_SA = "resource-functions"
+TASK_SA = "resource-task"
+CONFIG_MAP = "resource-functions-config"
+STORE_SECRET = "resource-functions-store"
+CACHE_SECRET = "resource-functions-cache"
+# Knative-only fields of a Revision's pod spec, dropped before validating it as a Pod.
+KNATIVE_POD_FIELDS = (
+    "containerConcurrency",
+    "timeoutSeconds",
+    "responseStartTimeoutSeconds",
+    "idleTimeoutSeconds",
+)
+EXPECTED_SERVICE_SETTINGS = {  # name: (containerConcurrency, timeoutSeconds)
+    "check": (10, 300),
+    "get": (4, 3600),
+    "put": (4, 3600),
+}
+EXPECTED_ROLE_RULES = {  # (apiGroup, resource): verbs
+    ("batch", "jobs"): {"create", "get", "list", "watch", "delete"},
+    ("", "secrets"): {"create", "get", "delete"},
+    ("", "pods"): {"get", "list", "watch"},
+    ("", "pods/log"): {"get"},
+}
+# Names the ecosystem uses for credentials: never ConfigMap keys.
+SECRET_ENV_NAMES = {
+    "CACHE_SECRET",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+}
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+DNS_1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+KUSTOMIZATION = "kustomization.yaml"
+
+
+# --- loading ------------------------------------------------------------------------
+
+
+def _rel(path: Path) -> str:
+    return path.relative_to(KNATIVE).as_posix()
+
+
+YAML_FILES = sorted(p for p in KNATIVE.rglob("*") if p.is_file() and p.suffix in {".yaml", ".yml"})
+
+
+def _load(path: Path) -> list[Any]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+
+
+def _collect() -> list[tuple[Path, Any]]:
+    docs = []
+    for path in YAML_FILES:
+        if path.name == KUSTOMIZATION:
+            continue
+        try:
+            docs.extend((path, doc) for doc in _load(path))
+        except yaml.YAMLError:
+            continue  # reported by test_yaml_file_parses
+    return docs
+
+
+DOCS = _collect()
+
+
+def _name(doc: Any) -> str:
+    return str((doc.get("metadata") or {}).get("name")) if isinstance(doc, dict) else "?"
+
+
+def _kind(doc: Any) -> str:
+    return str(doc.get("kind")) if isinstance(doc, dict) else "?"
+
+
+def _group(doc: dict) -> str:
+    api_version = str(doc.get("apiVersion", ""))
+    return api_version.rpartition("/")[0]
+
+
+def _doc_id(path: Path, doc: Any) -> str:
+    return f"{_rel(path)}:{_kind(doc)}/{_name(doc)}"
+
+
+def _params(*, kinds: set[str] | None = None, knative: bool | None = None) -> list[Any]:
+    """pytest params (id file:kind/name) of the documents that match."""
+    out = []
+    for path, doc in DOCS:
+        if not isinstance(doc, dict):
+            continue
+        if kinds is not None and doc.get("kind") not in kinds:
+            continue
+        if knative is not None and (_group(doc) in KNATIVE_GROUPS) != knative:
+            continue
+        out.append(pytest.param(path, doc, id=_doc_id(path, doc)))
+    return out
+
+
+def _all(kind: str, group: str | None = None) -> list[dict]:
+    return [
+        doc
+        for _, doc in DOCS
+        if isinstance(doc, dict)
+        and doc.get("kind") == kind
+        and (group is None or _group(doc) == group)
+    ]
+
+
+def _one(kind: str, name: str, group: str | None = None) -> dict:
+    found = [doc for doc in _all(kind, group) if _name(doc) == name]
+    assert len(found) == 1, f"expected exactly one {kind}/{name}, found {len(found)}"
+    return found[0]
+
+
+def _knative_services() -> list[dict]:
+    return _all("Service", "serving.knative.dev")
+
+
+def _container(service: dict) -> dict:
+    containers = service["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1, f"Service/{_name(service)}: one container expected"
+    return containers[0]
+
+
+def _runs_project_image(service: dict) -> bool:
+    # Used while collecting tests: tolerate a malformed Service (its own tests report it).
+    containers = ((service.get("spec") or {}).get("template") or {}).get("spec", {}).get(
+        "containers"
+    ) or [{}]
+    return any(c.get("image") == PROJECT_IMAGE for c in containers)
+
+
+def _function_services() -> list[Any]:
+    return [
+        pytest.param(svc, id=f"Service/{_name(svc)}")
+        for svc in _knative_services()
+        if _name(svc) in ACTIONS
+    ]
+
+
+def _config_data() -> dict[str, str]:
+    return _one("ConfigMap", CONFIG_MAP)["data"]
+
+
+def _secret_values(doc: dict) -> dict[str, str]:
+    values = dict(doc.get("stringData") or {})
+    values.update(doc.get("data") or {})  # base64 text: compared as written
+    return values
+
+
+def _kustomize_resources(directory: Path) -> Iterator[Path]:
+    """Files a kustomization includes, recursively through listed sub-kustomizations."""
+    kustomization = yaml.safe_load((directory / KUSTOMIZATION).read_text())
+    for entry in kustomization.get("resources", []):
+        target = directory / entry
+        if target.is_dir():
+            yield from _kustomize_resources(target)
+        else:
+            yield target
+
+
+def test_there_is_something_to_check() -> None:
+    assert (KNATIVE / KUSTOMIZATION).is_file(), f"{KNATIVE}/{KUSTOMIZATION} is missing"
+    assert DOCS, f"no Kubernetes documents found under {KNATIVE}"
+
+
+# --- every file parses, every document is well-formed ----------------------------------
+
+
+@pytest.mark.parametrize("path", YAML_FILES, ids=_rel)
+def test_yaml_file_parses(path: Path) -> None:
+    docs = _load(path)
+    assert docs, f"{_rel(path)} holds no YAML document"
+    for doc in docs:
+        assert isinstance(doc, dict), f"{_rel(path)}: a document is not a mapping: {doc!r}"
+
+
+@pytest.mark.parametrize(("path", "doc"), _params())
+def test_document_has_valid_names(path: Path, doc: dict) -> None:
+    assert doc.get("apiVersion"), "apiVersion is required"
+    assert doc.get("kind"), "kind is required"
+    metadata = doc.get("metadata") or {}
+    for field in ("name", "namespace"):
+        value = metadata.get(field)
+        if field == "namespace" and value is None:
+            assert doc["kind"] == "Namespace", "namespaced objects name their namespace"
+            continue
+        assert isinstance(value, str), f"metadata.{field} must be a string: {value!r}"
+        assert len(value) <= 63, f"metadata.{field} {value!r} is longer than 63 characters"
+        assert DNS_LABEL.fullmatch(value), (
+            f"metadata.{field} {value!r} is not a DNS label ([a-z0-9]([-a-z0-9]*[a-z0-9])?)"
+        )
+    if doc["kind"] != "Namespace":
+        assert metadata["namespace"] == NAMESPACE
+    if doc["kind"] == "Service" and _group(doc) == "serving.knative.dev":
+        # Knative derives a Kubernetes Service (DNS-1035: starts with a letter) from it.
+        assert DNS_1035_LABEL.fullmatch(metadata["name"]), (
+            "Knative Service names start with a letter"
+        )
+
+
+# --- core kinds: strict Kubernetes schemas ---------------------------------------------
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+@pytest.mark.parametrize(("path", "doc"), _params(knative=False))
+def test_core_kind_validates_strictly(path: Path, doc: dict, version: str) -> None:
+    _validate_core(doc, version)
+
+
+def _validate_core(doc: dict, version: str) -> None:
+    try:
+        kubernetes_validate.validate(doc, version, strict=True)
+    except kubernetes_validate.ValidationError as err:
+        location = "/".join(str(p) for p in err.absolute_path) or "(root)"
+        pytest.fail(f"Kubernetes {version}: {location}: {err.message}")
+    except kubernetes_validate.SchemaNotFoundError as err:
+        pytest.fail(err.message)
+
+
+def test_latest_kubernetes_version_is_recent() -> None:
+    assert tuple(int(p) for p in K8S_VERSIONS[1].split(".")) >= (1, 37), K8S_VERSIONS
+
+
+# --- Knative kinds: CRD schemas ----------------------------------------------------------
+
+
+def _strict_schema(node: Any) -> Any:
+    """Reject fields a CRD schema does not document, wherever it lists properties.
+
+    Without x-kubernetes-preserve-unknown-fields the API server prunes unknown fields
+    (kubectl's strict field validation makes that an error). Where a CRD does preserve
+    them (Trigger.spec, delivery: room for experimental features) the cluster keeps a
+    typo and ignores it: a misspelled `filter` makes a Trigger match every event, replies
+    included. These manifests use documented fields only, so both cases are errors here.
+    """
+    if isinstance(node, list):
+        return [_strict_schema(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = dict(node)
+    if "properties" in out:
+        out["properties"] = {k: _strict_schema(v) for k, v in out["properties"].items()}
+        out.setdefault("additionalProperties", False)
+    for key in ("items", "additionalProperties", "not"):
+        if isinstance(out.get(key), dict):
+            out[key] = _strict_schema(out[key])
+    for key in ("allOf", "anyOf", "oneOf"):
+        if isinstance(out.get(key), list):
+            out[key] = _strict_schema(out[key])
+    return out
+
+
+@functools.cache
+def load_knative_schemas() -> dict[tuple[str, str], dict]:
+    """(apiVersion, kind) -> strict JSON schema of every served CRD version.
+
+    Called from the tests themselves (not a fixture) so a missing folder is a FAILED test
+    with a message, not a setup error and never a skip."""
+    if not SCHEMAS_DIR.is_dir():
+        pytest.fail(
+            f"Knative CRD schemas not found at {SCHEMAS_DIR}: set KNATIVE_SCHEMAS_DIR to the "
+            "folder holding the CRD YAML files (serving.knative.dev_v1_service.yaml, …)"
+        )
+    schemas: dict[tuple[str, str], dict] = {}
+    for path in sorted(SCHEMAS_DIR.glob("*.yaml")):
+        for crd in _load(path):
+            if crd.get("kind") != "CustomResourceDefinition":
+                continue
+            group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
+            for version in crd["spec"]["versions"]:
+                if not version.get("served"):
+                    continue
+                api_version = f"{group}/{version['name']}"
+                schema = _strict_schema(copy.deepcopy(version["schema"]["openAPIV3Schema"]))
+                # The API server itself handles these three on every object.
+                schema.setdefault("properties", {}).update(
+                    apiVersion={"const": api_version},
+                    kind={"const": kind},
+                    metadata={"type": "object"},
+                )
+                schema["required"] = sorted({*schema.get("required", []), "apiVersion", "kind"})
+                schemas[(api_version, kind)] = schema
+    if not schemas:
+        pytest.fail(f"no CustomResourceDefinition found in {SCHEMAS_DIR}")
+    return schemas
+
+
+def _crd_errors(doc: dict) -> list[str]:
+    schemas = load_knative_schemas()
+    key = (doc.get("apiVersion"), doc.get("kind"))
+    if key not in schemas:
+        pytest.fail(f"no CRD for {key[1]} {key[0]} in {SCHEMAS_DIR} (have: {sorted(schemas)})")
+    validator = jsonschema.Draft7Validator(schemas[key])
+    return [
+        f"{'/'.join(str(p) for p in err.absolute_path) or '(root)'}: {err.message}"
+        for err in sorted(validator.iter_errors(doc), key=lambda e: list(map(str, e.path)))
+    ]
+
+
+def test_knative_schemas_dir_is_present() -> None:
+    kinds = {kind for _, kind in load_knative_schemas()}
+    assert {"Service", "Broker", "Trigger", "SinkBinding"} <= kinds, kinds
+
+
+@pytest.mark.parametrize(("path", "doc"), _params(knative=True))
+def test_knative_kind_validates_against_crd(path: Path, doc: dict) -> None:
+    errors = _crd_errors(doc)
+    assert not errors, "\n".join(errors)
+    # CRD schemas leave metadata to the API server: check it as a core ObjectMeta.
+    _validate_core(
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": doc["metadata"]}, K8S_VERSIONS[1]
+    )
+
+
+def test_strict_crd_validation_catches_misspelled_fields() -> None:
+    """The validator must have teeth: a typo anywhere is reported, not ignored."""
+    trigger = copy.deepcopy(_one("Trigger", "check-requested"))
+    trigger["spec"]["subscriber"]["reff"] = trigger["spec"]["subscriber"].pop("ref")
+    assert _crd_errors(trigger)
+
+    trigger = copy.deepcopy(_one("Trigger", "check-requested"))
+    trigger["spec"]["filtr"] = trigger["spec"].pop("filter")  # spec preserves unknown fields
+    assert _crd_errors(trigger)
+
+    service = copy.deepcopy(_one("Service", "check", "serving.knative.dev"))
+    container = _container(service)
+    container["readinesProbe"] = container.pop("readinessProbe")
+    assert _crd_errors(service)
+
+    broker = copy.deepcopy(_one("Broker", "default"))
+    broker["spec"]["delivery"]["deadLetterSink"]["reff"] = {"name": "dead-letter"}
+    assert _crd_errors(broker)
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+@pytest.mark.parametrize(("path", "doc"), _params(kinds={"Service"}, knative=True))
+def test_knative_service_pod_template_validates_as_core_pod(
+    path: Path, doc: dict, version: str
+) -> None:
+    template = doc["spec"]["template"]
+    spec = {k: v for k, v in template["spec"].items() if k not in KNATIVE_POD_FIELDS}
+    metadata = {**copy.deepcopy(template.get("metadata") or {}), "name": _name(doc)}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+    _validate_core(pod, version)
+
+
+# --- routing: triggers, broker, sink binding --------------------------------------------
+
+
+def _filter_matches(expression: dict, attributes: dict[str, str]) -> bool:
+    """One expression of a Trigger's `filters` (CloudEvents Subscriptions API dialects)."""
+    assert len(expression) == 1, f"one dialect per filter expression: {expression}"
+    ((dialect, argument),) = expression.items()
+    if dialect == "exact":
+        return all(attributes.get(k) == v for k, v in argument.items())
+    if dialect == "prefix":
+        return all(k in attributes and attributes[k].startswith(v) for k, v in argument.items())
+    if dialect == "suffix":
+        return all(k in attributes and attributes[k].endswith(v) for k, v in argument.items())
+    if dialect == "all":
+        return all(_filter_matches(e, attributes) for e in argument)
+    if dialect == "any":
+        return any(_filter_matches(e, attributes) for e in argument)
+    if dialect == "not":
+        return not _filter_matches(argument, attributes)
+    raise AssertionError(f"filter dialect {dialect!r} cannot be evaluated by this test")
+
+
+def _trigger_matches(trigger: dict, event_type: str) -> bool:
+    """Knative's matching: `filters`, when present and non-empty, overrides `filter`; in
+    `filter.attributes` an empty value matches anything."""
+    action = event_type.split(".")[2]
+    attributes = {
+        "specversion": "1.0",
+        "type": event_type,
+        "source": f"/resource-functions/{action}",
+        "id": "1",
+    }
+    spec = trigger["spec"]
+    if spec.get("filters"):
+        return all(_filter_matches(e, attributes) for e in spec["filters"])
+    exact = (spec.get("filter") or {}).get("attributes") or {}
+    return all(v == "" or attributes.get(k) == v for k, v in exact.items())
+
+
+def _subscriber(trigger: dict) -> str:
+    ref = trigger["spec"]["subscriber"]["ref"]
+    assert (ref["apiVersion"], ref["kind"]) == ("serving.knative.dev/v1", "Service"), ref
+    return ref["name"]
+
+
+def _trigger_params(functions: bool) -> list[Any]:
+    def subscriber_name(trigger: dict) -> Any:  # tolerant: used while collecting tests
+        return ((trigger.get("spec") or {}).get("subscriber") or {}).get("ref", {}).get("name")
+
+    return [
+        pytest.param(t, id=f"Trigger/{_name(t)}")
+        for t in _all("Trigger")
+        if (subscriber_name(t) in ACTIONS) == functions
+    ]
+
+
+@pytest.mark.parametrize("trigger", _trigger_params(functions=True))
+def test_function_trigger_filters_exactly_one_request_type(trigger: dict) -> None:
+    action = _subscriber(trigger)
+    spec = trigger["spec"]
+    assert not spec.get("filters"), "function triggers use the exact-match `filter` only"
+    assert spec["filter"] == {"attributes": {"type": REQUEST_TYPES[action]}}
+    matched = [t for t in REQUEST_TYPES.values() if _trigger_matches(trigger, t)]
+    assert matched == [REQUEST_TYPES[action]]
+    assert spec["broker"] == "default"
+
+
+@pytest.mark.parametrize("trigger", _trigger_params(functions=True))
+@pytest.mark.parametrize("reply_type", REPLY_TYPES)
+def test_reply_never_reaches_a_function(trigger: dict, reply_type: str) -> None:
+    # Replies go back into the same Broker; matching one would loop forever.
+    assert not _trigger_matches(trigger, reply_type)
+
+
+@pytest.mark.parametrize("trigger", _trigger_params(functions=False))
+def test_other_triggers_never_receive_requests(trigger: dict) -> None:
+    # Requests carry credentials (source/params): only the functions may see them.
+    leaked = [t for t in REQUEST_TYPES.values() if _trigger_matches(trigger, t)]
+    assert not leaked, f"{_name(trigger)} would receive {leaked}"
+
+
+@pytest.mark.parametrize("action", ACTIONS)
+def test_each_request_type_has_exactly_one_trigger(action: str) -> None:
+    triggers = [t for t in _all("Trigger") if _trigger_matches(t, REQUEST_TYPES[action])]
+    assert [_subscriber(t) for t in triggers] == [action]
+
+
+@pytest.mark.parametrize(
+    "trigger", [pytest.param(t, id=f"Trigger/{_name(t)}") for t in _all("Trigger")]
+)
+def test_trigger_references_exist(trigger: dict) -> None:
+    _one("Broker", trigger["spec"]["broker"])
+    _one("Service", _subscriber(trigger), "serving.knative.dev")
+    # A Trigger's delivery would replace the Broker's (retries, dead letters) whole.
+    assert "delivery" not in trigger["spec"]
+
+
+def test_broker_retries_then_dead_letters() -> None:
+    delivery = _one("Broker", "default")["spec"]["delivery"]
+    assert delivery["retry"] == 5
+    assert delivery["backoffPolicy"] == "exponential"
+    assert delivery["backoffDelay"] == "PT1S"
+    ref = delivery["deadLetterSink"]["ref"]
+    assert (ref["apiVersion"], ref["kind"], ref["name"]) == (
+        "serving.knative.dev/v1",
+        "Service",
+        "dead-letter",
+    )
+    _one("Service", "dead-letter", "serving.knative.dev")
+
+
+def test_task_jobs_get_the_broker_as_sink() -> None:
+    binding = _one("SinkBinding", "task-replies")
+    assert binding["spec"]["subject"] == {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "selector": {"matchLabels": {"app.kubernetes.io/managed-by": "resource-functions"}},
+    }
+    sink = binding["spec"]["sink"]["ref"]
+    assert (sink["apiVersion"], sink["kind"]) == ("eventing.knative.dev/v1", "Broker")
+    _one("Broker", sink["name"])
+
+
+def test_no_pingsource_pretends_to_send_requests() -> None:
+    # A PingSource's events have type dev.knative.sources.ping whatever ceOverrides say.
+    for source in _all("PingSource"):
+        extensions = (source["spec"].get("ceOverrides") or {}).get("extensions") or {}
+        assert "type" not in extensions, f"PingSource/{_name(source)} cannot override type"
+
+
+# --- RBAC: least privilege ----------------------------------------------------------------
+
+
+def test_role_grants_exactly_the_task_verbs() -> None:
+    roles = _all("Role")
+    assert [_name(r) for r in roles] == ["resource-functions-tasks"]
+    granted: dict[tuple[str, str], set[str]] = {}
+    for rule in roles[0]["rules"]:
+        assert set(rule) <= {"apiGroups", "resources", "verbs"}, f"unexpected keys in {rule}"
+        assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], rule
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                key = (group, resource)
+                assert key not in granted, f"{key} granted twice"
+                granted[key] = set(rule["verbs"])
+    assert granted == EXPECTED_ROLE_RULES
+    assert roles[0]["metadata"]["namespace"] == _config_data()["TASK_NAMESPACE"]
+
+
+def test_role_is_bound_to_the_functions_only() -> None:
+    assert not _all("ClusterRole"), "no cluster-wide rights"
+    assert not _all("ClusterRoleBinding"), "no cluster-wide rights"
+    bindings = _all("RoleBinding")
+    assert len(bindings) == 1
+    binding = bindings[0]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": "resource-functions-tasks",
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": FUNCTION_SA, "namespace": NAMESPACE}
+    ]
+
+
+@pytest.mark.parametrize("account", [TASK_SA, "dead-letter"])
+def test_unprivileged_accounts_have_no_token_and_no_binding(account: str) -> None:
+    assert _one("ServiceAccount", account).get("automountServiceAccountToken") is False
+    for binding in _all("RoleBinding") + _all("ClusterRoleBinding"):
+        names = {s.get("name") for s in binding.get("subjects", [])}
+        assert account not in names, f"{_name(binding)} binds {account}"
+    assert _config_data()["TASK_SERVICE_ACCOUNT"] == TASK_SA
+
+
+# --- Services -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "service", [pytest.param(s, id=f"Service/{_name(s)}") for s in _knative_services()]
+)
+def test_every_service_is_cluster_local(service: dict) -> None:
+    labels = service["metadata"].get("labels") or {}
+    assert labels.get("networking.knative.dev/visibility") == "cluster-local"
+
+
+@pytest.mark.parametrize(
+    "service",
+    [
+        pytest.param(s, id=f"Service/{_name(s)}")
+        for s in _knative_services()
+        if _runs_project_image(s)
+    ],
+)
+def test_project_services_are_probed_and_locked_down(service: dict) -> None:
+    template = service["spec"]["template"]
+    container = _container(service)
+    assert container["ports"] == [{"containerPort": 8080}]
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": 8080}, probe
+    assert "periodSeconds" not in container["readinessProbe"], "keeps Knative's fast probing"
+    security = container["securityContext"]
+    assert security["runAsNonRoot"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in template["spec"]["volumes"]}
+    assert "emptyDir" in volumes[next(n for n, p in mounts.items() if p == "/tmp")]
+    resources = container["resources"]
+    assert resources["requests"]
+    assert resources["limits"].get("memory")
+    annotations = template["metadata"]["annotations"]
+    assert annotations["autoscaling.knative.dev/min-scale"] == "0"
+    assert int(annotations["autoscaling.knative.dev/max-scale"]) >= 1
+    assert container["args"][0] == "serve"
+    assert "command" not in container
+
+
+@pytest.mark.parametrize("service", _function_services())
+def test_function_service_contract(service: dict) -> None:
+    name = _name(service)
+    spec = service["spec"]["template"]["spec"]
+    container = _container(service)
+    assert spec["serviceAccountName"] == FUNCTION_SA
+    _one("ServiceAccount", FUNCTION_SA)
+    assert container["image"] == PROJECT_IMAGE
+    assert container["args"] == ["serve", name]
+    assert (spec["containerConcurrency"], spec["timeoutSeconds"]) == EXPECTED_SERVICE_SETTINGS[name]
+    sources = [
+        ("configMap", e["configMapRef"]["name"])
+        if "configMapRef" in e
+        else ("secret", e["secretRef"]["name"])
+        for e in container["envFrom"]
+    ]
+    assert sources == [
+        ("configMap", CONFIG_MAP),
+        ("secret", CACHE_SECRET),
+        ("secret", STORE_SECRET),
+    ]
+    # No inline values: configuration lives in the ConfigMap, credentials in Secrets.
+    assert "env" not in container
+
+
+def test_dead_letter_service_sees_no_secrets() -> None:
+    service = _one("Service", "dead-letter", "serving.knative.dev")
+    container = _container(service)
+    assert container["args"] == ["serve", "dead-letter"]
+    assert service["spec"]["template"]["spec"]["serviceAccountName"] == "dead-letter"
+    assert all("secretRef" not in e for e in container.get("envFrom", []))
+    assert "env" not in container
+
+
+# --- configuration and secrets ------------------------------------------------------------
+
+
+def test_config_holds_no_secrets() -> None:
+    data = _config_data()
+    secret_keys, secret_values = set(SECRET_ENV_NAMES), set()
+    for secret in _all("Secret"):
+        values = _secret_values(secret)
+        secret_keys |= set(values)
+        secret_values |= {v for v in values.values() if len(v) >= 8}
+    assert not secret_keys & set(data), (
+        f"credential keys in the ConfigMap: {secret_keys & set(data)}"
+    )
+    for key, value in data.items():
+        assert not any(s in value for s in secret_values), f"{key} holds a Secret's value"
+
+
+def test_config_values_are_what_the_functions_accept() -> None:
+    data = _config_data()
+    assert data["RUNTIME"] == "kubernetes"
+    assert data["REPLY_MODE"] in {"sync", "async"}
+    assert data["ARCHIVE_FORMAT"] in {"zstd", "gzip", "none"}
+    assert int(data["ARCHIVE_LEVEL"]) >= 1
+    assert int(data["TASK_TIMEOUT_SECONDS"]) > 0
+    assert int(data["TASK_TTL_SECONDS"]) > 0
+    assert data["STORE_URL"].split("://")[0] in {"s3", "gs"}
+    assert data["TASK_IMAGE"] == PROJECT_IMAGE  # rewritten by kustomize (see replacements)
+    assert data["TASK_STORE_SECRET"] == STORE_SECRET
+    types = json.loads(data["RESOURCE_TYPES"])
+    assert {"git", "time", "registry-image", "s3"} <= set(types)
+    for name, spec in types.items():
+        image = spec if isinstance(spec, str) else spec["image"]
+        assert re.fullmatch(
+            r"[a-z0-9.-]+(:\d+)?/[a-z0-9./_-]+(:[\w.-]+|@sha256:[0-9a-f]{64})", image
+        ), f"{name}: {image!r} is not a fully qualified image reference"
+
+    # The functions' own parser is the judge of the rest (types, choices, numbers).
+    from functions.settings import Settings
+
+    settings = Settings.from_env({**data, "CACHE_SECRET": "0" * 64})
+    assert settings.runtime == "kubernetes"
+    assert settings.task_namespace == NAMESPACE
+    assert settings.task_service_account == TASK_SA
+    assert set(settings.resource_types) == set(types)
+
+
+EXPECTED_SECRET_KEYS = {
+    STORE_SECRET: {
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_REGION",
+        "AWS_ENDPOINT_URL_S3",
+    },
+    CACHE_SECRET: {"CACHE_SECRET"},
+}
+
+
+@pytest.mark.parametrize(("path", "doc"), _params(kinds={"Secret"}))
+def test_example_secrets_hold_placeholders_only(path: Path, doc: dict) -> None:
+    assert "data" not in doc, "examples use readable stringData placeholders"
+    assert set(doc["stringData"]) == EXPECTED_SECRET_KEYS[_name(doc)]
+    for key, value in doc["stringData"].items():
+        if key in SECRET_ENV_NAMES:
+            assert value.startswith("REPLACE-ME"), f"{key} must be a placeholder"
+
+
+def test_deployment_never_overwrites_credentials() -> None:
+    # `kubectl apply -k knative/` is re-run on every upgrade: it must not carry Secrets.
+    included = list(_kustomize_resources(KNATIVE))
+    kinds = {_kind(doc) for path in included for doc in _load(path)}
+    assert "Secret" not in kinds, "Secrets belong in knative/credentials/, applied once"
+
+
+# --- kustomize -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "directory",
+    sorted({p.parent for p in YAML_FILES}),
+    ids=lambda d: _rel(d) if d != KNATIVE else "knative",
+)
+def test_kustomization_lists_every_file(directory: Path) -> None:
+    kustomization_path = directory / KUSTOMIZATION
+    assert kustomization_path.is_file(), f"{directory} has YAML files but no {KUSTOMIZATION}"
+    kustomization = yaml.safe_load(kustomization_path.read_text())
+    assert kustomization["apiVersion"] == "kustomize.config.k8s.io/v1beta1"
+    assert kustomization["kind"] == "Kustomization"
+    assert kustomization.get("namespace") == NAMESPACE
+    assert "configMapGenerator" not in kustomization
+    assert "secretGenerator" not in kustomization
+    listed = kustomization.get("resources", [])
+    assert len(listed) == len(set(listed)), "a resource is listed twice"
+    for entry in listed:
+        assert (directory / entry).exists(), f"listed but missing: {entry}"
+    files = {p.name for p in directory.iterdir() if p.suffix in {".yaml", ".yml"}} - {KUSTOMIZATION}
+    listed_files = {e for e in listed if (directory / e).is_file()}
+    assert files == listed_files, (
+        f"not listed: {sorted(files - listed_files)}; "
+        f"not files here: {sorted(listed_files - files)}"
+    )
+
+
+def test_kustomization_sets_the_project_image_everywhere() -> None:
+    kustomization = yaml.safe_load((KNATIVE / KUSTOMIZATION).read_text())
+    images = {i["name"]: i for i in kustomization["images"]}
+    assert set(images[PROJECT_IMAGE]) >= {"name", "newName"}
+    # TASK_IMAGE follows the rewritten image of the check Service.
+    (replacement,) = kustomization["replacements"]
+    source = replacement["source"]
+    assert (source["kind"], source["name"]) == ("Service", "check")
+    assert source["fieldPath"] == "spec.template.spec.containers.[name=function].image"
+    assert _container(_one("Service", "check", "serving.knative.dev"))["name"] == "function"
+    (target,) = replacement["targets"]
+    assert target["select"] == {"kind": "ConfigMap", "name": CONFIG_MAP}
+    assert target["fieldPaths"] == ["data.TASK_IMAGE"]
+    # Examples and credentials are applied on their own, never by the main kustomization.
+    assert not {"examples", "credentials"} & {Path(r).parts[0] for r in kustomization["resources"]}
+
+
+def _kustomize_command() -> list[str] | None:
+    if shutil.which("kustomize"):
+        return ["kustomize", "build"]
+    if shutil.which("kubectl"):
+        return ["kubectl", "kustomize"]
+    return None
+
+
+def test_kustomize_build_renders_the_image_into_services_and_task_image() -> None:
+    command = _kustomize_command()
+    if command is None:
+        pytest.skip("neither kustomize nor kubectl is installed")
+    out = subprocess.run(
+        [*command, str(KNATIVE)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    rendered = [d for d in yaml.safe_load_all(out.stdout) if d]
+    kustomization = yaml.safe_load((KNATIVE / KUSTOMIZATION).read_text())
+    image = kustomization["images"][0]
+    expected = image["newName"] + (f":{image['newTag']}" if image.get("newTag") else "")
+    services = [d for d in rendered if d["kind"] == "Service"]
+    assert {c["image"] for s in services for c in s["spec"]["template"]["spec"]["containers"]} == {
+        expected
+    }
+    (config,) = [d for d in rendered if d["kind"] == "ConfigMap"]
+    assert config["data"]["TASK_IMAGE"] == expected
+    binding = next(d for d in rendered if d["kind"] == "SinkBinding")
+    assert binding["spec"]["subject"]["selector"]["matchLabels"] == {
+        "app.kubernetes.io/managed-by": "resource-functions"
+    }, "common labels must not leak into selectors"
