@@ -64,7 +64,7 @@ class Service:
             action=self.action,
             event=event.get_attributes(),
             resource_types=self.settings.resource_types,
-            artifact_url_prefix=self.store.url_for("artifacts/"),
+            artifact_url_prefix=self.store.url.rstrip("/") + "/artifacts/",
             reply_async=reply_async,
         )
 

@@ -2,6 +2,7 @@
 
     serve ACTION            run one service (check, get, put or dead-letter) under gunicorn
     run ACTION …            run one action locally and print the reply (progress on stderr)
+    stage …, collect …      the steps around the resource script inside a task pod
 """
 from __future__ import annotations
 
@@ -48,7 +49,49 @@ def build_parser() -> argparse.ArgumentParser:
                      help="put input: a local directory (uploaded first) or an artifact URL")
     run.add_argument("--output", metavar="DIR", help="get: unpack the artifact into DIR")
     run.set_defaults(handler=cmd_run)
+    add_pod_step_parsers(sub)
     return parser
+
+
+def add_pod_step_parsers(sub: Any) -> None:
+    """``stage`` and ``collect``: run inside task pods (functions.runtimes.podspec)."""
+    stage = sub.add_parser("stage", help="(task pods) unpack a put's inputs")
+    stage.add_argument("--dir", required=True, type=Path, help="the put's working directory")
+    stage.add_argument("--input", action="append", default=[], metavar="NAME=KEY[@sha256:HEX]")
+    stage.add_argument("--task-dir", type=Path, default=Path("/tmp/build/.task"))
+    stage.set_defaults(handler=cmd_stage)
+    collect = sub.add_parser("collect", help="(task pods) store the resource step's outcome")
+    collect.add_argument("--run-id", required=True)
+    collect.add_argument("--action", required=True, choices=["check", "get", "put"])
+    collect.add_argument("--dir", required=True, type=Path, help="the build dir (/tmp/build)")
+    collect.add_argument("--stdin-file", type=Path, default=Path("/secret/stdin"))
+    collect.add_argument("--cache-key")
+    collect.add_argument("--reply-to-sink", action="store_true", help="post the reply to K_SINK")
+    collect.add_argument("--request-id", default="")
+    collect.add_argument("--subject")
+    collect.set_defaults(handler=cmd_collect)
+
+
+def cmd_stage(args: argparse.Namespace) -> int:
+    from functions.pod_steps import stage_main
+    from functions.runtimes.podspec import parse_input
+
+    try:
+        inputs = dict(parse_input(value) for value in args.input)
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
+    return stage_main(directory=args.dir, inputs=inputs, task_dir=args.task_dir,
+                      environ=os.environ)
+
+
+def cmd_collect(args: argparse.Namespace) -> int:
+    from functions.pod_steps import CollectArgs, collect_main
+    from functions.runtimes.podspec import ReplyPlan
+
+    reply = ReplyPlan(args.request_id, args.subject) if args.reply_to_sink else None
+    return collect_main(CollectArgs(run_id=args.run_id, action=args.action, build_dir=args.dir,
+                                    stdin_file=args.stdin_file, cache_key=args.cache_key,
+                                    reply=reply), os.environ)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

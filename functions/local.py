@@ -59,7 +59,7 @@ def _as_artifact(store: Store, where: str, settings: Settings) -> str | dict[str
 
 
 def _download(store: Store, artifact: dict[str, Any], output: Path, settings: Settings) -> None:
-    key = artifact["url"][len(store.url_for("")):]
+    key = artifact["url"][len(store.url.rstrip("/") + "/"):]
     output.mkdir(parents=True, exist_ok=True)
     with store.open(key) as stream:
         unpack(ProgressReader(stream, f"download to {output}"), output,

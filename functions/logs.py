@@ -34,6 +34,9 @@ def configure(level: str) -> None:
         handler.setFormatter(JsonFormatter())
         root.addHandler(handler)
     root.setLevel(level.upper())
+    for noisy in ("docker", "urllib3", "botocore", "boto3", "s3transfer", "google", "asyncio",
+                  "kubernetes"):
+        logging.getLogger(noisy).setLevel(max(logging.INFO, root.level))
 
 
 def fields(**values: Any) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,12 @@ class Settings:
     task_service_account: str = "resource-task"
     task_image: str = "resource-functions:latest"
     task_ttl_seconds: int = 600
+    task_store_secret: str = ""
+    task_margin_seconds: float = 300.0
+    task_resources: dict[str, Any] = field(default_factory=dict)
+    task_node_selector: dict[str, str] = field(default_factory=dict)
+    task_tolerations: list[dict[str, Any]] = field(default_factory=list)
+    task_image_pull_secrets: list[str] = field(default_factory=list)
     environ: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -67,6 +74,13 @@ class Settings:
             task_service_account=env.get("TASK_SERVICE_ACCOUNT") or "resource-task",
             task_image=env.get("TASK_IMAGE") or "resource-functions:latest",
             task_ttl_seconds=int(_number(env, "TASK_TTL_SECONDS", 600)),
+            task_store_secret=_dns_name(env, "TASK_STORE_SECRET"),
+            task_margin_seconds=_number(env, "TASK_MARGIN_SECONDS", 300.0),
+            task_resources=task_resources(env.get("TASK_RESOURCES", ""), "TASK_RESOURCES"),
+            task_node_selector=node_selector(env.get("TASK_NODE_SELECTOR", ""),
+                                             "TASK_NODE_SELECTOR"),
+            task_tolerations=tolerations(env.get("TASK_TOLERATIONS", ""), "TASK_TOLERATIONS"),
+            task_image_pull_secrets=_name_list(env, "TASK_IMAGE_PULL_SECRETS"),
             environ=env,
         )
 
@@ -95,9 +109,92 @@ def _resource_type(name: str, spec: Any) -> ResourceType:
     if unknown:
         raise ConfigError(f"{where} has unknown keys {unknown}; known: {sorted(known)}")
     try:
-        return ResourceType(**spec)
+        resource_type = ResourceType(**spec)
     except TypeError as err:
         raise ConfigError(f"{where}: {err}") from None
+    _check_pod_settings(resource_type, where)
+    return resource_type
+
+
+def _check_pod_settings(spec: ResourceType, where: str) -> None:
+    """The per-type pod settings have the shapes the task pod spec needs."""
+    task_resources(spec.resources, f"{where}.resources")
+    node_selector(spec.node_selector, f"{where}.node_selector")
+    tolerations(spec.tolerations, f"{where}.tolerations")
+    if not isinstance(spec.privileged, bool):
+        raise ConfigError(f"{where}.privileged must be true or false")
+    pull = spec.image_pull_secrets
+    if not isinstance(pull, list) or not all(
+            isinstance(n, str) and _DNS_SUBDOMAIN.match(n) for n in pull):
+        raise ConfigError(f"{where}.image_pull_secrets must be a list of Secret names")
+
+
+RESOURCE_KEYS = ("requests", "limits", "claims")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+
+
+def task_resources(value: Any, where: str) -> dict[str, Any]:
+    """Container resources, as in a pod spec: {"requests": {...}, "limits": {...}}. Quantities
+    are strings or numbers; Kubernetes checks their syntax when the Job is created."""
+    value = _json_value(value, where, dict)
+    unknown = sorted(set(value) - set(RESOURCE_KEYS))
+    if unknown:
+        raise ConfigError(f"{where} has unknown keys {unknown}; known: {list(RESOURCE_KEYS)}")
+    for key in ("requests", "limits"):
+        quantities = value.get(key, {})
+        if not isinstance(quantities, dict) or not all(
+                isinstance(q, (str, int, float)) and not isinstance(q, bool)
+                for q in quantities.values()):
+            raise ConfigError(f"{where}.{key} must map resource names to quantities")
+    return value
+
+
+def node_selector(value: Any, where: str) -> dict[str, str]:
+    """A pod nodeSelector: a JSON object of label names to string values."""
+    value = _json_value(value, where, dict)
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise ConfigError(f"{where} must map label names to string values")
+    return value
+
+
+def tolerations(value: Any, where: str) -> list[dict[str, Any]]:
+    """Pod tolerations: a JSON list of objects with the Kubernetes toleration fields."""
+    value = _json_value(value, where, list)
+    known = {"key", "operator", "value", "effect", "tolerationSeconds"}
+    for i, item in enumerate(value):
+        if not isinstance(item, dict) or set(item) - known:
+            raise ConfigError(f"{where}[{i}] must be an object with keys among {sorted(known)}")
+    return value
+
+
+def _json_value(value: Any, where: str, kind: type) -> Any:
+    """``value`` itself if already parsed, else JSON text ('' means empty) of type ``kind``."""
+    if isinstance(value, str):
+        if not value.strip():
+            return kind()
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"{where} is not valid JSON: {err}") from None
+    if not isinstance(value, kind):
+        raise ConfigError(f"{where} must be a JSON {'object' if kind is dict else 'list'}")
+    return value
+
+
+def _dns_name(env: Mapping[str, str], name: str) -> str:
+    value = (env.get(name) or "").strip()
+    if value and not _DNS_SUBDOMAIN.match(value):
+        raise ConfigError(f"{name}={value!r}: expected a Kubernetes object name")
+    return value
+
+
+def _name_list(env: Mapping[str, str], name: str) -> list[str]:
+    """A comma-separated list of Kubernetes object names ('' means none)."""
+    names = [item.strip() for item in (env.get(name) or "").split(",") if item.strip()]
+    for item in names:
+        if not _DNS_SUBDOMAIN.match(item):
+            raise ConfigError(f"{name}: {item!r} is not a Kubernetes object name")
+    return names
 
 
 def _load_json_or_file(value: str) -> Any:

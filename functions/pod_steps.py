@@ -1,0 +1,174 @@
+"""The steps that run inside a task pod: ``python -m functions stage|collect`` (see
+``functions.runtimes.podspec`` for the pod layout). Thin: the work is ``functions.steps``.
+
+stage: unpack a put's inputs into its working directory. A missing or unsafe input fails the
+request, not the pod: its message goes to ``.task/stage-error`` (the resource step then does
+nothing and collect reports a ``storage`` failure) and stage exits 0. A store that cannot be
+reached exits 1: the Job fails and the function reports it.
+
+collect: turn what the resource step left in ``.task/`` (exit code, stdout, stderr) into the
+outcome and store it (artifact, cache record, log, result); for asynchronous requests, post
+the reply to ``$K_SINK``. Exits 0 once the outcome is recorded, whatever it says; non-zero
+only when it could not record or post it. Failures are written to the termination message,
+which is how the function learns why a step failed (task pods cannot read logs).
+"""
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+from functions import keys, steps
+from functions.events import reply_event
+from functions.model import Action, ArtifactRef, Outcome
+from functions.outcome import failed, redact, secret_strings
+from functions.protocol import MAX_STDOUT_BYTES
+from functions.runtimes.podspec import ReplyPlan
+from functions.sink import post_reply
+from storage import Store, StoreOptions, open_store
+from storage.archive import ArchiveOptions, Limits
+from storage.errors import StorageError
+
+TASK_SUBDIR = ".task"
+MAX_STDERR_BYTES = 4 * 1024 * 1024  # the log keeps the tail: that is where errors are
+MAX_STDIN_BYTES = 2 * 1024 * 1024  # a Secret holds at most 1 MiB
+TERMINATION_LOG = Path("/dev/termination-log")  # kubelet mounts it; absent elsewhere
+
+
+@dataclass(frozen=True)
+class CollectArgs:
+    run_id: str
+    action: Action
+    build_dir: Path  # /tmp/build: holds .task/ and the get's output directory
+    stdin_file: Path  # the mounted Secret, read only to redact secrets from the log
+    cache_key: str | None = None
+    reply: ReplyPlan | None = None
+
+
+def stage_main(*, directory: Path, inputs: dict[str, ArtifactRef], task_dir: Path,
+               environ: Mapping[str, str]) -> int:
+    """Unpack ``inputs`` into ``directory``; the exit status of the stage container."""
+    try:
+        store = open_step_store(environ)
+        directory.mkdir(parents=True, exist_ok=True)
+        steps.stage(store, inputs, directory, Limits.from_env(environ))
+    except steps.StageFailed as err:
+        return _stage_failed(task_dir, str(err))
+    except StorageError as err:
+        if not err.retryable:
+            return _stage_failed(task_dir, f"store: {err}")
+        return fail(f"stage: the store is unavailable: {err}")
+    except (ValueError, OSError) as err:
+        return fail(f"stage: {err}")
+    directory.chmod(0o777)  # a resource image running as another user may write in it
+    return 0
+
+
+def _stage_failed(task_dir: Path, message: str) -> int:
+    task_dir.mkdir(parents=True, exist_ok=True)
+    (task_dir / "stage-error").write_text(message + "\n")
+    print(f"stage: {message}", file=sys.stderr)
+    return 0
+
+
+def collect_main(args: CollectArgs, environ: Mapping[str, str]) -> int:
+    """Record the outcome (and post the reply); the exit status of the collect container."""
+    try:
+        outcome = record(open_step_store(environ), args, environ)
+    except (StorageError, ValueError, OSError) as err:
+        return fail(f"collect: cannot record the outcome: {err}")
+    if args.reply is None:
+        return 0
+    return _post(args, outcome, environ.get("K_SINK", ""))
+
+
+def record(store: Store, args: CollectArgs, environ: Mapping[str, str]) -> Outcome:
+    """The outcome of what the resource step left behind, stored (first record wins)."""
+    task_dir = args.build_dir / TASK_SUBDIR
+    stdin = read_head(args.stdin_file, MAX_STDIN_BYTES)
+    stage_error = read_head(task_dir / "stage-error", 64 * 1024)
+    if stage_error:
+        return _record_failure(store, args, "storage", stage_error.decode(errors="replace"))
+    exit_code = _exit_code(task_dir / "exit-code")
+    stderr = read_tail(task_dir / "stderr", MAX_STDERR_BYTES)
+    if exit_code is None:
+        log = redact(stderr.decode(errors="replace"), secret_strings(stdin))
+        return _record_failure(store, args, "runtime", "the resource step recorded no exit "
+                               "code (does the image have /bin/sh?)", log)
+    spec = steps.CollectSpec(run_id=args.run_id, action=args.action, cache_key=args.cache_key,
+                             archive=ArchiveOptions.from_env(environ))
+    return steps.collect(
+        store, spec, exit_code=exit_code,
+        stdout=read_head(task_dir / "stdout", MAX_STDOUT_BYTES + 1), stderr=stderr,
+        stdin=stdin, output_dir=args.build_dir / "get" if args.action == "get" else None,
+    )
+
+
+def _record_failure(store: Store, args: CollectArgs, kind: str, message: str,
+                    log: str = "") -> Outcome:
+    steps.write_once(store, keys.log_key(args.run_id), (log or message).encode())
+    outcome = failed(args.action, kind, message.strip(), log)
+    return steps.record_outcome(store, args.run_id, outcome)
+
+
+def _post(args: CollectArgs, outcome: Outcome, sink: str) -> int:
+    assert args.reply is not None
+    if not sink:
+        return fail("collect: the outcome is stored but --reply-to-sink needs K_SINK, which is "
+                    "not set (is the SinkBinding ready?)")
+    event = reply_event(action=args.action, outcome=outcome, request_id=args.reply.request_id,
+                        subject=args.reply.subject, run_id=args.run_id)
+    try:
+        post_reply(sink, event)
+    except requests.RequestException as err:
+        return fail(f"collect: the outcome is stored but the sink refused the reply: {err}")
+    return 0
+
+
+def open_step_store(environ: Mapping[str, str]) -> Store:
+    url = environ.get("STORE_URL", "")
+    if not url:
+        raise ValueError("STORE_URL is not set")
+    return open_store(url, StoreOptions.from_env(environ))
+
+
+def fail(message: str) -> int:
+    """Report a step failure on stderr and in the termination message; exit status 1."""
+    print(message, file=sys.stderr)
+    if TERMINATION_LOG.exists():
+        try:
+            TERMINATION_LOG.write_text(message[-4000:])
+        except OSError:
+            pass
+    return 1
+
+
+def read_head(path: Path, limit: int) -> bytes:
+    """Up to ``limit`` bytes from the start of ``path``; empty if it does not exist."""
+    try:
+        with path.open("rb") as stream:
+            return stream.read(limit)
+    except FileNotFoundError:
+        return b""
+
+
+def read_tail(path: Path, limit: int) -> bytes:
+    """The last ``limit`` bytes of ``path``; empty if it does not exist."""
+    try:
+        with path.open("rb") as stream:
+            size = stream.seek(0, 2)
+            stream.seek(max(0, size - limit))
+            return stream.read()
+    except FileNotFoundError:
+        return b""
+
+
+def _exit_code(path: Path) -> int | None:
+    text = read_head(path, 64).strip()
+    try:
+        return int(text) if text else None
+    except ValueError:
+        return None

@@ -1,0 +1,410 @@
+"""The kubernetes runtime: one Job per task (the only module that imports ``kubernetes``).
+
+``run`` creates the Job (named from the run id, so a redelivered request finds it and waits
+on it instead of starting another), then the stdin Secret owned by the Job, then follows the
+Job's pod until a verdict (``job_status.judge``): fails fast on image-pull errors, deletes the
+Job on timeout, reads ``results/<run-id>.json`` that ``collect`` stored on completion.
+Failures that only the function sees (image pull, timeout, a failed or vanished Job) are
+recorded with ``steps.record_outcome`` so a redelivery replays them. ``start`` creates the Job
+with reply-to-sink arguments and returns at once; ``collect`` posts the reply, and a
+best-effort background follower posts the failures ``collect`` never saw.
+
+Every API call goes through ``KubeApi._call``, which maps errors: 401/403 and 5xx, 429 or an
+unreachable API raise ``Unavailable`` (HTTP 503: Knative redelivers); 404, 409 and 410 are
+the private ``NotFound``/``Conflict``/``Gone``; any other 4xx is ``Rejected``.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import urllib3
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
+
+from functions import steps
+from functions.errors import ConfigError, Unavailable
+from functions.logs import fields
+from functions.model import Outcome, Task
+from functions.outcome import failed
+from functions.runtimes import podspec
+from functions.runtimes.job_status import Verdict, is_finished, judge, started_at
+from functions.runtimes.podspec import JobPlan, KubernetesConfig, plan_for
+from functions.sink import post_outcome
+from storage import Store
+from storage.errors import StorageError
+
+log = logging.getLogger("functions.kubernetes")
+
+JOB_NAME_LABELS = ("job-name", "batch.kubernetes.io/job-name")
+
+
+class NotFound(Exception):
+    pass
+
+
+class Conflict(Exception):
+    pass
+
+
+class Gone(Exception):
+    """A watch's resourceVersion is too old: list again."""
+
+
+class Rejected(Exception):
+    """The API refused a request as invalid (4xx other than 401/403/404/409/410/429)."""
+
+
+class KubeApi:
+    """The runtime's Kubernetes calls, in one namespace, as plain dicts."""
+
+    def __init__(self, api_client: Any, namespace: str, timeout: tuple[float, float]) -> None:
+        self._batch = client.BatchV1Api(api_client)
+        self._core = client.CoreV1Api(api_client)
+        self.namespace = namespace
+        self._timeout = timeout
+
+    def create_job(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        return self._json("create", "jobs", self._batch.create_namespaced_job, body=manifest)
+
+    def read_job(self, name: str) -> dict[str, Any] | None:
+        try:
+            return self._json("get", "jobs", self._batch.read_namespaced_job, name)
+        except NotFound:
+            return None
+
+    def delete_job(self, name: str) -> None:
+        try:
+            self._json("delete", "jobs", self._batch.delete_namespaced_job, name,
+                       propagation_policy="Background")
+        except NotFound:
+            pass
+
+    def create_secret(self, manifest: dict[str, Any]) -> None:
+        self._json("create", "secrets", self._core.create_namespaced_secret, body=manifest)
+
+    def delete_secret(self, name: str) -> None:
+        try:
+            self._json("delete", "secrets", self._core.delete_namespaced_secret, name)
+        except NotFound:
+            pass
+
+    def list_pods(self, job: str) -> tuple[dict[str, dict[str, Any]], str]:
+        """The Job's pods by name, and the list's resourceVersion to watch from."""
+        body = self._json("list", "pods", self._core.list_namespaced_pod,
+                          label_selector=f"job-name={job}")
+        pods = {p["metadata"]["name"]: p for p in body.get("items") or [] if belongs(p, job)}
+        return pods, (body.get("metadata") or {}).get("resourceVersion") or ""
+
+    def watch_pods(self, job: str, version: str, seconds: float) -> Iterator[dict[str, Any]]:
+        """Pod events until the watch expires (the server's timeout, or no data for a while
+        longer: then it just ends). Raises ``Gone`` when ``version`` is too old."""
+        response = self._call("watch", "pods", self._core.list_namespaced_pod, self.namespace,
+                              label_selector=f"job-name={job}", watch=True,
+                              allow_watch_bookmarks=True, resource_version=version or None,
+                              timeout_seconds=max(1, int(seconds)), _preload_content=False,
+                              _request_timeout=(self._timeout[0], seconds + min(5, seconds)))
+        try:
+            for line in iter_resp_lines(response):
+                if line.strip():
+                    yield self._event(json.loads(line))
+        except (urllib3.exceptions.ReadTimeoutError, urllib3.exceptions.ProtocolError):
+            return  # expired or cut: the caller lists again, which tells a dead API apart
+        finally:
+            response.close()  # a half-read stream cannot go back to the pool
+            response.release_conn()
+
+    def _event(self, event: dict[str, Any]) -> dict[str, Any]:
+        if event.get("type") != "ERROR":
+            return event
+        status = event.get("object") or {}
+        if status.get("code") == 410:
+            raise Gone(status.get("message"))
+        raise Unavailable(f"Kubernetes API: watch pods failed: {status.get('code')} "
+                          f"{status.get('reason')}: {status.get('message')}")
+
+    def _json(self, verb: str, resource: str, method: Callable[..., Any], *args: Any,
+              **kwargs: Any) -> dict[str, Any]:
+        response = self._call(verb, resource, method, *args, self.namespace, **kwargs,
+                              _preload_content=False, _request_timeout=self._timeout)
+        return json.loads(response.data or b"{}")
+
+    def _call(self, verb: str, resource: str, method: Callable[..., Any], *args: Any,
+              **kwargs: Any) -> Any:
+        """THE request path: every call, its errors translated (``raise … from``)."""
+        try:
+            return method(*args, **kwargs)
+        except ApiException as err:
+            raise translate(err, verb, resource, self.namespace) from err
+        except (urllib3.exceptions.HTTPError, OSError) as err:
+            raise Unavailable(f"Kubernetes API unreachable ({verb} {resource}): {err}") from err
+
+
+def translate(err: ApiException, verb: str, resource: str, namespace: str) -> Exception:
+    """The runtime's exception for an API error answer."""
+    status, message = err.status or 0, _api_message(err)
+    if status == 404:
+        return NotFound(message)
+    if status == 409:
+        return Conflict(message)
+    if status == 410:
+        return Gone(message)
+    if status in (401, 403):
+        return Unavailable(
+            f"Kubernetes refused '{verb} {resource}' in namespace {namespace!r} ({status}: "
+            f"{message}): the function's service account needs that verb (knative/rbac.yaml)")
+    if status == 0 or status == 429 or status >= 500:
+        return Unavailable(f"Kubernetes API: {verb} {resource}: {status or ''} {message}")
+    return Rejected(f"Kubernetes rejected '{verb} {resource}' ({status}): {message}")
+
+
+def _api_message(err: ApiException) -> str:
+    try:
+        return str(json.loads(err.body or "")["message"])
+    except (ValueError, KeyError, TypeError):
+        return str(err.reason or "no message")
+
+
+def belongs(pod: dict[str, Any], job: str) -> bool:
+    """Client-side label check: some API servers (and kmock) ignore label selectors."""
+    pod_labels = (pod.get("metadata") or {}).get("labels") or {}
+    return any(pod_labels.get(label) == job for label in JOB_NAME_LABELS)
+
+
+def api_client_from_env(environ: Any) -> Any:
+    """An ApiClient from the in-cluster service account, else from KUBECONFIG."""
+    configuration = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=configuration)
+    except config.ConfigException:
+        try:
+            config.load_kube_config(config_file=environ.get("KUBECONFIG") or None,
+                                    client_configuration=configuration)
+        except (config.ConfigException, OSError) as err:
+            raise ConfigError(
+                "RUNTIME=kubernetes needs the API: run in a cluster (service account) or set "
+                f"KUBECONFIG ({err})") from err
+    return client.ApiClient(configuration)
+
+
+@dataclass(frozen=True)
+class Settled:
+    outcome: Outcome
+    by_collect: bool  # collect stored it (and, for async tasks, posted the reply)
+
+
+class KubernetesRuntime:
+    def __init__(self, api_client: Any, store: Store, config: KubernetesConfig) -> None:
+        self._client = api_client
+        self._api = KubeApi(api_client, config.namespace, config.request_timeout)
+        self._store = store
+        self._config = config
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._following: set[str] = set()
+
+    @classmethod
+    def from_settings(cls, settings: Any, store: Store) -> KubernetesRuntime:
+        config_ = KubernetesConfig.from_settings(settings)
+        return cls(api_client_from_env(settings.environ), store, config_)
+
+    def close(self) -> None:
+        self._closed.set()
+        self._client.close()
+
+    def run(self, task: Task) -> Outcome:
+        """Run the task's Job (or attach to it) and return its stored outcome."""
+        plan = plan_for(task, self._config, self._store.url, reply=False)
+        try:
+            job = self._launch(plan, task.stdin)
+        except Rejected as err:
+            return self._rejected(task, plan, err)
+        return self._settle(task, plan, job).outcome
+
+    def start(self, task: Task) -> None:
+        """Create the Job (idempotent) and return; the task posts its own reply."""
+        plan = plan_for(task, self._config, self._store.url, reply=True)
+        try:
+            job = self._launch(plan, task.stdin)
+        except Rejected as err:
+            post_outcome(self._config.sink, task, self._rejected(task, plan, err))
+            return
+        with self._lock:
+            if task.run_id in self._following:
+                return
+            self._following.add(task.run_id)
+        threading.Thread(target=self._follow_and_reply, args=(task, plan, job),
+                         name=f"follow {plan.job_name}", daemon=True).start()
+
+    # --- creating ------------------------------------------------------------------------
+
+    def _launch(self, plan: JobPlan, stdin: bytes) -> dict[str, Any]:
+        """Create the Job, or attach to the one a previous delivery created; then its Secret
+        (unless that Job has finished already: no credentials for a pod that will not run)."""
+        try:
+            job = self._api.create_job(podspec.job_manifest(plan))
+        except Conflict:
+            job = self._existing_job(plan)
+            if is_finished(job):
+                return job
+        except NotFound as err:
+            raise Unavailable(f"cannot create Jobs in namespace {plan.namespace!r}: {err}") from err
+        self._create_secret(plan, stdin, job)
+        return job
+
+    def _rejected(self, task: Task, plan: JobPlan, err: Rejected) -> Outcome:
+        """The API refused the Job or its Secret as invalid (per-type settings, a payload
+        over the Secret size limit): a permanent failure of this request."""
+        self._api.delete_job(plan.job_name)
+        outcome = failed(task.action, "runtime", f"cannot start the task: {err}")
+        try:
+            return steps.record_outcome(self._store, task.run_id, outcome)
+        except StorageError as store_err:
+            raise Unavailable(f"store: {store_err}") from store_err
+
+    def _existing_job(self, plan: JobPlan) -> dict[str, Any]:
+        job = self._api.read_job(plan.job_name)
+        if job is None:
+            raise Unavailable(f"task Job {plan.job_name} vanished while attaching to it")
+        owner = ((job.get("metadata") or {}).get("labels") or {}).get(
+            f"{podspec.LABEL_PREFIX}run-id")
+        if owner != plan.run_id:
+            raise Unavailable(f"Job {plan.job_name} exists but belongs to run {owner!r}")
+        return job
+
+    def _create_secret(self, plan: JobPlan, stdin: bytes, job: dict[str, Any]) -> None:
+        uid = (job.get("metadata") or {}).get("uid")
+        if not uid:
+            raise Unavailable(f"the Kubernetes API returned Job {plan.job_name} without a uid")
+        try:
+            self._api.create_secret(podspec.stdin_secret_manifest(plan, stdin, uid))
+        except Conflict:
+            pass  # a previous delivery created it
+        except NotFound as err:
+            raise Unavailable(f"cannot create Secret {plan.secret_name}: {err}") from err
+
+    # --- following -----------------------------------------------------------------------
+
+    def _settle(self, task: Task, plan: JobPlan, job: dict[str, Any]) -> Settled:
+        verdict = self._follow(plan, job)
+        try:
+            settled = self._conclude(task, plan, verdict)
+        except StorageError as err:
+            if err.retryable:
+                raise Unavailable(f"store: {err}") from err
+            settled = Settled(failed(task.action, "storage", str(err)), by_collect=False)
+        self._drop_secret(plan)
+        return settled
+
+    def _follow(self, plan: JobPlan, job: dict[str, Any]) -> Verdict:
+        """List Job and pods, judge, watch the pods; again on watch expiry or a pod ending."""
+        budget_end = (started_at(job) or _now()).timestamp() + plan.active_deadline_seconds
+        deadline = time.monotonic() + (budget_end - _now().timestamp()
+                                       + self._config.deadline_slack_seconds)
+        while True:
+            current = self._api.read_job(plan.job_name)
+            pods, version = self._api.list_pods(plan.job_name)
+            passed = _now().timestamp() >= budget_end
+            verdict = judge(current, pods.values(), deadline_passed=passed)
+            if verdict is None and time.monotonic() >= deadline:
+                verdict = Verdict("timeout")
+            if verdict is not None:
+                return verdict
+            if self._closed.is_set():
+                raise Unavailable("the runtime was closed while following a task")
+            verdict = self._watch(plan, current or {}, pods, version, deadline)
+            if verdict is not None:
+                return verdict
+
+    def _watch(self, plan: JobPlan, job: dict[str, Any], pods: dict[str, dict[str, Any]],
+               version: str, deadline: float) -> Verdict | None:
+        """Apply pod events to ``pods`` until a verdict, or None to list again (expiry,
+        410 Gone, a pod that failed or vanished: then the Job's state decides)."""
+        seconds = max(0.5, min(self._config.watch_seconds, deadline - time.monotonic()))
+        until = time.monotonic() + seconds
+        events = self._api.watch_pods(plan.job_name, version, seconds)
+        try:
+            for event in events:
+                pod = event.get("object") or {}
+                if event.get("type") == "BOOKMARK" or not belongs(pod, plan.job_name):
+                    continue
+                name = pod["metadata"]["name"]
+                if event.get("type") == "DELETED" or _phase(pod) == "Failed":
+                    return None
+                pods[name] = pod
+                verdict = judge(job, pods.values(), deadline_passed=False)
+                if verdict is not None or time.monotonic() >= until:
+                    return verdict
+        except Gone:
+            return None
+        finally:
+            events.close()  # ends the watch request at once
+        return None
+
+    def _conclude(self, task: Task, plan: JobPlan, verdict: Verdict) -> Settled:
+        if verdict.kind in ("complete", "gone"):
+            wait = self._config.result_wait_seconds if verdict.kind == "complete" else 0
+            stored = self._read_result(task.run_id, wait)
+            if stored is not None:
+                return Settled(stored, by_collect=True)
+            if verdict.kind == "complete":
+                verdict = Verdict("runtime", "the task Job completed but stored no result")
+        outcome = steps.record_outcome(self._store, task.run_id, self._failure(task, plan,
+                                                                                verdict))
+        if verdict.kind in ("image_pull", "timeout"):
+            self._api.delete_job(plan.job_name)  # after recording: a redelivery replays it
+        return Settled(outcome, by_collect=False)
+
+    def _failure(self, task: Task, plan: JobPlan, verdict: Verdict) -> Outcome:
+        if verdict.kind == "timeout":
+            return failed(task.action, "timeout", (
+                f"the task ran longer than {plan.active_deadline_seconds}s (the resource's "
+                f"{plan.timeout_seconds:g}s + {plan.margin_seconds:g}s to stage and collect)"))
+        kind = "image_pull" if verdict.kind == "image_pull" else "runtime"
+        return failed(task.action, kind, verdict.message, verdict.detail)
+
+    def _read_result(self, run_id: str, wait: float) -> Outcome | None:
+        end = time.monotonic() + wait
+        while True:
+            outcome = steps.read_outcome(self._store, run_id)
+            if outcome is not None or time.monotonic() >= end:
+                return outcome
+            time.sleep(0.2)
+
+    def _drop_secret(self, plan: JobPlan) -> None:
+        """The credentials are not needed once the task is decided (Kubernetes would delete
+        them with the Job, after its TTL)."""
+        try:
+            self._api.delete_secret(plan.secret_name)
+        except (Unavailable, Rejected) as err:
+            log.warning("cannot delete the stdin Secret", extra=fields(
+                secret=plan.secret_name, error=str(err)))
+
+    def _follow_and_reply(self, task: Task, plan: JobPlan, job: dict[str, Any]) -> None:
+        """Async tasks: post the failures collect never saw (best effort: the function may
+        be scaled down before the task ends; collect replies for every task it finishes)."""
+        try:
+            settled = self._settle(task, plan, job)
+            if not settled.by_collect:
+                post_outcome(self._config.sink, task, settled.outcome)
+        except Exception:
+            log.exception("following an asynchronous task failed",
+                          extra=fields(run_id=task.run_id, job=plan.job_name))
+        finally:
+            with self._lock:
+                self._following.discard(task.run_id)
+
+
+def _phase(pod: dict[str, Any]) -> str:
+    return str((pod.get("status") or {}).get("phase") or "")
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)

@@ -1,0 +1,358 @@
+"""The task Job and its stdin Secret, as plain dicts built by pure functions from a ``JobPlan``
+(itself made by ``plan_for`` from a ``Task`` and the deployment's ``KubernetesConfig``).
+
+Pod layout (one shared ``emptyDir`` mounted at ``/tmp/build`` in every container)::
+
+    init  stage     project image, put only: unpack the inputs into /tmp/build/put
+    init  resource  the resource image: ``sh -c RESOURCE_SCRIPT``, stdin from the Secret,
+                    stdout/stderr/exit code into /tmp/build/.task/, always exits 0
+    main  collect   project image: store artifact, log and result (and post the reply)
+
+check and get have no inputs, so they have no ``stage`` container (one image start less);
+``RESOURCE_SCRIPT`` creates ``/tmp/build/.task`` itself. The stdin Secret (the only place the
+request's ``source``/``params`` live) is mounted into ``resource`` and ``collect`` (which
+needs it to redact secrets from the log) and nowhere else; no env var, argument, label or
+annotation carries anything from it. Store credentials reach ``stage``/``collect`` only,
+through ``envFrom`` of the deployment's store Secret.
+"""
+from __future__ import annotations
+
+import base64
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from functions.model import SCRIPTS, WORKDIRS, Action, ArtifactRef, Task
+
+MANAGED_BY = "resource-functions"
+LABEL_PREFIX = "resource-functions.dev/"
+BUILD_DIR = "/tmp/build"
+TASK_DIR = f"{BUILD_DIR}/.task"
+SECRET_DIR = "/secret"
+STDIN_KEY = "stdin"
+STEP_UID = 65532  # stage/collect: the project image's non-root user
+BUILD_VOLUME = "build"
+STDIN_VOLUME = "stdin"
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_RUN_ID = re.compile(r"^[0-9a-f]{20,64}$")
+_DIGEST_SUFFIX = re.compile(r"@(sha256:[0-9a-f]{64})$")
+# Non-secret settings the in-pod steps need to reach the store the way the function does.
+STEP_ENV = (
+    "ARCHIVE_FORMAT", "ARCHIVE_LEVEL", "ARCHIVE_THREADS", "ARCHIVE_MAX_ENTRY_BYTES",
+    "ARCHIVE_MAX_TOTAL_BYTES", "ARCHIVE_MAX_ENTRIES", "STORE_PART_SIZE", "STORE_CONCURRENCY",
+    "S3_ADDRESSING_STYLE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION",
+    "AWS_DEFAULT_REGION", "STORAGE_EMULATOR_HOST", "GOOGLE_CLOUD_PROJECT", "LOG_LEVEL",
+)
+
+# The resource step. FIXED text: the script path and working directory arrive as positional
+# parameters ($1, $2), so nothing from a request is ever interpolated into shell code. It
+# exits 0 whatever the script does: a failing init container would stop the pod before
+# collect runs, and task pods cannot read container logs, so the exit code and both output
+# streams go to files. The chmod lets the non-root collect step read what the script wrote.
+RESOURCE_SCRIPT = """\
+task=/tmp/build/.task
+if [ -e "$task/stage-error" ]; then exit 0; fi
+mkdir -p "$task"
+script="$1"
+shift
+if [ "$#" -gt 0 ]; then mkdir -p "$1"; fi
+"$script" "$@" </secret/stdin >"$task/stdout" 2>"$task/stderr"
+echo "$?" >"$task/exit-code"
+chmod -R a+rX "$task" "$@" 2>/dev/null
+exit 0
+"""
+
+
+@dataclass(frozen=True)
+class ReplyPlan:
+    """Asynchronous completion: ``collect`` posts the reply event to ``$K_SINK`` itself."""
+
+    request_id: str
+    subject: str | None = None
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """Everything the task Job is built from. Holds no secret: the stdin payload travels
+    separately, into ``stdin_secret_manifest``."""
+
+    run_id: str  # hex, from functions.keys.run_id
+    action: Action
+    namespace: str
+    resource_image: str
+    task_image: str  # project image, for stage and collect
+    service_account: str
+    timeout_seconds: float  # the resource script's budget
+    margin_seconds: float  # on top, for stage and collect
+    ttl_seconds: int
+    store_url: str
+    inputs: tuple[tuple[str, ArtifactRef], ...] = ()  # put only
+    cache_key: str | None = None  # get only
+    env: tuple[tuple[str, str], ...] = ()  # resource container: BUILD_* metadata
+    step_env: tuple[tuple[str, str], ...] = ()  # stage/collect: non-secret store settings
+    store_secret: str = ""  # Secret with store credentials, envFrom of stage/collect
+    privileged: bool = False
+    resources: dict[str, Any] = field(default_factory=dict)
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: tuple[dict[str, Any], ...] = ()
+    image_pull_secrets: tuple[str, ...] = ()
+    reply: ReplyPlan | None = None
+    request_source: str = ""  # for operators: an annotation on the Job
+
+    @property
+    def job_name(self) -> str:
+        return job_name(self.action, self.run_id)
+
+    @property
+    def secret_name(self) -> str:
+        return secret_name(self.job_name)
+
+    @property
+    def active_deadline_seconds(self) -> int:
+        return max(1, math.ceil(self.timeout_seconds + self.margin_seconds))
+
+
+@dataclass(frozen=True)
+class KubernetesConfig:
+    """Deployment-wide settings of task Jobs (per-type settings override the pod ones)."""
+
+    namespace: str
+    service_account: str
+    task_image: str
+    ttl_seconds: int = 600
+    margin_seconds: float = 300.0  # stage + collect, on top of the resource's timeout
+    store_secret: str = ""
+    resources: dict[str, Any] = field(default_factory=dict)
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: tuple[dict[str, Any], ...] = ()
+    image_pull_secrets: tuple[str, ...] = ()
+    step_env: tuple[tuple[str, str], ...] = ()
+    sink: str = ""  # K_SINK, for replies to asynchronous tasks that collect could not send
+    watch_seconds: float = 60.0  # one watch request; then the runtime lists again
+    deadline_slack_seconds: float = 30.0  # past the Job's deadline before the function acts
+    result_wait_seconds: float = 10.0  # a completed Job's result may take this to show
+    request_timeout: tuple[float, float] = (5.0, 30.0)  # connect, read
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> KubernetesConfig:
+        env = settings.environ
+        return cls(
+            namespace=settings.task_namespace,
+            service_account=settings.task_service_account,
+            task_image=settings.task_image,
+            ttl_seconds=settings.task_ttl_seconds,
+            margin_seconds=settings.task_margin_seconds,
+            store_secret=settings.task_store_secret,
+            resources=settings.task_resources,
+            node_selector=settings.task_node_selector,
+            tolerations=tuple(settings.task_tolerations),
+            image_pull_secrets=tuple(settings.task_image_pull_secrets),
+            step_env=tuple((name, env[name]) for name in STEP_ENV if env.get(name)),
+            sink=env.get("K_SINK", ""),
+        )
+
+
+def plan_for(task: Task, config: KubernetesConfig, store_url: str, *, reply: bool) -> JobPlan:
+    """The Job plan of a task: per-type pod settings where the type sets them, else the
+    deployment's. ``reply``: collect posts the reply event (asynchronous completion)."""
+    rt, c = task.resource_type, config
+    return JobPlan(
+        run_id=task.run_id, action=task.action, namespace=c.namespace,
+        resource_image=rt.image, task_image=c.task_image, service_account=c.service_account,
+        timeout_seconds=task.timeout_seconds, margin_seconds=c.margin_seconds,
+        ttl_seconds=c.ttl_seconds, store_url=store_url,
+        inputs=tuple(sorted(task.inputs.items())), cache_key=task.cache_key,
+        env=tuple(task.env.items()), step_env=c.step_env, store_secret=c.store_secret,
+        privileged=rt.privileged, resources=rt.resources or c.resources,
+        node_selector=rt.node_selector or c.node_selector,
+        tolerations=tuple(rt.tolerations or c.tolerations),
+        image_pull_secrets=tuple(rt.image_pull_secrets or c.image_pull_secrets),
+        reply=ReplyPlan(task.request_id, task.subject) if reply else None,
+        request_source=task.request_source,
+    )
+
+
+def job_name(action: str, run_id: str) -> str:
+    """``rf-<action>-<first 20 hex of the run id>``: a DNS label, the same for every
+    delivery of one request (so a redelivery finds the Job already there)."""
+    if not _RUN_ID.match(run_id):
+        raise ValueError(f"run id {run_id!r} is not 20 to 64 lowercase hex digits")
+    return f"rf-{action}-{run_id[:20]}"
+
+
+def secret_name(job: str) -> str:
+    return f"{job}-stdin"
+
+
+def format_input(name: str, ref: ArtifactRef) -> str:
+    """The ``--input`` argument of the stage step: ``NAME=KEY[@sha256:HEX]``."""
+    return f"{name}={ref.key}@{ref.digest}" if ref.digest else f"{name}={ref.key}"
+
+
+def parse_input(value: str) -> tuple[str, ArtifactRef]:
+    """Inverse of ``format_input``; ``ValueError`` says what is wrong."""
+    name, sep, rest = value.partition("=")
+    if not sep or not name or not rest:
+        raise ValueError(f"--input {value!r}: expected NAME=KEY[@sha256:HEX]")
+    match = _DIGEST_SUFFIX.search(rest)
+    if match:
+        return name, ArtifactRef(key=rest[: match.start()], digest=match.group(1))
+    return name, ArtifactRef(key=rest)
+
+
+def labels(plan: JobPlan) -> dict[str, str]:
+    """Labels of the Job, its pods and its Secret. The SinkBinding selects Jobs by the
+    managed-by label."""
+    return {
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        "app.kubernetes.io/name": "resource-functions",
+        f"{LABEL_PREFIX}action": plan.action,
+        f"{LABEL_PREFIX}run-id": plan.run_id,
+    }
+
+
+def job_manifest(plan: JobPlan) -> dict[str, Any]:
+    """The batch/v1 Job of one task: one pod, never retried, deadline and TTL set."""
+    metadata: dict[str, Any] = {"name": plan.job_name, "namespace": plan.namespace,
+                                "labels": labels(plan)}
+    if plan.request_source:
+        metadata["annotations"] = {f"{LABEL_PREFIX}request-source": plan.request_source}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": metadata,
+        "spec": {
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": plan.active_deadline_seconds,
+            "ttlSecondsAfterFinished": plan.ttl_seconds,
+            "template": {"metadata": {"labels": labels(plan)}, "spec": pod_spec(plan)},
+        },
+    }
+
+
+def pod_spec(plan: JobPlan) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "serviceAccountName": plan.service_account,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        # fsGroup makes the 0400 stdin file group-readable (0440) for the non-root collect
+        # step and for resource images that run as a non-root user.
+        "securityContext": {"fsGroup": STEP_UID, "seccompProfile": {"type": "RuntimeDefault"}},
+        "initContainers": [*_stage_containers(plan), _resource_container(plan)],
+        "containers": [_collect_container(plan)],
+        "volumes": _volumes(plan),
+    }
+    if plan.node_selector:
+        spec["nodeSelector"] = dict(plan.node_selector)
+    if plan.tolerations:
+        spec["tolerations"] = [dict(t) for t in plan.tolerations]
+    if plan.image_pull_secrets:
+        spec["imagePullSecrets"] = [{"name": name} for name in plan.image_pull_secrets]
+    return spec
+
+
+def _volumes(plan: JobPlan) -> list[dict[str, Any]]:
+    return [
+        {"name": BUILD_VOLUME, "emptyDir": {}},
+        {"name": STDIN_VOLUME, "secret": {
+            "secretName": plan.secret_name, "optional": False, "defaultMode": 0o400,
+            "items": [{"key": STDIN_KEY, "path": STDIN_KEY}]}},
+    ]
+
+
+def _mounts(*, stdin: bool) -> list[dict[str, Any]]:
+    mounts: list[dict[str, Any]] = [{"name": BUILD_VOLUME, "mountPath": BUILD_DIR}]
+    if stdin:
+        mounts.append({"name": STDIN_VOLUME, "mountPath": SECRET_DIR, "readOnly": True})
+    return mounts
+
+
+def _stage_containers(plan: JobPlan) -> list[dict[str, Any]]:
+    if plan.action != "put":
+        return []
+    args = ["stage", "--dir", str(WORKDIRS["put"])]
+    for name, ref in plan.inputs:
+        args += ["--input", format_input(name, ref)]
+    return [_step_container(plan, "stage", args, stdin=False)]
+
+
+def _collect_container(plan: JobPlan) -> dict[str, Any]:
+    args = ["collect", "--run-id", plan.run_id, "--action", plan.action, "--dir", BUILD_DIR,
+            "--stdin-file", f"{SECRET_DIR}/{STDIN_KEY}"]
+    if plan.cache_key:
+        args += ["--cache-key", plan.cache_key]
+    if plan.reply:
+        args += ["--reply-to-sink", "--request-id", plan.reply.request_id]
+        if plan.reply.subject is not None:
+            args += ["--subject", plan.reply.subject]
+    return _step_container(plan, "collect", args, stdin=True)
+
+
+def _step_container(plan: JobPlan, name: str, args: list[str], *, stdin: bool) -> dict[str, Any]:
+    """stage/collect: the project image, non-root, no privileges, store access by envFrom."""
+    env = [{"name": "STORE_URL", "value": plan.store_url}, {"name": "TMPDIR", "value": BUILD_DIR}]
+    env += [{"name": k, "value": v} for k, v in plan.step_env if k not in ("STORE_URL", "TMPDIR")]
+    container: dict[str, Any] = {
+        "name": name,
+        "image": plan.task_image,
+        "command": ["python", "-m", "functions", *args],
+        "env": env,
+        "volumeMounts": _mounts(stdin=stdin),
+        # Without API rights to read logs, this is how the function learns why a step failed.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": {
+            "runAsNonRoot": True, "runAsUser": STEP_UID, "runAsGroup": STEP_UID,
+            "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    if plan.store_secret:
+        container["envFrom"] = [{"secretRef": {"name": plan.store_secret}}]
+    return _with_resources(container, plan)
+
+
+def _resource_container(plan: JobPlan) -> dict[str, Any]:
+    workdir = WORKDIRS[plan.action]
+    container: dict[str, Any] = {
+        "name": "resource",
+        "image": plan.resource_image,
+        "command": ["sh", "-c", RESOURCE_SCRIPT, "resource", SCRIPTS[plan.action],
+                    *([workdir] if workdir else [])],
+        "volumeMounts": _mounts(stdin=True),
+        "securityContext": ({"privileged": True} if plan.privileged
+                            else {"allowPrivilegeEscalation": False}),
+    }
+    if plan.env:
+        container["env"] = [{"name": k, "value": v} for k, v in plan.env]
+    return _with_resources(container, plan)
+
+
+def _with_resources(container: dict[str, Any], plan: JobPlan) -> dict[str, Any]:
+    # Same resources on all three: init containers run one at a time, so the pod's effective
+    # request stays that of one container, and collect gets room to compress.
+    if plan.resources:
+        container["resources"] = {k: dict(v) for k, v in plan.resources.items()}
+    return container
+
+
+def stdin_secret_manifest(plan: JobPlan, stdin: bytes, owner_uid: str) -> dict[str, Any]:
+    """The Secret holding the script's stdin, owned by the Job (garbage-collected with it).
+    No ``blockOwnerDeletion``: that needs delete rights on the owner's finalizers."""
+    if not owner_uid:
+        raise ValueError("the stdin Secret needs the uid of the Job that owns it")
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "immutable": True,
+        "metadata": {
+            "name": plan.secret_name,
+            "namespace": plan.namespace,
+            "labels": labels(plan),
+            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job",
+                                 "name": plan.job_name, "uid": owner_uid}],
+        },
+        "data": {STDIN_KEY: base64.b64encode(stdin).decode("ascii")},
+    }

@@ -1,0 +1,165 @@
+"""Real services for end-to-end tests: Podman's Docker-compatible API, the test resource
+image, and the check/get/put services under gunicorn on loopback."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.images import build_test_resource
+
+REPO = Path(__file__).resolve().parents[2]
+CANARY = "canary-7d3f9b2e-do-not-leak"
+
+
+@pytest.fixture(scope="session")
+def docker_host(tmp_path_factory):
+    """DOCKER_HOST of a container engine: the given one, or a Podman API service we start."""
+    if os.environ.get("DOCKER_HOST"):
+        yield os.environ["DOCKER_HOST"]
+        return
+    if not shutil.which("podman"):
+        pytest.fail("podman is not installed and DOCKER_HOST is not set (run .ci/setup)")
+    sock = tmp_path_factory.mktemp("podman") / "podman.sock"
+    host = f"unix://{sock}"
+    proc = subprocess.Popen(["podman", "system", "service", "--time=0", host],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    _wait_for(lambda: sock.exists(), proc, "podman system service")
+    yield host
+    proc.terminate()
+    proc.wait(10)
+
+
+@pytest.fixture(scope="session")
+def resource_image():
+    return build_test_resource()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Services:
+    """The three services of one deployment, started as real processes."""
+
+    urls: dict[str, str]
+    log_path: Path
+    env: dict[str, str]
+    procs: list[subprocess.Popen] = field(default_factory=list)
+
+    def metric(self, action: str, name: str, **labels: str) -> float:
+        text = requests.get(self.urls[action] + "/metrics", timeout=5).text
+        total = 0.0
+        for line in text.splitlines():
+            if not line.startswith(name + "{") and not line.startswith(name + " "):
+                continue
+            if all(f'{k}="{v}"' in line for k, v in labels.items()):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def start_services(env_overrides: dict[str, str], log_path: Path,
+                   actions=("check", "get", "put")) -> Services:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("K_")}
+    env.update(env_overrides)
+    env["PYTHONPATH"] = str(REPO)
+    services = Services(urls={}, log_path=log_path, env=env)
+    log = open(log_path, "ab")
+    for action in actions:
+        port = free_port()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "functions", "serve", action, "--host", "127.0.0.1",
+             "--port", str(port)], env=env, cwd=REPO, stdout=log, stderr=log)
+        services.procs.append(proc)
+        services.urls[action] = f"http://127.0.0.1:{port}"
+    for action, proc in zip(actions, services.procs):
+        _wait_for(lambda: _healthy(services.urls[action]), proc, f"{action} service", log_path)
+    return services
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return requests.get(url + "/healthz", timeout=1).status_code == 200
+    except requests.ConnectionError:
+        return False
+
+
+def _wait_for(ready, proc, what, log_path: Path | None = None, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ready():
+            return
+        if proc.poll() is not None:
+            output = log_path.read_text() if log_path else proc.stdout.read().decode()
+            pytest.fail(f"{what} exited with {proc.returncode}:\n{output[-4000:]}")
+        time.sleep(0.1)
+    pytest.fail(f"{what} not ready after {timeout}s")
+
+
+def resource_types(image: str) -> str:
+    return json.dumps({
+        "test": image,
+        "slow": {"image": image, "timeout_seconds": 3},
+        "missing": "localhost/rf-no-such-image:1",
+    })
+
+
+@dataclass
+class Deployment:
+    """The services of one store backend, and a client view of that store."""
+
+    backend: str
+    services: Services
+    store: object
+    started: float
+
+
+@pytest.fixture(scope="module", params=["file", "s3", "gcs"])
+def deployment(request, docker_host, resource_image, tmp_path_factory):
+    """check/get/put services on one backend (ids file, s3, gcs), for the test module."""
+    from storage import open_store
+
+    backend = request.param
+    tmp = tmp_path_factory.mktemp(f"deploy-{backend}")
+    env = {"DOCKER_HOST": docker_host, "RESOURCE_TYPES": resource_types(resource_image),
+           "CACHE_SECRET": "e2e-cache-secret", "LOG_LEVEL": "debug", "WORK_DIR": str(tmp)}
+    if backend == "file":
+        (tmp / "store").mkdir()
+        env["STORE_URL"] = (tmp / "store").as_uri()
+    else:
+        server = request.getfixturevalue(f"{backend}_endpoint")
+        bucket = request.getfixturevalue(f"{backend}_bucket")
+        env.update({k: v for k, v in server.env.items() if v is not None})
+        scheme = "s3" if backend == "s3" else "gs"
+        env["STORE_URL"] = f"{scheme}://{bucket}/e2e-{uuid.uuid4().hex[:8]}"
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env.items():
+            patch.setenv(name, value)
+        store = open_store(env["STORE_URL"])
+        services = start_services(env, tmp / "services.log")
+        try:
+            yield Deployment(backend, services, store, time.time() - 1)
+        finally:
+            services.stop()

@@ -1,0 +1,253 @@
+"""check, get and put end to end: real services under gunicorn, real CloudEvents over HTTP,
+real containers under Podman, artifacts in the real S3 server / GCS emulator / a directory."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import stat
+import threading
+import time
+import uuid
+
+import docker
+import pytest
+
+from storage.archive import format_for_key, unpack
+from tests.e2e.conftest import CANARY
+from tests.e2e.events import request_event, send
+
+SOURCE = {"uri": "https://git.example.com/repo.git", "password": CANARY}
+
+
+def runs(deployment, action):
+    return deployment.services.metric(action, "resource_function_runs_total")
+
+
+def key_of(deployment, url):
+    prefix = deployment.store.url.rstrip("/") + "/"
+    assert url.startswith(prefix), url
+    return url[len(prefix):]
+
+
+@pytest.mark.parametrize("mode", ["binary", "structured"])
+def test_check_returns_versions_in_both_content_modes(deployment, mode):
+    event = request_event("check", {"type": "test", "source": SOURCE}, subject="main/repo")
+    status, reply, _ = send(deployment.services.urls["check"], event, mode)
+    assert status == 200
+    assert reply.get_type() == "dev.resourcefunctions.check.succeeded"
+    assert reply.get_extension("requestid") == event.get_id()
+    assert reply.get_subject() == "main/repo"
+    assert reply.get_data() == {"versions": [{"ref": "1"}, {"ref": "2"}, {"ref": "3"}]}
+
+
+def test_check_from_a_version_and_null_output(deployment):
+    url = deployment.services.urls["check"]
+    _, reply, _ = send(url, request_event("check", {"type": "test", "source": SOURCE,
+                                                    "version": {"ref": "2"}}))
+    assert reply.get_data() == {"versions": [{"ref": "2"}, {"ref": "3"}]}
+    _, reply, _ = send(url, request_event("check", {"type": "test",
+                                                    "source": {"mode": "empty"}}))
+    assert reply.get_data() == {"versions": []}
+
+
+def test_get_stores_the_directory_and_a_repeat_is_a_cache_hit(deployment, tmp_path):
+    data = {"type": "test", "source": SOURCE, "version": {"ref": f"v-{uuid.uuid4().hex[:8]}"},
+            "params": {"kib": 300}, "build": {"id": "77", "pipeline": "main", "job": "unit"}}
+    before, starts = runs(deployment, "get"), count_container_starts(deployment)
+    status, reply, _ = send(deployment.services.urls["get"], request_event("get", data))
+    assert status == 200, reply and reply.get_data()
+    assert count_container_starts(deployment) == starts + 1
+    body = reply.get_data()
+    assert body["version"] == data["version"] and body["cached"] is False
+    assert body["metadata"] == [{"name": "build", "value": "77"}]
+    artifact = body["artifact"]
+    key = key_of(deployment, artifact["url"])
+    raw = read_object(deployment.store, key)
+    assert artifact["size"] == len(raw)
+    assert artifact["digest"] == "sha256:" + __import__("hashlib").sha256(raw).hexdigest()
+    unpack(io.BytesIO(raw), tmp_path, format=format_for_key(key),
+           expected_digest=artifact["digest"])
+    assert (tmp_path / "version").read_text() == data["version"]["ref"] + "\n"
+    assert (tmp_path / "sub/build.txt").read_text() == "build 77 of main/unit\n"
+    assert os.readlink(tmp_path / "sub/version-link") == "../version"
+    assert (tmp_path / "sub/empty-dir").is_dir()
+    assert stat.S_IMODE((tmp_path / "sub/run.sh").stat().st_mode) & 0o111
+    assert (tmp_path / "blob").stat().st_size == 300 * 1024
+    assert runs(deployment, "get") == before + 1
+
+    started = count_container_starts(deployment)
+    status, again, _ = send(deployment.services.urls["get"], request_event("get", data))
+    assert status == 200
+    assert again.get_data() == {**body, "cached": True}
+    assert runs(deployment, "get") == before + 1
+    assert count_container_starts(deployment) == started
+    assert deployment.services.metric("get", "resource_function_cache_hits_total") >= 1
+
+
+def test_put_receives_the_artifact_of_a_get(deployment):
+    ref = f"p-{uuid.uuid4().hex[:8]}"
+    _, got, _ = send(deployment.services.urls["get"], request_event(
+        "get", {"type": "test", "source": SOURCE, "version": {"ref": ref}}))
+    artifact = got.get_data()["artifact"]
+    data = {"type": "test", "source": SOURCE, "params": {"input": "repo"},
+            "inputs": {"repo": {"url": artifact["url"], "digest": artifact["digest"]}},
+            "build": {"id": "78"}}
+    status, reply, _ = send(deployment.services.urls["put"], request_event("put", data))
+    assert status == 200
+    assert reply.get_type() == "dev.resourcefunctions.put.succeeded", reply.get_data()
+    assert reply.get_data()["version"] == {"ref": f"pushed-{ref}"}
+    files = reply.get_data()["metadata"][0]["value"].split()
+    assert files == ["./sub/build.txt", "./sub/run.sh", "./version"]
+
+
+def test_put_with_a_missing_input_fails_as_storage(deployment):
+    data = {"type": "test", "source": SOURCE, "params": {"input": "repo"},
+            "inputs": {"repo": deployment.store.url_for("artifacts/nope.tar.zst")}}
+    status, reply, _ = send(deployment.services.urls["put"], request_event("put", data))
+    assert status == 200
+    assert reply.get_data()["error"]["kind"] == "storage"
+    assert "does not exist" in reply.get_data()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "source, kind, detail",
+    [
+        pytest.param({"mode": "fail", "password": CANARY}, "resource_failed", "exited with code 3",
+                     id="exit-3"),
+        pytest.param({"mode": "malformed"}, "invalid_output", "stdout is not JSON",
+                     id="malformed-stdout"),
+        pytest.param({"mode": "badversion"}, "invalid_output", "versions[0].ref must be a string",
+                     id="non-string-version"),
+    ],
+)
+def test_resource_failures_are_failed_events(deployment, source, kind, detail):
+    status, reply, _ = send(deployment.services.urls["check"],
+                            request_event("check", {"type": "test", "source": source}))
+    assert status == 200
+    assert reply.get_type() == "dev.resourcefunctions.check.failed"
+    error = reply.get_data()["error"]
+    assert error["kind"] == kind and detail in error["message"]
+    if kind == "resource_failed":
+        assert error["exit_code"] == 3
+        assert "cannot reach the repository" in error["log_tail"]
+        assert CANARY not in error["log_tail"] and "[redacted]" in error["log_tail"]
+
+
+def test_timeout_kills_the_container(deployment):
+    event = request_event("check", {"type": "slow", "source": {"mode": "slow", "seconds": 60}})
+    status, reply, _ = send(deployment.services.urls["check"], event)
+    assert status == 200
+    assert reply.get_data()["error"]["kind"] == "timeout"
+    assert not leftover_containers(deployment)
+
+
+def test_missing_image_is_an_image_pull_failure(deployment):
+    status, reply, _ = send(deployment.services.urls["check"],
+                            request_event("check", {"type": "missing", "source": {}}))
+    assert status == 200
+    assert reply.get_data()["error"]["kind"] == "image_pull"
+
+
+@pytest.mark.parametrize(
+    "action, data, problem",
+    [
+        pytest.param("check", {"source": {}}, "exactly one of 'type'", id="no-type"),
+        pytest.param("get", {"type": "test", "source": {}}, "'version' is required",
+                     id="get-without-version"),
+        pytest.param("check", {"type": "nope", "source": {}}, "not in the catalogue",
+                     id="unknown-type"),
+        pytest.param("put", {"type": "test", "source": {}, "inputs": {"a": "s3://elsewhere/x"}},
+                     "must be an artifact in this store", id="foreign-input"),
+    ],
+)
+def test_bad_requests_get_400_and_start_nothing(deployment, action, data, problem):
+    before = runs(deployment, action)
+    status, _, response = send(deployment.services.urls[action], request_event(action, data))
+    assert status == 400
+    assert problem in response.json()["error"]["message"]
+    assert runs(deployment, action) == before
+
+
+def test_non_cloudevent_and_wrong_type_get_400(deployment):
+    url = deployment.services.urls["check"]
+    response = __import__("requests").post(url, json={"type": "test"}, timeout=10)
+    assert response.status_code == 400 and "not a CloudEvent" in response.text
+    status, _, response = send(url, request_event("get", {"type": "test", "source": {},
+                                                          "version": {"ref": "1"}}))
+    assert status == 400 and "this is the check service" in response.json()["error"]["message"]
+
+
+def test_redelivery_attaches_to_the_run_under_way_and_replays_the_result(deployment):
+    event = request_event("check", {"type": "test", "source": {"count": 4, "nonce": uuid.uuid4().hex}})
+    before = runs(deployment, "check")
+    replies = parallel(lambda i: send(deployment.services.urls["check"], event), 3)
+    assert [r[0] for r in replies] == [200, 200, 200]
+    assert len({json.dumps(r[1].get_data()) for r in replies}) == 1
+    assert runs(deployment, "check") == before + 1
+    status, later, _ = send(deployment.services.urls["check"], event)
+    assert status == 200 and later.get_data() == replies[0][1].get_data()
+    assert runs(deployment, "check") == before + 1
+
+
+def test_identical_checks_arriving_together_share_one_run(deployment):
+    data = {"type": "test", "source": {"count": 2, "nonce": uuid.uuid4().hex}}
+    sent = [request_event("check", data) for _ in range(3)]
+    before = runs(deployment, "check")
+    replies = parallel(lambda i: send(deployment.services.urls["check"], sent[i]), 3)
+    assert all(r[0] == 200 for r in replies)
+    assert [r[1].get_extension("requestid") for r in replies] == [e.get_id() for e in sent]
+    assert all(r[1].get_data() == {"versions": [{"ref": "1"}, {"ref": "2"}]} for r in replies)
+    assert runs(deployment, "check") == before + 1
+
+
+def test_canary_secret_never_leaks(deployment):
+    # Runs after the others in this module: scan everything they left behind.
+    send(deployment.services.urls["check"], request_event(
+        "check", {"type": "test", "source": {"mode": "fail", "password": CANARY}}))
+    assert CANARY not in deployment.services.log_path.read_text()
+    for key in deployment.store.list(""):
+        assert CANARY.encode() not in read_object(deployment.store, key), key
+
+
+def parallel(call, n):
+    results = [None] * n
+    barrier = threading.Barrier(n)
+
+    def worker(i):
+        barrier.wait()
+        results[i] = call(i)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return results
+
+
+def read_object(store, key) -> bytes:
+    with store.open(key) as stream:
+        return stream.read()
+
+
+def engine(deployment):
+    return docker.DockerClient(base_url=deployment.services.env["DOCKER_HOST"])
+
+
+def leftover_containers(deployment):
+    return engine(deployment).containers.list(
+        all=True, filters={"label": "app.kubernetes.io/managed-by=resource-functions"})
+
+
+def count_container_starts(deployment) -> int:
+    """Containers the engine started for the functions since the deployment began, from the
+    engine's event log (``stream=false`` makes Podman answer at once, Docker ignores it)."""
+    client = engine(deployment).api
+    filters = {"event": ["start"], "label": ["app.kubernetes.io/managed-by=resource-functions"]}
+    response = client.get(client._url("/events"), stream=True, timeout=30, params={
+        "since": str(int(deployment.started)), "until": str(int(time.time()) + 1),
+        "stream": "false", "filters": json.dumps(filters)})
+    response.raise_for_status()
+    body = b"".join(response.iter_content(65536)).decode()
+    return body.count('"status":"start"')

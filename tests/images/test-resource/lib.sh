@@ -1,0 +1,14 @@
+# Helpers for the test resource: read fields of the stdin payload with busybox tools only.
+# The payloads in the tests are flat enough for grep; this is a test fixture, not a parser.
+payload=$(cat)
+field() { echo "$payload" | grep -o "\"$1\":\"[^\"]*\"" | head -1 | cut -d'"' -f4; }
+number() { echo "$payload" | grep -o "\"$1\":[0-9]*" | head -1 | cut -d: -f2; }
+mode=$(field mode)
+# Deliberately print the secret to stderr: the functions must redact it from logs.
+echo "$(basename "$0") mode=${mode:-ok} password=$(field password)" >&2
+case "$mode" in
+  fail) echo "error: cannot reach the repository" >&2; exit 3 ;;
+  malformed) echo "this is not json"; exit 0 ;;
+  badversion) echo '[{"ref": 1}]'; exit 0 ;;
+  slow) sleep "$(number seconds)"; echo 'null'; exit 0 ;;
+esac
