@@ -20,9 +20,11 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Callable, Iterator, Protocol
+from typing import Any, BinaryIO, Protocol
 
 from storage.errors import InvalidKey
 
@@ -98,6 +100,7 @@ def get_json(store: Store, key: str, *, limit: int = 16 * 1024 * 1024) -> Any:
 
 MAX_KEY_BYTES = 1024  # the S3 and GCS limit on object names
 PARTIAL_MARKER = ".partial-"  # the file backend names in-flight uploads ".<name>.partial-<random>"
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 def validate_key(key: str) -> str:
@@ -108,7 +111,7 @@ def validate_key(key: str) -> str:
     backslash, and no segment looks like the file backend's temp files (``.<x>.partial-<y>``).
     The same rules hold for every backend, so a key that works on ``file://`` works on S3/GCS.
     """
-    problem = _key_problem(key)
+    problem = key_problem(key)
     if problem:
         raise InvalidKey(f"invalid object key {key!r}: {problem}")
     return key
@@ -116,13 +119,14 @@ def validate_key(key: str) -> str:
 
 def validate_prefix(prefix: str) -> str:
     """Return a ``list`` prefix unchanged if valid: empty, or a key with an optional final ``/``."""
-    problem = _key_problem(prefix[:-1] if prefix.endswith("/") else prefix) if prefix else None
+    problem = key_problem(prefix.removesuffix("/")) if prefix else None
     if problem:
         raise InvalidKey(f"invalid key prefix {prefix!r}: {problem}")
     return prefix
 
 
-def _key_problem(key: object) -> str | None:
+def key_problem(key: object) -> str | None:
+    """What makes ``key`` unusable as an object key (see ``validate_key``), or ``None``."""
     if not isinstance(key, str) or not key:
         return "keys are non-empty strings"
     try:
@@ -139,6 +143,15 @@ def _key_problem(key: object) -> str | None:
             return "empty, '.' and '..' path segments are not allowed"
         if segment.startswith(".") and PARTIAL_MARKER in segment:
             return f"segments like '.<name>{PARTIAL_MARKER}<x>' are reserved for in-flight uploads"
+    return None
+
+
+def digest_from_hex(value: object) -> str | None:
+    """``sha256:<hex>`` from a digest recorded as 64 hex digits in object metadata, else ``None``."""
+    if isinstance(value, bytes):
+        value = value.decode("ascii", "replace")
+    if isinstance(value, str) and _SHA256_HEX.fullmatch(value):
+        return f"sha256:{value}"
     return None
 
 
@@ -176,9 +189,8 @@ class TranslatingReader(io.RawIOBase):
 
     def read(self, size: int | None = -1) -> bytes:
         with self._errors():
-            if size is None or size < 0:
-                return self._stream.read()
-            return self._stream.read(size)
+            data: bytes = self._stream.read() if size is None or size < 0 else self._stream.read(size)
+        return data
 
     def readinto(self, buffer: Any) -> int:
         data = self.read(len(buffer))
@@ -186,10 +198,13 @@ class TranslatingReader(io.RawIOBase):
         return len(data)
 
     def close(self) -> None:
-        if not self.closed:
+        if self.closed:
+            return
+        try:
             with self._errors():
                 self._stream.close()
-        super().close()
+        finally:
+            super().close()
 
 
 def download_stream(

@@ -1,0 +1,109 @@
+"""Tuning knobs shared by the object-store backends, read once from the environment."""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TypeVar
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+S3_MIN_PART_SIZE = 5 * MiB  # S3 refuses smaller parts (except the last) with EntityTooSmall
+S3_MAX_PART_SIZE = 5 * GiB
+MAX_CONCURRENCY = 64
+ADDRESSING_STYLES = ("auto", "path", "virtual")
+
+_SIZE = re.compile(r"(\d+)\s*(B|KiB|Ki|MiB|Mi|GiB|Gi)?")
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class StoreOptions:
+    """How backends move data.
+
+    ``part_size``: bytes per multipart part (S3) or resumable chunk (GCS, rounded up to a
+    multiple of 256 KiB); a stream shorter than one part goes up in a single request.
+    ``concurrency``: S3 parts in flight at once. An S3 upload buffers at most about
+    ``(concurrency + 1) * part_size`` bytes; GCS resumable uploads are sequential and buffer
+    about two chunks. ``s3_addressing_style``: ``path``, ``virtual`` or ``auto``; ``None``
+    means ``path`` when an S3 endpoint URL is configured (MinIO, moto) and ``auto`` otherwise.
+    Invalid values raise ``ValueError``.
+    """
+
+    part_size: int = 16 * MiB
+    concurrency: int = 4
+    s3_addressing_style: str | None = None
+
+    def __post_init__(self) -> None:
+        for name, problem in (
+            ("part_size", _part_size_problem(self.part_size)),
+            ("concurrency", _concurrency_problem(self.concurrency)),
+            ("s3_addressing_style", _style_problem(self.s3_addressing_style)),
+        ):
+            if problem:
+                raise ValueError(f"{name}: {problem}")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> StoreOptions:
+        """Options from ``STORE_PART_SIZE`` (bytes, or e.g. ``64MiB``), ``STORE_CONCURRENCY``
+        and ``S3_ADDRESSING_STYLE``; unset or empty means the default. A bad value raises
+        ``ValueError`` naming the variable and what is accepted."""
+        defaults = cls()
+        part_size = _from_env(environ, "STORE_PART_SIZE", _parse_size, _part_size_problem)
+        concurrency = _from_env(environ, "STORE_CONCURRENCY", _parse_count, _concurrency_problem)
+        style = _from_env(environ, "S3_ADDRESSING_STYLE", str, _style_problem)
+        return cls(
+            part_size=defaults.part_size if part_size is None else part_size,
+            concurrency=defaults.concurrency if concurrency is None else concurrency,
+            s3_addressing_style=style,
+        )
+
+
+def _from_env(
+    environ: Mapping[str, str],
+    name: str,
+    parse: Callable[[str], _T],
+    problem_of: Callable[[_T], str | None],
+) -> _T | None:
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = parse(raw)
+    except ValueError as err:
+        raise ValueError(f"{name}={raw!r}: {err}") from None
+    problem = problem_of(value)
+    if problem:
+        raise ValueError(f"{name}={raw!r}: {problem}")
+    return value
+
+
+def _parse_size(raw: str) -> int:
+    match = _SIZE.fullmatch(raw)
+    if not match:
+        raise ValueError("not a size; use bytes or a binary unit, e.g. 16MiB or 1GiB")
+    unit = (match.group(2) or "B")[:2]
+    return int(match.group(1)) * {"B": 1, "Ki": KiB, "Mi": MiB, "Gi": GiB}[unit]
+
+
+def _parse_count(raw: str) -> int:
+    if not raw.isdigit():
+        raise ValueError("not a whole number")
+    return int(raw)
+
+
+def _part_size_problem(size: int) -> str | None:
+    if S3_MIN_PART_SIZE <= size <= S3_MAX_PART_SIZE:
+        return None
+    return f"must be between 5 MiB (the S3 minimum part size) and 5 GiB, got {size} bytes"
+
+
+def _concurrency_problem(count: int) -> str | None:
+    return None if 1 <= count <= MAX_CONCURRENCY else f"must be between 1 and {MAX_CONCURRENCY}"
+
+
+def _style_problem(style: str | None) -> str | None:
+    if style is None or style in ADDRESSING_STYLES:
+        return None
+    return f"must be one of {', '.join(ADDRESSING_STYLES)}"
