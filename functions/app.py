@@ -7,6 +7,7 @@ event contract (200 + reply event, 202, 400 + JSON error, 503 + JSON error); ``G
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 from flask import Flask, Response, jsonify, request
@@ -31,8 +32,11 @@ def create_app(
     store: Store | None = None,
     runtime: Runtime | None = None,
 ) -> Flask:
-    store = store or open_store(settings.store_url, StoreOptions.from_env(settings.environ))
+    store = store or open_local_or_remote_store(settings)
     runtime = runtime or make_runtime(settings, store)
+    if settings.cache_secret_generated:
+        log.warning("CACHE_SECRET is not set: using a random key, so cache entries do not "
+                    "survive a restart and are not shared between replicas")
     service = Service(action, settings, store, runtime, Metrics())
     app = Flask(f"resource-functions-{action}")
     app.extensions["service"] = service
@@ -41,6 +45,13 @@ def create_app(
     app.add_url_rule("/metrics", "metrics", lambda: Response(
         service.metrics.exposition(), mimetype="text/plain; version=0.0.4"))
     return app
+
+
+def open_local_or_remote_store(settings: Settings) -> Store:
+    """Open STORE_URL; a local directory store is created on first use (a bucket must exist)."""
+    if settings.store_url.startswith("file://"):
+        Path(settings.store_url[len("file://"):]).mkdir(parents=True, exist_ok=True)
+    return open_store(settings.store_url, StoreOptions.from_env(settings.environ))
 
 
 def _handle(service: Service) -> Response:

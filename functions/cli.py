@@ -2,6 +2,7 @@
 
     serve ACTION            run one service (check, get, put or dead-letter) under gunicorn
     run ACTION …            run one action locally and print the reply (progress on stderr)
+    demo [--serve]          start the three services locally and show a check/get/put round trip
     stage …, collect …      the steps around the resource script inside a task pod
 """
 from __future__ import annotations
@@ -49,8 +50,18 @@ def build_parser() -> argparse.ArgumentParser:
                      help="put input: a local directory (uploaded first) or an artifact URL")
     run.add_argument("--output", metavar="DIR", help="get: unpack the artifact into DIR")
     run.set_defaults(handler=cmd_run)
+    demo = sub.add_parser("demo", help="start the services locally and show a round trip")
+    demo.add_argument("--serve", action="store_true", help="keep the services running after")
+    demo.add_argument("--port", type=int, default=8081, help="first of three ports")
+    demo.set_defaults(handler=cmd_demo)
     add_pod_step_parsers(sub)
     return parser
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from functions.demo import run_demo
+
+    return run_demo(serve=args.serve, base_port=args.port)
 
 
 def add_pod_step_parsers(sub: Any) -> None:

@@ -9,12 +9,13 @@ from cloudevents.core.v1.event import CloudEvent
 
 from functions import events
 from functions.actions import Service
+from functions.app import open_local_or_remote_store
 from functions.metrics import Metrics
 from functions.model import Action
 from functions.progress import ProgressReader
 from functions.runtimes import make_runtime
 from functions.settings import Settings
-from storage import Store, StoreOptions, open_store
+from storage import Store
 from storage.archive import ArchiveOptions, Limits, pack, suffix_for, unpack, format_for_key
 
 
@@ -23,7 +24,7 @@ def run_local(action: Action, data: dict[str, Any], *, inputs: dict[str, str],
     """Run ``action`` with request ``data``; local directories among ``inputs`` are uploaded
     first; a get's artifact is unpacked into ``output``. Returns the reply data."""
     settings = Settings.from_env()
-    store = open_store(settings.store_url, StoreOptions.from_env(settings.environ))
+    store = open_local_or_remote_store(settings)
     if inputs:
         data["inputs"] = {name: _as_artifact(store, where, settings) for name, where in
                           inputs.items()}

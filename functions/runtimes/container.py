@@ -12,7 +12,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import logging
 
@@ -55,7 +55,7 @@ class ContainerRuntime:
     def from_settings(cls, settings: Any, store: Store) -> "ContainerRuntime":
         env = settings.environ
         try:
-            client = docker.from_env(environment=dict(env), timeout=60)
+            client = docker.from_env(environment=engine_environment(env), timeout=60)
         except docker.errors.DockerException as err:
             raise Unavailable(f"container engine unreachable (DOCKER_HOST): {err}") from err
         config = ContainerConfig(
@@ -185,6 +185,22 @@ class ContainerRuntime:
                 return f"cannot pull image {image}: {_explanation(err)}"
             except docker.errors.APIError as err:
                 return f"cannot pull image {image}: {_explanation(err)}"
+
+
+def engine_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """DOCKER_HOST as given; unset, Docker's socket if present, else Podman's (root, then
+    rootless), so a machine with only Podman works without configuration."""
+    env = dict(env)
+    if env.get("DOCKER_HOST") or Path("/var/run/docker.sock").exists():
+        return env
+    candidates = ["/run/podman/podman.sock"]
+    if env.get("XDG_RUNTIME_DIR"):
+        candidates.insert(0, f"{env['XDG_RUNTIME_DIR']}/podman/podman.sock")
+    for path in candidates:
+        if Path(path).exists():
+            env["DOCKER_HOST"] = f"unix://{path}"
+            break
+    return env
 
 
 def _logs_bytes(container: Any, *, stdout: bool) -> bytes:

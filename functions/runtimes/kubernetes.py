@@ -19,11 +19,12 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import requests
 import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
@@ -103,7 +104,8 @@ class KubeApi:
         pods = {p["metadata"]["name"]: p for p in body.get("items") or [] if belongs(p, job)}
         return pods, (body.get("metadata") or {}).get("resourceVersion") or ""
 
-    def watch_pods(self, job: str, version: str, seconds: float) -> Iterator[dict[str, Any]]:
+    def watch_pods(self, job: str, version: str,
+                   seconds: float) -> Generator[dict[str, Any], None, None]:
         """Pod events until the watch expires (the server's timeout, or no data for a while
         longer: then it just ends). Raises ``Gone`` when ``version`` is too old."""
         response = self._call("watch", "pods", self._core.list_namespaced_pod, self.namespace,
@@ -234,7 +236,11 @@ class KubernetesRuntime:
         try:
             job = self._launch(plan, task.stdin)
         except Rejected as err:
-            post_outcome(self._config.sink, task, self._rejected(task, plan, err))
+            outcome = self._rejected(task, plan, err)
+            try:
+                post_outcome(self._config.sink, task, outcome)
+            except requests.RequestException as post_err:  # a redelivery replays the record
+                raise Unavailable(f"cannot post the reply: {post_err}") from post_err
             return
         with self._lock:
             if task.run_id in self._following:
@@ -293,13 +299,14 @@ class KubernetesRuntime:
     # --- following -----------------------------------------------------------------------
 
     def _settle(self, task: Task, plan: JobPlan, job: dict[str, Any]) -> Settled:
-        verdict = self._follow(plan, job)
         try:
-            settled = self._conclude(task, plan, verdict)
+            settled = self._conclude(task, plan, self._follow(plan, job))
         except StorageError as err:
             if err.retryable:
                 raise Unavailable(f"store: {err}") from err
             settled = Settled(failed(task.action, "storage", str(err)), by_collect=False)
+        except (NotFound, Conflict, Gone, Rejected) as err:  # none expected while following
+            raise Unavailable(f"Kubernetes API, following {plan.job_name}: {err}") from err
         self._drop_secret(plan)
         return settled
 

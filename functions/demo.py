@@ -1,0 +1,137 @@
+"""``python -m functions demo``: the three services on this machine, and a real round trip.
+
+Builds the example resource type in examples/hello-resource (busybox, no registry needed),
+starts check/get/put under gunicorn on loopback with the embedded defaults (file store, local
+container engine), then sends check → get → put CloudEvents over HTTP and prints each reply.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import requests
+from cloudevents.core.bindings.http import HTTPMessage, from_http_event, to_binary_event
+from cloudevents.core.v1.event import CloudEvent
+
+from functions.busybox_image import build_resource_image
+from functions.runtimes.container import engine_environment
+from functions.settings import Settings
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "hello-resource"
+PODMAN_SOCKET = "/run/podman/podman.sock"
+
+
+def run_demo(*, serve: bool = False, base_port: int = 8081) -> int:
+    env = dict(os.environ)
+    env.setdefault("LOG_LEVEL", "warning")
+    env.setdefault("DOCKER_HOST", _engine(env))
+    image = build_resource_image("localhost/hello-resource", EXAMPLE)
+    env["RESOURCE_TYPES"] = json.dumps({"hello": image})
+    store = Settings.from_env(env).store_url
+    say(f"engine {env['DOCKER_HOST']}, store {store}, resource type hello = {image}")
+    urls, procs = _start(env, base_port)
+    try:
+        _round_trip(urls)
+        if serve:
+            say("services are up; Ctrl-C stops them. Try the curl examples in the README.")
+            procs[0].wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(15)
+    return 0
+
+
+def _engine(env: dict[str, str]) -> str:
+    """A Docker-compatible socket: the configured one, or Podman's (started if needed)."""
+    found = engine_environment(env).get("DOCKER_HOST")
+    if found:
+        return found
+    Path(PODMAN_SOCKET).parent.mkdir(parents=True, exist_ok=True)
+    subprocess.Popen(["podman", "system", "service", "--time=0", f"unix://{PODMAN_SOCKET}"],
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    _wait(lambda: Path(PODMAN_SOCKET).exists(), "podman system service")
+    return f"unix://{PODMAN_SOCKET}"
+
+
+def _start(env: dict[str, str], base_port: int) -> tuple[dict[str, str], list[subprocess.Popen]]:
+    urls, procs = {}, []
+    for offset, action in enumerate(("check", "get", "put")):
+        port = _free(base_port + offset)
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "functions", "serve", action, "--host", "127.0.0.1",
+             "--port", str(port)], env={**env, "PYTHONPATH": str(REPO)}, cwd=REPO))
+        urls[action] = f"http://127.0.0.1:{port}"
+    for action, url in urls.items():
+        _wait(lambda: _healthy(url), f"{action} service on {url}")
+    say("services: " + ", ".join(f"{a} {u}" for a, u in urls.items()))
+    return urls, procs
+
+
+def _round_trip(urls: dict[str, str]) -> None:
+    source = {"latest": "3", "greeting": "hello"}
+    versions = _send(urls["check"], "check", {"type": "hello", "source": source})["versions"]
+    got = _send(urls["get"], "get", {"type": "hello", "source": source, "version": versions[-1],
+                                     "build": {"id": "1", "name": "1", "job": "demo"}})
+    again = _send(urls["get"], "get", {"type": "hello", "source": source,
+                                       "version": versions[-1], "build": {"id": "2"}})
+    say(f"second get of the same version: cached={again['cached']} (no container started)")
+    _send(urls["put"], "put", {"type": "hello", "source": source, "params": {"from": "greeting"},
+                               "inputs": {"greeting": got["artifact"]["url"]}})
+
+
+def _send(url: str, action: str, data: dict[str, Any]) -> dict[str, Any]:
+    event = CloudEvent(attributes={
+        "specversion": "1.0", "type": f"dev.resourcefunctions.{action}.requested",
+        "source": "/demo", "id": str(uuid.uuid4()), "datacontenttype": "application/json"},
+        data=data)
+    message = to_binary_event(event)
+    say(f"→ {action}: {json.dumps(data)}")
+    response = requests.post(url, headers=dict(message.headers), data=message.body, timeout=600)
+    if response.status_code != 200:
+        raise SystemExit(f"{action} answered {response.status_code}: {response.text}")
+    reply = from_http_event(HTTPMessage(headers=dict(response.headers), body=response.content))
+    body = reply.get_data()
+    say(f"← {reply.get_type()}: {json.dumps(body)}")
+    if not reply.get_type().endswith(".succeeded"):
+        raise SystemExit(f"{action} failed")
+    return body
+
+
+def _free(preferred: int) -> int:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", preferred))
+        except OSError:
+            sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return requests.get(url + "/healthz", timeout=1).ok
+    except requests.ConnectionError:
+        return False
+
+
+def _wait(ready: Any, what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{what} did not come up within {timeout:g}s")
+        time.sleep(0.1)
+
+
+def say(text: str) -> None:
+    print(text, flush=True)

@@ -1,0 +1,86 @@
+"""Asynchronous completion: 202 at once, then the reply event is POSTed to K_SINK."""
+from __future__ import annotations
+
+import queue
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from cloudevents.core.bindings.http import HTTPMessage, from_http_event
+
+from tests.e2e.conftest import resource_types, start_services
+from tests.e2e.events import request_event, send
+
+
+@pytest.fixture(scope="module")
+def sink():
+    """A real HTTP server on loopback that records the CloudEvents posted to it."""
+    received: queue.Queue = queue.Queue()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (http.server's naming)
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            received.put(from_http_event(HTTPMessage(headers=dict(self.headers), body=body)))
+            self.send_response(202)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", received
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def async_services(sink, docker_host, resource_image, tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("async")
+    (tmp_path / "store").mkdir()
+    services = start_services({
+        "DOCKER_HOST": docker_host, "RESOURCE_TYPES": resource_types(resource_image),
+        "STORE_URL": (tmp_path / "store").as_uri(), "K_SINK": sink[0],
+    }, tmp_path / "services.log", actions=("check",))
+    yield services
+    services.stop()
+
+
+def test_async_request_is_accepted_then_replied_to_the_sink(async_services, sink):
+    event = request_event("check", {"type": "test", "source": {"count": 2}},
+                          subject="async/one", replymode="async")
+    status, _, response = send(async_services.urls["check"], event)
+    assert status == 202 and response.content == b""
+    reply = sink[1].get(timeout=60)
+    assert reply.get_type() == "dev.resourcefunctions.check.succeeded"
+    assert reply.get_extension("requestid") == event.get_id()
+    assert reply.get_subject() == "async/one"
+    assert reply.get_data() == {"versions": [{"ref": "1"}, {"ref": "2"}]}
+
+
+def test_async_failure_is_replied_as_failed_event(async_services, sink):
+    event = request_event("check", {"type": "test", "source": {"mode": "fail"}},
+                          replymode="async")
+    assert send(async_services.urls["check"], event)[0] == 202
+    reply = sink[1].get(timeout=60)
+    assert reply.get_type() == "dev.resourcefunctions.check.failed"
+    assert reply.get_data()["error"]["kind"] == "resource_failed"
+
+
+def test_bad_replymode_is_rejected(async_services):
+    event = request_event("check", {"type": "test", "source": {}}, replymode="later")
+    status, _, response = send(async_services.urls["check"], event)
+    assert status == 400 and "replymode" in response.json()["error"]["message"]
+
+
+def test_async_without_sink_is_rejected(docker_host, resource_image, tmp_path):
+    (tmp_path / "store").mkdir()
+    services = start_services({"DOCKER_HOST": docker_host,
+                               "RESOURCE_TYPES": resource_types(resource_image),
+                               "STORE_URL": (tmp_path / "store").as_uri()},
+                              tmp_path / "log", actions=("check",))
+    try:
+        event = request_event("check", {"type": "test", "source": {}}, replymode="async")
+        status, _, response = send(services.urls["check"], event)
+        assert status == 400 and "K_SINK" in response.json()["error"]["message"]
+    finally:
+        services.stop()
