@@ -23,7 +23,7 @@ def scripts_hash(scripts: Path) -> str:
 def build_resource_image(name: str, scripts: Path) -> str:
     """Build (or reuse) ``name:<hash>`` holding busybox and ``scripts`` in /opt/resource."""
     ref = f"{name}:{scripts_hash(scripts)}"
-    if subprocess.run(["podman", "image", "exists", ref]).returncode == 0:
+    if subprocess.run(["podman", "image", "exists", ref], check=False).returncode == 0:
         return ref
     container = _run("buildah", "from", "scratch")
     try:
@@ -37,7 +37,7 @@ def build_resource_image(name: str, scripts: Path) -> str:
         _run("buildah", "config", "--env", "PATH=/bin", container)
         _run("buildah", "commit", "--quiet", container, ref)
     finally:
-        subprocess.run(["buildah", "rm", container], capture_output=True)
+        subprocess.run(["buildah", "rm", container], capture_output=True, check=False)
     return ref
 
 

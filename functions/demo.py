@@ -74,7 +74,7 @@ def _start(env: dict[str, str], base_port: int) -> tuple[dict[str, str], list[su
              "--port", str(port)], env={**env, "PYTHONPATH": str(REPO)}, cwd=REPO))
         urls[action] = f"http://127.0.0.1:{port}"
     for action, url in urls.items():
-        _wait(lambda: _healthy(url), f"{action} service on {url}")
+        _wait(lambda url=url: _healthy(url), f"{action} service on {url}")
     say("services: " + ", ".join(f"{a} {u}" for a, u in urls.items()))
     return urls, procs
 
@@ -103,6 +103,7 @@ def _send(url: str, action: str, data: dict[str, Any]) -> dict[str, Any]:
         raise SystemExit(f"{action} answered {response.status_code}: {response.text}")
     reply = from_http_event(HTTPMessage(headers=dict(response.headers), body=response.content))
     body = reply.get_data()
+    assert isinstance(body, dict)
     say(f"← {reply.get_type()}: {json.dumps(body)}")
     if not reply.get_type().endswith(".succeeded"):
         raise SystemExit(f"{action} failed")

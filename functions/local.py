@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 from cloudevents.core.v1.event import CloudEvent
 
@@ -16,7 +16,7 @@ from functions.progress import ProgressReader
 from functions.runtimes import make_runtime
 from functions.settings import Settings
 from storage import Store
-from storage.archive import ArchiveOptions, Limits, pack, suffix_for, unpack, format_for_key
+from storage.archive import ArchiveOptions, Limits, format_for_key, pack, suffix_for, unpack
 
 
 def run_local(action: Action, data: dict[str, Any], *, inputs: dict[str, str],
@@ -55,7 +55,7 @@ def _as_artifact(store: Store, where: str, settings: Settings) -> str | dict[str
     options = ArchiveOptions.from_env(settings.environ)
     key = f"artifacts/inputs/{uuid.uuid4().hex}{suffix_for(options.format)}"
     with pack(directory, options) as stream:
-        info = store.put(key, ProgressReader(stream, f"upload {where}"))
+        info = store.put(key, cast(BinaryIO, ProgressReader(stream, f"upload {where}")))
     return {"url": store.url_for(key), "digest": info.digest or ""}
 
 
@@ -63,6 +63,6 @@ def _download(store: Store, artifact: dict[str, Any], output: Path, settings: Se
     key = artifact["url"][len(store.url.rstrip("/") + "/"):]
     output.mkdir(parents=True, exist_ok=True)
     with store.open(key) as stream:
-        unpack(ProgressReader(stream, f"download to {output}"), output,
+        unpack(cast(BinaryIO, ProgressReader(stream, f"download to {output}")), output,
                format=format_for_key(key), expected_digest=artifact["digest"],
                limits=Limits.from_env(settings.environ))

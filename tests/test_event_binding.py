@@ -2,8 +2,12 @@
 import json
 
 import pytest
-from cloudevents.core.bindings.http import from_http_event, HTTPMessage, to_binary_event, \
-    to_structured_event
+from cloudevents.core.bindings.http import (
+    HTTPMessage,
+    from_http_event,
+    to_binary_event,
+    to_structured_event,
+)
 from cloudevents.core.v1.event import CloudEvent
 
 from functions import events

@@ -16,8 +16,10 @@ def test_concurrent_callers_share_one_run():
         gate.wait(5)
         return "done"
 
-    threads = [threading.Thread(target=lambda: results.append(flights.run(["k", f"x{i}"], work)))
-               for i in range(5)]
+    def call(i):
+        results.append(flights.run(["k", f"x{i}"], work))
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(5)]
     for t in threads:
         t.start()
     time.sleep(0.2)

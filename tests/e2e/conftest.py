@@ -86,7 +86,7 @@ def start_services(env_overrides: dict[str, str], log_path: Path,
     env.update(env_overrides)
     env["PYTHONPATH"] = str(REPO)
     services = Services(urls={}, log_path=log_path, env=env)
-    log = open(log_path, "ab")
+    log = open(log_path, "ab")  # noqa: SIM115 (the children write to it until stop())
     for action in actions:
         port = free_port()
         proc = subprocess.Popen(
@@ -94,8 +94,9 @@ def start_services(env_overrides: dict[str, str], log_path: Path,
              "--port", str(port)], env=env, cwd=REPO, stdout=log, stderr=log)
         services.procs.append(proc)
         services.urls[action] = f"http://127.0.0.1:{port}"
-    for action, proc in zip(actions, services.procs):
-        _wait_for(lambda: _healthy(services.urls[action]), proc, f"{action} service", log_path)
+    for action, proc in zip(actions, services.procs, strict=True):
+        url = services.urls[action]
+        _wait_for(lambda url=url: _healthy(url), proc, f"{action} service", log_path)
     return services
 
 

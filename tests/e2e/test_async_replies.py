@@ -18,7 +18,7 @@ def sink():
     received: queue.Queue = queue.Queue()
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 (http.server's naming)
+        def do_POST(self):
             body = self.rfile.read(int(self.headers["Content-Length"]))
             received.put(from_http_event(HTTPMessage(headers=dict(self.headers), body=body)))
             self.send_response(202)
