@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from cloudevents.core.bindings.http import HTTPMessage, from_http_event, to_binary_event
 from cloudevents.core.exceptions import BaseCloudEventException

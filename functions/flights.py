@@ -6,8 +6,9 @@ records and (on Kubernetes) by Job names derived from the request identity.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 

@@ -66,7 +66,7 @@ class Request:
     source: dict[str, Any]
     version: dict[str, str] | None
     params: dict[str, Any]
-    inputs: dict[str, "ArtifactRef"]  # put only: input name -> artifact in the store
+    inputs: dict[str, ArtifactRef]  # put only: input name -> artifact in the store
     build: Build
     reply_async: bool = False
 
@@ -131,7 +131,7 @@ class Outcome:
         return {"action": self.action, "data": self.data}
 
     @classmethod
-    def from_record(cls, record: dict[str, Any]) -> "Outcome":
+    def from_record(cls, record: dict[str, Any]) -> Outcome:
         if "error" in record:
             err = record["error"]
             failure = Failure(

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from functions.errors import InvalidRequest
 from functions.model import Action, ArtifactRef, Build, Request, ResourceType

@@ -4,8 +4,8 @@ from __future__ import annotations
 import time
 
 import requests
-
 from cloudevents.core.v1.event import CloudEvent
+
 from functions.events import reply_event, to_http
 from functions.model import Outcome, Task
 

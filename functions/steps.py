@@ -142,5 +142,13 @@ def write_once(store: Store, key: str, body: bytes) -> None:
         pass  # a redelivered run already stored it
 
 
-__all__ = ["CollectSpec", "StageFailed", "StorageError", "collect", "stage", "read_outcome",
-           "read_cache", "record_outcome"]
+__all__ = [
+    "CollectSpec",
+    "StageFailed",
+    "StorageError",
+    "collect",
+    "read_cache",
+    "read_outcome",
+    "record_outcome",
+    "stage",
+]

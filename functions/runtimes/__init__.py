@@ -30,7 +30,7 @@ class Runtime(Protocol):
     def close(self) -> None: ...
 
 
-def make_runtime(settings: "Settings", store: "Store") -> Runtime:
+def make_runtime(settings: Settings, store: Store) -> Runtime:
     if settings.runtime == "kubernetes":
         from functions.runtimes.kubernetes import KubernetesRuntime
 

@@ -6,15 +6,15 @@ stdin goes through an attach socket, so the payload never touches disk or the co
 """
 from __future__ import annotations
 
+import logging
 import socket
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
-
-import logging
+from typing import Any
 
 import docker
 import docker.errors
@@ -22,8 +22,8 @@ import requests.exceptions
 
 from functions import keys, steps
 from functions.errors import Unavailable
-from functions.model import SCRIPTS, WORKDIRS, Outcome, Task
 from functions.logs import fields
+from functions.model import SCRIPTS, WORKDIRS, Outcome, Task
 from functions.outcome import failed, redact, secret_strings
 from functions.sink import post_outcome
 from storage import Store
@@ -31,6 +31,7 @@ from storage.archive import ArchiveOptions, Limits
 from storage.errors import StorageError
 
 MANAGED_BY = "resource-functions"
+API_VERSION = "1.41"  # Docker 20.10+, Podman 3+
 log = logging.getLogger("functions.container")
 
 
@@ -52,10 +53,13 @@ class ContainerRuntime:
         self._started: set[str] = set()
 
     @classmethod
-    def from_settings(cls, settings: Any, store: Store) -> "ContainerRuntime":
+    def from_settings(cls, settings: Any, store: Store) -> ContainerRuntime:
         env = settings.environ
         try:
-            client = docker.from_env(environment=engine_environment(env), timeout=60)
+            # A fixed API version makes no call here: an engine that is down at start answers
+            # 503 per request instead of keeping the service from starting.
+            client = docker.from_env(environment=engine_environment(env), timeout=60,
+                                     version=env.get("DOCKER_API_VERSION") or API_VERSION)
         except docker.errors.DockerException as err:
             raise Unavailable(f"container engine unreachable (DOCKER_HOST): {err}") from err
         config = ContainerConfig(
@@ -175,7 +179,7 @@ class ContainerRuntime:
             return None
         except docker.errors.ImageNotFound:
             pass
-        except docker.errors.DockerException as err:
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as err:
             raise Unavailable(f"container engine: {err}") from err
         with self._pull_lock:
             try:

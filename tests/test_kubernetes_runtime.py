@@ -1,0 +1,618 @@
+"""The kubernetes runtime against kmock's stateful KubernetesEmulator over HTTP, through the
+official client, with a real S3 server (moto) for artifacts and results.
+
+No cluster runs here, so a test thread plays the node (kubelet and Job controller): it waits
+for the Job, creates its pod, advances the pod's status, runs the REAL collect step (the
+Job's own collect command, through the CLI, with the stdin read from the Secret the runtime
+created) and marks the Job complete. kmock stores what it is sent without validation and
+ignores label selectors and watch timeouts; the Job it stores is checked against the schema.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import http.server
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import kmock
+import kubernetes_validate
+import pytest
+from kmock._internal import enums
+from kubernetes import client
+
+from functions import cli, keys, protocol, steps
+from functions.errors import Unavailable
+from functions.model import Build, ResourceType, Task
+from functions.runtimes.kubernetes import KubernetesRuntime, Rejected, translate
+from functions.runtimes.podspec import KubernetesConfig
+from functions.settings import Settings
+from storage import StoreOptions, get_json, open_store
+from storage.artifacts import download_tree
+
+NAMESPACE = "tasks"
+CANARY = "canary-7d3f9b2e-do-not-leak"
+IMAGE = "registry.example.com/git-resource:1"
+VERSION_OUT = b'{"version": {"ref": "abc123"}, "metadata": [{"name": "author", "value": "ci"}]}'
+
+
+# --- the API server -------------------------------------------------------------------------
+
+class Emulator(kmock.KubernetesEmulator):
+    """kmock's emulator plus what an API server sets on create (uid, creationTimestamp), and
+    watches that can be made to fail with 410 Gone (``gone_watches`` of them)."""
+
+    gone_watches = 0
+
+    async def _handle(self, request: Any) -> Any:
+        if request.action == enums.action.CREATE and isinstance(request.data, dict):
+            meta = request.data.setdefault("metadata", {})
+            meta.setdefault("uid", str(uuid.uuid4()))
+            meta.setdefault("creationTimestamp", datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+        return await super()._handle(request)
+
+    async def _serve_watch(self, request: Any) -> Any:
+        if self.gone_watches > 0:
+            self.gone_watches -= 1
+            yield b""
+            yield {"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "code": 410,
+                                               "reason": "Expired", "message": "too old"}}
+            return
+        async for item in super()._serve_watch(request):
+            yield item
+
+
+@dataclass
+class Cluster:
+    url: str
+    emulator: Emulator
+
+    def requests(self, action: str, plural: str) -> list[Any]:
+        return [r for r in list(self.emulator) if r.action == enums.action[action.upper()]
+                and r.resource is not None and r.resource.plural == plural]
+
+    def live(self, plural: str, name: str) -> dict[str, Any] | None:
+        for (resource, _, obj_name), obj in list(self.emulator.objects.items()):
+            if resource.plural == plural and obj_name == name and not obj.deleted:
+                return dict(obj.raw)
+        return None
+
+    def ever(self, plural: str) -> list[dict[str, Any]]:
+        """Every object of a kind ever created, by its first version."""
+        return [dict(obj.history[0].raw) for (resource, _, _), obj in
+                list(self.emulator.objects.items()) if resource.plural == plural]
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    """A KubernetesEmulator served over HTTP on 127.0.0.1, in a thread with its own loop."""
+    ready, state = threading.Event(), {}
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        async with Emulator() as emulator, kmock.Server(emulator) as server:
+            for resource in ("v1/pods", "v1/secrets", "batch/v1/jobs"):
+                emulator.resources[resource] = {}  # so lists answer before the first object
+            state.update(emulator=emulator, url=str(server.url).rstrip("/"), stop=stop,
+                         loop=asyncio.get_running_loop())
+            ready.set()
+            await stop.wait()
+
+    thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
+    thread.start()
+    assert ready.wait(10), "kmock did not start"
+    yield Cluster(state["url"], state["emulator"])
+    state["loop"].call_soon_threadsafe(state["stop"].set)
+    thread.join(10)
+
+
+def api_client_for(url: str) -> Any:
+    configuration = client.Configuration()
+    configuration.host = url
+    return client.ApiClient(configuration)
+
+
+@pytest.fixture
+def api(cluster: Cluster) -> Iterator[Any]:
+    api_client = api_client_for(cluster.url)
+    yield api_client
+    api_client.close()
+
+
+# --- the store, the runtime and the node ----------------------------------------------------
+
+@pytest.fixture
+def store(s3_env: Any, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    store = open_store(f"s3://{s3_bucket}/k8s-{uuid.uuid4().hex[:12]}", StoreOptions())
+    monkeypatch.setenv("STORE_URL", store.url)  # the collect step's env, as in the pod
+    return store
+
+
+CONFIG = KubernetesConfig(
+    namespace=NAMESPACE, service_account="resource-task", task_image="resource-functions:test",
+    margin_seconds=60, watch_seconds=1.0, deadline_slack_seconds=0.5, result_wait_seconds=2.0)
+
+
+@pytest.fixture
+def make_runtime(api: Any, store: Any) -> Iterator[Callable[..., KubernetesRuntime]]:
+    made: list[KubernetesRuntime] = []
+
+    def make(**overrides: Any) -> KubernetesRuntime:
+        runtime = KubernetesRuntime(api, store, replace(CONFIG, **overrides))
+        made.append(runtime)
+        return runtime
+
+    yield make
+    for runtime in made:
+        runtime._closed.set()  # background followers stop; the fixture closes the client
+
+
+def make_task(action: str = "get", *, timeout: float = 600, request_id: str | None = None,
+              image: str = IMAGE) -> Task:
+    request_id = request_id or str(uuid.uuid4())
+    source = {"uri": "https://git.example.com/r.git", "private_key": CANARY}
+    version = {"ref": "abc123"} if action != "put" else None
+    return Task(
+        run_id=keys.run_id("//ci.example.com", request_id), action=action,  # type: ignore[arg-type]
+        resource_type=ResourceType(image=image),
+        stdin=protocol.stdin_payload(action, source, version, {}),  # type: ignore[arg-type]
+        env=protocol.build_env(action, Build(id="1")),  # type: ignore[arg-type]
+        inputs={}, cache_key=uuid.uuid4().hex * 2 if action == "get" else None,
+        timeout_seconds=timeout, request_id=request_id, request_source="//ci.example.com",
+        subject="pipelines/main")
+
+
+def container_status(name: str, state: dict[str, Any], image: str = IMAGE) -> dict[str, Any]:
+    return {"name": name, "image": image, "imageID": "", "ready": False, "restartCount": 0,
+            "state": state}
+
+
+RUNNING = {"running": {"startedAt": "2024-01-01T00:00:00Z"}}
+
+
+def terminated(code: int = 0, message: str | None = None) -> dict[str, Any]:
+    ended: dict[str, Any] = {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}
+    return {"terminated": {**ended, **({"message": message} if message else {})}}
+
+
+@dataclass
+class Node:
+    """Kubelet and Job controller for the Jobs of one test, driven by a script in a thread."""
+
+    api_client: Any
+    workdir: Path
+    errors: list[BaseException] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.core = client.CoreV1Api(self.api_client)
+        self.batch = client.BatchV1Api(self.api_client)
+
+    def play(self, script: Callable[[Node], None]) -> threading.Thread:
+        def run() -> None:
+            try:
+                script(self)
+            except Exception as err:  # noqa: BLE001 - reported by check()
+                self.errors.append(err)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread
+
+    def check(self, thread: threading.Thread) -> None:
+        thread.join(30)
+        assert not thread.is_alive(), "the node script did not finish"
+        if self.errors:
+            raise self.errors[0]
+
+    def wait_job(self, timeout: float = 10) -> dict[str, Any]:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            items = json.loads(self.batch.list_namespaced_job(
+                NAMESPACE, _preload_content=False).data).get("items") or []
+            if items:
+                return items[0]
+            time.sleep(0.05)
+        raise AssertionError("no Job was created")
+
+    def wait_secret(self, job: dict[str, Any], timeout: float = 10) -> dict[str, Any]:
+        end = time.monotonic() + timeout
+        name = job["metadata"]["name"] + "-stdin"
+        while time.monotonic() < end:
+            try:
+                return json.loads(self.core.read_namespaced_secret(
+                    name, NAMESPACE, _preload_content=False).data)
+            except client.ApiException:
+                time.sleep(0.05)
+        raise AssertionError(f"Secret {name} was not created")
+
+    def create_pod(self, job: dict[str, Any]) -> str:
+        name = job["metadata"]["name"] + "-" + uuid.uuid4().hex[:5]
+        template = job["spec"]["template"]
+        labels = {**template["metadata"]["labels"], "job-name": job["metadata"]["name"],
+                  "batch.kubernetes.io/job-name": job["metadata"]["name"]}
+        self.core.create_namespaced_pod(NAMESPACE, {
+            "apiVersion": "v1", "kind": "Pod", "spec": template["spec"],
+            "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels},
+            "status": {"phase": "Pending"}})
+        return name
+
+    def pod_status(self, pod: str, phase: str, init: list[dict[str, Any]],
+                   main: list[dict[str, Any]] | None = None, **extra: Any) -> None:
+        status = {"phase": phase, "initContainerStatuses": init,
+                  "containerStatuses": main or [container_status("collect", {"waiting": {
+                      "reason": "PodInitializing"}})], **extra}
+        self.core.patch_namespaced_pod_status(pod, NAMESPACE, {"status": status})
+
+    def job_condition(self, job: dict[str, Any], kind: str, reason: str = "") -> None:
+        condition = {"type": kind, "status": "True", "reason": reason, "message": reason}
+        self.batch.patch_namespaced_job_status(job["metadata"]["name"], NAMESPACE,
+                                               {"status": {"conditions": [condition]}})
+
+    def run_step(self, job: dict[str, Any], step: str, secret: dict[str, Any] | None = None,
+                 task_files: dict[str, bytes] | None = None,
+                 output: dict[str, bytes] | None = None) -> int:
+        """Run a step container's command in this process, as the pod would."""
+        build = self.workdir / job["metadata"]["name"] / "build"
+        for name, body in {**(task_files or {})}.items():
+            (build / ".task").mkdir(parents=True, exist_ok=True)
+            (build / ".task" / name).write_bytes(body)
+        for name, body in (output or {}).items():
+            (build / "get" / name).parent.mkdir(parents=True, exist_ok=True)
+            (build / "get" / name).write_bytes(body)
+        stdin = build.parent / "stdin"
+        if secret is not None:
+            stdin.write_bytes(base64.b64decode(secret["data"]["stdin"]))
+        command = next(c for c in job["spec"]["template"]["spec"]["containers"] +
+                       job["spec"]["template"]["spec"].get("initContainers", [])
+                       if c["name"] == step)["command"]
+        assert command[:3] == ["python", "-m", "functions"]
+        argv = [{"/tmp/build": str(build), "/secret/stdin": str(stdin),
+                 "/tmp/build/put": str(build / "put")}.get(a, a) for a in command[3:]]
+        return cli.main(argv)
+
+
+@pytest.fixture
+def node(api: Any, tmp_path: Path) -> Node:
+    return Node(api, tmp_path)
+
+
+def finish(*, exit_code: int = 0, stdout: bytes = VERSION_OUT, stderr: bytes = b"fetched\n",
+           output: dict[str, bytes] | None = None, seen: dict[str, Any] | None = None,
+           delay: float = 0.0) -> Callable[[Node], None]:
+    """A node script: the pod runs, the resource step ends with ``exit_code``, collect runs
+    for real and the Job completes. ``seen`` receives the Job and Secret as created."""
+    def script(node: Node) -> None:
+        job = node.wait_job()
+        secret = node.wait_secret(job)
+        if seen is not None:
+            seen.update(job=job, secret=secret)
+        time.sleep(delay)
+        pod = node.create_pod(job)
+        node.pod_status(pod, "Pending", [container_status("resource", RUNNING)])
+        node.pod_status(pod, "Running", [container_status("resource", terminated())],
+                        [container_status("collect", RUNNING)])
+        files = {"exit-code": f"{exit_code}\n".encode(), "stdout": stdout, "stderr": stderr}
+        assert node.run_step(job, "collect", secret, files, output) == 0
+        node.pod_status(pod, "Succeeded", [container_status("resource", terminated())],
+                        [container_status("collect", terminated())])
+        node.job_condition(job, "Complete")
+    return script
+
+
+# --- scenarios ------------------------------------------------------------------------------
+
+def test_get_succeeds_and_its_artifact_is_in_the_store(make_runtime: Any, node: Node,
+                                                        cluster: Cluster, store: Any,
+                                                        tmp_path: Path) -> None:
+    seen: dict[str, Any] = {}
+    task = make_task("get")
+    thread = node.play(finish(output={"README": b"hello\n", "src/main.py": b"print(1)\n"},
+                              seen=seen))
+    outcome = make_runtime().run(task)
+    node.check(thread)
+    assert outcome.succeeded, outcome
+    assert outcome.data is not None
+    assert outcome.data["version"] == {"ref": "abc123"}
+    assert outcome.data["metadata"] == [{"name": "author", "value": "ci"}]
+    artifact = outcome.data["artifact"]
+    assert artifact["url"] == store.url_for(f"artifacts/{task.cache_key}.tar.zst")
+    assert artifact["format"] == "tar+zstd" and artifact["digest"].startswith("sha256:")
+    key = f"artifacts/{task.cache_key}.tar.zst"
+    download_tree(store, key, tmp_path / "out", expected_digest=artifact["digest"])
+    assert (tmp_path / "out/src/main.py").read_bytes() == b"print(1)\n"
+    assert steps.read_outcome(store, task.run_id) == outcome
+    kubernetes_validate.validate(seen["job"], "1.37", strict=True)
+
+
+def test_secret_is_owned_by_the_job_and_deleted_after_completion(
+        make_runtime: Any, node: Node, cluster: Cluster) -> None:
+    seen: dict[str, Any] = {}
+    task = make_task("check")
+    thread = node.play(finish(stdout=b'[{"ref": "1"}]', seen=seen))
+    outcome = make_runtime().run(task)
+    node.check(thread)
+    assert outcome.data == {"versions": [{"ref": "1"}]}
+    job, secret = seen["job"], seen["secret"]
+    assert secret["metadata"]["ownerReferences"] == [{
+        "apiVersion": "batch/v1", "kind": "Job", "name": job["metadata"]["name"],
+        "uid": job["metadata"]["uid"]}]  # no blockOwnerDeletion
+    assert base64.b64decode(secret["data"]["stdin"]) == task.stdin
+    assert CANARY not in json.dumps(job)
+    assert cluster.live("secrets", secret["metadata"]["name"]) is None
+    assert cluster.live("jobs", job["metadata"]["name"]) is not None  # its TTL deletes it
+
+
+def test_resource_failure_is_recorded_by_collect_with_secrets_redacted(
+        make_runtime: Any, node: Node, store: Any) -> None:
+    task = make_task("get")
+    thread = node.play(finish(exit_code=3, stdout=b"", stderr=f"auth failed: {CANARY}\n".encode()))
+    outcome = make_runtime().run(task)
+    node.check(thread)
+    assert outcome.failure is not None
+    assert (outcome.failure.kind, outcome.failure.exit_code) == ("resource_failed", 3)
+    assert "auth failed: [redacted]" in (outcome.failure.log_tail or "")
+    with store.open(keys.log_key(task.run_id)) as stream:
+        assert stream.read() == b"auth failed: [redacted]\n"
+    assert get_json(store, keys.result_key(task.run_id))["error"]["kind"] == "resource_failed"
+
+
+def test_image_pull_failure_fails_fast_and_deletes_the_job(
+        make_runtime: Any, node: Node, cluster: Cluster, store: Any) -> None:
+    def script(node: Node) -> None:
+        pod = node.create_pod(node.wait_job())
+        node.pod_status(pod, "Pending", [container_status("resource", {"waiting": {
+            "reason": "ErrImagePull", "message": "manifest unknown"}}, image="nope:1")])
+
+    task = make_task("get", timeout=600, image="nope:1")
+    thread = node.play(script)
+    started = time.monotonic()
+    outcome = make_runtime().run(task)
+    node.check(thread)
+    assert time.monotonic() - started < 5
+    assert outcome.failure is not None and outcome.failure.kind == "image_pull"
+    assert "nope:1" in outcome.failure.message and "manifest unknown" in outcome.failure.message
+    name = f"rf-get-{task.run_id[:20]}"
+    assert cluster.live("jobs", name) is None
+    deletes = cluster.requests("delete", "jobs")
+    assert deletes and deletes[0].params.get("propagationPolicy") == "Background"
+    assert steps.read_outcome(store, task.run_id) == outcome  # a redelivery replays it
+
+
+def test_timeout_deletes_the_job(make_runtime: Any, node: Node, cluster: Cluster,
+                                 store: Any) -> None:
+    def script(node: Node) -> None:
+        pod = node.create_pod(node.wait_job())
+        node.pod_status(pod, "Running", [container_status("resource", RUNNING)])
+
+    task = make_task("check", timeout=1)
+    thread = node.play(script)
+    started = time.monotonic()
+    outcome = make_runtime(margin_seconds=1).run(task)
+    node.check(thread)
+    assert 1.4 <= time.monotonic() - started < 8  # creationTimestamp has whole seconds
+    assert outcome.failure is not None and outcome.failure.kind == "timeout"
+    assert cluster.live("jobs", f"rf-check-{task.run_id[:20]}") is None
+    assert steps.read_outcome(store, task.run_id) == outcome
+
+
+def test_deadline_exceeded_job_is_a_timeout(make_runtime: Any, node: Node) -> None:
+    def script(node: Node) -> None:
+        job = node.wait_job()
+        pod = node.create_pod(job)
+        node.pod_status(pod, "Running", [container_status("resource", RUNNING)])
+        node.job_condition(job, "Failed", "DeadlineExceeded")
+        node.pod_status(pod, "Failed", [container_status("resource", terminated(143))])
+
+    thread = node.play(script)
+    outcome = make_runtime().run(make_task("check"))
+    node.check(thread)
+    assert outcome.failure is not None and outcome.failure.kind == "timeout"
+
+
+def test_failed_step_is_a_runtime_failure_with_its_message(make_runtime: Any,
+                                                           node: Node) -> None:
+    def script(node: Node) -> None:
+        job = node.wait_job()
+        pod = node.create_pod(job)
+        node.pod_status(pod, "Failed", [container_status("resource", terminated())], [
+            container_status("collect", terminated(1, "collect: cannot record: store down"))])
+        node.job_condition(job, "Failed", "BackoffLimitExceeded")
+
+    thread = node.play(script)
+    outcome = make_runtime().run(make_task("check"))
+    node.check(thread)
+    assert outcome.failure is not None and outcome.failure.kind == "runtime"
+    assert "'collect' exited with code 1" in outcome.failure.message
+    assert "store down" in outcome.failure.message
+
+
+def test_redelivery_attaches_to_the_running_job(make_runtime: Any, node: Node,
+                                                cluster: Cluster) -> None:
+    task = make_task("get")
+    runtime = make_runtime()
+    outcomes: list[Any] = []
+    runs = [threading.Thread(target=lambda: outcomes.append(runtime.run(task)))
+            for _ in range(2)]
+    thread = node.play(finish(output={"f": b"x"}, delay=0.5))
+    for run in runs:
+        run.start()
+    for run in runs:
+        run.join(30)
+    node.check(thread)
+    assert len(outcomes) == 2 and outcomes[0] == outcomes[1] and outcomes[0].succeeded
+    assert len(cluster.ever("jobs")) == 1
+    assert len(cluster.requests("create", "jobs")) == 2  # the second got 409 and attached
+
+
+def test_redelivery_after_completion_creates_no_new_secret(make_runtime: Any, node: Node,
+                                                           cluster: Cluster) -> None:
+    task = make_task("check")
+    thread = node.play(finish(stdout=b"[]"))
+    first = make_runtime().run(task)
+    node.check(thread)
+    secrets_before = len(cluster.requests("create", "secrets"))
+    assert make_runtime().run(task) == first
+    assert len(cluster.requests("create", "secrets")) == secrets_before
+
+
+def test_watch_expiry_and_410_gone_make_the_runtime_list_again(
+        make_runtime: Any, node: Node, cluster: Cluster) -> None:
+    cluster.emulator.gone_watches = 1
+    thread = node.play(finish(stdout=b"[]", delay=2.5))
+    outcome = make_runtime(watch_seconds=0.5).run(make_task("check"))
+    node.check(thread)
+    assert outcome.data == {"versions": []}
+    assert len(cluster.requests("list", "pods")) >= 3  # first, after 410, after expiry
+    assert len(cluster.requests("watch", "pods")) >= 3
+
+
+def test_unreachable_api_is_unavailable(store: Any, unused_port: int) -> None:
+    api_client = api_client_for(f"http://127.0.0.1:{unused_port}")
+    runtime = KubernetesRuntime(api_client, store, CONFIG)
+    started = time.monotonic()
+    with pytest.raises(Unavailable, match="unreachable"):
+        runtime.run(make_task("check"))
+    assert time.monotonic() - started < 10
+    runtime.close()
+
+
+def test_forbidden_names_the_missing_verb(make_runtime: Any, cluster: Cluster) -> None:
+    cluster.emulator["post", "/apis/batch/v1/namespaces/tasks/jobs"] << 403 << {
+        "kind": "Status", "apiVersion": "v1", "code": 403, "reason": "Forbidden",
+        "message": 'jobs.batch is forbidden: User "system:serviceaccount:rf:rf" cannot create'}
+    with pytest.raises(Unavailable, match=r"refused 'create jobs' in namespace 'tasks'.*rbac"):
+        make_runtime().run(make_task("check"))
+
+
+def test_an_invalid_secret_is_a_recorded_failure_and_its_job_is_deleted(
+        make_runtime: Any, cluster: Cluster, store: Any) -> None:
+    cluster.emulator["post", "/api/v1/namespaces/tasks/secrets"] << 422 << {
+        "kind": "Status", "apiVersion": "v1", "code": 422, "reason": "Invalid",
+        "message": "Secret is invalid: data: Too long: must have at most 1048576 bytes"}
+    task = make_task("check")
+    outcome = make_runtime().run(task)
+    assert outcome.failure is not None and outcome.failure.kind == "runtime"
+    assert "Too long" in outcome.failure.message
+    assert cluster.live("jobs", f"rf-check-{task.run_id[:20]}") is None
+    assert steps.read_outcome(store, task.run_id) == outcome
+
+
+@pytest.mark.parametrize(("status", "expected"), [
+    (500, Unavailable), (503, Unavailable), (429, Unavailable), (401, Unavailable),
+    (400, Rejected), (422, Rejected)])
+def test_api_errors_are_classified(status: int, expected: type) -> None:
+    err = client.ApiException(status=status, reason="x")
+    err.body = json.dumps({"message": "the message"})
+    assert isinstance(translate(err, "create", "jobs", "ns"), expected)
+
+
+# --- asynchronous completion ----------------------------------------------------------------
+
+@pytest.fixture
+def sink() -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """An HTTP endpoint that records the CloudEvents posted to it."""
+    received: list[dict[str, Any]] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            received.append({"headers": dict(self.headers), "body": json.loads(body)})
+            self.send_response(202)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/", received
+    server.shutdown()
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 10) -> Any:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if value := condition():
+            return value
+        time.sleep(0.05)
+    raise AssertionError("timed out waiting")
+
+
+def test_async_start_returns_at_once_and_collect_replies(
+        make_runtime: Any, node: Node, cluster: Cluster, sink: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    url, received = sink
+    monkeypatch.setenv("K_SINK", url)  # what the SinkBinding injects into the task pod
+    task = make_task("check")
+    runtime = make_runtime(sink=url)
+    started = time.monotonic()
+    runtime.start(task)
+    assert time.monotonic() - started < 1
+    job = cluster.live("jobs", f"rf-check-{task.run_id[:20]}")
+    assert job is not None
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert "--reply-to-sink" in command and task.request_id in command
+    runtime.start(task)  # a redelivery: already started
+    assert len(cluster.ever("jobs")) == 1
+    thread = node.play(finish(stdout=b'[{"ref": "2"}]'))
+    node.check(thread)
+    reply = wait_for(lambda: received)[0]
+    assert reply["headers"]["ce-type"] == "dev.resourcefunctions.check.succeeded"
+    assert reply["headers"]["ce-requestid"] == task.request_id
+    assert reply["body"] == {"versions": [{"ref": "2"}]}
+    time.sleep(1.5)  # the follower sees the Job complete and must not reply again
+    assert len(received) == 1
+
+
+def test_async_image_pull_failure_is_replied_by_the_function(
+        make_runtime: Any, node: Node, sink: Any) -> None:
+    url, received = sink
+
+    def script(node: Node) -> None:
+        pod = node.create_pod(node.wait_job())
+        node.pod_status(pod, "Pending", [container_status("resource", {"waiting": {
+            "reason": "ImagePullBackOff", "message": "back-off"}})])
+
+    thread = node.play(script)
+    make_runtime(sink=url).start(make_task("get"))
+    node.check(thread)
+    reply = wait_for(lambda: received)[0]
+    assert reply["headers"]["ce-type"] == "dev.resourcefunctions.get.failed"
+    assert reply["body"]["error"]["kind"] == "image_pull"
+
+
+# --- configuration --------------------------------------------------------------------------
+
+def test_from_settings_uses_kubeconfig(cluster: Cluster, store: Any, tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
+        "clusters": [{"name": "kmock", "cluster": {"server": cluster.url}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "u"}}]}))
+    settings = Settings.from_env({
+        "KUBECONFIG": str(kubeconfig), "TASK_NAMESPACE": NAMESPACE, "RUNTIME": "kubernetes",
+        "TASK_STORE_SECRET": "store-creds", "ARCHIVE_LEVEL": "7",
+        "TASK_NODE_SELECTOR": '{"pool": "ci"}', "TASK_IMAGE_PULL_SECRETS": "pull-a,pull-b"})
+    runtime = KubernetesRuntime.from_settings(settings, store)
+    try:
+        task = make_task("check")
+        runtime._closed.set()  # no background follower
+        runtime.start(task)
+        job = cluster.live("jobs", f"rf-check-{task.run_id[:20]}")
+    finally:
+        runtime.close()
+    assert job is not None
+    pod = job["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"pool": "ci"}
+    assert pod["imagePullSecrets"] == [{"name": "pull-a"}, {"name": "pull-b"}]
+    collect = pod["containers"][0]
+    assert collect["envFrom"] == [{"secretRef": {"name": "store-creds"}}]
+    assert {"name": "ARCHIVE_LEVEL", "value": "7"} in collect["env"]

@@ -1,0 +1,409 @@
+"""The task Job and its stdin Secret, checked as data against the official schemas, and the
+fixed resource-step script run for real by a shell (busybox, in a chroot)."""
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from functions import keys, protocol
+from functions.model import ArtifactRef, Build, ResourceType, Task
+from functions.runtimes import podspec
+from functions.runtimes.podspec import (
+    RESOURCE_SCRIPT,
+    JobPlan,
+    KubernetesConfig,
+    job_manifest,
+    parse_input,
+    plan_for,
+    stdin_secret_manifest,
+)
+
+VERSIONS = ("1.30", "1.37")
+CANARY = "canary-7d3f9b2e-do-not-leak"
+OWNER_UID = "0b6a4bd7-1f6c-4d9e-9f0e-3a1c2b3d4e5f"
+LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+DIGEST = "sha256:" + "ab" * 32
+CONFIG = KubernetesConfig(
+    namespace="resource-functions", service_account="resource-task",
+    task_image="registry.example.com/resource-functions@sha256:" + "cd" * 32,
+    ttl_seconds=600, margin_seconds=300, store_secret="resource-functions-store",
+    resources={"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+    node_selector={"kubernetes.io/os": "linux"},
+    tolerations=({"key": "ci", "operator": "Exists", "effect": "NoSchedule"},),
+    image_pull_secrets=("deploy-pull",),
+    step_env=(("ARCHIVE_FORMAT", "zstd"), ("ARCHIVE_LEVEL", "3"),
+              ("AWS_ENDPOINT_URL_S3", "http://minio:9000")),
+)
+STORE_URL = "s3://resource-functions/ci"
+
+
+def make_task(action: str = "get", *, request_id: str = "evt-1", secret: str = CANARY,
+              resource_type: ResourceType | None = None) -> Task:
+    source = {"uri": "https://git.example.com/repo.git", "private_key": secret,
+              "nested": [{"token": secret + "-2"}]}
+    version = {"ref": "abc123"} if action != "put" else None
+    params = {"password": secret} if action != "check" else {}
+    inputs = {"repo": ArtifactRef(key=f"artifacts/{'1' * 64}.tar.zst", digest=DIGEST),
+              "notes": ArtifactRef(key="artifacts/notes.tar.gz")} if action == "put" else {}
+    build = Build(id="17", name="42", job="unit", pipeline="main", team="main")
+    return Task(
+        run_id=keys.run_id("//ci.example.com", request_id), action=action,  # type: ignore[arg-type]
+        resource_type=resource_type or ResourceType(image="docker.io/concourse/git-resource:1.17"),
+        stdin=protocol.stdin_payload(action, source, version, params),  # type: ignore[arg-type]
+        env=protocol.build_env(action, build), inputs=inputs,  # type: ignore[arg-type]
+        cache_key="c" * 64 if action == "get" else None, timeout_seconds=1800,
+        request_id=request_id, request_source="//ci.example.com", subject="pipelines/main",
+    )
+
+
+def make_plan(action: str = "get", *, reply: bool = False, **task_args: Any) -> JobPlan:
+    return plan_for(make_task(action, **task_args), CONFIG, STORE_URL, reply=reply)
+
+
+def pod_of(job: dict[str, Any]) -> dict[str, Any]:
+    """The Pod the Job controller would create from the template."""
+    template = job["spec"]["template"]
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": job["metadata"]["name"] + "-x7k2p", **template["metadata"]},
+            "spec": template["spec"]}
+
+
+def containers(job: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    spec = job["spec"]["template"]["spec"]
+    return {c["name"]: c for c in [*spec.get("initContainers", []), *spec["containers"]]}
+
+
+def mounts(container: dict[str, Any]) -> dict[str, str]:
+    return {m["name"]: m["mountPath"] for m in container.get("volumeMounts", [])}
+
+
+ACTIONS = ("check", "get", "put")
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("reply", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("action", ACTIONS)
+def test_manifests_validate_strictly(action: str, reply: bool, version: str) -> None:
+    plan = make_plan(action, reply=reply)
+    task = make_task(action)
+    job = job_manifest(plan)
+    for obj in (job, pod_of(job), stdin_secret_manifest(plan, task.stdin, OWNER_UID)):
+        kubernetes_validate.validate(obj, version, strict=True)
+
+
+@pytest.mark.parametrize("action", ACTIONS)
+def test_job_runs_once_within_its_deadline_and_is_cleaned_up(action: str) -> None:
+    spec = job_manifest(make_plan(action))["spec"]
+    assert spec["backoffLimit"] == 0
+    assert spec["activeDeadlineSeconds"] == 1800 + 300
+    assert spec["ttlSecondsAfterFinished"] == 600
+    pod = spec["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
+    assert pod["serviceAccountName"] == "resource-task"
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["enableServiceLinks"] is False
+
+
+def test_deadline_rounds_up_fractional_timeouts() -> None:
+    plan = make_plan()
+    assert JobPlan(**{**plan.__dict__, "timeout_seconds": 0.2,
+                      "margin_seconds": 1}).active_deadline_seconds == 2
+
+
+@pytest.mark.parametrize(("action", "order"), [
+    ("check", ["resource", "collect"]),
+    ("get", ["resource", "collect"]),
+    ("put", ["stage", "resource", "collect"]),
+])
+def test_steps_run_in_order_around_the_resource(action: str, order: list[str]) -> None:
+    pod = job_manifest(make_plan(action))["spec"]["template"]["spec"]
+    assert [c["name"] for c in pod["initContainers"]] == order[:-1]
+    assert [c["name"] for c in pod["containers"]] == ["collect"]
+
+
+@pytest.mark.parametrize("action", ACTIONS)
+def test_build_dir_is_shared_and_stdin_reaches_only_resource_and_collect(action: str) -> None:
+    job = job_manifest(make_plan(action))
+    volumes = {v["name"]: v for v in job["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["build"] == {"name": "build", "emptyDir": {}}
+    assert volumes["stdin"]["secret"] == {
+        "secretName": podspec.job_name(action, make_task(action).run_id) + "-stdin",
+        "optional": False, "defaultMode": 0o400, "items": [{"key": "stdin", "path": "stdin"}]}
+    for name, container in containers(job).items():
+        assert mounts(container)["build"] == "/tmp/build"
+        assert ("stdin" in mounts(container)) == (name in ("resource", "collect")), name
+
+
+def test_nothing_from_stdin_reaches_the_job() -> None:
+    for action in ACTIONS:
+        for reply in (False, True):
+            job = json.dumps(job_manifest(make_plan(action, reply=reply)))
+            assert CANARY not in job
+            assert base64.b64encode(CANARY.encode()).decode()[:20] not in job
+            stdin = make_task(action).stdin
+            assert base64.b64encode(stdin).decode() not in job
+
+
+def test_env_args_labels_and_annotations_hold_no_secret() -> None:
+    job = job_manifest(make_plan("put", reply=True))
+    texts = [*job["metadata"]["labels"].values(), *job["metadata"].get("annotations", {}).values()]
+    for container in containers(job).values():
+        texts += container["command"] + [e.get("value", "") for e in container.get("env", [])]
+    assert texts and not [t for t in texts if CANARY in t]
+
+
+def test_only_the_steps_get_store_credentials() -> None:
+    cs = containers(job_manifest(make_plan("put")))
+    for name in ("stage", "collect"):
+        assert cs[name]["envFrom"] == [{"secretRef": {"name": "resource-functions-store"}}]
+        env = {e["name"]: e["value"] for e in cs[name]["env"]}
+        assert env["STORE_URL"] == STORE_URL
+        assert env["ARCHIVE_FORMAT"] == "zstd" and env["ARCHIVE_LEVEL"] == "3"
+        assert env["AWS_ENDPOINT_URL_S3"] == "http://minio:9000"
+    assert "envFrom" not in cs["resource"]
+    assert {e["name"] for e in cs["resource"]["env"]} == set(protocol.build_env(
+        "get", Build()))
+
+
+def test_no_store_secret_means_no_env_from() -> None:
+    config = KubernetesConfig(namespace="ns", service_account="sa", task_image="img")
+    job = job_manifest(plan_for(make_task("get"), config, STORE_URL, reply=False))
+    assert all("envFrom" not in c for c in containers(job).values())
+
+
+def test_check_gets_no_build_env() -> None:
+    assert "env" not in containers(job_manifest(make_plan("check")))["resource"]
+
+
+@pytest.mark.parametrize("action", ACTIONS)
+def test_names_and_labels_are_valid(action: str) -> None:
+    plan = make_plan(action)
+    job = job_manifest(plan)
+    secret = stdin_secret_manifest(plan, b"{}", OWNER_UID)
+    names = [job["metadata"]["name"], secret["metadata"]["name"],
+             pod_of(job)["metadata"]["name"], *containers(job)]
+    names += [v["name"] for v in job["spec"]["template"]["spec"]["volumes"]]
+    for name in names:
+        assert podspec.DNS_LABEL.match(name) and len(name) <= 63, name
+    assert job["metadata"]["name"] == f"rf-{action}-{plan.run_id[:20]}"
+    for obj_labels in (job["metadata"]["labels"], job["spec"]["template"]["metadata"]["labels"],
+                       secret["metadata"]["labels"]):
+        assert obj_labels["app.kubernetes.io/managed-by"] == "resource-functions"
+        assert obj_labels["resource-functions.dev/run-id"] == plan.run_id
+        assert obj_labels["resource-functions.dev/action"] == action
+        for value in obj_labels.values():
+            assert len(value) <= 63 and re.match(LABEL_VALUE, value)
+
+
+def test_job_name_is_the_same_for_every_delivery_and_differs_between_requests() -> None:
+    assert make_plan(request_id="a").job_name == make_plan(request_id="a").job_name
+    assert make_plan(request_id="a").job_name != make_plan(request_id="b").job_name
+    with pytest.raises(ValueError):
+        podspec.job_name("get", "not-hex")
+
+
+def test_resource_script_is_the_same_text_for_every_request() -> None:
+    commands = [containers(job_manifest(make_plan(action, request_id=rid, secret=secret)))[
+        "resource"]["command"] for action in ACTIONS for rid in ("a", "b")
+        for secret in (CANARY, "other-secret-value")]
+    assert {tuple(c[:3]) for c in commands} == {("sh", "-c", RESOURCE_SCRIPT)}
+    assert {tuple(c[3:]) for c in commands} == {
+        ("resource", "/opt/resource/check"), ("resource", "/opt/resource/in", "/tmp/build/get"),
+        ("resource", "/opt/resource/out", "/tmp/build/put")}
+
+
+def test_step_arguments() -> None:
+    cs = containers(job_manifest(make_plan("put")))
+    stage = cs["stage"]["command"]
+    assert stage[:6] == ["python", "-m", "functions", "stage", "--dir", "/tmp/build/put"]
+    inputs = [stage[i + 1] for i, arg in enumerate(stage) if arg == "--input"]
+    assert dict(parse_input(i) for i in inputs) == make_task("put").inputs
+    get = make_plan("get", reply=True)
+    collect = containers(job_manifest(get))["collect"]["command"]
+    assert collect[:4] == ["python", "-m", "functions", "collect"]
+    pairs = dict(itertools.pairwise(collect))
+    assert pairs["--run-id"] == get.run_id and pairs["--action"] == "get"
+    assert pairs["--cache-key"] == "c" * 64 and pairs["--dir"] == "/tmp/build"
+    assert "--reply-to-sink" in collect and pairs["--request-id"] == "evt-1"
+    assert pairs["--subject"] == "pipelines/main"
+    sync = containers(job_manifest(make_plan("check")))["collect"]["command"]
+    assert "--reply-to-sink" not in sync and "--cache-key" not in sync
+
+
+@pytest.mark.parametrize("value", ["repo=artifacts/x.tar.zst", f"repo=artifacts/x@y.tar@{DIGEST}"])
+def test_input_arguments_round_trip(value: str) -> None:
+    name, ref = parse_input(value)
+    assert podspec.format_input(name, ref) == value
+
+
+@pytest.mark.parametrize("value", ["repo", "=key", "repo="])
+def test_malformed_input_arguments_are_refused(value: str) -> None:
+    with pytest.raises(ValueError):
+        parse_input(value)
+
+
+def test_steps_are_unprivileged_non_root() -> None:
+    cs = containers(job_manifest(make_plan("put")))
+    for name in ("stage", "collect"):
+        sc = cs[name]["securityContext"]
+        assert sc["runAsNonRoot"] is True and sc["runAsUser"] == 65532
+        assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]}
+        assert cs[name]["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert cs["resource"]["securityContext"] == {"allowPrivilegeEscalation": False}
+    assert job_manifest(make_plan())["spec"]["template"]["spec"]["securityContext"][
+        "fsGroup"] == 65532
+
+
+def test_deployment_pod_settings_apply_by_default() -> None:
+    job = job_manifest(make_plan())
+    pod = job["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    assert pod["tolerations"] == [{"key": "ci", "operator": "Exists", "effect": "NoSchedule"}]
+    assert pod["imagePullSecrets"] == [{"name": "deploy-pull"}]
+    for container in containers(job).values():
+        assert container["resources"] == dict(CONFIG.resources)
+
+
+def test_per_type_pod_settings_win() -> None:
+    rt = ResourceType(
+        image="registry.example.com/docker-image@" + DIGEST, privileged=True,
+        resources={"limits": {"memory": "4Gi", "cpu": "2"}}, node_selector={"pool": "builders"},
+        tolerations=[{"key": "builders", "operator": "Equal", "value": "yes"}],
+        image_pull_secrets=["type-pull"])
+    job = job_manifest(make_plan(resource_type=rt))
+    pod = job["spec"]["template"]["spec"]
+    cs = containers(job)
+    assert cs["resource"]["image"] == rt.image
+    assert cs["resource"]["securityContext"] == {"privileged": True}
+    assert all("privileged" not in cs[n]["securityContext"] for n in ("collect",))
+    assert pod["nodeSelector"] == {"pool": "builders"}
+    assert pod["tolerations"] == [{"key": "builders", "operator": "Equal", "value": "yes"}]
+    assert pod["imagePullSecrets"] == [{"name": "type-pull"}]
+    assert cs["resource"]["resources"] == {"limits": {"memory": "4Gi", "cpu": "2"}}
+    for version in VERSIONS:
+        kubernetes_validate.validate(job, version, strict=True)
+
+
+def test_no_pod_settings_means_none_in_the_spec() -> None:
+    config = KubernetesConfig(namespace="ns", service_account="sa", task_image="img")
+    job = job_manifest(plan_for(make_task("get"), config, STORE_URL, reply=False))
+    pod = job["spec"]["template"]["spec"]
+    assert not {"nodeSelector", "tolerations", "imagePullSecrets"} & set(pod)
+    assert all("resources" not in c for c in containers(job).values())
+
+
+def test_secret_holds_stdin_and_is_owned_by_the_job() -> None:
+    plan = make_plan()
+    task = make_task()
+    secret = stdin_secret_manifest(plan, task.stdin, OWNER_UID)
+    assert base64.b64decode(secret["data"]["stdin"]) == task.stdin
+    assert secret["immutable"] is True and secret["type"] == "Opaque"
+    assert secret["metadata"]["name"] == plan.job_name + "-stdin"
+    assert secret["metadata"]["ownerReferences"] == [{
+        "apiVersion": "batch/v1", "kind": "Job", "name": plan.job_name, "uid": OWNER_UID}]
+    with pytest.raises(ValueError):
+        stdin_secret_manifest(plan, task.stdin, "")
+
+
+def test_request_source_is_an_annotation() -> None:
+    job = job_manifest(make_plan())
+    assert job["metadata"]["annotations"] == {
+        "resource-functions.dev/request-source": "//ci.example.com"}
+
+
+# --- the resource step's script, run by a real shell ----------------------------------------
+
+RESOURCE_IN = """#!/bin/sh
+payload=$(cat)
+echo "in: dir=$1 args=$#" >&2
+echo "payload: $payload" >&2
+mkdir -p "$1/sub"
+echo secret-file > "$1/sub/private"
+chmod 600 "$1/sub/private"
+echo '{"version": {"ref": "abc"}}'
+exit "${EXIT_WITH:-0}"
+"""
+RESOURCE_CHECK = """#!/bin/sh
+cat >/dev/null
+echo "check args=$#" >&2
+echo '[{"ref": "1"}]'
+"""
+
+
+@pytest.fixture
+def chroot(tmp_path: Path) -> Path:
+    """A minimal root: busybox as /bin/sh, the two scripts, the stdin Secret, /tmp/build."""
+    busybox = shutil.which("busybox")
+    if os.geteuid() != 0 or not busybox:
+        pytest.fail("running the resource script needs root (chroot) and busybox-static")
+    root = tmp_path / "root"
+    (root / "bin").mkdir(parents=True)
+    shutil.copy(busybox, root / "bin/busybox")
+    for applet in ("sh", "cat", "mkdir", "chmod", "echo"):
+        (root / "bin" / applet).symlink_to("busybox")
+    (root / "opt/resource").mkdir(parents=True)
+    for name, text in (("in", RESOURCE_IN), ("check", RESOURCE_CHECK)):
+        (root / "opt/resource" / name).write_text(text)
+        (root / "opt/resource" / name).chmod(0o755)
+    (root / "secret").mkdir()
+    (root / "secret/stdin").write_text('{"source":{"token":"' + CANARY + '"}}')
+    (root / "tmp/build").mkdir(parents=True)
+    (root / "dev").mkdir()
+    os.mknod(root / "dev/null", stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    return root
+
+
+def run_resource_step(root: Path, action: str, env: dict[str, str] | None = None) -> int:
+    command = containers(job_manifest(make_plan(action)))["resource"]["command"]
+    chroot_bin = shutil.which("chroot") or "/usr/sbin/chroot"
+    result = subprocess.run([chroot_bin, str(root), "/bin/sh", *command[1:]], env={
+        "PATH": "/bin", **(env or {})}, capture_output=True, timeout=30, check=False)
+    assert result.stdout == b"" and result.stderr == b"", result
+    return result.returncode
+
+
+def test_resource_step_records_output_streams_and_exit_code(chroot: Path) -> None:
+    assert run_resource_step(chroot, "get") == 0
+    task = chroot / "tmp/build/.task"
+    assert (task / "exit-code").read_text() == "0\n"
+    assert json.loads((task / "stdout").read_text()) == {"version": {"ref": "abc"}}
+    stderr = (task / "stderr").read_text()
+    assert "in: dir=/tmp/build/get args=1" in stderr and CANARY in stderr  # stdin arrived
+    private = chroot / "tmp/build/get/sub/private"
+    assert stat.S_IMODE(private.stat().st_mode) == 0o644  # readable by the non-root collect
+
+
+def test_a_failing_script_still_exits_zero(chroot: Path) -> None:
+    assert run_resource_step(chroot, "get", {"EXIT_WITH": "3"}) == 0
+    assert (chroot / "tmp/build/.task/exit-code").read_text() == "3\n"
+
+
+def test_check_gets_no_directory_argument(chroot: Path) -> None:
+    assert run_resource_step(chroot, "check") == 0
+    assert (chroot / "tmp/build/.task/stderr").read_text() == "check args=0\n"
+    assert not (chroot / "tmp/build/get").exists()
+
+
+def test_a_missing_script_is_a_recorded_failure(chroot: Path) -> None:
+    (chroot / "opt/resource/in").unlink()
+    assert run_resource_step(chroot, "get") == 0
+    assert (chroot / "tmp/build/.task/exit-code").read_text() == "127\n"
+
+
+def test_a_stage_error_skips_the_script(chroot: Path) -> None:
+    (chroot / "tmp/build/.task").mkdir()
+    (chroot / "tmp/build/.task/stage-error").write_text("input 'repo': artifact missing\n")
+    assert run_resource_step(chroot, "get") == 0
+    assert not (chroot / "tmp/build/.task/exit-code").exists()
+    assert not (chroot / "tmp/build/get").exists()

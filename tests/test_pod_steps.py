@@ -1,0 +1,159 @@
+"""The in-pod steps (``python -m functions stage|collect``) against a real S3 server: what
+each records, and its exit status (0 = outcome recorded, whatever it says)."""
+from __future__ import annotations
+
+import io
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from functions import cli, keys, pod_steps
+from functions.model import ArtifactRef
+from functions.runtimes.podspec import format_input
+from storage import StoreOptions, get_json, open_store
+from storage.archive import ArchiveOptions
+from storage.artifacts import upload_tree
+
+CANARY = "canary-7d3f9b2e-do-not-leak"
+RUN = uuid.uuid4().hex
+
+
+@pytest.fixture
+def store(s3_env: Any, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    store = open_store(f"s3://{s3_bucket}/steps-{uuid.uuid4().hex[:12]}", StoreOptions())
+    monkeypatch.setenv("STORE_URL", store.url)
+    monkeypatch.delenv("K_SINK", raising=False)
+    return store
+
+
+@pytest.fixture
+def build(tmp_path: Path) -> Path:
+    (tmp_path / "build/.task").mkdir(parents=True)
+    (tmp_path / "stdin").write_text(json.dumps({"source": {"password": CANARY}}))
+    return tmp_path / "build"
+
+
+def collect(build: Path, action: str = "check", *extra: str) -> int:
+    return cli.main(["collect", "--run-id", RUN, "--action", action, "--dir", str(build),
+                     "--stdin-file", str(build.parent / "stdin"), *extra])
+
+
+def result(store: Any, run: str = RUN) -> dict[str, Any]:
+    return get_json(store, keys.result_key(run))
+
+
+def test_stage_unpacks_inputs_and_checks_digests(store: Any, tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    (source / "dir").mkdir(parents=True)
+    (source / "dir/file.txt").write_text("payload")
+    key = f"artifacts/{uuid.uuid4().hex}.tar.zst"
+    info = upload_tree(store, key, source, ArchiveOptions())
+    put = tmp_path / "build/put"
+    argv = ["stage", "--dir", str(put), "--task-dir", str(tmp_path / "build/.task"),
+            "--input", format_input("repo", ArtifactRef(key, info.digest))]
+    assert cli.main(argv) == 0
+    assert (put / "repo/dir/file.txt").read_text() == "payload"
+    assert not (tmp_path / "build/.task/stage-error").exists()
+
+
+def test_a_missing_input_is_a_stage_error_not_a_failed_pod(store: Any, tmp_path: Path) -> None:
+    task_dir = tmp_path / "build/.task"
+    argv = ["stage", "--dir", str(tmp_path / "build/put"), "--task-dir", str(task_dir),
+            "--input", "repo=artifacts/missing.tar.zst"]
+    assert cli.main(argv) == 0
+    assert "does not exist" in (task_dir / "stage-error").read_text()
+    assert collect(tmp_path / "build", "put") == 0
+    failure = result(store)["error"]
+    assert failure["kind"] == "storage" and "artifacts/missing.tar.zst" in failure["message"]
+
+
+def test_an_unreachable_store_fails_the_stage_step(tmp_path: Path, unused_port: int,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{unused_port}")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    monkeypatch.setenv("STORE_URL", "s3://bucket/prefix")
+    status = pod_steps.stage_main(
+        directory=tmp_path / "put", task_dir=tmp_path / ".task",
+        inputs={"repo": ArtifactRef("artifacts/x.tar.zst")}, environ={
+            "STORE_URL": "s3://bucket/prefix"})
+    assert status == 1
+    assert not (tmp_path / ".task/stage-error").exists()
+
+
+def test_collect_records_a_check(store: Any, build: Path) -> None:
+    (build / ".task/exit-code").write_text("0\n")
+    (build / ".task/stdout").write_text('[{"ref": "1"}] trailing')
+    (build / ".task/stderr").write_text(f"using {CANARY}\n")
+    assert collect(build) == 0
+    assert result(store) == {"action": "check", "data": {"versions": [{"ref": "1"}]}}
+    with store.open(keys.log_key(RUN)) as stream:
+        assert stream.read() == b"using [redacted]\n"
+
+
+def test_a_missing_exit_code_is_a_runtime_failure(store: Any, build: Path) -> None:
+    (build / ".task/stderr").write_text("sh: cannot open /secret/stdin\n")
+    assert collect(build) == 0
+    failure = result(store)["error"]
+    assert failure["kind"] == "runtime" and "no exit code" in failure["message"]
+    assert "cannot open" in failure["log_tail"]
+
+
+def test_collect_keeps_the_tail_of_a_huge_log(store: Any, build: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pod_steps, "MAX_STDERR_BYTES", 1000)
+    (build / ".task/exit-code").write_text("1")
+    (build / ".task/stderr").write_text("x" * 5000 + "\nthe real error\n")
+    assert collect(build) == 0
+    with store.open(keys.log_key(RUN)) as stream:
+        log = stream.read()
+    assert len(log) == 1000 and log.endswith(b"the real error\n")
+
+
+def test_the_first_record_wins(store: Any, build: Path) -> None:
+    (build / ".task/exit-code").write_text("0")
+    (build / ".task/stdout").write_text("[]")
+    assert collect(build) == 0
+    (build / ".task/stdout").write_text('[{"ref": "other"}]')
+    assert collect(build) == 0
+    assert result(store)["data"] == {"versions": []}
+
+
+def test_reply_without_k_sink_records_then_fails(store: Any, build: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    (build / ".task/exit-code").write_text("0")
+    (build / ".task/stdout").write_text("[]")
+    assert collect(build, "check", "--reply-to-sink", "--request-id", "r1") != 0
+    assert "K_SINK" in capsys.readouterr().err
+    assert result(store)["data"] == {"versions": []}
+
+
+def test_an_unrecordable_outcome_fails_collect(tmp_path: Path, build: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STORE_URL", "file:///nonexistent-store-dir-for-test")
+    (build / ".task/exit-code").write_text("0")
+    (build / ".task/stdout").write_text("[]")
+    assert collect(build) == 1
+
+
+def test_termination_message_reports_the_failure(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    log = tmp_path / "termination-log"
+    log.write_text("")
+    monkeypatch.setattr(pod_steps, "TERMINATION_LOG", log)
+    assert pod_steps.fail("collect: cannot record the outcome: store down") == 1
+    assert log.read_text() == "collect: cannot record the outcome: store down"
+
+
+def test_bounded_reads(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(b"0123456789")
+    assert pod_steps.read_head(path, 4) == b"0123"
+    assert pod_steps.read_tail(path, 4) == b"6789"
+    assert pod_steps.read_head(tmp_path / "missing", 4) == b""
+    assert io.BytesIO(pod_steps.read_tail(tmp_path / "missing", 4)).read() == b""
