@@ -90,3 +90,10 @@ def test_reply_id_is_stable_for_a_run():
     ids = {events.reply_event(action="check", outcome=outcome, request_id="a", subject=None,
                               run_id="r").get_id() for _ in range(2)}
     assert len(ids) == 1
+
+
+def test_check_also_takes_pingsource_ticks_and_nothing_else_does():
+    tick = request({"type": "git", "source": {}}, type="dev.knative.sources.ping")
+    events.check_type(tick, "check")
+    with pytest.raises(InvalidRequest, match="this is the get service"):
+        events.check_type(tick, "get")

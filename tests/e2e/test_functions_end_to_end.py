@@ -51,6 +51,16 @@ def test_check_from_a_version_and_null_output(deployment):
     assert reply.get_data() == {"versions": []}
 
 
+def test_pingsource_tick_runs_a_check(deployment):
+    event = request_event("check", {"type": "test", "source": {"count": 1}},
+                          source="/apis/v1/namespaces/ci/pingsources/every-5m")
+    tick = type(event)(attributes={**event.get_attributes(), "type": "dev.knative.sources.ping"},
+                       data=event.get_data())
+    status, reply, _ = send(deployment.services.urls["check"], tick)
+    assert status == 200 and reply.get_type() == "dev.resourcefunctions.check.succeeded"
+    assert reply.get_data() == {"versions": [{"ref": "1"}]}
+
+
 def test_get_stores_the_directory_and_a_repeat_is_a_cache_hit(deployment, tmp_path):
     data = {"type": "test", "source": SOURCE, "version": {"ref": f"v-{uuid.uuid4().hex[:8]}"},
             "params": {"kib": 300}, "build": {"id": "77", "pipeline": "main", "job": "unit"}}
