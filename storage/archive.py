@@ -1,0 +1,370 @@
+"""Streaming tar archives of directories, compressed with zstd, gzip or not at all.
+
+``pack`` turns a directory into a readable stream of its compressed tar, produced by a
+background thread into a pipe, so memory stays bounded whatever the tree's size.
+``unpack`` extracts such a stream (from anyone: hostile input is assumed) and reports the
+size and sha256 of the raw bytes it read. Nothing here knows about object stores.
+"""
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import re
+import stat
+import tarfile
+import zlib
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, BinaryIO
+
+import zstandard
+
+from storage.archive_extract import SafeWriter
+from storage.archive_pipe import CHUNK, PipeSink, background_stream
+from storage.archive_safety import Budget, StrictTarInfo, check_symlink, rejected
+from storage.base import HashingReader
+from storage.errors import ArchiveError, ArchiveRejected, DigestMismatch
+
+FORMATS = ("zstd", "gzip", "none")
+_SUFFIXES = {"zstd": ".tar.zst", "gzip": ".tar.gz", "none": ".tar"}
+_LEVELS = {"zstd": range(1, 23), "gzip": range(10)}
+_TAR_BUFSIZE = 16 << 10  # tarfile's stream buffer: it re-slices it on every read, keep it small
+_MAX_TRAILING_BYTES = 1 << 20  # tar record padding is ~10 KiB; more after the end is not padding
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_CORRUPT = (zstandard.ZstdError, zlib.error, EOFError, gzip.BadGzipFile)
+
+
+def suffix_for(format: str) -> str:
+    """The key suffix of ``format`` (``.tar.zst``, ``.tar.gz``, ``.tar``)."""
+    _check_format(format)
+    return _SUFFIXES[format]
+
+
+def format_for_key(key: str) -> str:
+    """The format named by ``key``'s suffix; ``ValueError`` for any other suffix."""
+    for format, suffix in _SUFFIXES.items():
+        if key.endswith(suffix):
+            return format
+    raise ValueError(f"{key!r}: an artifact key ends in .tar.zst, .tar.gz or .tar")
+
+
+def _check_format(format: str) -> None:
+    if format not in FORMATS:
+        raise ValueError(f"archive format {format!r}: expected one of {', '.join(FORMATS)}")
+
+
+def _env_int(environ: Mapping[str, str], name: str, default: int) -> int:
+    value = environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r} is not an integer") from None
+
+
+@dataclass(frozen=True)
+class ArchiveOptions:
+    """How ``pack`` compresses. ``threads=0`` uses every CPU this process may run on."""
+
+    format: str = "zstd"
+    level: int = 3  # zstd 1..22, gzip 0..9; ignored for "none"
+    threads: int = 0  # zstd only
+
+    def __post_init__(self) -> None:
+        _check_format(self.format)
+        levels = _LEVELS.get(self.format)
+        if levels is not None and self.level not in levels:
+            raise ValueError(
+                f"{self.format} level {self.level} is out of range {levels[0]}..{levels[-1]}"
+            )
+        if self.threads < 0:
+            raise ValueError(f"archive threads must be 0 (all CPUs) or more, not {self.threads}")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> ArchiveOptions:
+        """Read ``ARCHIVE_FORMAT`` (zstd), ``ARCHIVE_LEVEL`` (3), ``ARCHIVE_THREADS`` (0)."""
+        format = environ.get("ARCHIVE_FORMAT", "").strip().lower() or cls.format
+        try:
+            return cls(format=format, level=_env_int(environ, "ARCHIVE_LEVEL", cls.level),
+                       threads=_env_int(environ, "ARCHIVE_THREADS", cls.threads))
+        except ValueError as err:
+            raise ValueError(f"archive settings from the environment: {err}") from None
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on what ``unpack`` extracts; exceeding any raises ``ArchiveRejected``."""
+
+    max_entry_bytes: int = 8 << 30
+    max_total_bytes: int = 32 << 30
+    max_entries: int = 1_000_000
+
+    def __post_init__(self) -> None:
+        for name in ("max_entry_bytes", "max_total_bytes", "max_entries"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"archive limit {name} must be a positive integer, not {value!r}")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> Limits:
+        """Read ``ARCHIVE_MAX_ENTRY_BYTES`` (8 GiB), ``ARCHIVE_MAX_TOTAL_BYTES`` (32 GiB) and
+        ``ARCHIVE_MAX_ENTRIES`` (1,000,000); integers, unset or empty means the default."""
+        try:
+            return cls(
+                max_entry_bytes=_env_int(environ, "ARCHIVE_MAX_ENTRY_BYTES", cls.max_entry_bytes),
+                max_total_bytes=_env_int(environ, "ARCHIVE_MAX_TOTAL_BYTES", cls.max_total_bytes),
+                max_entries=_env_int(environ, "ARCHIVE_MAX_ENTRIES", cls.max_entries),
+            )
+        except ValueError as err:
+            raise ValueError(f"archive limits from the environment: {err}") from None
+
+
+@dataclass(frozen=True)
+class UnpackStats:
+    size: int  # bytes of the raw (compressed) stream, as stored
+    digest: str  # "sha256:<hex>" of those bytes
+    entries: int  # tar entries extracted
+    bytes: int  # bytes of file data written
+
+
+# --- pack ----------------------------------------------------------------------------------
+
+
+def pack(directory: str | os.PathLike[str],
+         options: ArchiveOptions = ArchiveOptions()) -> AbstractContextManager[BinaryIO]:
+    """A context manager yielding a readable stream of the compressed tar of ``directory``.
+
+    Entries are ``directory``'s contents named relative to it, sorted, with uid/gid 0, no
+    owner names and whole-second mtimes, so the same tree always gives the same bytes.
+    Directories, symlinks and hard links (within the tree) are kept. Sockets, devices and
+    FIFOs are refused, and so are symlinks that ``unpack`` would refuse: ``ArchiveRejected``
+    naming the entry (refused, not skipped: a silently incomplete artifact is worse).
+
+    A background thread produces the stream; ``read(n)`` returns ``n`` bytes until the end.
+    A failure while packing is raised from ``read`` (never a clean end of stream), or else
+    on leaving the block. Leaving the block early stops and joins the thread.
+    """
+    root = os.fspath(directory)
+    if not os.path.isdir(root):
+        raise NotADirectoryError(f"cannot pack {root!r}: not a directory")
+    return background_stream(partial(_produce_archive, root, options), f"archive-pack {root}")
+
+
+def _produce_archive(root: str, options: ArchiveOptions, sink: PipeSink) -> None:
+    writer = _compressor(sink, options)
+    _write_tar(root, writer)
+    writer.close()  # ends the compressed stream; leaves the sink open
+
+
+def _compressor(sink: PipeSink, options: ArchiveOptions) -> Any:
+    """A writable that compresses into ``sink``; its ``close`` leaves ``sink`` open."""
+    if options.format == "zstd":
+        threads = options.threads or len(os.sched_getaffinity(0))
+        compressor = zstandard.ZstdCompressor(level=options.level, threads=threads,
+                                              write_checksum=True)
+        return compressor.stream_writer(sink, write_size=CHUNK,  # type: ignore[arg-type]
+                                        closefd=False)
+    if options.format == "gzip":  # fixed mtime and no file name: deterministic header
+        return gzip.GzipFile(filename="", mode="wb", fileobj=sink,
+                             compresslevel=options.level, mtime=0)
+    return sink
+
+
+def _write_tar(root: str, out: Any) -> None:
+    tar = tarfile.TarFile(fileobj=out, mode="w", format=tarfile.PAX_FORMAT, encoding="utf-8",
+                          errors="surrogateescape", copybufsize=CHUNK)
+    first_link: dict[tuple[int, int], str] = {}
+    for name, path, info in _walk(root):
+        member = _member(name, path, info, first_link)
+        if member.isreg():
+            _add_file(tar, member, path)
+        else:
+            tar.addfile(member)
+        tar.members.clear()  # type: ignore[attr-defined]  # else TarFile keeps every member
+    tar.close()
+
+
+def _walk(root: str) -> Iterator[tuple[str, str, os.stat_result]]:
+    """Yield (name, path, lstat) for every entry below ``root``, depth first, sorted by name."""
+    stack = [("", iter(sorted(os.listdir(root))))]
+    while stack:
+        prefix, names = stack[-1]
+        entry = next(names, None)
+        if entry is None:
+            stack.pop()
+            continue
+        name = prefix + entry
+        path = os.path.join(root, name)
+        info = os.lstat(path)
+        yield name, path, info
+        if stat.S_ISDIR(info.st_mode):
+            stack.append((name + "/", iter(sorted(os.listdir(path)))))
+
+
+def _member(name: str, path: str, info: os.stat_result,
+            first_link: dict[tuple[int, int], str]) -> tarfile.TarInfo:
+    """The tar header of one entry: only what the tree's content determines."""
+    member = tarfile.TarInfo(name)  # uid/gid 0, no uname/gname
+    member.mode = stat.S_IMODE(info.st_mode)
+    member.mtime = int(info.st_mtime)
+    mode = info.st_mode
+    if stat.S_ISDIR(mode):
+        member.type = tarfile.DIRTYPE
+    elif stat.S_ISLNK(mode):
+        member.type, member.linkname = tarfile.SYMTYPE, os.readlink(path)
+        check_symlink(name, member.linkname)
+    elif not stat.S_ISREG(mode):
+        raise rejected(name, f"{_kind(mode)} cannot be archived")
+    elif info.st_nlink > 1 and (info.st_dev, info.st_ino) in first_link:
+        member.type, member.linkname = tarfile.LNKTYPE, first_link[(info.st_dev, info.st_ino)]
+    else:
+        if info.st_nlink > 1:
+            first_link[(info.st_dev, info.st_ino)] = name
+        member.size = info.st_size
+    return member
+
+
+def _add_file(tar: tarfile.TarFile, member: tarfile.TarInfo, path: str) -> None:
+    with open(path, "rb", buffering=0) as source:
+        try:
+            tar.addfile(member, source)
+        except BrokenPipeError:
+            raise  # the reader went away: not this file's fault
+        except OSError as err:  # e.g. the file shrank while being packed
+            raise ArchiveError(f"cannot pack {member.name!r}: {err}") from err
+
+
+def _kind(mode: int) -> str:
+    kinds = {stat.S_ISSOCK: "a socket", stat.S_ISFIFO: "a FIFO",
+             stat.S_ISCHR: "a character device", stat.S_ISBLK: "a block device"}
+    return next((kind for test, kind in kinds.items() if test(mode)), "a special file")
+
+
+# --- unpack --------------------------------------------------------------------------------
+
+
+def unpack(stream: BinaryIO, directory: str | os.PathLike[str], *, format: str,
+           expected_digest: str | None = None, limits: Limits = Limits()) -> UnpackStats:
+    """Extract the compressed tar ``stream`` into ``directory`` (created if missing).
+
+    The stream is untrusted: entries that are absolute, contain ``..``, pass through a
+    symlink, link outside ``directory`` or to a non-earlier member, are devices or FIFOs,
+    already exist, or break ``limits`` raise ``ArchiveRejected`` naming the entry, before
+    anything is written for it; nothing is ever written outside ``directory``. Corrupt or
+    truncated input raises ``ArchiveError``. The stream is read to its end, so size and
+    digest cover every raw byte; ``expected_digest`` ("sha256:<hex>") is then checked
+    (``DigestMismatch``; it also wins over a corruption error it explains). On any error
+    ``directory`` may hold a partial tree: the caller discards it.
+
+    Truncation is detected by the tar end marker (and gzip's trailer); a zstd stream cut
+    inside its final checksum, with all content intact, is only caught by the digest.
+    """
+    _check_format(format)
+    if expected_digest is not None and not _DIGEST.fullmatch(expected_digest):
+        raise ValueError(f"expected digest {expected_digest!r} is not sha256:<64 hex digits>")
+    raw = HashingReader(stream)
+    try:
+        with background_stream(partial(_decode, raw, format), "archive-unpack") as source:
+            entries, written = _extract(source, directory, limits)
+    except ArchiveRejected:
+        raise
+    except ArchiveError as err:
+        if expected_digest is not None:
+            _raise_if_mismatch(raw, expected_digest, cause=err)
+        raise
+    _raise_if_mismatch(raw, expected_digest)
+    return UnpackStats(size=raw.size, digest=raw.digest, entries=entries, bytes=written)
+
+
+def _decode(raw: HashingReader, format: str, sink: PipeSink) -> None:
+    """Decompress ``raw`` into ``sink`` (in the background thread), then drain ``raw``.
+
+    Overlapping download, hashing and decompression with extraction made unpack 15-30%
+    faster on two cores (large files; less with many small ones, which are bound by tarfile's
+    header parsing). Draining makes size and digest cover every byte of the object.
+    """
+    read = _decoder(raw, format)
+    try:
+        while chunk := read(CHUNK):
+            sink.write(chunk)
+    except _CORRUPT as err:
+        raise ArchiveError(f"corrupt or truncated {format} stream: {err}") from err
+    _drain(raw.read)
+
+
+def _extract(source: BinaryIO, directory: str | os.PathLike[str],
+             limits: Limits) -> tuple[int, int]:
+    budget = Budget(limits)
+    try:
+        with tarfile.open(fileobj=source, mode="r|", bufsize=_TAR_BUFSIZE, tarinfo=StrictTarInfo,
+                          encoding="utf-8", errors="surrogateescape") as tar:
+            _extract_members(tar, directory, budget)
+    except tarfile.TarError as err:
+        raise ArchiveError(f"corrupt archive: {err}") from err
+    if _drain(source.read) > _MAX_TRAILING_BYTES:
+        raise ArchiveRejected(f"more than {_MAX_TRAILING_BYTES} bytes after the end of the tar")
+    return budget.entries, budget.bytes
+
+
+def _extract_members(tar: tarfile.TarFile, directory: str | os.PathLike[str],
+                     budget: Budget) -> None:
+    with SafeWriter(directory) as writer:
+        while (member := tar.next()) is not None:
+            tar.members.clear()  # type: ignore[attr-defined]  # else TarFile keeps every member
+            budget.admit(member)
+            writer.extract(member, tar)
+        writer.finish()
+
+
+def _decoder(raw: HashingReader, format: str) -> Callable[[int], bytes]:
+    """A ``read(n)`` of ``raw``'s decompressed bytes, ``n`` bytes at most per call."""
+    if format == "zstd":
+        decoder = zstandard.ZstdDecompressor().stream_reader(
+            raw,  # type: ignore[arg-type]  # any object with read() will do
+            read_size=CHUNK, read_across_frames=True, closefd=False)
+        return decoder.read
+    if format == "gzip":  # gzip reads 8 KiB at a time: buffer the raw side
+        buffered = io.BufferedReader(_RawReader(raw.read), CHUNK)
+        return gzip.GzipFile(fileobj=buffered, mode="rb").read
+    return raw.read
+
+
+class _RawReader(io.RawIOBase):
+    """A raw stream over a ``read(n)`` function, so ``io.BufferedReader`` can buffer it."""
+
+    def __init__(self, read: Callable[[int], bytes]) -> None:
+        super().__init__()
+        self._read = read
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self._read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
+def _drain(read: Callable[[int], bytes]) -> int:
+    """Read to the end; return the number of bytes read."""
+    total = 0
+    while chunk := read(CHUNK):
+        total += len(chunk)
+    return total
+
+
+def _raise_if_mismatch(raw: HashingReader, expected: str | None,
+                       cause: Exception | None = None) -> None:
+    if cause is not None:  # read what is left so the digest covers the whole object
+        try:
+            _drain(raw.read)
+        except Exception:  # noqa: BLE001 - cannot tell: let the original error stand
+            return
+    if expected is not None and raw.digest != expected:
+        raise DigestMismatch(
+            f"digest mismatch: expected {expected}, got {raw.digest} ({raw.size} bytes read)"
+        ) from cause

@@ -1,0 +1,74 @@
+"""Archive settings: formats and key suffixes, options and limits from the environment."""
+from __future__ import annotations
+
+import pytest
+
+from storage.archive import FORMATS, ArchiveOptions, Limits, format_for_key, suffix_for
+
+
+@pytest.mark.parametrize(("format", "suffix"),
+                         [("zstd", ".tar.zst"), ("gzip", ".tar.gz"), ("none", ".tar")])
+def test_format_and_suffix_correspond(format: str, suffix: str) -> None:
+    assert suffix_for(format) == suffix
+    assert format_for_key(f"artifacts/abc{suffix}") == format
+
+
+@pytest.mark.parametrize("key", ["artifacts/abc.zip", "artifacts/abc.tar.xz", "abc", "x.zst"])
+def test_unknown_key_suffix_is_refused(key: str) -> None:
+    with pytest.raises(ValueError, match="ends in .tar.zst, .tar.gz or .tar"):
+        format_for_key(key)
+
+
+def test_defaults() -> None:
+    assert ArchiveOptions() == ArchiveOptions.from_env({}) == ArchiveOptions("zstd", 3, 0)
+    assert Limits() == Limits.from_env({}) == Limits(8 << 30, 32 << 30, 1_000_000)
+    assert set(FORMATS) == {"zstd", "gzip", "none"}
+
+
+def test_options_from_env() -> None:
+    env = {"ARCHIVE_FORMAT": " GZIP ", "ARCHIVE_LEVEL": "9", "ARCHIVE_THREADS": "2"}
+    assert ArchiveOptions.from_env(env) == ArchiveOptions("gzip", 9, 2)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"ARCHIVE_FORMAT": "xz"}, "archive format 'xz': expected one of zstd, gzip, none"),
+        ({"ARCHIVE_LEVEL": "fast"}, "ARCHIVE_LEVEL='fast' is not an integer"),
+        ({"ARCHIVE_LEVEL": "23"}, "zstd level 23 is out of range 1..22"),
+        ({"ARCHIVE_LEVEL": "0"}, "zstd level 0 is out of range 1..22"),
+        ({"ARCHIVE_FORMAT": "gzip", "ARCHIVE_LEVEL": "10"}, "gzip level 10 is out of range 0..9"),
+        ({"ARCHIVE_THREADS": "-1"}, "archive threads must be 0 (all CPUs) or more"),
+    ],
+    ids=["unknown-format", "level-not-a-number", "zstd-level-too-high", "zstd-level-zero",
+         "gzip-level-too-high", "negative-threads"],
+)
+def test_bad_options_from_env_say_what_is_wrong(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match="archive settings from the environment") as caught:
+        ArchiveOptions.from_env(env)
+    assert message in str(caught.value)
+
+
+def test_level_is_ignored_without_compression() -> None:
+    assert ArchiveOptions(format="none", level=99).format == "none"
+
+
+def test_limits_from_env() -> None:
+    env = {"ARCHIVE_MAX_ENTRY_BYTES": "1_000", "ARCHIVE_MAX_TOTAL_BYTES": "5000",
+           "ARCHIVE_MAX_ENTRIES": "10"}
+    assert Limits.from_env(env) == Limits(1000, 5000, 10)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"ARCHIVE_MAX_ENTRIES": "lots"}, "ARCHIVE_MAX_ENTRIES='lots' is not an integer"),
+        ({"ARCHIVE_MAX_TOTAL_BYTES": "0"}, "max_total_bytes must be a positive integer, not 0"),
+        ({"ARCHIVE_MAX_ENTRY_BYTES": "-5"}, "max_entry_bytes must be a positive integer, not -5"),
+    ],
+    ids=["not-a-number", "zero", "negative"],
+)
+def test_bad_limits_from_env_say_what_is_wrong(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match="archive limits from the environment") as caught:
+        Limits.from_env(env)
+    assert message in str(caught.value)
