@@ -95,6 +95,16 @@ def test_get_stores_the_directory_and_a_repeat_is_a_cache_hit(deployment, tmp_pa
     assert deployment.services.metric("get", "resource_function_cache_hits_total") >= 1
 
 
+def test_get_output_linking_outside_its_directory_is_refused(deployment):
+    data = {"type": "test", "source": {"mode": "escape"}, "version": {"ref": "e"}}
+    artifacts = set(deployment.store.list("artifacts/"))
+    status, reply, _ = send(deployment.services.urls["get"], request_event("get", data))
+    assert status == 200 and reply.get_type() == "dev.resourcefunctions.get.failed"
+    error = reply.get_data()["error"]
+    assert error["kind"] == "invalid_output" and "evil" in error["message"]
+    assert set(deployment.store.list("artifacts/")) == artifacts  # nothing half-stored
+
+
 def test_put_receives_the_artifact_of_a_get(deployment):
     ref = f"p-{uuid.uuid4().hex[:8]}"
     _, got, _ = send(deployment.services.urls["get"], request_event(
