@@ -20,7 +20,7 @@ from functions.metrics import Metrics
 from functions.model import Action
 from functions.runtimes import Runtime, make_runtime
 from functions.settings import Settings
-from storage import Store, StoreOptions, open_store
+from storage import Store, open_store
 
 log = logging.getLogger("functions.app")
 
@@ -51,7 +51,7 @@ def open_local_or_remote_store(settings: Settings) -> Store:
     """Open STORE_URL; a local directory store is created on first use (a bucket must exist)."""
     if settings.store_url.startswith("file://"):
         Path(settings.store_url[len("file://"):]).mkdir(parents=True, exist_ok=True)
-    return open_store(settings.store_url, StoreOptions.from_env(settings.environ))
+    return open_store(settings.store_url, settings.store_options)
 
 
 def _handle(service: Service) -> Response:

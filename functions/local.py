@@ -16,7 +16,7 @@ from functions.progress import ProgressReader
 from functions.runtimes import make_runtime
 from functions.settings import Settings
 from storage import Store
-from storage.archive import ArchiveOptions, Limits, format_for_key, pack, suffix_for, unpack
+from storage.archive import format_for_key, pack, suffix_for, unpack
 
 
 def run_local(action: Action, data: dict[str, Any], *, inputs: dict[str, str],
@@ -52,7 +52,7 @@ def _as_artifact(store: Store, where: str, settings: Settings) -> str | dict[str
     directory = Path(where)
     if not directory.is_dir():
         raise SystemExit(f"--input: {where} is neither a directory nor a URL")
-    options = ArchiveOptions.from_env(settings.environ)
+    options = settings.archive
     key = f"artifacts/inputs/{uuid.uuid4().hex}{suffix_for(options.format)}"
     with pack(directory, options) as stream:
         info = store.put(key, cast(BinaryIO, ProgressReader(stream, f"upload {where}")))
@@ -65,4 +65,4 @@ def _download(store: Store, artifact: dict[str, Any], output: Path, settings: Se
     with store.open(key) as stream:
         unpack(cast(BinaryIO, ProgressReader(stream, f"download to {output}")), output,
                format=format_for_key(key), expected_digest=artifact["digest"],
-               limits=Limits.from_env(settings.environ))
+               limits=settings.limits)

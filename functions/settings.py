@@ -9,13 +9,17 @@ import json
 import os
 import re
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from functions.errors import ConfigError
 from functions.model import ResourceType
+from storage.archive import ArchiveOptions, Limits
+from storage.options import StoreOptions
+
+T = TypeVar("T")
 
 # The embedded catalogue: Concourse's core resource types, by name.
 DEFAULT_RESOURCE_TYPES = {
@@ -56,6 +60,9 @@ class Settings:
     task_node_selector: dict[str, str] = field(default_factory=dict)
     task_tolerations: list[dict[str, Any]] = field(default_factory=list)
     task_image_pull_secrets: list[str] = field(default_factory=list)
+    archive: ArchiveOptions = field(default_factory=ArchiveOptions)
+    limits: Limits = field(default_factory=Limits)
+    store_options: StoreOptions = field(default_factory=StoreOptions)
     environ: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -82,8 +89,19 @@ class Settings:
                                              "TASK_NODE_SELECTOR"),
             task_tolerations=tolerations(env.get("TASK_TOLERATIONS", ""), "TASK_TOLERATIONS"),
             task_image_pull_secrets=_name_list(env, "TASK_IMAGE_PULL_SECRETS"),
+            archive=_storage_setting(ArchiveOptions.from_env, env),
+            limits=_storage_setting(Limits.from_env, env),
+            store_options=_storage_setting(StoreOptions.from_env, env),
             environ=env,
         )
+
+
+def _storage_setting(read: Callable[[Mapping[str, str]], T], env: Mapping[str, str]) -> T:
+    """The storage layer's own settings; their ValueError becomes a ConfigError."""
+    try:
+        return read(env)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 def parse_resource_types(value: str) -> dict[str, ResourceType]:

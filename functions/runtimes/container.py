@@ -63,8 +63,8 @@ class ContainerRuntime:
         except docker.errors.DockerException as err:
             raise Unavailable(f"container engine unreachable (DOCKER_HOST): {err}") from err
         config = ContainerConfig(
-            archive=ArchiveOptions.from_env(env),
-            limits=Limits.from_env(env),
+            archive=settings.archive,
+            limits=settings.limits,
             network=env.get("CONTAINER_NETWORK") or None,
             workroot=env.get("WORK_DIR") or None,
             sink=env.get("K_SINK", ""),

@@ -1,0 +1,47 @@
+"""Settings come from the environment once; each bad value is refused naming its variable."""
+import json
+
+import pytest
+
+from functions.errors import ConfigError
+from functions.settings import DEFAULT_RESOURCE_TYPES, Settings
+
+
+def test_defaults_are_local_and_safe():
+    settings = Settings.from_env({"HOME": "/home/u"})
+    assert settings.store_url == "file:///home/u/.local/share/resource-functions/store"
+    assert settings.runtime == "container" and settings.reply_mode == "sync"
+    assert set(settings.resource_types) == set(DEFAULT_RESOURCE_TYPES)
+    assert settings.cache_secret_generated and len(settings.cache_secret) == 32
+    assert settings.archive.format == "zstd" and settings.task_timeout_seconds == 3600
+
+
+def test_resource_types_from_json_with_per_type_settings(tmp_path):
+    spec = {"git": "img/git:1", "slow": {"image": "img/slow:1", "timeout_seconds": 5,
+                                        "privileged": True}}
+    path = tmp_path / "types.json"
+    path.write_text(json.dumps(spec))
+    for value in (json.dumps(spec), str(path)):
+        types = Settings.from_env({"RESOURCE_TYPES": value}).resource_types
+        assert types["git"].image == "img/git:1"
+        assert types["slow"].timeout_seconds == 5 and types["slow"].privileged
+
+
+@pytest.mark.parametrize("env, variable", [
+    pytest.param({"RUNTIME": "lambda"}, "RUNTIME", id="runtime"),
+    pytest.param({"REPLY_MODE": "later"}, "REPLY_MODE", id="reply-mode"),
+    pytest.param({"TASK_TIMEOUT_SECONDS": "soon"}, "TASK_TIMEOUT_SECONDS", id="timeout-text"),
+    pytest.param({"TASK_TIMEOUT_SECONDS": "-1"}, "TASK_TIMEOUT_SECONDS", id="timeout-negative"),
+    pytest.param({"RESOURCE_TYPES": "{nope"}, "RESOURCE_TYPES", id="types-json"),
+    pytest.param({"RESOURCE_TYPES": "/no/such/file"}, "RESOURCE_TYPES", id="types-file"),
+    pytest.param({"RESOURCE_TYPES": '{"git": {"image": "x", "colour": 1}}'}, "colour",
+                 id="types-unknown-key"),
+    pytest.param({"RESOURCE_TYPES": '{"git": 3}'}, "RESOURCE_TYPES['git']", id="types-number"),
+    pytest.param({"ARCHIVE_LEVEL": "99"}, "level", id="archive-level"),
+    pytest.param({"ARCHIVE_FORMAT": "rar"}, "rar", id="archive-format"),
+    pytest.param({"STORE_PART_SIZE": "1KiB"}, "STORE_PART_SIZE", id="part-size"),
+    pytest.param({"LOG_LEVEL": "loud"}, "LOG_LEVEL", id="log-level"),
+])
+def test_bad_values_name_the_variable(env, variable):
+    with pytest.raises(ConfigError, match=variable.replace("[", r"\[").replace("]", r"\]")):
+        Settings.from_env(env)
