@@ -9,6 +9,7 @@ runtime calls them in-process; on Kubernetes they run in the task pod
 from __future__ import annotations
 
 import hashlib
+import io
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from functions.outcome import failed, outcome_of_script, redact, secret_strings
 from storage import Store, get_json, put_json
 from storage.archive import ArchiveOptions, Limits, suffix_for
 from storage.artifacts import download_tree, upload_tree
-from storage.errors import ArchiveError, ObjectExists, ObjectNotFound, StorageError
+from storage.errors import ArchiveError, ObjectExists, ObjectNotFound
 
 FORMAT_NAMES = {"zstd": "tar+zstd", "gzip": "tar+gzip", "none": "tar"}
 
@@ -125,30 +126,25 @@ def read_outcome(store: Store, run: str) -> Outcome | None:
 
 
 def read_cache(store: Store, cache_key: str) -> dict[str, Any] | None:
-    """The reply data of a cached get, or None on a miss."""
+    """The reply data of a cached get, or None on a miss. A record whose artifact is gone
+    (e.g. expired by a bucket lifecycle rule) is removed, so the get runs and stores both
+    afresh."""
+    record_key = keys.cache_record_key(cache_key)
     try:
-        record = get_json(store, keys.cache_record_key(cache_key))
+        record = get_json(store, record_key)
     except ObjectNotFound:
+        return None
+    prefix = store.url.rstrip("/") + "/"
+    url = record.get("artifact", {}).get("url", "")
+    if not url.startswith(prefix) or store.stat(url[len(prefix):]) is None:
+        store.delete(record_key)
         return None
     return {**record, "cached": True}
 
 
 def write_once(store: Store, key: str, body: bytes) -> None:
-    import io
-
     try:
         store.put(key, io.BytesIO(body))
     except ObjectExists:
         pass  # a redelivered run already stored it
 
-
-__all__ = [
-    "CollectSpec",
-    "StageFailed",
-    "StorageError",
-    "collect",
-    "read_cache",
-    "read_outcome",
-    "record_outcome",
-    "stage",
-]

@@ -221,6 +221,19 @@ def test_identical_checks_arriving_together_share_one_run(deployment):
     assert runs(deployment, "check") == before + 1
 
 
+def test_cache_entry_whose_artifact_expired_is_fetched_again(deployment):
+    data = {"type": "test", "source": {"n": uuid.uuid4().hex}, "version": {"ref": "x"}}
+    _, first, _ = send(deployment.services.urls["get"], request_event("get", data))
+    key = key_of(deployment, first.get_data()["artifact"]["url"])
+    deployment.store.delete(key)  # as a bucket lifecycle rule would
+    status, again, _ = send(deployment.services.urls["get"], request_event("get", data))
+    assert status == 200 and again.get_data()["cached"] is False
+    assert deployment.store.stat(key) is not None
+    _, third, _ = send(deployment.services.urls["get"], request_event("get", data))
+    assert third.get_data()["cached"] is True
+    assert third.get_data()["artifact"] == again.get_data()["artifact"]
+
+
 def test_canary_secret_never_leaks(deployment):
     # Runs after the others in this module: scan everything they left behind.
     send(deployment.services.urls["check"], request_event(
@@ -271,3 +284,4 @@ def count_container_starts(deployment) -> int:
     response.raise_for_status()
     body = b"".join(response.iter_content(65536)).decode()
     return body.count('"status":"start"')
+
