@@ -14,6 +14,7 @@ which is how the function learns why a step failed (task pods cannot read logs).
 """
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -63,7 +64,9 @@ def stage_main(*, directory: Path, inputs: dict[str, ArtifactRef], task_dir: Pat
         return fail(f"stage: the store is unavailable: {err}")
     except (ValueError, OSError) as err:
         return fail(f"stage: {err}")
-    directory.chmod(0o777)  # a resource image running as another user may write in it
+    # The resource image may run as any user, and put scripts write into their inputs
+    # (a git commit, a rebase): open the whole staged tree, as a Concourse volume is.
+    make_writable_by_all(directory)
     return 0
 
 
@@ -172,3 +175,16 @@ def _exit_code(path: Path) -> int | None:
         return int(text) if text else None
     except ValueError:
         return None
+
+
+def make_writable_by_all(directory: Path) -> None:
+    """chmod a+rwX below ``directory`` (symlinks are left alone: their mode means nothing)."""
+    directory.chmod(0o777)
+    for root, dirs, files in os.walk(directory):
+        for name in dirs:
+            os.chmod(os.path.join(root, name), 0o777, follow_symlinks=False)
+        for name in files:
+            path = os.path.join(root, name)
+            if not os.path.islink(path):
+                mode = os.stat(path).st_mode
+                os.chmod(path, mode | 0o666 | (0o111 if mode & 0o100 else 0))

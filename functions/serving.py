@@ -36,4 +36,5 @@ def serve(app: Any, *, host: str, port: int, threads: int) -> None:
         "accesslog": None,
         "errorlog": "-",
         "loglevel": "warning",
+        "control_socket_disable": True,  # gunicorn 27 would write it under $HOME (read-only)
     }).run()
