@@ -13,6 +13,7 @@ from typing import Any
 import zstandard
 
 FORMATS = ("zstd", "gzip", "none")
+Entry = tuple[tarfile.TarInfo, bytes | None]  # a crafted tar member and its data
 OLD = 1_000_000_000  # 2001-09-09: a fixed, distinctive mtime
 
 
@@ -128,32 +129,32 @@ def listing(root: Path, *, excluding: Path | None = None) -> dict[str, Any]:
 # --- crafted tar streams ---------------------------------------------------------------------
 
 
-def file_entry(name: str, data: bytes = b"data\n") -> tuple[tarfile.TarInfo, bytes]:
+def file_entry(name: str, data: bytes = b"data\n") -> Entry:
     info = tarfile.TarInfo(name)
     info.size = len(data)
     return info, data
 
 
-def dir_entry(name: str) -> tuple[tarfile.TarInfo, None]:
+def dir_entry(name: str) -> Entry:
     info = tarfile.TarInfo(name)
     info.type, info.mode = tarfile.DIRTYPE, 0o755
     return info, None
 
 
-def link_entry(name: str, target: str, *, hard: bool = False) -> tuple[tarfile.TarInfo, None]:
+def link_entry(name: str, target: str, *, hard: bool = False) -> Entry:
     info = tarfile.TarInfo(name)
     info.type = tarfile.LNKTYPE if hard else tarfile.SYMTYPE
     info.linkname = target
     return info, None
 
 
-def special_entry(name: str, kind: bytes) -> tuple[tarfile.TarInfo, None]:
+def special_entry(name: str, kind: bytes) -> Entry:
     info = tarfile.TarInfo(name)
     info.type, info.devmajor, info.devminor = kind, 1, 3
     return info, None
 
 
-def tar_bytes(entries: list[tuple[tarfile.TarInfo, bytes | None]]) -> bytes:
+def tar_bytes(entries: list[Entry]) -> bytes:
     """A plain tar of ``entries``, written by tarfile exactly as given (no sanitising)."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:

@@ -12,6 +12,7 @@ import io
 import os
 import tarfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from storage.archive import ArchiveOptions, Limits, pack, unpack
 from storage.errors import ArchiveError, ArchiveRejected, DigestMismatch
 from tests.archive_trees import (
     FORMATS,
+    Entry,
     compress,
     dir_entry,
     file_entry,
@@ -61,7 +63,7 @@ def absolute_escape(tmp_path: Path) -> str:
     return str(tmp_path / ESCAPE)
 
 
-HOSTILE = {
+HOSTILE: dict[str, tuple[Callable[[Path], list[Entry]], str]] = {
     "absolute-path": (
         lambda tmp: [file_entry(absolute_escape(tmp))], "absolute path"),
     "dot-dot": (
@@ -138,7 +140,7 @@ def test_hostile_entry_is_rejected_in_every_format(tmp_path: Path, target: Path,
     assert isinstance(error, ArchiveRejected) and "'..' component" in str(error)
 
 
-LIMITS = {
+LIMITS: dict[str, tuple[Limits, list[Entry], str]] = {
     "entry-over-limit": (
         Limits(max_entry_bytes=100), [file_entry("big", b"x" * 101)],
         "'big': 101 bytes is over the entry limit of 100"),

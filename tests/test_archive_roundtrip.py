@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from storage.archive import ArchiveOptions, pack, unpack
+from storage.archive_pack import ustar_header
 from storage.errors import ArchiveRejected
 from tests.archive_trees import FORMATS, build_tree, describe, file_digest
 
@@ -63,6 +64,48 @@ def test_unpacks_what_gnu_tar_writes(tree: Path, tmp_path: Path) -> None:
     with archive.open("rb") as stream:
         unpack(stream, tmp_path / "out", format="gzip")
     assert describe(tmp_path / "out") == describe(tree)
+
+
+def test_gnu_tar_reads_what_pack_writes(tree: Path, tmp_path: Path) -> None:
+    archive = tmp_path / "ours.tar"
+    archive.write_bytes(packed(tree, ArchiveOptions(format="none")))
+    (tmp_path / "out").mkdir()
+    subprocess.run(["tar", "xf", str(archive), "-C", str(tmp_path / "out")], check=True)
+    assert describe(tmp_path / "out") == describe(tree)
+
+
+def _member(name: str, type: bytes = tarfile.REGTYPE, **fields: object) -> tarfile.TarInfo:
+    member = tarfile.TarInfo(name)
+    member.type = type
+    for field, value in fields.items():
+        setattr(member, field, value)
+    return member
+
+
+@pytest.mark.parametrize(
+    "member",
+    [
+        _member("a/file.txt", size=12345, mode=0o755, mtime=1_700_000_000),
+        _member("a/dir", tarfile.DIRTYPE, mode=0o750, mtime=1),
+        _member("a/link", tarfile.SYMTYPE, linkname="../b/c", mode=0o777),
+        _member("a/hard", tarfile.LNKTYPE, linkname="a/file.txt"),
+        _member("x" * 100, size=1),
+        _member("empty", size=0, mtime=0),
+    ],
+    ids=["file", "directory", "symlink", "hard-link", "100-byte-name", "empty-file"],
+)
+def test_fast_headers_are_the_ones_tarfile_writes(member: tarfile.TarInfo) -> None:
+    assert ustar_header(member) == member.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+
+
+@pytest.mark.parametrize(
+    "member",
+    [_member("x" * 101), _member("dir/" + "y" * 97, tarfile.DIRTYPE), _member("ünï"),
+     _member("l", tarfile.SYMTYPE, linkname="z" * 101), _member("big", size=8 ** 11)],
+    ids=["101-byte-name", "dir-name-over-100-with-slash", "non-ascii", "long-link", "huge"],
+)
+def test_entries_that_need_pax_records_get_no_fast_header(member: tarfile.TarInfo) -> None:
+    assert ustar_header(member) is None
 
 
 def test_hard_links_share_one_inode_after_unpack(tree: Path, tmp_path: Path) -> None:

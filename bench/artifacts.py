@@ -1,0 +1,353 @@
+"""Benchmark: artifact pack+upload and download+unpack against tar/gzip + boto3 baselines.
+
+Builds a tree (large files of mixed compressibility plus many small files) in a temp dir and
+measures, in one run and against the same S3 server (a moto server started here on
+127.0.0.1, or ``--s3-endpoint``) and a file store:
+
+    ours      upload_tree / download_tree (storage.artifacts), in a child process whose peak
+              RSS (VmHWM) is reported
+    (a)       `tar czf` to a temp file + boto3 upload_file; boto3 download_file + `tar xzf`
+    (b)       boto3 upload_file of an already made plain tar (the transfer bound)
+
+Throughput is MB/s (10^6 bytes) of tree file bytes. Targets: ours >= 3x (a), >= 0.8x (b);
+``--rss-only`` packs into a file store and reports peak RSS only (target < 200 MB).
+
+    python bench/artifacts.py --size-mib 200 --repeat 3
+    python bench/artifacts.py                       # ~1 GiB tree, each measurement once
+    python bench/artifacts.py --rss-only --size-mib 2048
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+MiB = 1 << 20
+BUCKET = "bench-artifacts"
+MOTO_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_CONFIG_FILE": os.devnull,
+    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
+
+
+@dataclass(frozen=True)
+class Result:
+    name: str
+    seconds: float
+    stored_bytes: int = 0
+    rss_mib: float | None = None
+    detail: str = ""  # how a baseline's time splits
+
+
+# --- the tree ------------------------------------------------------------------------------
+
+
+def build_tree(root: Path, size_mib: int, small_files: int, seed: int = 1) -> int:
+    """Write the benchmark tree; return its total file bytes.
+
+    Large files come in three kinds, equal shares: random bytes (incompressible), text made
+    of words (compresses ~3-4x) and bytes from a 16-symbol alphabet (~2x). Small files are
+    word text of 100 B - 4 KiB in directories of 100.
+    """
+    rng = random.Random(seed)
+    text = _word_text(rng, 8 * MiB)
+    total = _small_files(root / "small", small_files, text, rng)
+    large = max(size_mib * MiB - total, 6 * MiB)
+    kinds: dict[str, Callable[[int], bytes]] = {
+        "random": os.urandom,
+        "text": lambda n: _text_slice(text, n, rng),
+        "semi": lambda n: os.urandom(n).translate(bytes(i % 16 * 7 for i in range(256))),
+    }
+    for kind, make in kinds.items():
+        for copy in range(2):
+            total += _large_file(root / f"{kind}-{copy}.bin", large // 6, make)
+    return total
+
+
+def _word_text(rng: random.Random, size: int) -> bytes:
+    words = [bytes(rng.choices(b"etaoinshrdlucmfwypvbgkqjxz", k=rng.randint(2, 10)))
+             for _ in range(20_000)]
+    return b" ".join(rng.choices(words, k=size // 5))[:size]
+
+
+def _text_slice(text: bytes, size: int, rng: random.Random) -> bytes:
+    start = rng.randrange(len(text) - size)
+    return text[start:start + size]
+
+
+def _small_files(directory: Path, count: int, text: bytes, rng: random.Random) -> int:
+    total = 0
+    for index in range(count):
+        folder = directory / f"d{index // 100:04d}"
+        if index % 100 == 0:
+            folder.mkdir(parents=True)
+        data = _text_slice(text, rng.randint(100, 4096), rng)
+        (folder / f"f{index:06d}.txt").write_bytes(data)
+        total += len(data)
+    return total
+
+
+def _large_file(path: Path, size: int, make: Callable[[int], bytes]) -> int:
+    with path.open("wb") as out:
+        for offset in range(0, size, 4 * MiB):
+            out.write(make(min(4 * MiB, size - offset)))
+    return size
+
+
+# --- servers and clients --------------------------------------------------------------------
+
+
+@contextmanager
+def s3_server(endpoint: str | None) -> Iterator[dict[str, str]]:
+    """Yield the environment for an S3 endpoint: ``endpoint`` with the caller's credentials,
+    or a moto server started for the run with fake ones."""
+    if endpoint:
+        yield {"AWS_ENDPOINT_URL_S3": endpoint}
+        return
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_for(url, process)
+        yield {**MOTO_ENV, "AWS_ENDPOINT_URL_S3": url}
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def _wait_for(url: str, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            urllib.request.urlopen(url, timeout=2).close()
+            return
+        except urllib.error.HTTPError:
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit(f"moto server did not start at {url}")
+
+
+def s3_client() -> Any:
+    """A boto3 client as the environment configures it (endpoint from AWS_ENDPOINT_URL_S3)."""
+    import boto3
+    from botocore.config import Config
+
+    client = boto3.session.Session().client("s3", config=Config(s3={"addressing_style": "path"}))
+    try:
+        client.create_bucket(Bucket=BUCKET)
+    except client.exceptions.BucketAlreadyOwnedByYou:
+        pass
+    return client
+
+
+# --- measurements ---------------------------------------------------------------------------
+
+
+def timed(action: Callable[[], Any]) -> float:
+    os.sync()  # write-back of the previous step must not be billed to this one
+    start = time.perf_counter()
+    action()
+    return time.perf_counter() - start
+
+
+def ours(direction: str, store_url: str, key: str, directory: Path, env: dict[str, str]) -> Result:
+    """Run upload_tree / download_tree in a child process; it reports time and VmHWM."""
+    command = [sys.executable, __file__, "--child", direction, store_url, key, str(directory)]
+    os.sync()
+    done = subprocess.run(command, env=env, check=True, capture_output=True, text=True)
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    scheme = store_url.split(":", 1)[0]
+    name = f"ours {'pack+upload' if direction == 'up' else 'download+unpack'} ({scheme})"
+    return Result(name, report["seconds"], report["size"], report["hwm_kib"] / 1024)
+
+
+def child(direction: str, store_url: str, key: str, directory: str) -> None:
+    from storage import open_store
+    from storage.archive import ArchiveOptions
+    from storage.artifacts import download_tree, upload_tree
+
+    store = open_store(store_url)
+    start = time.perf_counter()
+    if direction == "up":
+        size = upload_tree(store, key, directory, ArchiveOptions.from_env(os.environ)).size
+    else:
+        size = download_tree(store, key, directory).size
+    seconds = time.perf_counter() - start
+    print(json.dumps({"seconds": seconds, "size": size, "hwm_kib": _vm_hwm_kib()}))
+
+
+def _vm_hwm_kib() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def one_round(client: Any, tree: Path, work: Path, stores: list[str],
+              env: dict[str, str]) -> list[Result]:
+    """Every measurement once. Extracted trees are kept until the end of the run: creating
+    files soon after deleting many is slow on ext4 (it skips recently freed inodes), and that
+    cost must not land on whichever measurement follows a clean-up."""
+    work.mkdir()
+    results = baselines(client, tree, work)
+    for url in stores:
+        key = f"artifacts/{work.name}.tar.zst"
+        results.append(ours("up", url, key, tree, env))
+        results.append(ours("down", url, key, work / f"out-{url.split(':')[0]}", env))
+    return results
+
+
+def baselines(client: Any, tree: Path, work: Path) -> list[Result]:
+    tgz, plain, key = work / "tree.tgz", work / "tree.tar", work.name
+    tar_czf = timed(lambda: subprocess.run(["tar", "czf", str(tgz), "-C", str(tree), "."],
+                                           check=True))
+    upload = timed(lambda: client.upload_file(str(tgz), BUCKET, f"{key}.tgz"))
+    stored_a = tgz.stat().st_size
+    tgz.unlink()
+    (work / "out-a").mkdir()
+    download = timed(lambda: client.download_file(BUCKET, f"{key}.tgz", str(tgz)))
+    tar_xzf = timed(lambda: subprocess.run(["tar", "xzf", str(tgz), "-C", str(work / "out-a")],
+                                           check=True))
+    tgz.unlink()
+    subprocess.run(["tar", "cf", str(plain), "-C", str(tree), "."], check=True)
+    up_b = timed(lambda: client.upload_file(str(plain), BUCKET, f"{key}.tar"))
+    stored_b = plain.stat().st_size
+    plain.unlink()
+    return [
+        Result("(a) tar czf + upload_file", tar_czf + upload, stored_a,
+               detail=f"tar czf {tar_czf:.2f} s + upload_file {upload:.2f} s"),
+        Result("(a) download_file + tar xzf", download + tar_xzf, stored_a,
+               detail=f"download_file {download:.2f} s + tar xzf {tar_xzf:.2f} s"),
+        Result("(b) upload_file of plain tar", up_b, stored_b),
+    ]
+
+
+def best(results: list[Result]) -> list[Result]:
+    """Per measurement, the fastest run (the least disturbed by the machine), and the
+    highest peak RSS seen."""
+    runs: dict[str, list[Result]] = {}
+    for result in results:
+        runs.setdefault(result.name, []).append(result)
+    return [replace(min(rs, key=lambda r: r.seconds),
+                    rss_mib=max((r.rss_mib for r in rs if r.rss_mib is not None), default=None))
+            for rs in runs.values()]
+
+
+def empty_bucket(client: Any) -> None:
+    """Delete what this script stored (and nothing else, should the bucket be shared)."""
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET):
+        for item in page.get("Contents", []):
+            if item["Key"].startswith(("round-", "bench/")):
+                client.delete_object(Bucket=BUCKET, Key=item["Key"])
+
+
+# --- report ---------------------------------------------------------------------------------
+
+
+def table(results: list[Result], tree_bytes: int) -> str:
+    by_name = {result.name: result for result in results}
+    header = (f"{'measurement':34} {'seconds':>8} {'MB/s':>8} {'stored MB':>10} "
+              f"{'vs (a)':>7} {'vs (b)':>7} {'peak RSS MiB':>12}")
+    rows = [header]
+    for result in results:
+        rate = tree_bytes / result.seconds / 1e6
+        vs_a, vs_b = _ratios(result, by_name)
+        rss = f"{result.rss_mib:12.0f}" if result.rss_mib is not None else f"{'':12}"
+        rows.append(f"{result.name:34} {result.seconds:8.2f} {rate:8.1f} "
+                    f"{result.stored_bytes / 1e6:10.1f} {vs_a:>7} {vs_b:>7} {rss}")
+    rows += [f"  {result.name}: {result.detail}" for result in results if result.detail]
+    return "\n".join(rows)
+
+
+def _ratios(result: Result, by_name: dict[str, Result]) -> tuple[str, str]:
+    if not result.name.startswith("ours") or "(s3)" not in result.name:
+        return "", ""
+    upload = "upload" in result.name
+    a = by_name["(a) tar czf + upload_file" if upload else "(a) download_file + tar xzf"]
+    b = by_name["(b) upload_file of plain tar"] if upload else None
+    vs_b = f"{b.seconds / result.seconds:6.2f}x" if b else ""
+    return f"{a.seconds / result.seconds:6.2f}x", vs_b
+
+
+# --- main -----------------------------------------------------------------------------------
+
+
+def main() -> None:
+    args = parse_args()
+    if args.child:
+        child(*args.child)
+        return
+    work = Path(tempfile.mkdtemp(prefix="bench-artifacts-", dir=args.tmp))
+    try:
+        run(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run(args: argparse.Namespace, work: Path) -> None:
+    tree, store_root = work / "tree", work / "store"
+    store_root.mkdir()
+    start = time.perf_counter()
+    tree_bytes = build_tree(tree, args.size_mib, args.small_files)
+    print(f"tree: {tree_bytes / MiB:.0f} MiB in {args.small_files} small + 6 large files "
+          f"(built in {time.perf_counter() - start:.0f} s); {os.cpu_count()} CPUs; "
+          f"ARCHIVE_FORMAT={os.environ.get('ARCHIVE_FORMAT', 'zstd')} "
+          f"ARCHIVE_LEVEL={os.environ.get('ARCHIVE_LEVEL', '3')}", flush=True)
+    if args.rss_only:
+        result = ours("up", store_root.as_uri(), "artifacts/rss.tar.zst", tree, dict(os.environ))
+        print(table([result], tree_bytes))
+        return
+    with s3_server(args.s3_endpoint) as s3_env:
+        os.environ.update(s3_env)  # a script: the children and boto3 read it
+        client = s3_client()
+        stores = [f"s3://{BUCKET}/bench", store_root.as_uri()]
+        try:
+            results = [result for index in range(args.repeat)
+                       for result in one_round(client, tree, work / f"round-{index}", stores,
+                                               dict(os.environ))]
+        finally:
+            empty_bucket(client)
+    print(f"best of {args.repeat} run(s) each:")
+    print(table(best(results), tree_bytes))
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size-mib", type=int, default=1024, help="tree size (default 1024)")
+    parser.add_argument("--small-files", type=int, default=20_000)
+    parser.add_argument("--s3-endpoint", help="use this S3 endpoint instead of starting moto")
+    parser.add_argument("--rss-only", action="store_true",
+                        help="only pack+upload into a file store and report peak RSS")
+    parser.add_argument("--tmp", help="directory for the tree and temp files")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run every measurement this many times, report the fastest")
+    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    main()
