@@ -13,6 +13,7 @@ import uuid
 import docker
 import pytest
 
+from functions.keys import run_id
 from storage.archive import format_for_key, unpack
 from tests.e2e.conftest import CANARY
 from tests.e2e.events import request_event, send
@@ -64,10 +65,10 @@ def test_pingsource_tick_runs_a_check(deployment):
 def test_get_stores_the_directory_and_a_repeat_is_a_cache_hit(deployment, tmp_path):
     data = {"type": "test", "source": SOURCE, "version": {"ref": f"v-{uuid.uuid4().hex[:8]}"},
             "params": {"kib": 300}, "build": {"id": "77", "pipeline": "main", "job": "unit"}}
-    before, starts = runs(deployment, "get"), count_container_starts(deployment)
-    status, reply, _ = send(deployment.services.urls["get"], request_event("get", data))
+    before, first = runs(deployment, "get"), request_event("get", data)
+    status, reply, _ = send(deployment.services.urls["get"], first)
     assert status == 200, reply and reply.get_data()
-    assert count_container_starts(deployment) == starts + 1
+    assert container_starts(deployment, first) == 1
     body = reply.get_data()
     assert body["version"] == data["version"] and body["cached"] is False
     assert body["metadata"] == [{"name": "build", "value": "77"}]
@@ -86,12 +87,12 @@ def test_get_stores_the_directory_and_a_repeat_is_a_cache_hit(deployment, tmp_pa
     assert (tmp_path / "blob").stat().st_size == 300 * 1024
     assert runs(deployment, "get") == before + 1
 
-    started = count_container_starts(deployment)
-    status, again, _ = send(deployment.services.urls["get"], request_event("get", data))
+    second = request_event("get", data)
+    status, again, _ = send(deployment.services.urls["get"], second)
     assert status == 200
     assert again.get_data() == {**body, "cached": True}
     assert runs(deployment, "get") == before + 1
-    assert count_container_starts(deployment) == started
+    assert container_starts(deployment, second) == 0
     assert deployment.services.metric("get", "resource_function_cache_hits_total") >= 1
 
 
@@ -273,15 +274,15 @@ def leftover_containers(deployment):
         all=True, filters={"label": "app.kubernetes.io/managed-by=resource-functions"})
 
 
-def count_container_starts(deployment) -> int:
-    """Containers the engine started for the functions since the deployment began, from the
-    engine's event log (``stream=false`` makes Podman answer at once, Docker ignores it)."""
+def container_starts(deployment, event) -> int:
+    """Containers the engine started for this request (label run-id), from the engine's event
+    log (``stream=false`` makes Podman answer at once; Docker ignores it)."""
     client = engine(deployment).api
-    filters = {"event": ["start"], "label": ["app.kubernetes.io/managed-by=resource-functions"]}
+    run = run_id(event.get_source(), event.get_id())
+    filters = {"event": ["start"], "label": [f"run-id={run}"]}
     response = client.get(client._url("/events"), stream=True, timeout=30, params={
         "since": str(int(deployment.started)), "until": str(int(time.time()) + 1),
         "stream": "false", "filters": json.dumps(filters)})
     response.raise_for_status()
     body = b"".join(response.iter_content(65536)).decode()
     return body.count('"status":"start"')
-
