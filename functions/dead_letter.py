@@ -6,6 +6,7 @@ source, subject and Knative's knativeerror* extensions) are enough to find the r
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from flask import Flask, request
 
@@ -23,7 +24,7 @@ def create_dead_letter_app() -> Flask:
     return app
 
 
-def _receive() -> tuple[dict, int]:
+def _receive() -> tuple[dict[str, Any], int]:
     try:
         event = events.read_event(dict(request.headers), request.get_data())
     except InvalidRequest as err:

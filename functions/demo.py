@@ -65,8 +65,10 @@ def _engine(env: dict[str, str]) -> str:
     return f"unix://{PODMAN_SOCKET}"
 
 
-def _start(env: dict[str, str], base_port: int) -> tuple[dict[str, str], list[subprocess.Popen]]:
-    urls, procs = {}, []
+def _start(env: dict[str, str],
+           base_port: int) -> tuple[dict[str, str], list[subprocess.Popen[bytes]]]:
+    urls: dict[str, str] = {}
+    procs: list[subprocess.Popen[bytes]] = []
     for offset, action in enumerate(("check", "get", "put")):
         port = _free(base_port + offset)
         procs.append(subprocess.Popen(

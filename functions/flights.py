@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -16,7 +16,7 @@ T = TypeVar("T")
 class Flights:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._running: dict[str, Future] = {}
+        self._running: dict[str, Future[Any]] = {}
 
     def run(self, keys: list[str], work: Callable[[], T]) -> tuple[T, bool]:
         """Run ``work`` unless a run under any of ``keys`` is in flight; then wait for that.
@@ -28,7 +28,7 @@ class Flights:
                     break
             else:
                 future = None
-                mine: Future = Future()
+                mine: Future[Any] = Future()
                 for key in keys:
                     self._running[key] = mine
         if future is not None:

@@ -82,7 +82,8 @@ def _resource_type(
     return ResourceType(image=image), None
 
 
-def _object(data: dict[str, Any], key: str, problems: list[str], *, required: bool) -> dict:
+def _object(data: dict[str, Any], key: str, problems: list[str], *,
+            required: bool) -> dict[str, Any]:
     value = data.get(key)
     if value is None:
         if required:
@@ -106,7 +107,8 @@ def _version(data: dict[str, Any], action: Action, problems: list[str]) -> dict[
     return value
 
 
-def _inputs(data: dict[str, Any], action: Action, prefix: str, problems: list[str]) -> dict:
+def _inputs(data: dict[str, Any], action: Action, prefix: str,
+            problems: list[str]) -> dict[str, ArtifactRef]:
     """put inputs: name -> artifact URL, or name -> {"url", "digest"} to verify the bytes."""
     value = data.get("inputs")
     if action != "put" or value is None:

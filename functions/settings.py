@@ -12,7 +12,7 @@ import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from functions.errors import ConfigError
 from functions.model import ResourceType
@@ -165,7 +165,7 @@ def task_resources(value: Any, where: str) -> dict[str, Any]:
                 isinstance(q, (str, int, float)) and not isinstance(q, bool)
                 for q in quantities.values()):
             raise ConfigError(f"{where}.{key} must map resource names to quantities")
-    return value
+    return cast(dict[str, Any], value)
 
 
 def node_selector(value: Any, where: str) -> dict[str, str]:
@@ -173,7 +173,7 @@ def node_selector(value: Any, where: str) -> dict[str, str]:
     value = _json_value(value, where, dict)
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
         raise ConfigError(f"{where} must map label names to string values")
-    return value
+    return cast(dict[str, str], value)
 
 
 def tolerations(value: Any, where: str) -> list[dict[str, Any]]:
@@ -183,7 +183,7 @@ def tolerations(value: Any, where: str) -> list[dict[str, Any]]:
     for i, item in enumerate(value):
         if not isinstance(item, dict) or set(item) - known:
             raise ConfigError(f"{where}[{i}] must be an object with keys among {sorted(known)}")
-    return value
+    return cast(list[dict[str, Any]], value)
 
 
 def _json_value(value: Any, where: str, kind: type) -> Any:

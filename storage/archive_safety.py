@@ -158,4 +158,4 @@ class StrictTarInfo(tarfile.TarInfo):
             raise ArchiveRejected(
                 f"extended tar header of {self.size} bytes (limit {MAX_HEADER_BYTES})"
             )
-        return super()._proc_member(tarfile_)  # type: ignore[misc]
+        return super()._proc_member(tarfile_)  # type: ignore[misc,no-any-return]

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import requests
 import urllib3
@@ -136,7 +136,7 @@ class KubeApi:
               **kwargs: Any) -> dict[str, Any]:
         response = self._call(verb, resource, method, *args, self.namespace, **kwargs,
                               _preload_content=False, _request_timeout=self._timeout)
-        return json.loads(response.data or b"{}")
+        return cast(dict[str, Any], json.loads(response.data or b"{}"))
 
     def _call(self, verb: str, resource: str, method: Callable[..., Any], *args: Any,
               **kwargs: Any) -> Any:
