@@ -110,6 +110,7 @@ def test_job_runs_once_within_its_deadline_and_is_cleaned_up(action: str) -> Non
     assert spec["ttlSecondsAfterFinished"] == 600
     pod = spec["template"]["spec"]
     assert pod["restartPolicy"] == "Never"
+    assert pod["terminationGracePeriodSeconds"] == 5
     assert pod["serviceAccountName"] == "resource-task"
     assert pod["automountServiceAccountToken"] is False
     assert pod["enableServiceLinks"] is False

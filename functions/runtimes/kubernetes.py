@@ -343,7 +343,10 @@ class KubernetesRuntime:
                 if event.get("type") == "BOOKMARK" or not belongs(pod, plan.job_name):
                     continue
                 name = pod["metadata"]["name"]
-                if event.get("type") == "DELETED" or _phase(pod) == "Failed":
+                going = (pod.get("metadata") or {}).get("deletionTimestamp")
+                if event.get("type") == "DELETED" or _phase(pod) == "Failed" or going:
+                    # The pod is going (e.g. the Job's deadline passed while an init container
+                    # ran, so it never turns Failed): the Job's state decides; list again.
                     return None
                 pods[name] = pod
                 verdict = judge(job, pods.values(), deadline_passed=False)

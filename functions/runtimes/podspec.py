@@ -44,6 +44,7 @@ STEP_ENV = (
     "S3_ADDRESSING_STYLE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION",
     "AWS_DEFAULT_REGION", "STORAGE_EMULATOR_HOST", "GOOGLE_CLOUD_PROJECT", "LOG_LEVEL",
 )
+TERMINATION_GRACE_SECONDS = 5  # the resource step ignores SIGTERM; see pod_spec
 
 # The resource step. FIXED text: the script path and working directory arrive as positional
 # parameters ($1, $2), so nothing from a request is ever interpolated into shell code. It
@@ -234,6 +235,9 @@ def job_manifest(plan: JobPlan) -> dict[str, Any]:
 def pod_spec(plan: JobPlan) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
+        # The resource step's `sh -c` is PID 1 and ignores SIGTERM: don't hold a deleted
+        # (timed-out) pod for the default 30 s.
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         "serviceAccountName": plan.service_account,
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,

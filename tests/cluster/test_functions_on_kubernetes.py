@@ -1,0 +1,311 @@
+"""check, get and put end to end on a real single-node Kubernetes (``tests/cluster/up.py``).
+
+The three services run on this machine as processes (``python -m functions serve``) with a
+token of the ``resource-functions`` ServiceAccount, bound to the Role of ``knative/rbac.yaml``;
+every task is a real Job whose pod runs the real init containers (``stage``, ``resource``)
+and the ``collect`` step of the project image, moving artifacts through the S3 server on
+the CNI bridge's host-side address. Tests run in file order; each uses its own sources so
+that no cache hit or redelivery crosses tests.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import threading
+import time
+import uuid
+
+from storage.archive import format_for_key, unpack
+from tests.e2e.events import request_event, send
+
+CANARY = "canary-5e1d0c7a-cluster-do-not-leak"
+SOURCE = {"uri": "https://git.example.com/repo.git", "password": CANARY}
+LABEL = "resource-functions.dev/"
+
+
+def run_id_of(job: dict) -> str:
+    return job["metadata"]["labels"][f"{LABEL}run-id"]
+
+
+def new_jobs(deployment, before: set[str], action: str) -> list[dict]:
+    return [j for j in deployment.jobs(**{f"{LABEL}action": action})
+            if j["metadata"]["name"] not in before]
+
+
+def job_names(deployment, action: str) -> set[str]:
+    return {j["metadata"]["name"] for j in deployment.jobs(**{f"{LABEL}action": action})}
+
+
+def complete(job: dict) -> bool:
+    return any(c["type"] == "Complete" and c["status"] == "True"
+               for c in (job.get("status") or {}).get("conditions") or [])
+
+
+def wait_for(probe, seconds: float):
+    deadline = time.monotonic() + seconds
+    while True:
+        value = probe()
+        if value or time.monotonic() > deadline:
+            assert value, f"not true after {seconds}s"
+            return value
+        time.sleep(0.3)
+
+
+def read_object(store, key: str) -> bytes:
+    with store.open(key) as stream:
+        return stream.read()
+
+
+def key_of(deployment, url: str) -> str:
+    prefix = deployment.store.url.rstrip("/") + "/"
+    assert url.startswith(prefix), url
+    return url[len(prefix):]
+
+
+def test_node_is_ready_and_runs_the_local_images(cluster, cluster_images):
+    node = json.loads(cluster.kubectl("get", "node", "rf-node", "-o", "json"))
+    ready = [c for c in node["status"]["conditions"] if c["type"] == "Ready"]
+    assert ready and ready[0]["status"] == "True"
+    assert node["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://")
+    assert node["status"]["nodeInfo"]["kubeletVersion"] == "v1.34.4"
+    images = cluster.ctr("images", "ls", "-q").stdout.split()
+    assert set(cluster_images.values()) <= set(images)
+
+
+def test_check_runs_one_job_with_the_pod_layout_of_the_design(deployment):
+    before = job_names(deployment, "check")
+    data = {"type": "test", "source": {**SOURCE, "nonce": uuid.uuid4().hex}}
+    event = request_event("check", data, subject="main/repo")
+    status, reply, response = send(deployment.services.urls["check"], event)
+    assert status == 200, response.text
+    assert reply.get_type() == "dev.resourcefunctions.check.succeeded", reply.get_data()
+    assert reply.get_extension("requestid") == event.get_id()
+    assert reply.get_data() == {"versions": [{"ref": "1"}, {"ref": "2"}, {"ref": "3"}]}
+
+    [job] = new_jobs(deployment, before, "check")
+    spec = job["spec"]
+    assert spec["backoffLimit"] == 0 and spec["ttlSecondsAfterFinished"] > 0
+    # The function answers once the pod has succeeded; the Job controller marks the Job
+    # Complete a moment later.
+    job = wait_for(lambda: deployment.job_if(job["metadata"]["name"], complete), 30)
+    [pod] = deployment.pods(job["metadata"]["name"])
+    owner = pod["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["uid"]) == ("Job", job["metadata"]["uid"])
+    assert pod["spec"]["serviceAccountName"] == "resource-task"
+    # No API identity in task pods: no projected token volume was injected.
+    assert all("projected" not in v for v in pod["spec"]["volumes"])
+    assert [c["name"] for c in pod["spec"]["initContainers"]] == ["resource"]
+    assert [c["name"] for c in pod["spec"]["containers"]] == ["collect"]
+    statuses = pod["status"]["initContainerStatuses"] + pod["status"]["containerStatuses"]
+    assert all(s["state"]["terminated"]["exitCode"] == 0 for s in statuses)
+    assert pod["status"]["phase"] == "Succeeded"
+    assert pod["status"]["podIP"].startswith("10.244.0.")
+    # The stdin Secret (credentials) is gone once the task is decided.
+    secrets = deployment.cluster.kubectl("-n", deployment.namespace, "get", "secrets", "-o",
+                                         "name", "-l", f"{LABEL}run-id={run_id_of(job)}")
+    assert secrets.strip() == ""
+
+
+def test_get_stores_the_artifact_and_a_repeat_is_a_cache_hit(deployment, tmp_path):
+    ref = f"v-{uuid.uuid4().hex[:8]}"
+    data = {"type": "test", "source": SOURCE, "version": {"ref": ref}, "params": {"kib": 200},
+            "build": {"id": "77", "pipeline": "main", "job": "unit"}}
+    before = job_names(deployment, "get")
+    status, reply, response = send(deployment.services.urls["get"], request_event("get", data))
+    assert status == 200, response.text
+    assert reply.get_type() == "dev.resourcefunctions.get.succeeded", reply.get_data()
+    body = reply.get_data()
+    assert body["version"] == {"ref": ref} and body["cached"] is False
+    assert body["metadata"] == [{"name": "build", "value": "77"}]
+    artifact = body["artifact"]
+    key = key_of(deployment, artifact["url"])
+    raw = read_object(deployment.store, key)
+    assert artifact["size"] == len(raw)
+    assert artifact["digest"] == "sha256:" + hashlib.sha256(raw).hexdigest()
+    unpack(io.BytesIO(raw), tmp_path, format=format_for_key(key),
+           expected_digest=artifact["digest"])
+    assert (tmp_path / "version").read_text() == ref + "\n"
+    assert (tmp_path / "sub/build.txt").read_text() == "build 77 of main/unit\n"
+    assert (tmp_path / "blob").stat().st_size == 200 * 1024
+    assert len(new_jobs(deployment, before, "get")) == 1
+
+    status, again, _ = send(deployment.services.urls["get"], request_event("get", data))
+    assert status == 200
+    assert again.get_data() == {**body, "cached": True}
+    assert len(new_jobs(deployment, before, "get")) == 1  # answered from the cache
+
+
+def test_put_stages_the_artifact_of_a_get(deployment):
+    ref = f"p-{uuid.uuid4().hex[:8]}"
+    status, got, _ = send(deployment.services.urls["get"], request_event(
+        "get", {"type": "test", "source": SOURCE, "version": {"ref": ref}}))
+    assert status == 200 and got.get_type().endswith("succeeded"), got.get_data()
+    artifact = got.get_data()["artifact"]
+    before = job_names(deployment, "put")
+    data = {"type": "test", "source": SOURCE, "params": {"input": "repo"},
+            "inputs": {"repo": {"url": artifact["url"], "digest": artifact["digest"]}},
+            "build": {"id": "78"}}
+    status, reply, _ = send(deployment.services.urls["put"], request_event("put", data))
+    assert status == 200
+    assert reply.get_type() == "dev.resourcefunctions.put.succeeded", reply.get_data()
+    assert reply.get_data()["version"] == {"ref": f"pushed-{ref}"}
+    assert reply.get_data()["metadata"][0]["value"].split() == [
+        "./sub/build.txt", "./sub/run.sh", "./version"]
+    [job] = new_jobs(deployment, before, "put")
+    [pod] = deployment.pods(job["metadata"]["name"])
+    assert [c["name"] for c in pod["spec"]["initContainers"]] == ["stage", "resource"]
+    stage = pod["status"]["initContainerStatuses"][0]
+    assert stage["name"] == "stage" and stage["state"]["terminated"]["exitCode"] == 0
+
+
+def test_put_with_a_missing_input_fails_in_the_stage_step(deployment):
+    data = {"type": "test", "source": SOURCE, "params": {"input": "repo"},
+            "inputs": {"repo": deployment.store.url_for(f"artifacts/nope-{uuid.uuid4().hex}"
+                                                        ".tar.zst")}}
+    status, reply, _ = send(deployment.services.urls["put"], request_event("put", data))
+    assert status == 200
+    assert reply.get_type() == "dev.resourcefunctions.put.failed"
+    error = reply.get_data()["error"]
+    assert error["kind"] == "storage", error
+    assert "does not exist" in error["message"]
+
+
+def test_resource_failure_is_a_failed_event_with_a_redacted_log(deployment):
+    source = {"mode": "fail", "password": CANARY, "nonce": uuid.uuid4().hex}
+    status, reply, _ = send(deployment.services.urls["check"],
+                            request_event("check", {"type": "test", "source": source}))
+    assert status == 200
+    assert reply.get_type() == "dev.resourcefunctions.check.failed"
+    error = reply.get_data()["error"]
+    assert error["kind"] == "resource_failed" and error["exit_code"] == 3
+    assert "cannot reach the repository" in error["log_tail"]
+    assert CANARY not in error["log_tail"] and "[redacted]" in error["log_tail"]
+
+
+def test_missing_image_fails_fast_as_image_pull(deployment):
+    before = job_names(deployment, "check")
+    started = time.monotonic()
+    status, reply, _ = send(deployment.services.urls["check"], request_event(
+        "check", {"type": "missing", "source": {"nonce": uuid.uuid4().hex}}))
+    elapsed = time.monotonic() - started
+    assert status == 200
+    error = reply.get_data()["error"]
+    assert error["kind"] == "image_pull", error
+    assert "rf-no-such-image" in error["message"]
+    assert elapsed < 60, f"an image-pull failure took {elapsed:.0f}s to report"
+    # The function deletes the Job it gave up on (foreground of the pod follows).
+    assert new_jobs(deployment, before, "check") == [] or all(
+        j["metadata"].get("deletionTimestamp") for j in new_jobs(deployment, before, "check"))
+
+
+def test_timeout_deletes_the_job(deployment):
+    from tests.cluster.conftest import SLOW_TIMEOUT_SECONDS, TASK_MARGIN_SECONDS
+
+    before = job_names(deployment, "check")
+    started = time.monotonic()
+    event = request_event("check", {"type": "slow", "source": {
+        "mode": "slow", "seconds": 600, "nonce": uuid.uuid4().hex}})
+    status, reply, _ = send(deployment.services.urls["check"], event, timeout=180)
+    elapsed = time.monotonic() - started
+    assert status == 200
+    error = reply.get_data()["error"]
+    assert error["kind"] == "timeout", error
+    deadline = SLOW_TIMEOUT_SECONDS + TASK_MARGIN_SECONDS
+    assert deadline - 2 <= elapsed < deadline + 45, elapsed
+    remaining = new_jobs(deployment, before, "check")
+    assert all(j["metadata"].get("deletionTimestamp") for j in remaining), remaining
+    # A redelivery replays the recorded timeout; it starts nothing.
+    status, again, _ = send(deployment.services.urls["check"], event)
+    assert status == 200 and again.get_data() == reply.get_data()
+
+
+def test_redelivery_attaches_to_the_one_job(deployment):
+    before = job_names(deployment, "check")
+    event = request_event("check", {"type": "test", "source": {"count": 4,
+                                                               "nonce": uuid.uuid4().hex}})
+    replies = parallel(lambda i: send(deployment.services.urls["check"], event), 3)
+    assert [r[0] for r in replies] == [200, 200, 200]
+    assert {json.dumps(r[1].get_data()) for r in replies} == {
+        json.dumps({"versions": [{"ref": str(i)} for i in range(1, 5)]})}
+    status, later, _ = send(deployment.services.urls["check"], event)
+    assert status == 200 and later.get_data() == replies[0][1].get_data()
+    assert len(new_jobs(deployment, before, "check")) == 1
+
+
+def test_the_functions_token_has_only_the_shipped_role(deployment):
+    def can(*args: str) -> bool:
+        out = deployment.cluster.kubectl("auth", "can-i", *args, check=False,
+                                         kubeconfig=deployment.kubeconfig)
+        return out.strip() == "yes"
+
+    ns = ("-n", deployment.namespace)
+    assert can("create", "jobs.batch", *ns) and can("watch", "pods", *ns)
+    assert can("create", "secrets", *ns) and can("delete", "jobs.batch", *ns)
+    assert not can("list", "secrets", *ns)
+    assert not can("list", "secrets", "--all-namespaces")
+    assert not can("create", "pods", *ns)
+    assert not can("update", "jobs.batch", *ns)
+    assert not can("create", "jobs.batch", "-n", "default")
+    denied = __import__("subprocess").run(
+        [str(deployment.cluster.bin_dir / "kubectl"), "--kubeconfig", str(deployment.kubeconfig),
+         "get", "secrets", "-A"],
+        capture_output=True, text=True)
+    assert denied.returncode != 0 and "forbidden" in denied.stderr.lower()
+    whoami = deployment.cluster.kubectl("auth", "whoami", "-o", "json",
+                                        kubeconfig=deployment.kubeconfig)
+    assert json.loads(whoami)["status"]["userInfo"]["username"] == (
+        "system:serviceaccount:resource-functions:resource-functions")
+
+
+def test_task_pods_reach_nothing_but_this_machine(deployment):
+    """The pods' network: the subnet route only, no default route, and the only name server
+    is this machine's bridge address."""
+    from tests.cluster.conftest import NAMESPACE
+    from tests.cluster.up import GATEWAY
+
+    pod = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": f"net-{uuid.uuid4().hex[:6]}", "namespace": NAMESPACE},
+        "spec": {"restartPolicy": "Never", "automountServiceAccountToken": False,
+                 "containers": [{"name": "probe", "image": deployment_image(deployment),
+                                 "command": ["sh", "-c", "ip route; cat /etc/resolv.conf"],
+                                 "securityContext": {"allowPrivilegeEscalation": False}}]},
+    }
+    cluster = deployment.cluster
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
+    name = pod["metadata"]["name"]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        phase = cluster.kubectl("-n", NAMESPACE, "get", "pod", name, "-o",
+                                "jsonpath={.status.phase}", check=False)
+        if phase in ("Succeeded", "Failed"):
+            break
+        time.sleep(0.5)
+    logs = cluster.kubectl("-n", NAMESPACE, "logs", name)
+    cluster.kubectl("-n", NAMESPACE, "delete", "pod", name, "--wait=false")
+    assert "default" not in logs, logs
+    assert "10.244.0.0/24" in logs
+    assert [line.split()[1] for line in logs.splitlines() if line.startswith("nameserver")] \
+        == [GATEWAY]
+
+
+def deployment_image(deployment) -> str:
+    types = json.loads(deployment.services.env["RESOURCE_TYPES"])
+    return types["test"]
+
+
+def parallel(call, n):
+    results = [None] * n
+    barrier = threading.Barrier(n)
+
+    def worker(i):
+        barrier.wait()
+        results[i] = call(i)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    return results
