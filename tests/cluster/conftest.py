@@ -189,7 +189,7 @@ class ClusterDeployment:
                                                "-l", f"job-name={job}"))["items"]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # module: its environment must not outlive the cluster tests
 def deployment(cluster: Cluster, cluster_images: dict[str, str], gateway_s3: GatewayS3,
                namespace: str, functions_kubeconfig: Path,
                tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterDeployment]:

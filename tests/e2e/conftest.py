@@ -83,6 +83,7 @@ class Services:
 def start_services(env_overrides: dict[str, str], log_path: Path,
                    actions=("check", "get", "put")) -> Services:
     env = {k: v for k, v in os.environ.items() if not k.startswith("K_")}
+    env.update({"RUNTIME": "container"})  # the local runtime unless a test says otherwise
     env.update(env_overrides)
     env["PYTHONPATH"] = str(REPO)
     services = Services(urls={}, log_path=log_path, env=env)
