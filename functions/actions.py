@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from cloudevents.core.v1.event import CloudEvent
 
@@ -15,6 +14,7 @@ from functions.flights import Flights
 from functions.logs import fields
 from functions.metrics import Metrics
 from functions.model import Action, Outcome, Request, Task
+from functions.outcome import failed
 from functions.requests import parse_request_data
 from functions.runtimes import Runtime
 from functions.settings import Settings
@@ -42,19 +42,22 @@ class Service:
         self.runtime = runtime
         self.metrics = metrics
         self.flights = Flights()
-        self.sink = settings.environ.get("K_SINK", "")
+        self.sink = settings.sink
 
     def handle(self, event: CloudEvent) -> Reply:
         """Serve one request event. Raises ``InvalidRequest`` (400) or ``Unavailable`` (503)."""
         request = self.parse(event)
-        run = keys.run_id(request.event_source, request.event_id)
+        run = keys.run_id(request.event_source, request.event_id, self.action)
         log.info("request", extra=fields(action=self.action, id=request.event_id,
                                          source=request.event_source, run_id=run,
                                          type=request.type_name, image=request.resource_type.image))
         try:
             return self._serve(request, run)
         except StorageError as err:
-            raise Unavailable(f"store: {err}") from err
+            if err.retryable:
+                raise Unavailable(f"store: {err}") from err
+            # A permanent store refusal (e.g. a key the store will not take): final, not retried.
+            return self._reply(request, run, failed(self.action, "storage", str(err)))
 
     def parse(self, event: CloudEvent) -> Request:
         events.check_type(event, self.action)
@@ -77,29 +80,41 @@ class Service:
         return mode == "async"
 
     def _serve(self, request: Request, run: str) -> Reply:
+        cache_key = self._cache_key(request)
+        if request.reply_async:
+            stored = self._stored_answer(run, cache_key)
+            if stored is not None:
+                return self._reply(request, run, stored)
+            self.runtime.start(self._task(request, run, cache_key))  # idempotent per run id
+            return Reply(status=202)
+        outcome, joined = self.flights.run(self._flight_keys(request, run, cache_key),
+                                           lambda: self._answer(request, run, cache_key))
+        if joined:
+            self.metrics.joined.labels(self.action).inc()
+        return self._reply(request, run, outcome)
+
+    def _answer(self, request: Request, run: str, cache_key: str | None) -> Outcome:
+        """Inside the flight, so a redelivery arriving as a run ends sees its result."""
+        stored = self._stored_answer(run, cache_key)
+        if stored is not None:
+            return stored
+        return self._run(self._task(request, run, cache_key))
+
+    def _stored_answer(self, run: str, cache_key: str | None) -> Outcome | None:
+        """The stored result of this run (redelivery), or a get's cache entry."""
         stored = steps.read_outcome(self.store, run)
         if stored is not None:
             self.metrics.joined.labels(self.action).inc()
-            return self._reply(request, run, stored)
-        cache_key = self._cache_key(request)
-        if cache_key:
-            cached = steps.read_cache(self.store, cache_key)
-            if cached is not None:
-                self.metrics.cache_hits.labels(self.action).inc()
-                return self._reply(request, run, Outcome(action=self.action, data=cached))
-        task = self._task(request, run, cache_key)
-        if request.reply_async:
-            self.runtime.start(task)  # idempotent per run id; the task posts its reply
-            return Reply(status=202)
-        outcome = self._run(task, self._flight_keys(request, run, cache_key))
-        return self._reply(request, run, outcome)
+            return stored
+        cached = steps.read_cache(self.store, cache_key) if cache_key else None
+        if cached is not None:
+            self.metrics.cache_hits.labels(self.action).inc()
+            return Outcome(action=self.action, data=cached)
+        return None
 
-    def _run(self, task: Task, flight_keys: list[str]) -> Outcome:
+    def _run(self, task: Task) -> Outcome:
         started = time.monotonic()
-        outcome, joined = self.flights.run(flight_keys, lambda: self.runtime.run(task))
-        if joined:
-            self.metrics.joined.labels(self.action).inc()
-            return outcome
+        outcome = self.runtime.run(task)
         kind = "succeeded" if outcome.failure is None else outcome.failure.kind
         self.metrics.runs.labels(self.action, kind).inc()
         self.metrics.duration.labels(self.action).observe(time.monotonic() - started)
@@ -151,6 +166,3 @@ class Service:
                                    run_id=run)
         return Reply(status=200, event=event)
 
-
-def describe(reply: Reply) -> dict[str, Any]:
-    return {"status": reply.status, "type": reply.event.get_type() if reply.event else None}

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from flask import Flask, Response, jsonify, request
+from werkzeug.exceptions import RequestEntityTooLarge
 
 from functions import events
 from functions.actions import Service
@@ -39,6 +40,7 @@ def create_app(
                     "survive a restart and are not shared between replicas")
     service = Service(action, settings, store, runtime, Metrics())
     app = Flask(f"resource-functions-{action}")
+    app.config["MAX_CONTENT_LENGTH"] = events.MAX_BODY_BYTES  # refused before it is read
     app.extensions["service"] = service
     app.add_url_rule("/", "event", lambda: _handle(service), methods=["POST"])
     app.add_url_rule("/healthz", "healthz", lambda: {"status": "ok", "action": action})
@@ -70,6 +72,12 @@ def _respond(service: Service) -> tuple[int, Response]:
     except Unavailable as err:
         log.warning("unavailable", extra=fields(action=service.action, error=str(err)))
         return 503, _error(503, "unavailable", err)
+    except RequestEntityTooLarge:
+        too_large = InvalidRequest(f"request body is larger than {events.MAX_BODY_BYTES} bytes")
+        return 400, _error(400, "invalid_request", too_large, problems=too_large.problems)
+    except Exception:  # a bug: keep the message generic (it may hold request data), retry
+        log.exception("internal error", extra=fields(action=service.action))
+        return 503, _error(503, "unavailable", Exception("internal error; see the service log"))
     if reply.event is None:
         return reply.status, Response(status=reply.status)
     headers, body = events.to_http(reply.event)

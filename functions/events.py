@@ -45,7 +45,9 @@ def read_event(headers: Mapping[str, str], body: bytes) -> CloudEvent:
     try:
         event = from_http_event(HTTPMessage(headers=lowered, body=body))
     except (BaseCloudEventException, ValueError, TypeError, KeyError) as err:
-        raise InvalidRequest(f"invalid CloudEvent: {err}") from None
+        raise InvalidRequest(f"invalid CloudEvent: {_short(str(err))}") from None
+    except RecursionError:
+        raise InvalidRequest("invalid CloudEvent: JSON nested too deeply") from None
     if not isinstance(event, CloudEvent):
         raise InvalidRequest("only CloudEvents specversion 1.0 is supported")
     return event
@@ -58,8 +60,15 @@ def event_data(event: CloudEvent) -> Any:
         try:
             return json.loads(data)
         except (ValueError, UnicodeDecodeError) as err:
-            raise InvalidRequest(f"data is not valid JSON: {err}") from None
+            raise InvalidRequest(f"data is not valid JSON: {_short(str(err))}") from None
+        except RecursionError:
+            raise InvalidRequest("data is JSON nested too deeply") from None
     return data
+
+
+def _short(text: str, limit: int = 300) -> str:
+    """Error texts may quote request bytes: keep them short."""
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def check_type(event: CloudEvent, action: Action) -> None:

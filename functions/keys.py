@@ -12,13 +12,16 @@ from typing import Any
 
 
 def canonical_json(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    # ASCII escapes: any str (even a lone surrogate from hostile JSON) has an encoding.
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
 
 
-def run_id(event_source: str, event_id: str) -> str:
-    """Identity of one request: the CloudEvent (source, id) pair, as 32 hex chars."""
-    digest = hashlib.sha256(canonical_json([event_source, event_id]))
-    return digest.hexdigest()[:32]
+def run_id(event_source: str, event_id: str, action: str = "") -> str:
+    """Identity of one request: the CloudEvent (source, id) pair, as 32 hex chars. The action
+    keeps a client that reuses an id across the three services from getting another
+    service's stored answer."""
+    parts = [event_source, event_id, action] if action else [event_source, event_id]
+    return hashlib.sha256(canonical_json(parts)).hexdigest()[:32]
 
 
 def cache_key(

@@ -63,9 +63,9 @@ class Request:
     subject: str | None
     resource_type: ResourceType
     type_name: str | None  # catalogue name, if the request named one
-    source: dict[str, Any]
+    source: dict[str, Any] = field(repr=False)  # secret
     version: dict[str, str] | None
-    params: dict[str, Any]
+    params: dict[str, Any] = field(repr=False)  # secret
     inputs: dict[str, ArtifactRef]  # put only: input name -> artifact in the store
     build: Build
     reply_async: bool = False

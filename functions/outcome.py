@@ -6,6 +6,7 @@ neither is an error of this system.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 from functions.model import Action, Failure, Outcome
@@ -44,6 +45,14 @@ def redact(text: str, secrets: list[str]) -> str:
     for secret in secrets:
         text = text.replace(secret, REDACTED)
     return text
+
+
+def redact_failure(outcome: Outcome, secrets: list[str]) -> Outcome:
+    """The outcome with secrets removed from its failure message (data is left alone)."""
+    if outcome.failure is None or not secrets:
+        return outcome
+    message = redact(outcome.failure.message, secrets)
+    return replace(outcome, failure=replace(outcome.failure, message=message))
 
 
 def log_tail(log: str, limit: int = LOG_TAIL_BYTES) -> str:

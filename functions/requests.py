@@ -8,6 +8,8 @@ from typing import Any
 
 from functions.errors import InvalidRequest
 from functions.model import Action, ArtifactRef, Build, Request, ResourceType
+from storage.archive import FORMATS, suffix_for
+from storage.base import key_problem
 
 BUILD_FIELDS = ("id", "name", "job", "pipeline", "team", "url", "external_url", "instance_vars")
 ALLOWED_KEYS = {
@@ -18,6 +20,9 @@ ALLOWED_KEYS = {
 # An input name becomes a directory under the put's working directory.
 INPUT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+ARTIFACT_SUFFIXES = tuple(suffix_for(f) for f in FORMATS)
+MAX_ATTRIBUTE = 1024  # event id, source, subject
+MAX_TEXT = 4096  # each build field, each input URL
 # Image references: registry/repo[:tag][@sha256:hex]; no whitespace or shell characters.
 IMAGE_REF = re.compile(r"^[a-z0-9][a-z0-9._/:@-]*[a-zA-Z0-9._-]$", re.IGNORECASE)
 
@@ -44,6 +49,7 @@ def parse_request_data(
     params = _object(data, "params", problems, required=False)
     inputs = _inputs(data, action, artifact_url_prefix, problems)
     build = _build(data.get("build"), problems)
+    _check_sizes(event, build, problems)
     if problems:
         raise InvalidRequest(*problems)
     assert resource_type is not None
@@ -73,11 +79,11 @@ def _resource_type(
     if name is not None:
         if not isinstance(name, str) or name not in catalogue:
             known = ", ".join(sorted(catalogue)) or "none configured"
-            problems.append(f"type {name!r} is not in the catalogue (known: {known})")
+            problems.append(f"type {_clip(name)} is not in the catalogue (known: {known})")
             return None, None
         return catalogue[name], name
     if not isinstance(image, str) or len(image) > 512 or not IMAGE_REF.match(image):
-        problems.append(f"image {image!r} is not a valid image reference")
+        problems.append(f"image {_clip(image)} is not a valid image reference")
         return None, None
     return ResourceType(image=image), None
 
@@ -119,16 +125,40 @@ def _inputs(data: dict[str, Any], action: Action, prefix: str,
     refs: dict[str, ArtifactRef] = {}
     for name, spec in value.items():
         if not INPUT_NAME.match(name):
-            problems.append(f"input name {name!r} must match {INPUT_NAME.pattern}")
+            problems.append(f"input name {_clip(name)} must match {INPUT_NAME.pattern}")
         url, digest = (spec.get("url"), spec.get("digest")) if isinstance(spec, dict) else (
             spec, None)
-        if not isinstance(url, str) or not url.startswith(prefix) or ".." in url[len(prefix):]:
-            problems.append(f"input {name!r}: URL must be an artifact in this store ({prefix}…)")
+        if not isinstance(url, str) or not _is_artifact_url(url, prefix):
+            problems.append(f"input {_clip(name)}: URL must be an artifact in this store "
+                            f"({prefix}<name>{'|'.join(ARTIFACT_SUFFIXES)})")
         elif digest is not None and not (isinstance(digest, str) and DIGEST.match(digest)):
             problems.append(f"input {name!r}: digest must be 'sha256:' and 64 hex digits")
         else:
             refs[name] = ArtifactRef(key="artifacts/" + url[len(prefix):], digest=digest)
     return refs
+
+
+def _is_artifact_url(url: str, prefix: str) -> bool:
+    if not url.startswith(prefix) or len(url) > MAX_TEXT:
+        return False
+    name = url[len(prefix):]
+    return key_problem("artifacts/" + name) is None and name.endswith(ARTIFACT_SUFFIXES)
+
+
+def _clip(value: Any) -> str:
+    """repr of a rejected value, short: it is echoed into the 400 body and the log."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _check_sizes(event: Mapping[str, Any], build: Build, problems: list[str]) -> None:
+    """Event ids and build fields become env vars, args and annotations: keep them small."""
+    for name in ("id", "source", "subject"):
+        if len(str(event.get(name) or "")) > MAX_ATTRIBUTE:
+            problems.append(f"event attribute {name!r} is longer than {MAX_ATTRIBUTE} characters")
+    for name in BUILD_FIELDS:
+        if len(getattr(build, name)) > MAX_TEXT:
+            problems.append(f"build.{name} is longer than {MAX_TEXT} characters")
 
 
 def _build(value: Any, problems: list[str]) -> Build:

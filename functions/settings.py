@@ -60,6 +60,10 @@ class Settings:
     task_node_selector: dict[str, str] = field(default_factory=dict)
     task_tolerations: list[dict[str, Any]] = field(default_factory=list)
     task_image_pull_secrets: list[str] = field(default_factory=list)
+    sink: str = ""  # K_SINK: where asynchronous replies go
+    docker_api_version: str = "1.41"
+    container_network: str = ""
+    work_dir: str = ""
     archive: ArchiveOptions = field(default_factory=ArchiveOptions)
     limits: Limits = field(default_factory=Limits)
     store_options: StoreOptions = field(default_factory=StoreOptions)
@@ -89,6 +93,10 @@ class Settings:
                                              "TASK_NODE_SELECTOR"),
             task_tolerations=tolerations(env.get("TASK_TOLERATIONS", ""), "TASK_TOLERATIONS"),
             task_image_pull_secrets=_name_list(env, "TASK_IMAGE_PULL_SECRETS"),
+            sink=env.get("K_SINK", ""),
+            docker_api_version=env.get("DOCKER_API_VERSION") or "1.41",
+            container_network=env.get("CONTAINER_NETWORK", ""),
+            work_dir=env.get("WORK_DIR", ""),
             archive=_storage_setting(ArchiveOptions.from_env, env),
             limits=_storage_setting(Limits.from_env, env),
             store_options=_storage_setting(StoreOptions.from_env, env),

@@ -16,7 +16,13 @@ from typing import Any
 
 from functions import keys
 from functions.model import Action, ArtifactRef, Outcome
-from functions.outcome import failed, outcome_of_script, redact, secret_strings
+from functions.outcome import (
+    failed,
+    outcome_of_script,
+    redact,
+    redact_failure,
+    secret_strings,
+)
 from storage import Store, get_json, put_json
 from storage.archive import ArchiveOptions, Limits, suffix_for
 from storage.artifacts import download_tree, upload_tree
@@ -49,7 +55,7 @@ def stage(store: Store, inputs: dict[str, ArtifactRef], workdir: Path, limits: L
             download_tree(store, ref.key, target, expected_digest=ref.digest, limits=limits)
         except ObjectNotFound:
             raise StageFailed(f"input {name!r}: artifact {ref.key} does not exist") from None
-        except ArchiveError as err:
+        except (ArchiveError, ValueError) as err:  # ValueError: not an artifact's suffix
             raise StageFailed(f"input {name!r}: {err}") from None
 
 
@@ -64,8 +70,10 @@ def collect(
     output_dir: Path | None,
 ) -> Outcome:
     """Build, store and return the outcome of one script run (idempotent per run id)."""
-    log = redact(stderr.decode("utf-8", errors="replace"), secret_strings(stdin))
-    outcome = outcome_of_script(spec.action, exit_code, stdout, log)
+    secrets = secret_strings(stdin)
+    log = redact(stderr.decode("utf-8", errors="replace"), secrets)
+    # invalid_output messages quote stdout, which may echo a credential: redact them too.
+    outcome = redact_failure(outcome_of_script(spec.action, exit_code, stdout, log), secrets)
     if outcome.succeeded and spec.action == "get" and spec.cache_key and output_dir:
         outcome = store_artifact(store, spec, outcome, output_dir, log)
     write_once(store, keys.log_key(spec.run_id), log.encode())
@@ -83,7 +91,7 @@ def store_artifact(
         digest, size = info.digest, info.size
     except ObjectExists:
         digest, size = describe_existing(store, key)
-    except ArchiveError as err:
+    except (ArchiveError, OSError) as err:  # OSError: e.g. a file the script left unreadable
         return failed(spec.action, "invalid_output", f"output directory: {err}", log)
     artifact = {"url": store.url_for(key), "digest": digest, "size": size,
                 "format": FORMAT_NAMES[spec.archive.format]}

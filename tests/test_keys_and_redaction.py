@@ -29,9 +29,16 @@ def test_cache_key_ignores_dict_order():
     assert key(source={"a": "1", "b": "2"}) == key(source={"b": "2", "a": "1"})
 
 
-def test_run_id_depends_on_event_source_and_id():
-    assert keys.run_id("/a", "1") == keys.run_id("/a", "1")
-    assert len({keys.run_id("/a", "1"), keys.run_id("/b", "1"), keys.run_id("/a", "2")}) == 3
+def test_run_id_depends_on_event_source_id_and_action():
+    assert keys.run_id("/a", "1", "get") == keys.run_id("/a", "1", "get")
+    ids = {keys.run_id("/a", "1", "get"), keys.run_id("/b", "1", "get"),
+           keys.run_id("/a", "2", "get"), keys.run_id("/a", "1", "check")}
+    assert len(ids) == 4
+
+
+def test_keys_accept_any_string_even_lone_surrogates():
+    assert len(keys.cache_key(b"k", image="i", source={"x": "\ud800"}, version=None,
+                              params={})) == 64
 
 
 def test_secrets_in_source_and_params_are_redacted_from_logs():
@@ -62,3 +69,20 @@ def test_invalid_output_outcome_says_why():
 def test_log_tail_keeps_whole_lines():
     tail = log_tail("a" * 3000 + "\nlast line\n", limit=20)
     assert tail.startswith("…") and tail.endswith("last line\n")
+
+
+def test_invalid_output_never_quotes_stdout(tmp_path):
+    from functions.steps import CollectSpec, collect
+    from storage import open_store
+    from storage.archive import ArchiveOptions
+
+    store = open_store(tmp_path.as_uri())
+    stdin = stdin_payload("check", {"password": SECRET}, None, {})
+    outcome = collect(store, CollectSpec(run_id="r" * 32, action="check", cache_key=None,
+                                         archive=ArchiveOptions()),
+                      exit_code=0, stdout=f"debug {SECRET} oops".encode(), stderr=b"",
+                      stdin=stdin, output_dir=None)
+    assert outcome.failure.kind == "invalid_output"
+    assert outcome.failure.message.endswith("at line 1 column 1")
+    assert "canary" not in outcome.failure.message
+    assert SECRET.encode() not in (tmp_path / "results" / f"{'r' * 32}.json").read_bytes()

@@ -71,7 +71,16 @@ def test_build_numbers_and_instance_vars_become_strings():
         pytest.param("put", {"type": "git", "source": {}, "inputs": {"a": PREFIX + "../x"}},
                      "must be an artifact in this store", id="input-url-traversal"),
         pytest.param("put", {"type": "git", "source": {}, "inputs": {
-            "a": {"url": PREFIX + "a", "digest": "md5:x"}}}, "digest must be", id="bad-digest"),
+            "a": {"url": PREFIX + "a.tar", "digest": "md5:x"}}}, "digest must be", id="bad-digest"),
+        pytest.param("put", {"type": "git", "source": {}, "inputs": {"a": PREFIX + "k.json"}},
+                     "must be an artifact in this store", id="input-cache-record-not-artifact"),
+        pytest.param("put", {"type": "git", "source": {}, "inputs": {"a": PREFIX}},
+                     "must be an artifact in this store", id="input-prefix-only"),
+        pytest.param("get", {"type": "git", "source": {}, "version": {},
+                             "build": {"url": "x" * 5000}}, "build.url is longer than",
+                     id="build-field-too-long"),
+        pytest.param("check", {"type": "t" * 10_000, "source": {}}, "... is not in the catalogue",
+                     id="long-value-clipped-in-message"),
         pytest.param("get", {"type": "git", "source": {}, "version": {}, "build": {"x": "1"}},
                      "unknown build field(s): x", id="build-unknown"),
         pytest.param("get", {"type": "git", "source": {}, "version": {}, "build": {"id": []}},
@@ -88,3 +97,10 @@ def test_all_problems_reported_at_once():
     with pytest.raises(InvalidRequest) as caught:
         parse("get", {"source": [], "bogus": 1})
     assert len(caught.value.problems) == 4
+
+
+def test_oversized_event_attributes_are_rejected():
+    with pytest.raises(InvalidRequest, match="event attribute 'subject' is longer"):
+        parse_request_data({"type": "git", "source": {}}, action="check",
+                           event={**EVENT, "subject": "s" * 2000}, resource_types=CATALOGUE,
+                           artifact_url_prefix=PREFIX, reply_async=False)

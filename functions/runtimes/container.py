@@ -3,6 +3,7 @@
 The working directory of in/out is a host temp dir bind-mounted at Concourse's path, so the
 engine must share this machine's filesystem (a local socket, as with DOCKER_HOST=unix://…).
 stdin goes through an attach socket, so the payload never touches disk or the container spec.
+Every engine call is wrapped: trouble with the engine is ``Unavailable`` (503), never a crash.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import socket
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,13 +27,15 @@ from functions.errors import Unavailable
 from functions.logs import fields
 from functions.model import SCRIPTS, WORKDIRS, Outcome, Task
 from functions.outcome import failed, redact, secret_strings
+from functions.protocol import MAX_STDOUT_BYTES
 from functions.sink import post_outcome
 from storage import Store
 from storage.archive import ArchiveOptions, Limits
 from storage.errors import StorageError
 
 MANAGED_BY = "resource-functions"
-API_VERSION = "1.41"  # Docker 20.10+, Podman 3+
+MAX_STDERR_BYTES = 4 * 1024 * 1024  # the tail kept as the log
+ENGINE_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException, OSError)
 log = logging.getLogger("functions.container")
 
 
@@ -49,26 +53,22 @@ class ContainerRuntime:
         self._client = client
         self._store = store
         self._config = config
-        self._pull_lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the two dicts below
         self._started: set[str] = set()
+        self._pull_locks: dict[str, threading.Lock] = {}
 
     @classmethod
     def from_settings(cls, settings: Any, store: Store) -> ContainerRuntime:
-        env = settings.environ
+        # A fixed API version makes no call here: an engine that is down at start answers
+        # 503 per request instead of keeping the service from starting.
         try:
-            # A fixed API version makes no call here: an engine that is down at start answers
-            # 503 per request instead of keeping the service from starting.
-            client = docker.from_env(environment=engine_environment(env), timeout=60,
-                                     version=env.get("DOCKER_API_VERSION") or API_VERSION)
+            client = docker.from_env(environment=engine_environment(settings.environ),
+                                     timeout=60, version=settings.docker_api_version)
         except docker.errors.DockerException as err:
             raise Unavailable(f"container engine unreachable (DOCKER_HOST): {err}") from err
-        config = ContainerConfig(
-            archive=settings.archive,
-            limits=settings.limits,
-            network=env.get("CONTAINER_NETWORK") or None,
-            workroot=env.get("WORK_DIR") or None,
-            sink=env.get("K_SINK", ""),
-        )
+        config = ContainerConfig(archive=settings.archive, limits=settings.limits,
+                                 network=settings.container_network or None,
+                                 workroot=settings.work_dir or None, sink=settings.sink)
         return cls(client, store, config)
 
     def close(self) -> None:
@@ -76,7 +76,7 @@ class ContainerRuntime:
 
     def start(self, task: Task) -> None:
         """Run in the background and post the reply to K_SINK (once per run id)."""
-        with self._pull_lock:
+        with self._lock:
             if task.run_id in self._started:
                 return
             self._started.add(task.run_id)
@@ -84,15 +84,22 @@ class ContainerRuntime:
 
     def _run_and_reply(self, task: Task) -> None:
         try:
-            post_outcome(self._config.sink, task, self.run(task))
-        except Exception:
+            outcome = self.run(task)
+        except Exception as err:  # after a 202 nobody redelivers: reply with the failure
             log.exception("asynchronous task failed", extra=fields(run_id=task.run_id))
+            kind = "storage" if isinstance(err, StorageError) else "runtime"
+            outcome = failed(task.action, kind, f"the task could not run: {err}")
+        try:
+            post_outcome(self._config.sink, task, outcome)
+        except Exception:
+            log.exception("cannot post the reply", extra=fields(run_id=task.run_id))
         finally:
-            with self._pull_lock:
+            with self._lock:
                 self._started.discard(task.run_id)
 
     def run(self, task: Task) -> Outcome:
-        with tempfile.TemporaryDirectory(prefix="rf-", dir=self._config.workroot) as tmp:
+        with tempfile.TemporaryDirectory(prefix="rf-", dir=self._config.workroot,
+                                         ignore_cleanup_errors=True) as tmp:
             workdir = Path(tmp) / task.action
             workdir.mkdir()
             try:
@@ -117,19 +124,18 @@ class ContainerRuntime:
         container = self._create(task, workdir)
         try:
             exit_code = self._feed_and_wait(container, task)
+            stderr = _read_logs(container, stdout=False)
             if exit_code is None:
-                log = redact(_logs(container, stdout=False), secret_strings(task.stdin))
-                steps.write_once(self._store, keys.log_key(task.run_id), log.encode())
-                return failed(task.action, "timeout",
-                              f"the resource script ran longer than {task.timeout_seconds:g}s", log)
+                log_text = redact(stderr.decode("utf-8", "replace"), secret_strings(task.stdin))
+                steps.write_once(self._store, keys.log_key(task.run_id), log_text.encode())
+                return failed(task.action, "timeout", f"the resource script ran longer than "
+                              f"{task.timeout_seconds:g}s", log_text)
             spec = steps.CollectSpec(run_id=task.run_id, action=task.action,
                                      cache_key=task.cache_key, archive=self._config.archive)
             return steps.collect(
-                self._store, spec, exit_code=exit_code,
-                stdout=_logs_bytes(container, stdout=True),
-                stderr=_logs_bytes(container, stdout=False),
-                stdin=task.stdin, output_dir=workdir if task.action == "get" else None,
-            )
+                self._store, spec, exit_code=exit_code, stdout=_read_logs(container, stdout=True),
+                stderr=stderr, stdin=task.stdin,
+                output_dir=workdir if task.action == "get" else None)
         finally:
             _remove(container)
 
@@ -147,48 +153,59 @@ class ContainerRuntime:
                 privileged=task.resource_type.privileged,
                 network=self._config.network,
             )
-        except (docker.errors.DockerException, requests.exceptions.RequestException) as err:
+        except ENGINE_ERRORS as err:
             raise Unavailable(f"container engine: cannot create container: {err}") from err
 
     def _feed_and_wait(self, container: Any, task: Task) -> int | None:
-        """Start with stdin attached, send the payload, wait; None means timed out (killed)."""
+        """Start with stdin attached and fed from a thread (a script that never reads stdin
+        cannot block us), wait; None means the script timed out and was killed."""
         try:
             sock = container.attach_socket(params={"stdin": 1, "stream": 1})
             container.start()
-            raw = getattr(sock, "_sock", sock)
-            raw.sendall(task.stdin)
-            raw.shutdown(socket.SHUT_WR)
-            started = time.monotonic()
-            try:
-                status = container.wait(timeout=task.timeout_seconds)
-            except (requests.exceptions.ConnectionError, requests.exceptions.Timeout) as err:
-                if time.monotonic() - started < task.timeout_seconds * 0.9:
-                    raise Unavailable(f"container engine: lost the container: {err}") from err
-                container.kill()
-                return None
-            finally:
-                sock.close()
+        except ENGINE_ERRORS as err:
+            raise Unavailable(f"container engine: cannot start the container: {err}") from err
+        started = time.monotonic()
+        feeder = threading.Thread(target=_feed, args=(sock, task.stdin), daemon=True)
+        feeder.start()
+        try:
+            status = container.wait(timeout=task.timeout_seconds)
             return int(status.get("StatusCode", -1))
-        except docker.errors.DockerException as err:
+        except (requests.exceptions.ConnectionError, requests.exceptions.Timeout) as err:
+            if time.monotonic() - started < task.timeout_seconds * 0.9:
+                raise Unavailable(f"container engine: lost the container: {err}") from err
+            _kill(container)
+            return None
+        except ENGINE_ERRORS as err:
             raise Unavailable(f"container engine: {err}") from err
+        finally:
+            sock.close()
+            feeder.join(5)
 
     def _ensure_image(self, image: str) -> str | None:
-        """Pull the image if the engine lacks it; return a problem text if it can't be had."""
+        """Pull the image if the engine lacks it; a problem text if it can't be had. Engine
+        or registry trouble that may pass (5xx, 429, unreachable) is ``Unavailable``."""
         try:
             self._client.images.get(image)
             return None
         except docker.errors.ImageNotFound:
             pass
-        except (docker.errors.DockerException, requests.exceptions.RequestException) as err:
+        except ENGINE_ERRORS as err:
             raise Unavailable(f"container engine: {err}") from err
-        with self._pull_lock:
+        with self._pull_lock(image):
             try:
                 self._client.images.pull(image)
                 return None
-            except (docker.errors.ImageNotFound, docker.errors.NotFound) as err:
-                return f"cannot pull image {image}: {_explanation(err)}"
             except docker.errors.APIError as err:
-                return f"cannot pull image {image}: {_explanation(err)}"
+                if err.is_server_error() or err.status_code == 429:
+                    raise Unavailable(f"cannot pull image {image} now: {_explain(err)}") from err
+                return f"cannot pull image {image}: {_explain(err)}"
+            except ENGINE_ERRORS as err:
+                raise Unavailable(f"container engine: {err}") from err
+
+    def _pull_lock(self, image: str) -> threading.Lock:
+        """One pull per image at a time; different images pull in parallel."""
+        with self._lock:
+            return self._pull_locks.setdefault(image, threading.Lock())
 
 
 def engine_environment(env: Mapping[str, str]) -> dict[str, str]:
@@ -207,15 +224,40 @@ def engine_environment(env: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-def _logs_bytes(container: Any, *, stdout: bool) -> bytes:
-    return bytes(container.logs(stdout=stdout, stderr=not stdout))
-
-
-def _logs(container: Any, *, stdout: bool) -> str:
+def _feed(sock: Any, payload: bytes) -> None:
+    raw = getattr(sock, "_sock", sock)
     try:
-        return _logs_bytes(container, stdout=stdout).decode("utf-8", errors="replace")
-    except docker.errors.DockerException:
-        return ""
+        raw.sendall(payload)
+        raw.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass  # the script exited or closed stdin without reading it all: its exit code tells
+
+
+def _read_logs(container: Any, *, stdout: bool) -> bytes:
+    """stdout: its head, one byte over the protocol's limit (so an oversize is detected);
+    stderr: its last MAX_STDERR_BYTES. Memory stays bounded whatever the script prints."""
+    limit = MAX_STDOUT_BYTES + 1 if stdout else MAX_STDERR_BYTES
+    chunks: deque[bytes] = deque()
+    size = 0
+    try:
+        for chunk in container.logs(stdout=stdout, stderr=not stdout, stream=True, follow=False):
+            chunks.append(chunk)
+            size += len(chunk)
+            if stdout and size >= limit:
+                break
+            while not stdout and size - len(chunks[0]) >= limit:
+                size -= len(chunks.popleft())
+    except ENGINE_ERRORS as err:
+        raise Unavailable(f"container engine: cannot read the output: {err}") from err
+    data = b"".join(chunks)
+    return data[:limit] if stdout else data[-limit:]
+
+
+def _kill(container: Any) -> None:
+    try:
+        container.kill()
+    except ENGINE_ERRORS as err:
+        log.warning("cannot kill a timed-out container", extra=fields(error=str(err)))
 
 
 def _remove(container: Any) -> None:
@@ -223,7 +265,9 @@ def _remove(container: Any) -> None:
         container.remove(force=True)
     except docker.errors.NotFound:
         pass
+    except ENGINE_ERRORS as err:  # logged, not raised: the outcome is already decided
+        log.warning("cannot remove a container", extra=fields(error=str(err)))
 
 
-def _explanation(err: Exception) -> str:
+def _explain(err: Exception) -> str:
     return str(getattr(err, "explanation", None) or err)

@@ -278,7 +278,7 @@ def container_starts(deployment, event) -> int:
     """Containers the engine started for this request (label run-id), from the engine's event
     log (``stream=false`` makes Podman answer at once; Docker ignores it)."""
     client = engine(deployment).api
-    run = run_id(event.get_source(), event.get_id())
+    run = run_id(event.get_source(), event.get_id(), event.get_type().split(".")[2])
     filters = {"event": ["start"], "label": [f"run-id={run}"]}
     response = client.get(client._url("/events"), stream=True, timeout=30, params={
         "since": str(int(deployment.started)), "until": str(int(time.time()) + 1),
