@@ -19,6 +19,7 @@ from functions.requests import parse_request_data
 from functions.runtimes import Runtime
 from functions.settings import Settings
 from storage import Store
+from storage.base import url_prefix
 from storage.errors import StorageError
 
 log = logging.getLogger("functions")
@@ -67,7 +68,7 @@ class Service:
             action=self.action,
             event=event.get_attributes(),
             resource_types=self.settings.resource_types,
-            artifact_url_prefix=self.store.url.rstrip("/") + "/artifacts/",
+            artifact_url_prefix=url_prefix(self.store) + "artifacts/",
             reply_async=reply_async,
         )
 

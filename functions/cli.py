@@ -35,8 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="serve one action over HTTP (CloudEvents)")
     serve.add_argument("action", choices=["check", "get", "put", "dead-letter"])
     serve.add_argument("--host", default=os.environ.get("HOST", "0.0.0.0"))
-    serve.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8080")))
-    serve.add_argument("--threads", type=int, default=int(os.environ.get("THREADS", "16")))
+    serve.add_argument("--port", type=int, default=_env_int("PORT", 8080))
+    serve.add_argument("--threads", type=int, default=_env_int("THREADS", 16))
     serve.set_defaults(handler=cmd_serve)
     run = sub.add_parser("run", help="run one action locally and print the reply data")
     run.add_argument("action", choices=["check", "get", "put"])
@@ -56,6 +56,15 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(handler=cmd_demo)
     add_pod_step_parsers(sub)
     return parser
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "")
+    if not raw:
+        return default
+    if not raw.isdigit() or int(raw) < 1:
+        raise SystemExit(f"error: {name}={raw!r}: expected a positive whole number")
+    return int(raw)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

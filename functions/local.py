@@ -17,6 +17,7 @@ from functions.runtimes import make_runtime
 from functions.settings import Settings
 from storage import Store
 from storage.archive import format_for_key, pack, suffix_for, unpack
+from storage.base import key_for_url
 
 
 def run_local(action: Action, data: dict[str, Any], *, inputs: dict[str, str],
@@ -60,7 +61,9 @@ def _as_artifact(store: Store, where: str, settings: Settings) -> str | dict[str
 
 
 def _download(store: Store, artifact: dict[str, Any], output: Path, settings: Settings) -> None:
-    key = artifact["url"][len(store.url.rstrip("/") + "/"):]
+    key = key_for_url(store, artifact["url"])
+    if key is None:
+        raise SystemExit(f"--output: {artifact['url']} is not in {store.url}")
     output.mkdir(parents=True, exist_ok=True)
     with store.open(key) as stream:
         unpack(cast(BinaryIO, ProgressReader(stream, f"download to {output}")), output,

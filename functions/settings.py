@@ -150,6 +150,10 @@ def _check_pod_settings(spec: ResourceType, where: str) -> None:
     tolerations(spec.tolerations, f"{where}.tolerations")
     if not isinstance(spec.privileged, bool):
         raise ConfigError(f"{where}.privileged must be true or false")
+    timeout = spec.timeout_seconds
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or timeout <= 0):
+        raise ConfigError(f"{where}.timeout_seconds must be a positive number of seconds")
     pull = spec.image_pull_secrets
     if not isinstance(pull, list) or not all(
             isinstance(n, str) and _DNS_SUBDOMAIN.match(n) for n in pull):

@@ -26,6 +26,7 @@ from functions.outcome import (
 from storage import Store, get_json, put_json
 from storage.archive import ArchiveOptions, Limits, suffix_for
 from storage.artifacts import download_tree, upload_tree
+from storage.base import key_for_url
 from storage.errors import ArchiveError, ObjectExists, ObjectNotFound
 
 FORMAT_NAMES = {"zstd": "tar+zstd", "gzip": "tar+gzip", "none": "tar"}
@@ -142,9 +143,8 @@ def read_cache(store: Store, cache_key: str) -> dict[str, Any] | None:
         record = get_json(store, record_key)
     except ObjectNotFound:
         return None
-    prefix = store.url.rstrip("/") + "/"
-    url = record.get("artifact", {}).get("url", "")
-    if not url.startswith(prefix) or store.stat(url[len(prefix):]) is None:
+    key = key_for_url(store, record.get("artifact", {}).get("url", ""))
+    if key is None or store.stat(key) is None:
         store.delete(record_key)
         return None
     return {**record, "cached": True}

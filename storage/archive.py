@@ -235,7 +235,7 @@ def _extract(source: BinaryIO, directory: str | os.PathLike[str],
             _extract_members(tar, directory, budget)
     except tarfile.TarError as err:
         raise ArchiveError(f"corrupt archive: {err}") from err
-    if _drain(source.read) > _MAX_TRAILING_BYTES:
+    if _drain(source.read, limit=_MAX_TRAILING_BYTES + 1) > _MAX_TRAILING_BYTES:
         raise ArchiveRejected(f"more than {_MAX_TRAILING_BYTES} bytes after the end of the tar")
     return budget.entries, budget.bytes
 
@@ -279,11 +279,14 @@ class _RawReader(io.RawIOBase):
         return len(data)
 
 
-def _drain(read: Callable[[int], bytes]) -> int:
-    """Read to the end; return the number of bytes read."""
+def _drain(read: Callable[[int], bytes], limit: int | None = None) -> int:
+    """Read to the end, or until more than ``limit`` bytes (a decompression bomb after the
+    tar's end must not cost gigabytes); return the number of bytes read."""
     total = 0
     while chunk := read(CHUNK):
         total += len(chunk)
+        if limit is not None and total >= limit:
+            break
     return total
 
 

@@ -79,6 +79,19 @@ class HashingReader:
         return "sha256:" + self._hash.hexdigest()
 
 
+def url_prefix(store: Store) -> str:
+    """What every object URL of ``store`` starts with: ``url_for(key) == prefix + key``."""
+    return store.url.rstrip("/") + "/"
+
+
+def key_for_url(store: Store, url: str) -> str | None:
+    """The key of an object URL of ``store``, or None if the URL is not one of its objects."""
+    prefix = url_prefix(store)
+    if not url.startswith(prefix) or key_problem(url[len(prefix):]) is not None:
+        return None
+    return url[len(prefix):]
+
+
 def put_json(store: Store, key: str, value: Any) -> ObjectInfo:
     """Store ``value`` as a compact JSON object (write-once)."""
     import io

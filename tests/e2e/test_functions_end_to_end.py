@@ -15,6 +15,7 @@ import pytest
 
 from functions.keys import run_id
 from storage.archive import format_for_key, unpack
+from storage.base import key_for_url
 from tests.e2e.conftest import CANARY
 from tests.e2e.events import request_event, send
 
@@ -26,9 +27,9 @@ def runs(deployment, action):
 
 
 def key_of(deployment, url):
-    prefix = deployment.store.url.rstrip("/") + "/"
-    assert url.startswith(prefix), url
-    return url[len(prefix):]
+    key = key_for_url(deployment.store, url)
+    assert key is not None, url
+    return key
 
 
 @pytest.mark.parametrize("mode", ["binary", "structured"])
