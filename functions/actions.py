@@ -3,6 +3,7 @@ otherwise run the resource once (however often the request is delivered)."""
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 
@@ -145,7 +146,10 @@ class Service:
         return flight
 
     def _task(self, request: Request, run: str, cache_key: str | None) -> Task:
-        timeout = request.resource_type.timeout_seconds or self.settings.task_timeout_seconds
+        # TASK_TIMEOUT_SECONDS is this service's ceiling (it must fit its request timeout);
+        # a resource type may only lower it.
+        timeout = min(request.resource_type.timeout_seconds or math.inf,
+                      self.settings.task_timeout_seconds)
         return Task(
             run_id=run,
             action=request.action,

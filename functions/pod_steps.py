@@ -3,14 +3,20 @@
 
 stage: unpack a put's inputs into its working directory. A missing or unsafe input fails the
 request, not the pod: its message goes to ``.task/stage-error`` (the resource step then does
-nothing and collect reports a ``storage`` failure) and stage exits 0. A store that cannot be
-reached exits 1: the Job fails and the function reports it.
+nothing and collect reports a ``storage`` failure) and stage exits 0.
 
-collect: turn what the resource step left in ``.task/`` (exit code, stdout, stderr) into the
-outcome and store it (artifact, cache record, log, result); for asynchronous requests, post
-the reply to ``$K_SINK``. Exits 0 once the outcome is recorded, whatever it says; non-zero
-only when it could not record or post it. Failures are written to the termination message,
-which is how the function learns why a step failed (task pods cannot read logs).
+collect: turn what the resource step left in ``.task/`` (exit code, stdout, stderr, and
+``timed-out`` if its watchdog stopped the script) into the outcome and store it (artifact,
+cache record, log, result); for asynchronous requests, post the reply to ``$K_SINK``. Exits 0
+once the outcome is recorded, whatever it says; non-zero only when it could not record or
+post it.
+
+A store that cannot be reached (a retryable ``StorageError``) is not the request's fault:
+either step then exits ``EXIT_UNAVAILABLE`` (75, EX_TEMPFAIL) with a termination message
+starting ``unavailable:``, and the function deletes the Job, records nothing and answers 503
+so the request is delivered again. Any other step failure exits 1. Failures are written to
+the termination message, which is how the function learns why a step failed (task pods
+cannot read logs).
 """
 from __future__ import annotations
 
@@ -27,7 +33,12 @@ from functions.events import reply_event
 from functions.model import Action, ArtifactRef, Outcome
 from functions.outcome import failed, redact, secret_strings
 from functions.protocol import MAX_STDOUT_BYTES
-from functions.runtimes.podspec import ReplyPlan
+from functions.runtimes.podspec import (
+    EXIT_UNAVAILABLE,
+    TIMED_OUT_FILE,
+    UNAVAILABLE_MARKER,
+    ReplyPlan,
+)
 from functions.sink import post_reply
 from storage import Store, StoreOptions, open_store
 from storage.archive import ArchiveOptions, Limits
@@ -56,17 +67,17 @@ def stage_main(*, directory: Path, inputs: dict[str, ArtifactRef], task_dir: Pat
         store = open_step_store(environ)
         directory.mkdir(parents=True, exist_ok=True)
         steps.stage(store, inputs, directory, Limits.from_env(environ))
+        # The resource image may run as any user, and put scripts write into their inputs
+        # (a git commit, a rebase): open the whole staged tree, as a Concourse volume is.
+        make_writable_by_all(directory)
     except steps.StageFailed as err:
         return _stage_failed(task_dir, str(err))
     except StorageError as err:
         if not err.retryable:
             return _stage_failed(task_dir, f"store: {err}")
-        return fail(f"stage: the store is unavailable: {err}")
+        return unavailable(f"stage: the store is unavailable: {err}")
     except (ValueError, OSError) as err:
         return fail(f"stage: {err}")
-    # The resource image may run as any user, and put scripts write into their inputs
-    # (a git commit, a rebase): open the whole staged tree, as a Concourse volume is.
-    make_writable_by_all(directory)
     return 0
 
 
@@ -81,7 +92,11 @@ def collect_main(args: CollectArgs, environ: Mapping[str, str]) -> int:
     """Record the outcome (and post the reply); the exit status of the collect container."""
     try:
         outcome = record(open_step_store(environ), args, environ)
-    except (StorageError, ValueError, OSError) as err:
+    except StorageError as err:
+        if err.retryable:
+            return unavailable(f"collect: the store is unavailable: {err}")
+        return fail(f"collect: cannot record the outcome: {err}")
+    except (ValueError, OSError) as err:
         return fail(f"collect: cannot record the outcome: {err}")
     if args.reply is None:
         return 0
@@ -95,12 +110,17 @@ def record(store: Store, args: CollectArgs, environ: Mapping[str, str]) -> Outco
     stage_error = read_head(task_dir / "stage-error", 64 * 1024)
     if stage_error:
         return _record_failure(store, args, "storage", stage_error.decode(errors="replace"))
-    exit_code = _exit_code(task_dir / "exit-code")
+    exit_code = _read_int(task_dir / "exit-code")
     stderr = read_tail(task_dir / "stderr", MAX_STDERR_BYTES)
     if exit_code is None:
         log = redact(stderr.decode(errors="replace"), secret_strings(stdin))
         return _record_failure(store, args, "runtime", "the resource step recorded no exit "
                                "code (does the image have /bin/sh?)", log)
+    if (task_dir / TIMED_OUT_FILE).exists():  # the same failure as the container runtime's
+        limit = _read_int(task_dir / TIMED_OUT_FILE)  # the watchdog wrote the timeout there
+        log = redact(stderr.decode(errors="replace"), secret_strings(stdin))
+        return _record_failure(store, args, "timeout", "the resource script ran longer than "
+                               + (f"{limit}s" if limit is not None else "its timeout"), log)
     spec = steps.CollectSpec(run_id=args.run_id, action=args.action, cache_key=args.cache_key,
                              archive=ArchiveOptions.from_env(environ))
     return steps.collect(
@@ -138,15 +158,20 @@ def open_step_store(environ: Mapping[str, str]) -> Store:
     return open_store(url, StoreOptions.from_env(environ))
 
 
-def fail(message: str) -> int:
-    """Report a step failure on stderr and in the termination message; exit status 1."""
+def fail(message: str, status: int = 1) -> int:
+    """Report a step failure on stderr and in the termination message; exit ``status``."""
     print(message, file=sys.stderr)
     if TERMINATION_LOG.exists():
         try:
             TERMINATION_LOG.write_text(message[-4000:])
         except OSError:
             pass
-    return 1
+    return status
+
+
+def unavailable(message: str) -> int:
+    """A retryable store failure: marked so that the function retries the whole task."""
+    return fail(f"{UNAVAILABLE_MARKER} {message}"[:4000], EXIT_UNAVAILABLE)
 
 
 def read_head(path: Path, limit: int) -> bytes:
@@ -169,7 +194,8 @@ def read_tail(path: Path, limit: int) -> bytes:
         return b""
 
 
-def _exit_code(path: Path) -> int | None:
+def _read_int(path: Path) -> int | None:
+    """The integer in a small file the resource step wrote, or None."""
     text = read_head(path, 64).strip()
     try:
         return int(text) if text else None
@@ -178,11 +204,15 @@ def _exit_code(path: Path) -> int | None:
 
 
 def make_writable_by_all(directory: Path) -> None:
-    """chmod a+rwX below ``directory`` (symlinks are left alone: their mode means nothing)."""
+    """chmod a+rwX below ``directory``. Symlinks are left alone, to files or to directories
+    (os.walk lists the latter among ``dirs``): their mode means nothing, Linux cannot change
+    it, and following one would change its target instead."""
     directory.chmod(0o777)
     for root, dirs, files in os.walk(directory):
         for name in dirs:
-            os.chmod(os.path.join(root, name), 0o777, follow_symlinks=False)
+            path = os.path.join(root, name)
+            if not os.path.islink(path):
+                os.chmod(path, 0o777)
         for name in files:
             path = os.path.join(root, name)
             if not os.path.islink(path):

@@ -4,8 +4,8 @@ import io
 
 import pytest
 
-from functions.steps import StageFailed, known_digest, stage
 from functions.model import ArtifactRef
+from functions.steps import StageFailed, known_digest, stage
 from storage import put_json
 from storage.archive import Limits
 from storage.artifacts import upload_tree
@@ -29,7 +29,7 @@ def test_the_cache_record_supplies_the_digest(store, artifact):
 
 
 def test_a_replaced_artifact_is_refused(store, artifact, tmp_path):
-    key, info = artifact
+    key, _ = artifact
     store.delete(key)
     other = tmp_path / "other"
     other.mkdir()

@@ -92,6 +92,8 @@ SECRET_ENV_NAMES = {
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 DNS_1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 KUSTOMIZATION = "kustomization.yaml"
+# Settings a function Service may set inline, overriding the ConfigMap.
+BUDGET_ENV = {"TASK_TIMEOUT_SECONDS", "TASK_MARGIN_SECONDS"}
 
 
 # --- loading ------------------------------------------------------------------------
@@ -529,6 +531,18 @@ def test_broker_retries_then_dead_letters() -> None:
     _one("Service", "dead-letter", "serving.knative.dev")
 
 
+def _broker_sink(binding: dict) -> None:
+    sink = binding["spec"]["sink"]["ref"]
+    assert (sink["apiVersion"], sink["kind"]) == ("eventing.knative.dev/v1", "Broker")
+    _one("Broker", sink["name"])
+
+
+def _selects(binding: dict, labels: dict[str, str]) -> bool:
+    subject = binding["spec"]["subject"]
+    assert set(subject["selector"]) == {"matchLabels"}, "match labels only"
+    return all(labels.get(k) == v for k, v in subject["selector"]["matchLabels"].items())
+
+
 def test_task_jobs_get_the_broker_as_sink() -> None:
     binding = _one("SinkBinding", "task-replies")
     assert binding["spec"]["subject"] == {
@@ -536,9 +550,29 @@ def test_task_jobs_get_the_broker_as_sink() -> None:
         "kind": "Job",
         "selector": {"matchLabels": {"app.kubernetes.io/managed-by": "resource-functions"}},
     }
-    sink = binding["spec"]["sink"]["ref"]
-    assert (sink["apiVersion"], sink["kind"]) == ("eventing.knative.dev/v1", "Broker")
-    _one("Broker", sink["name"])
+    _broker_sink(binding)
+    from functions.runtimes.podspec import MANAGED_BY
+
+    assert _selects(binding, {"app.kubernetes.io/managed-by": MANAGED_BY})
+
+
+def test_function_services_get_the_broker_as_sink() -> None:
+    """Async mode: the functions' follower posts failures that collect never saw to K_SINK,
+    which Knative Services only get from a SinkBinding."""
+    binding = _one("SinkBinding", "function-replies")
+    subject = binding["spec"]["subject"]
+    assert (subject["apiVersion"], subject["kind"]) == ("serving.knative.dev/v1", "Service")
+    assert "name" not in subject and "namespace" not in subject
+    _broker_sink(binding)
+    selected = {
+        _name(s) for s in _knative_services() if _selects(binding, s["metadata"].get("labels") or {})
+    }
+    assert selected == set(ACTIONS), "exactly the three functions (never dead-letter)"
+    for other in _all("SinkBinding"):
+        if other is not binding:
+            assert not any(
+                _selects(other, s["metadata"].get("labels") or {}) for s in _knative_services()
+            )
 
 
 def test_no_pingsource_pretends_to_send_requests() -> None:
@@ -657,8 +691,51 @@ def test_function_service_contract(service: dict) -> None:
         ("secret", CACHE_SECRET),
         ("secret", STORE_SECRET),
     ]
-    # No inline values: configuration lives in the ConfigMap, credentials in Secrets.
-    assert "env" not in container
+    # Configuration lives in the ConfigMap, credentials in Secrets; inline values only to fit
+    # the task budget into a Service's timeout (see test_task_budget_fits_the_request_timeout).
+    for item in container.get("env", []):
+        assert set(item) == {"name", "value"} and item["name"] in BUDGET_ENV, item
+
+
+def _effective_env(service: dict) -> dict[str, str]:
+    """The function's environment from the manifests: envFrom ConfigMaps, then `env`
+    (which wins, as in Kubernetes). Secrets are left out: they hold no timing settings."""
+    container = _container(service)
+    env: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        if "configMapRef" in source:
+            env.update(_one("ConfigMap", source["configMapRef"]["name"])["data"])
+    env.update({item["name"]: item["value"] for item in container.get("env", [])})
+    return env
+
+
+@pytest.mark.parametrize("service", _function_services())
+def test_task_budget_fits_the_request_timeout(service: dict) -> None:
+    """In sync mode the function holds the request until the task Job ends: the resource's
+    timeout, the margin for pulls/stage/collect and the runtime's slack past the Job's
+    deadline (plus the wait for a completed Job's result) must end before Knative's
+    timeoutSeconds, or Knative cuts the request and the Broker redelivers a running task."""
+    from functions.runtimes.podspec import KubernetesConfig
+    from functions.settings import Settings
+
+    settings = Settings.from_env({**_effective_env(service), "CACHE_SECRET": "0" * 64})
+    runtime = KubernetesConfig(namespace="ns", service_account="sa", task_image="img")
+    waits = runtime.deadline_slack_seconds + runtime.result_wait_seconds
+    assert runtime.deadline_slack_seconds >= 30
+    limit = service["spec"]["template"]["spec"]["timeoutSeconds"]
+    timeouts = {"TASK_TIMEOUT_SECONDS": settings.task_timeout_seconds}
+    timeouts |= {
+        f"RESOURCE_TYPES[{name}].timeout_seconds": rt.timeout_seconds
+        for name, rt in settings.resource_types.items()
+        if rt.timeout_seconds
+    }
+    for what, timeout in timeouts.items():
+        total = timeout + settings.task_margin_seconds + waits
+        assert total < limit, (
+            f"Service/{_name(service)}: {what} {timeout:g} + TASK_MARGIN_SECONDS "
+            f"{settings.task_margin_seconds:g} + {waits:g} s = {total:g} s, not under "
+            f"timeoutSeconds {limit}"
+        )
 
 
 def test_dead_letter_service_sees_no_secrets() -> None:
@@ -817,7 +894,12 @@ def test_kustomize_build_renders_the_image_into_services_and_task_image() -> Non
     }
     (config,) = [d for d in rendered if d["kind"] == "ConfigMap"]
     assert config["data"]["TASK_IMAGE"] == expected
-    binding = next(d for d in rendered if d["kind"] == "SinkBinding")
-    assert binding["spec"]["subject"]["selector"]["matchLabels"] == {
-        "app.kubernetes.io/managed-by": "resource-functions"
+    selectors = {
+        d["metadata"]["name"]: d["spec"]["subject"]["selector"]["matchLabels"]
+        for d in rendered
+        if d["kind"] == "SinkBinding"
+    }
+    assert selectors == {
+        "task-replies": {"app.kubernetes.io/managed-by": "resource-functions"},
+        "function-replies": {"resource-functions.dev/role": "function"},
     }, "common labels must not leak into selectors"

@@ -13,6 +13,7 @@ import asyncio
 import base64
 import http.server
 import json
+import logging
 import threading
 import time
 import uuid
@@ -28,10 +29,13 @@ import pytest
 from kmock._internal import enums
 from kubernetes import client
 
-from functions import cli, keys, protocol, steps
+from functions import cli, keys, pod_steps, protocol, steps
 from functions.errors import Unavailable
 from functions.model import Build, ResourceType, Task
-from functions.runtimes.kubernetes import KubernetesRuntime, Rejected, translate
+from functions.runtimes import podspec
+from functions.runtimes.job_status import judge
+from functions.runtimes.kube_api import Rejected, belongs, translate
+from functions.runtimes.kubernetes import KubernetesRuntime
 from functions.runtimes.podspec import KubernetesConfig
 from functions.settings import Settings
 from storage import StoreOptions, get_json, open_store
@@ -222,24 +226,35 @@ class Node:
         raise AssertionError("no Job was created")
 
     def wait_secret(self, job: dict[str, Any], timeout: float = 10) -> dict[str, Any]:
+        """The Job's stdin Secret (owned by this Job: not a stale one of the same name)."""
         end = time.monotonic() + timeout
         name = job["metadata"]["name"] + "-stdin"
         while time.monotonic() < end:
             try:
-                return json.loads(self.core.read_namespaced_secret(
+                secret = json.loads(self.core.read_namespaced_secret(
                     name, NAMESPACE, _preload_content=False).data)
+                owners = secret["metadata"].get("ownerReferences") or []
+                if any(o["uid"] == job["metadata"]["uid"] for o in owners):
+                    return dict(secret)
             except client.ApiException:
-                time.sleep(0.05)
+                pass
+            time.sleep(0.05)
         raise AssertionError(f"Secret {name} was not created")
 
     def create_pod(self, job: dict[str, Any]) -> str:
-        name = job["metadata"]["name"] + "-" + uuid.uuid4().hex[:5]
+        """The Job's pod, labelled and owned as the Job controller does it."""
+        job_name, uid = job["metadata"]["name"], job["metadata"]["uid"]
+        name = job_name + "-" + uuid.uuid4().hex[:5]
         template = job["spec"]["template"]
-        labels = {**template["metadata"]["labels"], "job-name": job["metadata"]["name"],
-                  "batch.kubernetes.io/job-name": job["metadata"]["name"]}
+        labels = {**template["metadata"]["labels"], "job-name": job_name,
+                  "batch.kubernetes.io/job-name": job_name, "controller-uid": uid,
+                  "batch.kubernetes.io/controller-uid": uid}
+        owner = {"apiVersion": "batch/v1", "kind": "Job", "name": job_name, "uid": uid,
+                 "controller": True, "blockOwnerDeletion": True}
         self.core.create_namespaced_pod(NAMESPACE, {
             "apiVersion": "v1", "kind": "Pod", "spec": template["spec"],
-            "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels},
+            "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels,
+                         "ownerReferences": [owner]},
             "status": {"phase": "Pending"}})
         return name
 
@@ -285,9 +300,10 @@ def node(api: Any, tmp_path: Path) -> Node:
 
 def finish(*, exit_code: int = 0, stdout: bytes = VERSION_OUT, stderr: bytes = b"fetched\n",
            output: dict[str, bytes] | None = None, seen: dict[str, Any] | None = None,
-           delay: float = 0.0) -> Callable[[Node], None]:
+           delay: float = 0.0, files: dict[str, bytes] | None = None) -> Callable[[Node], None]:
     """A node script: the pod runs, the resource step ends with ``exit_code``, collect runs
-    for real and the Job completes. ``seen`` receives the Job and Secret as created."""
+    for real and the Job completes. ``seen`` receives the Job and Secret as created;
+    ``files`` are more files the resource step left in .task/."""
     def script(node: Node) -> None:
         job = node.wait_job()
         secret = node.wait_secret(job)
@@ -298,8 +314,9 @@ def finish(*, exit_code: int = 0, stdout: bytes = VERSION_OUT, stderr: bytes = b
         node.pod_status(pod, "Pending", [container_status("resource", RUNNING)])
         node.pod_status(pod, "Running", [container_status("resource", terminated())],
                         [container_status("collect", RUNNING)])
-        files = {"exit-code": f"{exit_code}\n".encode(), "stdout": stdout, "stderr": stderr}
-        assert node.run_step(job, "collect", secret, files, output) == 0
+        task_files = {"exit-code": f"{exit_code}\n".encode(), "stdout": stdout,
+                      "stderr": stderr, **(files or {})}
+        assert node.run_step(job, "collect", secret, task_files, output) == 0
         node.pod_status(pod, "Succeeded", [container_status("resource", terminated())],
                         [container_status("collect", terminated())])
         node.job_condition(job, "Complete")
@@ -431,6 +448,140 @@ def test_failed_step_is_a_runtime_failure_with_its_message(make_runtime: Any,
     assert outcome.failure is not None and outcome.failure.kind == "runtime"
     assert "'collect' exited with code 1" in outcome.failure.message
     assert "store down" in outcome.failure.message
+
+
+def collect_without_store(termination: Path) -> Callable[[Node], None]:
+    """A node script: the resource step succeeds, then the REAL collect step cannot reach
+    the store (STORE_URL points at nothing) and the pod fails the way kubelet reports it."""
+    def script(node: Node) -> None:
+        job = node.wait_job()
+        secret = node.wait_secret(job)
+        pod = node.create_pod(job)
+        code = node.run_step(job, "collect", secret, {"exit-code": b"0\n", "stdout": b"[]"})
+        assert code == podspec.EXIT_UNAVAILABLE
+        node.pod_status(pod, "Failed", [container_status("resource", terminated())], [
+            container_status("collect", terminated(code, termination.read_text()))])
+        node.job_condition(job, "Failed", "BackoffLimitExceeded")
+    return script
+
+
+@pytest.fixture
+def termination(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The steps' termination message file (kubelet's /dev/termination-log)."""
+    path = tmp_path / "termination-log"
+    path.write_text("")
+    monkeypatch.setattr(pod_steps, "TERMINATION_LOG", path)
+    return path
+
+
+def test_a_store_outage_in_a_step_is_retried_not_recorded(
+        make_runtime: Any, node: Node, cluster: Cluster, store: Any, termination: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STORE_URL", "file:///nonexistent-store-dir-for-test")  # collect's only
+    task = make_task("check")
+    name = f"rf-check-{task.run_id[:20]}"
+    thread = node.play(collect_without_store(termination))
+    with pytest.raises(Unavailable, match="could not reach the store") as raised:
+        make_runtime().run(task)
+    node.check(thread)
+    assert "unavailable: collect: the store is unavailable" in str(raised.value)
+    assert steps.read_outcome(store, task.run_id) is None  # nothing for a redelivery to replay
+    assert cluster.live("jobs", name) is None and cluster.live("secrets", f"{name}-stdin") is None
+    old_pods = [p for p in cluster.ever("pods") if p["metadata"]["labels"]["job-name"] == name]
+    assert len(old_pods) == 1  # still there (no garbage collector here): not the new Job's
+    # The redelivery (Knative retries the 503) starts a new Job, which succeeds.
+    monkeypatch.setenv("STORE_URL", store.url)
+    thread = node.play(finish(stdout=b'[{"ref": "1"}]'))
+    outcome = make_runtime().run(task)
+    node.check(thread)
+    assert outcome.data == {"versions": [{"ref": "1"}]}
+    assert len(cluster.requests("create", "jobs")) == 2
+
+
+def test_a_store_outage_in_stage_is_retried(make_runtime: Any, node: Node, cluster: Cluster,
+                                            store: Any) -> None:
+    def script(node: Node) -> None:
+        job = node.wait_job()
+        pod = node.create_pod(job)
+        message = "unavailable: stage: the store is unavailable: connection refused"
+        node.pod_status(pod, "Failed", [container_status("stage", terminated(75, message))])
+        node.job_condition(job, "Failed", "BackoffLimitExceeded")
+
+    task = make_task("put")
+    thread = node.play(script)
+    with pytest.raises(Unavailable, match="step 'stage' exited with code 75"):
+        make_runtime().run(task)
+    node.check(thread)
+    assert cluster.live("jobs", f"rf-put-{task.run_id[:20]}") is None
+    assert steps.read_outcome(store, task.run_id) is None
+
+
+def test_async_store_outage_posts_nothing_and_logs_the_run(
+        make_runtime: Any, node: Node, cluster: Cluster, store: Any, sink: Any,
+        termination: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    url, received = sink
+    monkeypatch.setenv("STORE_URL", "file:///nonexistent-store-dir-for-test")
+    monkeypatch.setenv("K_SINK", url)
+    task = make_task("check")
+    thread = node.play(collect_without_store(termination))
+    with caplog.at_level(logging.ERROR, logger="functions.kubernetes"):
+        make_runtime(sink=url).start(task)
+        node.check(thread)
+        record = wait_for(lambda: [r for r in caplog.records if "store" in r.getMessage()])[0]
+    assert record.levelno == logging.ERROR
+    assert getattr(record, "fields", {})["run_id"] == task.run_id
+    assert cluster.live("jobs", f"rf-check-{task.run_id[:20]}") is None
+    assert received == [] and steps.read_outcome(store, task.run_id) is None
+
+
+def test_a_stale_secret_of_an_earlier_job_is_replaced(make_runtime: Any, node: Node,
+                                                     cluster: Cluster, api: Any) -> None:
+    """A Secret left by a deleted Job of the same name would be garbage-collected under
+    the new pod: the runtime replaces it rather than attach to it."""
+    task = make_task("check")
+    name = f"rf-check-{task.run_id[:20]}-stdin"
+    client.CoreV1Api(api).create_namespaced_secret(NAMESPACE, {
+        "apiVersion": "v1", "kind": "Secret", "data": {"stdin": "c3RhbGU="},
+        "metadata": {"name": name, "namespace": NAMESPACE, "ownerReferences": [{
+            "apiVersion": "batch/v1", "kind": "Job", "name": name[:-6], "uid": "old-uid"}]}})
+    seen: dict[str, Any] = {}
+    thread = node.play(finish(stdout=b"[]", seen=seen))
+    outcome = make_runtime().run(task)
+    node.check(thread)
+    assert outcome.data == {"versions": []}
+    assert base64.b64decode(seen["secret"]["data"]["stdin"]) == task.stdin
+    assert len(cluster.requests("create", "secrets")) == 3  # the stale one, refused, again
+
+
+def test_the_unavailable_verdict() -> None:
+    def pod(name: str, code: int, message: str = "") -> dict[str, Any]:
+        return {"status": {"phase": "Failed", "initContainerStatuses": [
+            container_status(name, terminated(code, message or None))]}}
+
+    failed_job = {"status": {"conditions": [
+        {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}}
+    marked = "unavailable: collect: the store is unavailable: timed out"
+    for job in (failed_job, {}, None):  # failed; pod failed first; deleted by another delivery
+        verdict = judge(job, [pod("collect", 75, marked)], deadline_passed=False)
+        assert verdict is not None and verdict.kind == "unavailable", job
+        assert verdict.detail == marked
+    for sign in (pod("stage", 1, marked), pod("stage", 75)):  # either sign will do
+        verdict = judge(None, [sign], deadline_passed=False)
+        assert verdict is not None and verdict.kind == "unavailable"
+    # Only our steps may ask for a retry; a resource image's exit code 75 is its own business.
+    verdict = judge(failed_job, [pod("resource", 75, marked)], deadline_passed=False)
+    assert verdict is not None and verdict.kind == "runtime" and verdict.detail == ""
+    verdict = judge(None, [pod("collect", 1, "collect: cannot record")], deadline_passed=False)
+    assert verdict is not None and verdict.kind == "gone"
+
+
+def test_pods_of_an_earlier_job_of_the_same_name_do_not_count() -> None:
+    pod = {"metadata": {"labels": {"job-name": "j", "controller-uid": "old"},
+                        "ownerReferences": [{"kind": "Job", "uid": "old"}]}}
+    assert belongs(pod, "j") and belongs(pod, "j", "old")
+    assert not belongs(pod, "j", "new") and not belongs(pod, "other")
+    assert belongs({"metadata": {"labels": {"job-name": "j"}}}, "j", "new")  # unknown owner
 
 
 def test_redelivery_attaches_to_the_running_job(make_runtime: Any, node: Node,
@@ -586,6 +737,25 @@ def test_async_image_pull_failure_is_replied_by_the_function(
     reply = wait_for(lambda: received)[0]
     assert reply["headers"]["ce-type"] == "dev.resourcefunctions.get.failed"
     assert reply["body"]["error"]["kind"] == "image_pull"
+
+
+def test_async_timeout_enforced_in_the_pod_is_replied_by_collect(
+        make_runtime: Any, node: Node, sink: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    url, received = sink
+    monkeypatch.setenv("K_SINK", url)
+    task = make_task("get", timeout=30)
+    # What RESOURCE_SCRIPT leaves when its watchdog stopped the script (test_pod_spec).
+    thread = node.play(finish(exit_code=124, stdout=b"", stderr=b"cloning...\n",
+                              files={"timed-out": b"30\n"}))
+    make_runtime(sink=url).start(task)
+    node.check(thread)
+    reply = wait_for(lambda: received)[0]
+    assert reply["headers"]["ce-type"] == "dev.resourcefunctions.get.failed"
+    error = reply["body"]["error"]
+    assert error == {"kind": "timeout", "message": "the resource script ran longer than 30s",
+                     "log_tail": "cloning...\n"}
+    time.sleep(1.5)  # the follower sees the Job complete and must not reply again
+    assert len(received) == 1
 
 
 # --- configuration --------------------------------------------------------------------------

@@ -10,6 +10,8 @@ import re
 import shutil
 import stat
 import subprocess
+import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -220,8 +222,22 @@ def test_resource_script_is_the_same_text_for_every_request() -> None:
         for secret in (CANARY, "other-secret-value")]
     assert {tuple(c[:3]) for c in commands} == {("sh", "-c", RESOURCE_SCRIPT)}
     assert {tuple(c[3:]) for c in commands} == {
-        ("resource", "/opt/resource/check"), ("resource", "/opt/resource/in", "/tmp/build/get"),
-        ("resource", "/opt/resource/out", "/tmp/build/put")}
+        ("resource", "/opt/resource/check", "1800"),
+        ("resource", "/opt/resource/in", "1800", "/tmp/build/get"),
+        ("resource", "/opt/resource/out", "1800", "/tmp/build/put")}
+
+
+def test_the_script_timeout_is_whole_seconds_within_the_deadline() -> None:
+    plan = replace(make_plan("check"), timeout_seconds=0.2)
+    assert containers(job_manifest(plan))["resource"]["command"][4:] == ["/opt/resource/check",
+                                                                          "1"]
+    assert replace(plan, timeout_seconds=59.5).script_timeout_seconds == 60
+    assert plan.active_deadline_seconds > plan.script_timeout_seconds
+
+
+def test_managed_by_is_exported_and_labels_every_object() -> None:
+    assert podspec.MANAGED_BY == "resource-functions"
+    assert podspec.labels(make_plan())["app.kubernetes.io/managed-by"] == podspec.MANAGED_BY
 
 
 def test_step_arguments() -> None:
@@ -340,6 +356,14 @@ cat >/dev/null
 echo "check args=$#" >&2
 echo '[{"ref": "1"}]'
 """
+# A get that overruns; with IGNORE_TERM it also survives SIGTERM (short sleeps, so nothing
+# it started outlives the test once it is killed).
+RESOURCE_SLOW = """#!/bin/sh
+if [ -n "$IGNORE_TERM" ]; then trap '' TERM; fi
+cat >/dev/null
+echo "fetching into $1" >&2
+while :; do sleep 1; done
+"""
 
 
 @pytest.fixture
@@ -351,7 +375,7 @@ def chroot(tmp_path: Path) -> Path:
     root = tmp_path / "root"
     (root / "bin").mkdir(parents=True)
     shutil.copy(busybox, root / "bin/busybox")
-    for applet in ("sh", "cat", "mkdir", "chmod", "echo"):
+    for applet in ("sh", "cat", "mkdir", "chmod", "echo", "sleep"):
         (root / "bin" / applet).symlink_to("busybox")
     (root / "opt/resource").mkdir(parents=True)
     for name, text in (("in", RESOURCE_IN), ("check", RESOURCE_CHECK)):
@@ -365,13 +389,38 @@ def chroot(tmp_path: Path) -> Path:
     return root
 
 
-def run_resource_step(root: Path, action: str, env: dict[str, str] | None = None) -> int:
-    command = containers(job_manifest(make_plan(action)))["resource"]["command"]
+def run_resource_step(root: Path, action: str, env: dict[str, str] | None = None,
+                      timeout: float | None = None) -> int:
+    plan = make_plan(action)
+    if timeout is not None:
+        plan = replace(plan, timeout_seconds=timeout)
+    command = containers(job_manifest(plan))["resource"]["command"]
     chroot_bin = shutil.which("chroot") or "/usr/sbin/chroot"
     result = subprocess.run([chroot_bin, str(root), "/bin/sh", *command[1:]], env={
         "PATH": "/bin", **(env or {})}, capture_output=True, timeout=30, check=False)
     assert result.stdout == b"" and result.stderr == b"", result
     return result.returncode
+
+
+def processes_in(root: Path) -> list[list[str]]:
+    """The command lines of the processes running chrooted into ``root``."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.readlink(f"/proc/{pid}/root") == str(root):
+                found.append(Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0"))
+        except OSError:
+            continue  # ended meanwhile
+    return found
+
+
+def settled(root: Path, seconds: float = 3.0) -> list[list[str]]:
+    """Processes still in ``root`` after up to ``seconds``: a killed watchdog's last
+    ``sleep`` (1 s, or 2 s after SIGTERM) may end a moment after the step."""
+    end = time.monotonic() + seconds
+    while (found := processes_in(root)) and time.monotonic() < end:
+        time.sleep(0.1)
+    return found
 
 
 def test_resource_step_records_output_streams_and_exit_code(chroot: Path) -> None:
@@ -383,6 +432,31 @@ def test_resource_step_records_output_streams_and_exit_code(chroot: Path) -> Non
     assert "in: dir=/tmp/build/get args=1" in stderr and CANARY in stderr  # stdin arrived
     private = chroot / "tmp/build/get/sub/private"
     assert stat.S_IMODE(private.stat().st_mode) == 0o644  # readable by the non-root collect
+
+
+def test_a_script_within_its_timeout_leaves_no_watchdog(chroot: Path) -> None:
+    started = time.monotonic()
+    assert run_resource_step(chroot, "get") == 0
+    assert time.monotonic() - started < 5
+    assert not (chroot / "tmp/build/.task/timed-out").exists()
+    assert settled(chroot) == []  # the watchdog ended with the script
+
+
+@pytest.mark.parametrize(("env", "killed_by"), [({}, "TERM"), ({"IGNORE_TERM": "1"}, "KILL")])
+def test_an_overrunning_script_is_stopped_and_marked(chroot: Path, env: dict[str, str],
+                                                     killed_by: str) -> None:
+    (chroot / "opt/resource/in").write_text(RESOURCE_SLOW)
+    started = time.monotonic()
+    assert run_resource_step(chroot, "get", env, timeout=1) == 0
+    elapsed = time.monotonic() - started
+    task = chroot / "tmp/build/.task"
+    assert (task / "exit-code").read_text() == "124\n"
+    assert (task / "timed-out").read_text() == "1\n"  # collect: "ran longer than 1s"
+    assert (task / "stderr").read_text() == "fetching into /tmp/build/get\n"
+    assert stat.S_IMODE((task / "timed-out").stat().st_mode) & 0o044 == 0o044
+    # TERM at 1 s; KILL 2 s later if ignored: well within terminationGracePeriodSeconds' reach.
+    assert (1 <= elapsed < 3) if killed_by == "TERM" else (3 <= elapsed < 5.5), elapsed
+    assert settled(chroot) == []
 
 
 def test_a_failing_script_still_exits_zero(chroot: Path) -> None:

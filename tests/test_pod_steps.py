@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import stat
 import uuid
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,15 @@ def store(s3_env: Any, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setenv("STORE_URL", store.url)
     monkeypatch.delenv("K_SINK", raising=False)
     return store
+
+
+@pytest.fixture
+def termination(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The steps' termination message file (kubelet's /dev/termination-log)."""
+    path = tmp_path / "termination-log"
+    path.write_text("")
+    monkeypatch.setattr(pod_steps, "TERMINATION_LOG", path)
+    return path
 
 
 @pytest.fixture
@@ -59,6 +70,43 @@ def test_stage_unpacks_inputs_and_checks_digests(store: Any, tmp_path: Path) -> 
     assert not (tmp_path / "build/.task/stage-error").exists()
 
 
+def test_stage_opens_a_tree_holding_symlinks_to_directories(store: Any,
+                                                             tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    (source / "dir/sub").mkdir(parents=True)
+    (source / "dir/sub/file.txt").write_text("payload")
+    (source / "dir/sub/file.txt").chmod(0o600)
+    (source / "dir-link").symlink_to("dir")
+    (source / "dir/sub-link").symlink_to("sub")
+    (source / "file-link").symlink_to("dir/sub/file.txt")
+    key = f"artifacts/{uuid.uuid4().hex}.tar.zst"
+    info = upload_tree(store, key, source, ArchiveOptions())
+    put = tmp_path / "build/put"
+    argv = ["stage", "--dir", str(put), "--task-dir", str(tmp_path / "build/.task"),
+            "--input", format_input("repo", ArtifactRef(key, info.digest))]
+    assert cli.main(argv) == 0
+    repo = put / "repo"
+    assert os.readlink(repo / "dir-link") == "dir" and os.readlink(repo / "dir/sub-link") == "sub"
+    assert (repo / "dir-link/sub/file.txt").read_text() == "payload"
+    for directory in (repo, repo / "dir", repo / "dir/sub"):
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o777, directory
+    assert stat.S_IMODE((repo / "dir/sub/file.txt").stat().st_mode) == 0o666
+
+
+def test_make_writable_by_all_leaves_symlinks_and_their_targets_alone(tmp_path: Path) -> None:
+    tree, outside = tmp_path / "tree", tmp_path / "outside"
+    (tree / "dir").mkdir(parents=True)
+    outside.mkdir(mode=0o700)
+    (tree / "dir/run.sh").write_text("#!/bin/sh\n")
+    (tree / "dir/run.sh").chmod(0o700)
+    (tree / "to-outside").symlink_to(outside)
+    (tree / "dangling").symlink_to(tmp_path / "missing")
+    pod_steps.make_writable_by_all(tree)
+    assert stat.S_IMODE((tree / "dir").stat().st_mode) == 0o777
+    assert stat.S_IMODE((tree / "dir/run.sh").stat().st_mode) == 0o777
+    assert stat.S_IMODE(outside.stat().st_mode) == 0o700
+
+
 def test_a_missing_input_is_a_stage_error_not_a_failed_pod(store: Any, tmp_path: Path) -> None:
     task_dir = tmp_path / "build/.task"
     argv = ["stage", "--dir", str(tmp_path / "build/put"), "--task-dir", str(task_dir),
@@ -70,8 +118,9 @@ def test_a_missing_input_is_a_stage_error_not_a_failed_pod(store: Any, tmp_path:
     assert failure["kind"] == "storage" and "artifacts/missing.tar.zst" in failure["message"]
 
 
-def test_an_unreachable_store_fails_the_stage_step(tmp_path: Path, unused_port: int,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unreachable_store_fails_the_stage_step_as_retryable(
+        tmp_path: Path, unused_port: int, termination: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{unused_port}")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
@@ -82,7 +131,8 @@ def test_an_unreachable_store_fails_the_stage_step(tmp_path: Path, unused_port: 
         directory=tmp_path / "put", task_dir=tmp_path / ".task",
         inputs={"repo": ArtifactRef("artifacts/x.tar.zst")}, environ={
             "STORE_URL": "s3://bucket/prefix"})
-    assert status == 1
+    assert status == pod_steps.EXIT_UNAVAILABLE == 75
+    assert termination.read_text().startswith("unavailable: stage: the store is unavailable")
     assert not (tmp_path / ".task/stage-error").exists()
 
 
@@ -133,12 +183,36 @@ def test_reply_without_k_sink_records_then_fails(store: Any, build: Path,
     assert result(store)["data"] == {"versions": []}
 
 
-def test_an_unrecordable_outcome_fails_collect(tmp_path: Path, build: Path,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unreachable_store_fails_collect_as_retryable(
+        build: Path, termination: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STORE_URL", "file:///nonexistent-store-dir-for-test")
     (build / ".task/exit-code").write_text("0")
     (build / ".task/stdout").write_text("[]")
+    assert collect(build) == pod_steps.EXIT_UNAVAILABLE
+    assert termination.read_text().startswith("unavailable: collect: the store is unavailable")
+
+
+def test_a_misconfigured_store_fails_collect_for_good(build: Path, termination: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STORE_URL", "ftp://bucket/prefix")
+    (build / ".task/exit-code").write_text("0")
     assert collect(build) == 1
+    assert termination.read_text().startswith("collect: cannot record the outcome")
+
+
+def test_a_timed_out_script_is_a_timeout_with_its_log(store: Any, build: Path) -> None:
+    # What RESOURCE_SCRIPT leaves when its watchdog stopped the script (see test_pod_spec).
+    (build / ".task/exit-code").write_text("124\n")
+    (build / ".task/timed-out").write_text("45\n")
+    (build / ".task/stdout").write_text('{"version": {"ref": "half-done"}}')
+    (build / ".task/stderr").write_text(f"cloning with {CANARY}...\n")
+    assert collect(build, "get", "--cache-key", "c" * 64) == 0
+    assert result(store)["error"] == {
+        "kind": "timeout", "message": "the resource script ran longer than 45s",
+        "log_tail": "cloning with [redacted]...\n"}
+    with store.open(keys.log_key(RUN)) as stream:
+        assert stream.read() == b"cloning with [redacted]...\n"
+    assert not list(store.list("artifacts/"))
 
 
 def test_termination_message_reports_the_failure(tmp_path: Path,

@@ -9,7 +9,7 @@ Contract: ``run`` stores ``results/<run-id>.json`` and ``logs/<run-id>.log`` bef
 returns, so a redelivered request finds them. A script that fails, a missing image or a
 timeout is an ``Outcome`` with a failure; only infrastructure trouble raises
 (``functions.errors.Unavailable``). ``make_runtime`` is the one place that picks a runtime,
-so only ``container.py`` imports docker and only ``kubernetes.py`` imports kubernetes.
+so only ``container.py`` imports docker and only ``kube_api.py`` imports kubernetes.
 """
 from __future__ import annotations
 

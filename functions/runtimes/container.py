@@ -28,12 +28,12 @@ from functions.logs import fields
 from functions.model import SCRIPTS, WORKDIRS, Outcome, Task
 from functions.outcome import failed, redact, secret_strings
 from functions.protocol import MAX_STDOUT_BYTES
+from functions.runtimes.podspec import MANAGED_BY  # the same label as task Jobs
 from functions.sink import post_outcome
 from storage import Store
 from storage.archive import ArchiveOptions, Limits
 from storage.errors import StorageError
 
-MANAGED_BY = "resource-functions"
 MAX_STDERR_BYTES = 4 * 1024 * 1024  # the tail kept as the log
 ENGINE_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException, OSError)
 log = logging.getLogger("functions.container")

@@ -5,6 +5,9 @@
     complete    the Job completed (or its pod succeeded): collect stored the result
     image_pull  a container cannot start (image pull, bad name, missing config): fail fast
     timeout     the Job ran out of time (DeadlineExceeded)
+    unavailable stage or collect could not reach the store (exit code 75, termination
+                message ``unavailable: …``): not the request's fault, so the function
+                deletes the Job, records nothing and answers 503 (a redelivery runs it anew)
     runtime     the Job failed otherwise (stage or collect failed, the pod was killed)
     gone        the Job no longer exists (deleted by someone, or by its TTL)
 
@@ -17,6 +20,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from functions.runtimes.podspec import EXIT_UNAVAILABLE, UNAVAILABLE_MARKER
+
 PULL_FAILURES = frozenset({
     "ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
     "CreateContainerConfigError",
@@ -26,7 +31,7 @@ STEP_CONTAINERS = ("stage", "collect")  # ours: their termination messages are s
 
 @dataclass(frozen=True)
 class Verdict:
-    kind: str  # complete | image_pull | timeout | runtime | gone
+    kind: str  # complete | image_pull | timeout | unavailable | runtime | gone
     message: str = ""
     detail: str = ""  # a step's termination message, for the failure's log tail
 
@@ -35,9 +40,12 @@ def judge(job: dict[str, Any] | None, pods: Iterable[dict[str, Any]], *,
           deadline_passed: bool) -> Verdict | None:
     """The verdict on a task, or None while it runs. ``deadline_passed``: the Job's
     activeDeadlineSeconds has elapsed (a pod killed then failed of the timeout)."""
-    if job is None:
-        return Verdict("gone", "the task Job was deleted before it finished")
     pods = list(pods)
+    if job is None:
+        step = _failed_step(pods)
+        if step is not None and step.kind == "unavailable":
+            return step  # deleted to run again, by another delivery that followed it too
+        return Verdict("gone", "the task Job was deleted before it finished")
     verdict = job_verdict(job, pods)
     if verdict is not None:
         return verdict
@@ -61,7 +69,7 @@ def job_verdict(job: dict[str, Any], pods: list[dict[str, Any]]) -> Verdict | No
     step = _failed_step(pods)
     message = f"the task Job failed ({reason}: {failed.get('message') or 'no message'})"
     if step is not None:
-        return Verdict("runtime", f"{message}; {step.message}", step.detail)
+        return Verdict(step.kind, f"{message}; {step.message}", step.detail)
     return Verdict("runtime", message)
 
 
@@ -116,7 +124,8 @@ def _pull_message(container: dict[str, Any], waiting: dict[str, Any]) -> str:
 
 
 def _failed_step(pods: list[dict[str, Any]]) -> Verdict | None:
-    """The first container that terminated unsuccessfully, as a runtime verdict."""
+    """The first container that terminated unsuccessfully, as a runtime (or unavailable)
+    verdict."""
     for pod in pods:
         for container in _container_statuses(pod.get("status") or {}):
             ended = (container.get("state") or {}).get("terminated") or {}
@@ -129,6 +138,9 @@ def _step_failure(name: str, ended: dict[str, Any]) -> Verdict:
     why = ended.get("reason") or "Error"
     message = f"step {name!r} exited with code {ended.get('exitCode')} ({why})"
     # A resource image may write anything into its termination message: show only ours.
-    detail = (ended.get("message") or "").strip() if name in STEP_CONTAINERS else ""
-    return Verdict("runtime", f"{message}: {detail.splitlines()[-1]}" if detail else message,
-                   detail)
+    ours = name in STEP_CONTAINERS
+    detail = (ended.get("message") or "").strip() if ours else ""
+    retry = ours and (ended.get("exitCode") == EXIT_UNAVAILABLE
+                      or detail.startswith(UNAVAILABLE_MARKER))
+    return Verdict("unavailable" if retry else "runtime",
+                   f"{message}: {detail.splitlines()[-1]}" if detail else message, detail)

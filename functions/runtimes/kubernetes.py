@@ -1,42 +1,50 @@
-"""The kubernetes runtime: one Job per task (the only module that imports ``kubernetes``).
+"""The kubernetes runtime: one Job per task (API calls through ``kube_api``).
 
 ``run`` creates the Job (named from the run id, so a redelivered request finds it and waits
 on it instead of starting another), then the stdin Secret owned by the Job, then follows the
 Job's pod until a verdict (``job_status.judge``): fails fast on image-pull errors, deletes the
 Job on timeout, reads ``results/<run-id>.json`` that ``collect`` stored on completion.
 Failures that only the function sees (image pull, timeout, a failed or vanished Job) are
-recorded with ``steps.record_outcome`` so a redelivery replays them. ``start`` creates the Job
-with reply-to-sink arguments and returns at once; ``collect`` posts the reply, and a
-best-effort background follower posts the failures ``collect`` never saw.
+recorded with ``steps.record_outcome`` so a redelivery replays them. A step that could not
+reach the store is not a failure of the request: the Job and its Secret are deleted, nothing
+is recorded and ``StoreUnavailableInTask`` (an ``Unavailable``: HTTP 503) makes Knative
+redeliver, which starts a new Job. ``start`` creates the Job with reply-to-sink arguments and
+returns at once; ``collect`` posts the reply, and a best-effort background follower posts
+the failures ``collect`` never saw (for asynchronous requests a store outage inside the task
+cannot be redelivered after the 202: it is logged, and nothing is posted).
 
-Every API call goes through ``KubeApi._call``, which maps errors: 401/403 and 5xx, 429 or an
-unreachable API raise ``Unavailable`` (HTTP 503: Knative redelivers); 404, 409 and 410 are
-the private ``NotFound``/``Conflict``/``Gone``; any other 4xx is ``Rejected``.
+API errors arrive translated by ``kube_api``: ``Unavailable`` for anything worth retrying,
+``NotFound``/``Conflict``/``Gone`` and ``Rejected`` (an invalid request) otherwise.
 """
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
 import requests
-import urllib3
-from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
-from kubernetes.watch.watch import iter_resp_lines
 
 from functions import steps
-from functions.errors import ConfigError, Unavailable
+from functions.errors import Unavailable
 from functions.logs import fields
 from functions.model import Outcome, Task
 from functions.outcome import failed
 from functions.runtimes import podspec
 from functions.runtimes.job_status import Verdict, is_finished, judge, started_at
+from functions.runtimes.kube_api import (
+    Conflict,
+    Gone,
+    KubeApi,
+    NotFound,
+    Rejected,
+    api_client_from_env,
+    belongs,
+    owner_uids,
+    uid_of,
+)
 from functions.runtimes.podspec import JobPlan, KubernetesConfig, plan_for
 from functions.sink import post_outcome
 from storage import Store
@@ -44,156 +52,10 @@ from storage.errors import StorageError
 
 log = logging.getLogger("functions.kubernetes")
 
-JOB_NAME_LABELS = ("job-name", "batch.kubernetes.io/job-name")
 
-
-class NotFound(Exception):
-    pass
-
-
-class Conflict(Exception):
-    pass
-
-
-class Gone(Exception):
-    """A watch's resourceVersion is too old: list again."""
-
-
-class Rejected(Exception):
-    """The API refused a request as invalid (4xx other than 401/403/404/409/410/429)."""
-
-
-class KubeApi:
-    """The runtime's Kubernetes calls, in one namespace, as plain dicts."""
-
-    def __init__(self, api_client: Any, namespace: str, timeout: tuple[float, float]) -> None:
-        self._batch = client.BatchV1Api(api_client)
-        self._core = client.CoreV1Api(api_client)
-        self.namespace = namespace
-        self._timeout = timeout
-
-    def create_job(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        return self._json("create", "jobs", self._batch.create_namespaced_job, body=manifest)
-
-    def read_job(self, name: str) -> dict[str, Any] | None:
-        try:
-            return self._json("get", "jobs", self._batch.read_namespaced_job, name)
-        except NotFound:
-            return None
-
-    def delete_job(self, name: str) -> None:
-        try:
-            self._json("delete", "jobs", self._batch.delete_namespaced_job, name,
-                       propagation_policy="Background")
-        except NotFound:
-            pass
-
-    def create_secret(self, manifest: dict[str, Any]) -> None:
-        self._json("create", "secrets", self._core.create_namespaced_secret, body=manifest)
-
-    def delete_secret(self, name: str) -> None:
-        try:
-            self._json("delete", "secrets", self._core.delete_namespaced_secret, name)
-        except NotFound:
-            pass
-
-    def list_pods(self, job: str) -> tuple[dict[str, dict[str, Any]], str]:
-        """The Job's pods by name, and the list's resourceVersion to watch from."""
-        body = self._json("list", "pods", self._core.list_namespaced_pod,
-                          label_selector=f"job-name={job}")
-        pods = {p["metadata"]["name"]: p for p in body.get("items") or [] if belongs(p, job)}
-        return pods, (body.get("metadata") or {}).get("resourceVersion") or ""
-
-    def watch_pods(self, job: str, version: str,
-                   seconds: float) -> Generator[dict[str, Any], None, None]:
-        """Pod events until the watch expires (the server's timeout, or no data for a while
-        longer: then it just ends). Raises ``Gone`` when ``version`` is too old."""
-        response = self._call("watch", "pods", self._core.list_namespaced_pod, self.namespace,
-                              label_selector=f"job-name={job}", watch=True,
-                              allow_watch_bookmarks=True, resource_version=version or None,
-                              timeout_seconds=max(1, int(seconds)), _preload_content=False,
-                              _request_timeout=(self._timeout[0], seconds + min(5, seconds)))
-        try:
-            for line in iter_resp_lines(response):
-                if line.strip():
-                    yield self._event(json.loads(line))
-        except (urllib3.exceptions.ReadTimeoutError, urllib3.exceptions.ProtocolError):
-            return  # expired or cut: the caller lists again, which tells a dead API apart
-        finally:
-            response.close()  # a half-read stream cannot go back to the pool
-            response.release_conn()
-
-    def _event(self, event: dict[str, Any]) -> dict[str, Any]:
-        if event.get("type") != "ERROR":
-            return event
-        status = event.get("object") or {}
-        if status.get("code") == 410:
-            raise Gone(status.get("message"))
-        raise Unavailable(f"Kubernetes API: watch pods failed: {status.get('code')} "
-                          f"{status.get('reason')}: {status.get('message')}")
-
-    def _json(self, verb: str, resource: str, method: Callable[..., Any], *args: Any,
-              **kwargs: Any) -> dict[str, Any]:
-        response = self._call(verb, resource, method, *args, self.namespace, **kwargs,
-                              _preload_content=False, _request_timeout=self._timeout)
-        return cast(dict[str, Any], json.loads(response.data or b"{}"))
-
-    def _call(self, verb: str, resource: str, method: Callable[..., Any], *args: Any,
-              **kwargs: Any) -> Any:
-        """THE request path: every call, its errors translated (``raise … from``)."""
-        try:
-            return method(*args, **kwargs)
-        except ApiException as err:
-            raise translate(err, verb, resource, self.namespace) from err
-        except (urllib3.exceptions.HTTPError, OSError) as err:
-            raise Unavailable(f"Kubernetes API unreachable ({verb} {resource}): {err}") from err
-
-
-def translate(err: ApiException, verb: str, resource: str, namespace: str) -> Exception:
-    """The runtime's exception for an API error answer."""
-    status, message = err.status or 0, _api_message(err)
-    if status == 404:
-        return NotFound(message)
-    if status == 409:
-        return Conflict(message)
-    if status == 410:
-        return Gone(message)
-    if status in (401, 403):
-        return Unavailable(
-            f"Kubernetes refused '{verb} {resource}' in namespace {namespace!r} ({status}: "
-            f"{message}): the function's service account needs that verb (knative/rbac.yaml)")
-    if status == 0 or status == 429 or status >= 500:
-        return Unavailable(f"Kubernetes API: {verb} {resource}: {status or ''} {message}")
-    return Rejected(f"Kubernetes rejected '{verb} {resource}' ({status}): {message}")
-
-
-def _api_message(err: ApiException) -> str:
-    try:
-        return str(json.loads(err.body or "")["message"])
-    except (ValueError, KeyError, TypeError):
-        return str(err.reason or "no message")
-
-
-def belongs(pod: dict[str, Any], job: str) -> bool:
-    """Client-side label check: some API servers (and kmock) ignore label selectors."""
-    pod_labels = (pod.get("metadata") or {}).get("labels") or {}
-    return any(pod_labels.get(label) == job for label in JOB_NAME_LABELS)
-
-
-def api_client_from_env(environ: Any) -> Any:
-    """An ApiClient from the in-cluster service account, else from KUBECONFIG."""
-    configuration = client.Configuration()
-    try:
-        config.load_incluster_config(client_configuration=configuration)
-    except config.ConfigException:
-        try:
-            config.load_kube_config(config_file=environ.get("KUBECONFIG") or None,
-                                    client_configuration=configuration)
-        except (config.ConfigException, OSError) as err:
-            raise ConfigError(
-                "RUNTIME=kubernetes needs the API: run in a cluster (service account) or set "
-                f"KUBECONFIG ({err})") from err
-    return client.ApiClient(configuration)
+class StoreUnavailableInTask(Unavailable):
+    """A task step could not reach the store: its Job was deleted and nothing recorded, so a
+    redelivered request starts the task again."""
 
 
 @dataclass(frozen=True)
@@ -204,7 +66,6 @@ class Settled:
 
 class KubernetesRuntime:
     def __init__(self, api_client: Any, store: Store, config: KubernetesConfig) -> None:
-        self._client = api_client
         self._api = KubeApi(api_client, config.namespace, config.request_timeout)
         self._store = store
         self._config = config
@@ -219,7 +80,7 @@ class KubernetesRuntime:
 
     def close(self) -> None:
         self._closed.set()
-        self._client.close()
+        self._api.close()
 
     def run(self, task: Task) -> Outcome:
         """Run the task's Job (or attach to it) and return its stored outcome."""
@@ -279,22 +140,35 @@ class KubernetesRuntime:
         job = self._api.read_job(plan.job_name)
         if job is None:
             raise Unavailable(f"task Job {plan.job_name} vanished while attaching to it")
-        owner = ((job.get("metadata") or {}).get("labels") or {}).get(
-            f"{podspec.LABEL_PREFIX}run-id")
+        metadata = job.get("metadata") or {}
+        owner = (metadata.get("labels") or {}).get(f"{podspec.LABEL_PREFIX}run-id")
         if owner != plan.run_id:
             raise Unavailable(f"Job {plan.job_name} exists but belongs to run {owner!r}")
+        if metadata.get("deletionTimestamp"):  # deleted to run again (the store was down)
+            raise Unavailable(f"task Job {plan.job_name} is being deleted: try again")
         return job
 
     def _create_secret(self, plan: JobPlan, stdin: bytes, job: dict[str, Any]) -> None:
-        uid = (job.get("metadata") or {}).get("uid")
+        uid = uid_of(job)
         if not uid:
             raise Unavailable(f"the Kubernetes API returned Job {plan.job_name} without a uid")
-        try:
-            self._api.create_secret(podspec.stdin_secret_manifest(plan, stdin, uid))
-        except Conflict:
-            pass  # a previous delivery created it
-        except NotFound as err:
-            raise Unavailable(f"cannot create Secret {plan.secret_name}: {err}") from err
+        manifest = podspec.stdin_secret_manifest(plan, stdin, uid)
+        for attempt in range(2):
+            try:
+                self._api.create_secret(manifest)
+                return
+            except Conflict:
+                existing = self._api.read_secret(plan.secret_name)
+                if existing is not None and uid in owner_uids(existing):
+                    return  # a previous delivery created it
+                if attempt:
+                    raise Unavailable(f"Secret {plan.secret_name} exists for another Job") \
+                        from None
+                # Left by an earlier Job of this name (deleted to run again): the garbage
+                # collector would delete it under the new pod.
+                self._api.delete_secret(plan.secret_name)
+            except NotFound as err:
+                raise Unavailable(f"cannot create Secret {plan.secret_name}: {err}") from err
 
     # --- following -----------------------------------------------------------------------
 
@@ -315,9 +189,12 @@ class KubernetesRuntime:
         budget_end = (started_at(job) or _now()).timestamp() + plan.active_deadline_seconds
         deadline = time.monotonic() + (budget_end - _now().timestamp()
                                        + self._config.deadline_slack_seconds)
+        uid = uid_of(job)
         while True:
             current = self._api.read_job(plan.job_name)
-            pods, version = self._api.list_pods(plan.job_name)
+            if current is not None and uid and uid_of(current) != uid:
+                raise Unavailable(f"task Job {plan.job_name} was replaced while followed")
+            pods, version = self._api.list_pods(plan.job_name, uid)
             passed = _now().timestamp() >= budget_end
             verdict = judge(current, pods.values(), deadline_passed=passed)
             if verdict is None and time.monotonic() >= deadline:
@@ -326,12 +203,12 @@ class KubernetesRuntime:
                 return verdict
             if self._closed.is_set():
                 raise Unavailable("the runtime was closed while following a task")
-            verdict = self._watch(plan, current or {}, pods, version, deadline)
+            verdict = self._watch(plan, current or {}, pods, version, deadline, uid)
             if verdict is not None:
                 return verdict
 
     def _watch(self, plan: JobPlan, job: dict[str, Any], pods: dict[str, dict[str, Any]],
-               version: str, deadline: float) -> Verdict | None:
+               version: str, deadline: float, uid: str) -> Verdict | None:
         """Apply pod events to ``pods`` until a verdict, or None to list again (expiry,
         410 Gone, a pod that failed or vanished: then the Job's state decides)."""
         seconds = max(0.5, min(self._config.watch_seconds, deadline - time.monotonic()))
@@ -340,7 +217,7 @@ class KubernetesRuntime:
         try:
             for event in events:
                 pod = event.get("object") or {}
-                if event.get("type") == "BOOKMARK" or not belongs(pod, plan.job_name):
+                if event.get("type") == "BOOKMARK" or not belongs(pod, plan.job_name, uid):
                     continue
                 name = pod["metadata"]["name"]
                 going = (pod.get("metadata") or {}).get("deletionTimestamp")
@@ -359,6 +236,13 @@ class KubernetesRuntime:
         return None
 
     def _conclude(self, task: Task, plan: JobPlan, verdict: Verdict) -> Settled:
+        if verdict.kind == "unavailable":
+            # Not the request's outcome: run it again on redelivery, from a new Job.
+            self._api.delete_job(plan.job_name)
+            self._api.delete_secret(plan.secret_name)
+            raise StoreUnavailableInTask(
+                f"the task could not reach the store, its Job {plan.job_name} was deleted to "
+                f"run again: {verdict.message}")
         if verdict.kind in ("complete", "gone"):
             wait = self._config.result_wait_seconds if verdict.kind == "complete" else 0
             stored = self._read_result(task.run_id, wait)
@@ -404,6 +288,11 @@ class KubernetesRuntime:
             settled = self._settle(task, plan, job)
             if not settled.by_collect:
                 post_outcome(self._config.sink, task, settled.outcome)
+        except StoreUnavailableInTask as err:
+            # Answered 202 already, so Knative will not redeliver: this request is lost.
+            log.error("an asynchronous task could not reach the store; its Job was deleted "
+                      "and no reply will be posted", extra=fields(
+                          run_id=task.run_id, job=plan.job_name, error=str(err)))
         except Exception:
             log.exception("following an asynchronous task failed",
                           extra=fields(run_id=task.run_id, job=plan.job_name))

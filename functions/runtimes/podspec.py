@@ -5,7 +5,8 @@ Pod layout (one shared ``emptyDir`` mounted at ``/tmp/build`` in every container
 
     init  stage     project image, put only: unpack the inputs into /tmp/build/put
     init  resource  the resource image: ``sh -c RESOURCE_SCRIPT``, stdin from the Secret,
-                    stdout/stderr/exit code into /tmp/build/.task/, always exits 0
+                    stdout/stderr/exit code into /tmp/build/.task/, stops the script at
+                    its timeout (then also .task/timed-out), always exits 0
     main  collect   project image: store artifact, log and result (and post the reply)
 
 check and get have no inputs, so they have no ``stage`` container (one image start less);
@@ -45,21 +46,48 @@ STEP_ENV = (
     "AWS_DEFAULT_REGION", "STORAGE_EMULATOR_HOST", "GOOGLE_CLOUD_PROJECT", "LOG_LEVEL",
 )
 TERMINATION_GRACE_SECONDS = 5  # the resource step ignores SIGTERM; see pod_spec
+# A step that cannot reach the store exits EX_TEMPFAIL, its termination message starting
+# with the marker: the function deletes the Job and answers 503 (job_status: "unavailable").
+EXIT_UNAVAILABLE = 75
+UNAVAILABLE_MARKER = "unavailable:"
+TIMED_OUT_FILE = "timed-out"  # in .task/, holding the timeout: the watchdog stopped the script
+TIMED_OUT_EXIT_CODE = 124
+KILL_AFTER_SECONDS = 2  # from SIGTERM to SIGKILL when the script overruns
 
-# The resource step. FIXED text: the script path and working directory arrive as positional
-# parameters ($1, $2), so nothing from a request is ever interpolated into shell code. It
-# exits 0 whatever the script does: a failing init container would stop the pod before
-# collect runs, and task pods cannot read container logs, so the exit code and both output
-# streams go to files. The chmod lets the non-root collect step read what the script wrote.
-RESOURCE_SCRIPT = """\
+# The resource step. FIXED text: the script path, the timeout (whole seconds) and the working
+# directory arrive as positional parameters ($1, $2, $3), so nothing from a request is ever
+# interpolated into shell code. POSIX sh (busybox, dash, bash). It exits 0 whatever the
+# script does: a failing init container would stop the pod before collect runs, and task
+# pods cannot read container logs, so the exit code and both output streams go to files.
+# A watchdog enforces the timeout (TERM, then KILL): the pod lives on, so collect stores the
+# log and reports the timeout (activeDeadlineSeconds, with the margin, is only a backstop).
+# It sleeps 1 s at a time, so once killed nothing of it outlives the step by more than 2 s.
+# The chmod lets the non-root collect step read what the script wrote.
+RESOURCE_SCRIPT = f"""\
 task=/tmp/build/.task
 if [ -e "$task/stage-error" ]; then exit 0; fi
 mkdir -p "$task"
 script="$1"
-shift
+limit="$2"
+shift 2
 if [ "$#" -gt 0 ]; then mkdir -p "$1"; fi
-"$script" "$@" </secret/stdin >"$task/stdout" 2>"$task/stderr"
-echo "$?" >"$task/exit-code"
+"$script" "$@" </secret/stdin >"$task/stdout" 2>"$task/stderr" &
+pid=$!
+(
+  left="$limit"
+  while [ "$left" -gt 0 ]; do sleep 1; left=$((left - 1)); done
+  echo "$limit" >"$task/{TIMED_OUT_FILE}"
+  kill -TERM "$pid"
+  sleep {KILL_AFTER_SECONDS}
+  kill -KILL "$pid"
+) </dev/null >/dev/null 2>&1 &
+watchdog=$!
+wait "$pid" 2>/dev/null
+code=$?
+kill "$watchdog" 2>/dev/null
+wait "$watchdog" 2>/dev/null
+if [ -e "$task/{TIMED_OUT_FILE}" ]; then code={TIMED_OUT_EXIT_CODE}; fi
+echo "$code" >"$task/exit-code"
 chmod -R a+rX "$task" "$@" 2>/dev/null
 exit 0
 """
@@ -108,6 +136,11 @@ class JobPlan:
     @property
     def secret_name(self) -> str:
         return secret_name(self.job_name)
+
+    @property
+    def script_timeout_seconds(self) -> int:
+        """The resource step's watchdog: whole seconds (POSIX ``sleep`` takes no fraction)."""
+        return max(1, math.ceil(self.timeout_seconds))
 
     @property
     def active_deadline_seconds(self) -> int:
@@ -323,7 +356,7 @@ def _resource_container(plan: JobPlan) -> dict[str, Any]:
         "name": "resource",
         "image": plan.resource_image,
         "command": ["sh", "-c", RESOURCE_SCRIPT, "resource", SCRIPTS[plan.action],
-                    *([workdir] if workdir else [])],
+                    str(plan.script_timeout_seconds), *([workdir] if workdir else [])],
         "volumeMounts": _mounts(stdin=True),
         "securityContext": ({"privileged": True} if plan.privileged
                             else {"allowPrivilegeEscalation": False}),
