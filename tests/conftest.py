@@ -296,3 +296,14 @@ def store_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> I
 def store(store_url: str) -> Store:
     """An empty store of the backend under test, with default options (not the env's)."""
     return open_store(store_url, StoreOptions())
+
+
+@pytest.fixture
+def termination(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The in-pod steps' termination message file (the kubelet's /dev/termination-log)."""
+    from functions import pod_steps
+
+    path = tmp_path / "termination-log"
+    path.write_text("")
+    monkeypatch.setattr(pod_steps, "TERMINATION_LOG", path)
+    return path

@@ -29,7 +29,7 @@ import pytest
 from kmock._internal import enums
 from kubernetes import client
 
-from functions import cli, keys, pod_steps, protocol, steps
+from functions import cli, keys, protocol, steps
 from functions.errors import Unavailable
 from functions.model import Build, ResourceType, Task
 from functions.runtimes import podspec
@@ -465,13 +465,6 @@ def collect_without_store(termination: Path) -> Callable[[Node], None]:
     return script
 
 
-@pytest.fixture
-def termination(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The steps' termination message file (kubelet's /dev/termination-log)."""
-    path = tmp_path / "termination-log"
-    path.write_text("")
-    monkeypatch.setattr(pod_steps, "TERMINATION_LOG", path)
-    return path
 
 
 def test_a_store_outage_in_a_step_is_retried_not_recorded(

@@ -31,13 +31,6 @@ def store(s3_env: Any, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> Any:
     return store
 
 
-@pytest.fixture
-def termination(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The steps' termination message file (kubelet's /dev/termination-log)."""
-    path = tmp_path / "termination-log"
-    path.write_text("")
-    monkeypatch.setattr(pod_steps, "TERMINATION_LOG", path)
-    return path
 
 
 @pytest.fixture

@@ -12,12 +12,12 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import threading
 import time
 import uuid
 
 from storage.archive import format_for_key, unpack
 from tests.e2e.events import request_event, send
+from tests.parallel import parallel
 
 CANARY = "canary-5e1d0c7a-cluster-do-not-leak"
 SOURCE = {"uri": "https://git.example.com/repo.git", "password": CANARY}
@@ -297,17 +297,3 @@ def deployment_image(deployment) -> str:
     return types["test"]
 
 
-def parallel(call, n):
-    results = [None] * n
-    barrier = threading.Barrier(n)
-
-    def worker(i):
-        barrier.wait()
-        results[i] = call(i)
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(180)
-    return results

@@ -6,7 +6,6 @@ import io
 import json
 import os
 import stat
-import threading
 import time
 import uuid
 
@@ -18,6 +17,7 @@ from storage.archive import format_for_key, unpack
 from storage.base import key_for_url
 from tests.e2e.conftest import CANARY
 from tests.e2e.events import request_event, send
+from tests.parallel import parallel
 
 SOURCE = {"uri": "https://git.example.com/repo.git", "password": CANARY}
 
@@ -243,22 +243,6 @@ def test_canary_secret_never_leaks(deployment):
     assert CANARY not in deployment.services.log_path.read_text()
     for key in deployment.store.list(""):
         assert CANARY.encode() not in read_object(deployment.store, key), key
-
-
-def parallel(call, n):
-    results = [None] * n
-    barrier = threading.Barrier(n)
-
-    def worker(i):
-        barrier.wait()
-        results[i] = call(i)
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    return results
 
 
 def read_object(store, key) -> bytes:
