@@ -509,7 +509,7 @@ def test_a_store_outage_in_stage_is_retried(make_runtime: Any, node: Node, clust
     assert steps.read_outcome(store, task.run_id) is None
 
 
-def test_async_store_outage_posts_nothing_and_logs_the_run(
+def test_async_store_outage_is_replied_as_storage_and_not_recorded(
         make_runtime: Any, node: Node, cluster: Cluster, store: Any, sink: Any,
         termination: Path, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
@@ -525,7 +525,10 @@ def test_async_store_outage_posts_nothing_and_logs_the_run(
     assert record.levelno == logging.ERROR
     assert getattr(record, "fields", {})["run_id"] == task.run_id
     assert cluster.live("jobs", f"rf-check-{task.run_id[:20]}") is None
-    assert received == [] and steps.read_outcome(store, task.run_id) is None
+    reply = wait_for(lambda: received)[0]
+    assert reply["headers"]["ce-type"] == "dev.resourcefunctions.check.failed"
+    assert reply["body"]["error"]["kind"] == "storage"
+    assert steps.read_outcome(store, task.run_id) is None  # sending it again runs afresh
 
 
 def test_a_stale_secret_of_an_earlier_job_is_replaced(make_runtime: Any, node: Node,

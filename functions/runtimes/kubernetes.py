@@ -11,7 +11,7 @@ is recorded and ``StoreUnavailableInTask`` (an ``Unavailable``: HTTP 503) makes 
 redeliver, which starts a new Job. ``start`` creates the Job with reply-to-sink arguments and
 returns at once; ``collect`` posts the reply, and a best-effort background follower posts
 the failures ``collect`` never saw (for asynchronous requests a store outage inside the task
-cannot be redelivered after the 202: it is logged, and nothing is posted).
+cannot be redelivered after the 202: a ``storage`` failure is posted, and nothing recorded).
 
 API errors arrive translated by ``kube_api``: ``Unavailable`` for anything worth retrying,
 ``NotFound``/``Conflict``/``Gone`` and ``Rejected`` (an invalid request) otherwise.
@@ -281,6 +281,12 @@ class KubernetesRuntime:
             log.warning("cannot delete the stdin Secret", extra=fields(
                 secret=plan.secret_name, error=str(err)))
 
+    def _post_quietly(self, task: Task, outcome: Outcome) -> None:
+        try:
+            post_outcome(self._config.sink, task, outcome)
+        except Exception:  # best effort: already logged above, nothing else to try
+            log.exception("cannot post the reply", extra=fields(run_id=task.run_id))
+
     def _follow_and_reply(self, task: Task, plan: JobPlan, job: dict[str, Any]) -> None:
         """Async tasks: post the failures collect never saw (best effort: the function may
         be scaled down before the task ends; collect replies for every task it finishes)."""
@@ -289,13 +295,16 @@ class KubernetesRuntime:
             if not settled.by_collect:
                 post_outcome(self._config.sink, task, settled.outcome)
         except StoreUnavailableInTask as err:
-            # Answered 202 already, so Knative will not redeliver: this request is lost.
-            log.error("an asynchronous task could not reach the store; its Job was deleted "
-                      "and no reply will be posted", extra=fields(
-                          run_id=task.run_id, job=plan.job_name, error=str(err)))
-        except Exception:
+            # Answered 202 already, so Knative will not redeliver: tell the requester. Nothing
+            # is recorded, so sending the same request again runs it afresh.
+            log.error("an asynchronous task could not reach the store; its Job was deleted",
+                      extra=fields(run_id=task.run_id, job=plan.job_name, error=str(err)))
+            self._post_quietly(task, failed(task.action, "storage", str(err)))
+        except Exception as err:
             log.exception("following an asynchronous task failed",
                           extra=fields(run_id=task.run_id, job=plan.job_name))
+            self._post_quietly(task, failed(task.action, "runtime",
+                                            f"following the task failed: {err}"))
         finally:
             with self._lock:
                 self._following.discard(task.run_id)
