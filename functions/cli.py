@@ -11,7 +11,6 @@ import argparse
 import json
 import os
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -162,6 +161,3 @@ def _pair(value: str) -> tuple[str, str]:
         raise SystemExit(f"--input {value!r}: expected NAME=DIR or NAME=URL")
     return name, where
 
-
-def new_event_id() -> str:
-    return str(uuid.uuid4())
