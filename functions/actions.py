@@ -44,7 +44,6 @@ class Service:
         self.runtime = runtime
         self.metrics = metrics
         self.flights = Flights()
-        self.sink = settings.sink
 
     def handle(self, event: CloudEvent) -> Reply:
         """Serve one request event. Raises ``InvalidRequest`` (400) or ``Unavailable`` (503)."""
@@ -77,7 +76,7 @@ class Service:
         mode = event.get_extension("replymode") or self.settings.reply_mode
         if mode not in ("sync", "async"):
             raise InvalidRequest(f"replymode must be 'sync' or 'async', got {mode!r}")
-        if mode == "async" and not self.sink:
+        if mode == "async" and not self.settings.sink:
             raise InvalidRequest("replymode async needs K_SINK, which this service lacks")
         return mode == "async"
 

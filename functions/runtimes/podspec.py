@@ -183,7 +183,7 @@ class KubernetesConfig:
             tolerations=tuple(settings.task_tolerations),
             image_pull_secrets=tuple(settings.task_image_pull_secrets),
             step_env=tuple((name, env[name]) for name in STEP_ENV if env.get(name)),
-            sink=env.get("K_SINK", ""),
+            sink=settings.sink,
         )
 
 
