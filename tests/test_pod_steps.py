@@ -49,16 +49,23 @@ def result(store: Any, run: str = RUN) -> dict[str, Any]:
     return get_json(store, keys.result_key(run))
 
 
-def test_stage_unpacks_inputs_and_checks_digests(store: Any, tmp_path: Path) -> None:
-    source = tmp_path / "src"
-    (source / "dir").mkdir(parents=True)
-    (source / "dir/file.txt").write_text("payload")
+def stage_as_input_repo(store: Any, source: Path, tmp_path: Path) -> Path:
+    """Upload ``source`` as an artifact and run the stage step with it as input ``repo``;
+    returns the put directory."""
     key = f"artifacts/{uuid.uuid4().hex}.tar.zst"
     info = upload_tree(store, key, source, ArchiveOptions())
     put = tmp_path / "build/put"
     argv = ["stage", "--dir", str(put), "--task-dir", str(tmp_path / "build/.task"),
             "--input", format_input("repo", ArtifactRef(key, info.digest))]
     assert cli.main(argv) == 0
+    return put
+
+
+def test_stage_unpacks_inputs_and_checks_digests(store: Any, tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    (source / "dir").mkdir(parents=True)
+    (source / "dir/file.txt").write_text("payload")
+    put = stage_as_input_repo(store, source, tmp_path)
     assert (put / "repo/dir/file.txt").read_text() == "payload"
     assert not (tmp_path / "build/.task/stage-error").exists()
 
@@ -72,12 +79,7 @@ def test_stage_opens_a_tree_holding_symlinks_to_directories(store: Any,
     (source / "dir-link").symlink_to("dir")
     (source / "dir/sub-link").symlink_to("sub")
     (source / "file-link").symlink_to("dir/sub/file.txt")
-    key = f"artifacts/{uuid.uuid4().hex}.tar.zst"
-    info = upload_tree(store, key, source, ArchiveOptions())
-    put = tmp_path / "build/put"
-    argv = ["stage", "--dir", str(put), "--task-dir", str(tmp_path / "build/.task"),
-            "--input", format_input("repo", ArtifactRef(key, info.digest))]
-    assert cli.main(argv) == 0
+    put = stage_as_input_repo(store, source, tmp_path)
     repo = put / "repo"
     assert os.readlink(repo / "dir-link") == "dir" and os.readlink(repo / "dir/sub-link") == "sub"
     assert (repo / "dir-link/sub/file.txt").read_text() == "payload"
