@@ -16,7 +16,8 @@ from functions.progress import ProgressReader
 from functions.runtimes import make_runtime
 from functions.settings import Settings
 from storage import Store
-from storage.archive import format_for_key, pack, suffix_for, unpack
+from storage.archive import suffix_for
+from storage.artifacts import download_tree, upload_tree
 from storage.base import key_for_url
 
 
@@ -53,10 +54,9 @@ def _as_artifact(store: Store, where: str, settings: Settings) -> str | dict[str
     directory = Path(where)
     if not directory.is_dir():
         raise SystemExit(f"--input: {where} is neither a directory nor a URL")
-    options = settings.archive
-    key = f"artifacts/inputs/{uuid.uuid4().hex}{suffix_for(options.format)}"
-    with pack(directory, options) as stream:
-        info = store.put(key, cast(BinaryIO, ProgressReader(stream, f"upload {where}")))
+    key = f"artifacts/inputs/{uuid.uuid4().hex}{suffix_for(settings.archive.format)}"
+    info = upload_tree(store, key, directory, settings.archive,
+                       wrap=lambda stream: cast(BinaryIO, ProgressReader(stream, f"upload {where}")))
     return {"url": store.url_for(key), "digest": info.digest or ""}
 
 
@@ -65,7 +65,6 @@ def _download(store: Store, artifact: dict[str, Any], output: Path, settings: Se
     if key is None:
         raise SystemExit(f"--output: {artifact['url']} is not in {store.url}")
     output.mkdir(parents=True, exist_ok=True)
-    with store.open(key) as stream:
-        unpack(cast(BinaryIO, ProgressReader(stream, f"download to {output}")), output,
-               format=format_for_key(key), expected_digest=artifact["digest"],
-               limits=settings.limits)
+    download_tree(store, key, output, expected_digest=artifact["digest"], limits=settings.limits,
+                  wrap=lambda stream: cast(BinaryIO, ProgressReader(stream,
+                                                                    f"download to {output}")))
