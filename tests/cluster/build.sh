@@ -13,7 +13,7 @@ set -euo pipefail
 version="${K8S_VERSION:-v1.34.4}"
 cache="${RF_CLUSTER_CACHE:-$HOME/.cache/resource-functions/kubernetes}"
 out="$cache/$version/bin"
-binaries=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
+binaries=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl kube-proxy)
 
 have_all() {
   for b in "${binaries[@]}"; do [ -x "$out/$b" ] || return 1; done

@@ -234,3 +234,188 @@ def pytest_runtest_makereport(item, call):
         instance = item.funcargs.get("cluster")
         if instance is not None:
             report.sections.append(("cluster logs", instance.diagnostics(25)))
+
+
+# --- the production path: Knative Eventing and Serving --------------------------------------
+
+@pytest.fixture(scope="session")
+def knative(cluster: Cluster):
+    """Knative Eventing and Serving installed from their release manifests (minutes the first
+    time on a machine: component images are built once and kept by Podman)."""
+    from tests.cluster.knative import install_knative
+    from tests.cluster.up import build_knative
+
+    return install_knative(cluster, build_knative())
+
+
+@pytest.fixture(scope="session")
+def event_sink(cluster: Cluster) -> Iterator[EventSink]:
+    """A CloudEvents sink on the gateway, the end of every reply's way through the Broker."""
+    sink = EventSink(GATEWAY)
+    try:
+        yield sink
+    finally:
+        sink.close()
+
+
+@pytest.fixture(scope="module")
+def knative_deployment(cluster: Cluster, knative, cluster_images: dict[str, str],
+                       gateway_s3: GatewayS3, event_sink: EventSink,
+                       tmp_path_factory: pytest.TempPathFactory) -> Iterator[KnativeDeployment]:
+    """``knative/`` applied as users apply it (``kubectl apply -k``, image and config
+    overrides only), plus a Trigger that sends every event of the Broker to the sink."""
+    tmp = tmp_path_factory.mktemp("knative-deployment")
+    prefix = f"knative-{uuid.uuid4().hex[:8]}"
+    overlay = write_overlay(tmp, image=cluster_images["task"], config={
+        "STORE_URL": f"s3://{gateway_s3.bucket}/{prefix}",
+        "RESOURCE_TYPES": resource_types(cluster_images["resource"]),
+        "LOG_LEVEL": "debug",
+    }, store_env={**MOTO_KEYS, "AWS_ENDPOINT_URL_S3": gateway_s3.endpoint},
+        cache_secret="knative-e2e-cache-secret")
+    cluster.kubectl("apply", "-k", str(overlay))
+    sink_trigger = {
+        "apiVersion": "eventing.knative.dev/v1", "kind": "Trigger",
+        "metadata": {"name": "test-sink", "namespace": NAMESPACE},
+        "spec": {"broker": "default",
+                 "subscriber": {"uri": event_sink.url},
+                 # The sink is ours: no retries to hide a failure.
+                 "delivery": {"retry": 0, "timeout": "PT10S"}},
+    }
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(sink_trigger))
+    wait_ready(cluster, NAMESPACE, ["ksvc/check", "ksvc/get", "ksvc/put", "ksvc/dead-letter",
+                                    "broker/default", "trigger --all", "sinkbinding --all"])
+    from storage import open_store
+
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in {**MOTO_KEYS, "AWS_ENDPOINT_URL_S3": gateway_s3.endpoint}.items():
+            patch.setenv(name, value)
+        store = open_store(f"s3://{gateway_s3.bucket}/{prefix}")
+        yield KnativeDeployment(cluster, knative, event_sink, store, NAMESPACE,
+                                int(gateway_s3.endpoint.rsplit(":", 1)[1]))
+
+
+def write_overlay(tmp: Path, *, image: str, config: dict[str, str], store_env: dict[str, str],
+                  cache_secret: str) -> Path:
+    """A copy of knative/ with its image set (as ``kustomize edit set image`` does), and an
+    overlay that sets configuration values and the two Secrets."""
+    import shutil
+
+    base = tmp / "knative"
+    shutil.copytree(REPO / "knative", base)
+    kustomization = yaml.safe_load((base / "kustomization.yaml").read_text())
+    name, _, tag = image.rpartition(":")
+    kustomization["images"] = [{"name": "resource-functions", "newName": name, "newTag": tag}]
+    (base / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    overlay = tmp / "overlay"
+    overlay.mkdir()
+    (overlay / "config.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "resource-functions-config", "namespace": NAMESPACE},
+        "data": config}))
+    (overlay / "secrets.yaml").write_text(yaml.safe_dump_all([
+        {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+         "metadata": {"name": STORE_SECRET, "namespace": NAMESPACE}, "stringData": store_env},
+        {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+         "metadata": {"name": "resource-functions-cache", "namespace": NAMESPACE},
+         "stringData": {"CACHE_SECRET": cache_secret}}]))
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": ["../knative", "secrets.yaml"],
+        "patches": [{"path": "config.yaml"}]}))
+    return overlay
+
+
+def wait_ready(cluster: Cluster, namespace: str, objects: list[str], timeout: int = 300) -> None:
+    for target in objects:
+        done = subprocess.run(
+            [str(cluster.bin_dir / "kubectl"), "--kubeconfig", str(cluster.admin_kubeconfig),
+             "-n", namespace, "wait", "--for=condition=Ready", *target.split(),
+             f"--timeout={timeout}s"], capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            shown = cluster.kubectl("-n", namespace, "get", target.split()[0], "-o", "yaml",
+                                    check=False)
+            pytest.fail(f"{target} not Ready: {done.stderr.strip()}\n{shown[-4000:]}")
+
+
+@dataclass
+class KnativeDeployment:
+    cluster: Cluster
+    knative: object  # tests.cluster.knative.Knative
+    sink: EventSink
+    store: object
+    namespace: str
+    store_port: int
+
+    @property
+    def broker(self) -> str:
+        return self.knative.broker_url(self.namespace)
+
+    def jobs(self, **labels: str) -> list[dict]:
+        selector = ",".join(f"{k}={v}" for k, v in labels.items())
+        args = ["-n", self.namespace, "get", "jobs", "-o", "json"]
+        if selector:
+            args += ["-l", selector]
+        return json.loads(self.cluster.kubectl(*args))["items"]
+
+
+class EventSink:
+    """CloudEvents received over HTTP (either content mode), kept in arrival order."""
+
+    def __init__(self, host: str) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        from cloudevents.core.bindings.http import HTTPMessage, from_http_event
+
+        self.events: list[tuple[float, object]] = []
+        self._cond = threading.Condition()
+        sink = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                event = from_http_event(HTTPMessage(headers=dict(self.headers), body=body))
+                with sink._cond:
+                    sink.events.append((time.monotonic(), event))
+                    sink._cond.notify_all()
+                self.send_response(202)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer((host, 0), Handler)
+        self.url = f"http://{host}:{self._server.server_address[1]}/"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def matching(self, **attributes: str) -> list:
+        with self._cond:
+            return [e for _, e in self.events
+                    if all(e.get_attributes().get(k) == v for k, v in attributes.items())]
+
+    def wait(self, timeout: float = 120, count: int = 1, **attributes: str) -> list:
+        """The events whose attributes have these values, once there are ``count`` of them."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                found = [e for _, e in self.events
+                         if all(e.get_attributes().get(k) == v for k, v in attributes.items())]
+                if len(found) >= count:
+                    return found
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    seen = [(e.get_attributes().get("type"), e.get_attributes().get("requestid"))
+                            for _, e in self.events[-20:]]
+                    raise AssertionError(f"no {count} event(s) with {attributes} after "
+                                         f"{timeout}s; last seen: {seen}")
+                self._cond.wait(left)
+
+    def arrival(self, event) -> float:
+        with self._cond:
+            return next(t for t, e in self.events if e is event)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

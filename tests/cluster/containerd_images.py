@@ -13,7 +13,7 @@ PAUSE_SOURCE = HERE / "pause.go"
 PAUSE_IMAGE = "localhost/rf-pause"
 
 
-def _run(argv: list[str], **kwargs) -> str:
+def run(argv: list[str], **kwargs) -> str:
     done = subprocess.run(argv, capture_output=True, text=True, **kwargs, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} exited with {done.returncode}: "
@@ -31,13 +31,13 @@ def pause_image(cache: Path) -> str:
     binary = cache / f"pause-{tag}"
     if not binary.is_file():
         cache.mkdir(parents=True, exist_ok=True)
-        _run(["go", "build", "-trimpath", "-ldflags=-s -w", "-o", str(binary), str(PAUSE_SOURCE)],
+        run(["go", "build", "-trimpath", "-ldflags=-s -w", "-o", str(binary), str(PAUSE_SOURCE)],
              env={**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-mod=mod"}, cwd=cache)
-    container = _run(["buildah", "from", "scratch"])
+    container = run(["buildah", "from", "scratch"])
     try:
-        _run(["buildah", "copy", "--chmod", "0755", container, str(binary), "/pause"])
-        _run(["buildah", "config", "--entrypoint", '["/pause"]', "--cmd", "", container])
-        _run(["buildah", "commit", "--quiet", container, ref])
+        run(["buildah", "copy", "--chmod", "0755", container, str(binary), "/pause"])
+        run(["buildah", "config", "--entrypoint", '["/pause"]', "--cmd", "", container])
+        run(["buildah", "commit", "--quiet", container, ref])
     finally:
         subprocess.run(["buildah", "rm", container], capture_output=True, check=False)
     return ref
@@ -49,11 +49,11 @@ def import_image(socket: Path, ref: str, workdir: Path) -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     archive = workdir / (hashlib.sha256(ref.encode()).hexdigest()[:16] + ".tar")
     try:
-        _run(["podman", "save", "--quiet", "--uncompressed", "--format", "oci-archive",
+        run(["podman", "save", "--quiet", "--uncompressed", "--format", "oci-archive",
               "-o", str(archive), ref])
-        _run(["ctr", "--address", str(socket), "-n", "k8s.io", "images", "import",
+        run(["ctr", "--address", str(socket), "-n", "k8s.io", "images", "import",
               "--base-name", ref.rsplit(":", 1)[0], str(archive)])
-        listed = _run(["ctr", "--address", str(socket), "-n", "k8s.io", "images", "ls", "-q"])
+        listed = run(["ctr", "--address", str(socket), "-n", "k8s.io", "images", "ls", "-q"])
         if ref not in listed.split():
             raise RuntimeError(f"{ref} is not in containerd after the import; it has: {listed}")
     finally:

@@ -261,8 +261,9 @@ def test_the_functions_token_has_only_the_shipped_role(deployment):
 
 
 def test_task_pods_reach_nothing_but_this_machine(deployment):
-    """The pods' network: the subnet route only, no default route, and the only name server
-    is this machine's bridge address."""
+    """The pods' network: the subnet's and the Service range's routes, no default route, and
+    the only name server is this machine's bridge address (CoreDNS), which resolves cluster
+    names and nothing else."""
     from tests.cluster.conftest import NAMESPACE
     from tests.cluster.up import GATEWAY
 
@@ -271,7 +272,9 @@ def test_task_pods_reach_nothing_but_this_machine(deployment):
         "metadata": {"name": f"net-{uuid.uuid4().hex[:6]}", "namespace": NAMESPACE},
         "spec": {"restartPolicy": "Never", "automountServiceAccountToken": False,
                  "containers": [{"name": "probe", "image": deployment_image(deployment),
-                                 "command": ["sh", "-c", "ip route; cat /etc/resolv.conf"],
+                                 "command": ["sh", "-c", "ip route; cat /etc/resolv.conf; "
+                                             "nslookup kubernetes.default.svc.cluster.local; "
+                                             "nslookup example.com || echo external-refused"],
                                  "securityContext": {"allowPrivilegeEscalation": False}}]},
     }
     cluster = deployment.cluster
@@ -288,8 +291,11 @@ def test_task_pods_reach_nothing_but_this_machine(deployment):
     cluster.kubectl("-n", NAMESPACE, "delete", "pod", name, "--wait=false")
     assert "default" not in logs, logs
     assert "10.244.0.0/24" in logs
+    assert "10.96.0.0/24 via 10.244.0.1" in logs
     assert [line.split()[1] for line in logs.splitlines() if line.startswith("nameserver")] \
         == [GATEWAY]
+    assert "Address: 10.96.0.1" in logs or "Address 1: 10.96.0.1" in logs, logs
+    assert "external-refused" in logs, logs
 
 
 def deployment_image(deployment) -> str:

@@ -7,21 +7,26 @@
 Pieces, each a process of this machine started here (no systemd, nothing left behind):
 
     etcd                     Debian's etcd-server, on 127.0.0.1
-    kube-apiserver           x509 + service-account tokens, Node,RBAC authorization, on 127.0.0.1
+    kube-apiserver           x509 + service-account tokens, Node,RBAC authorization, on the
+                             bridge's host-side address (the gateway), where pods reach it
     kube-controller-manager  Job, garbage-collector, TTL, service-account-token ... controllers
     kube-scheduler
     containerd               Debian's, CRI with runc and cgroupfs, state under the cluster dir,
                              sandbox image = a locally built pause image
     kubelet                  cgroupfs, failCgroupV1: false, failSwapOn: false
+    kube-proxy               iptables mode: Service IPs work from pods and from this machine
+    coredns                  cluster DNS for cluster.local on the gateway; nothing else resolves
 
-The four Kubernetes binaries come from ``tests/cluster/build.sh`` (``go build`` of the
-k8s.io/kubernetes module, cached under ``~/.cache/resource-functions/kubernetes/<version>``).
+The Kubernetes binaries come from ``tests/cluster/build.sh`` (``go build`` of the
+k8s.io/kubernetes module, cached under ``~/.cache/resource-functions/kubernetes/<version>``),
+CoreDNS from ``tests/cluster/build_knative.sh``.
 
 Network: pods live on the CNI bridge ``rfcni0`` (Debian's bridge + host-local plugins) with the
 private subnet 10.244.0.0/24 that exists only inside this machine. The bridge's host-side
 address (10.244.0.1, the node IP) is an address of this machine: pods reach servers bound to it
-(the tests' S3). Pods get no default route and the host forwards nothing from or to the bridge,
-so they can reach nothing else.
+(the tests' S3, the apiserver, the cluster DNS). Pods get a route to the subnet and one to the
+Service range (kube-proxy translates it on this machine), no default route, and the host
+forwards nothing from or to the bridge, so they can reach nothing else.
 
 Tear-down (``Cluster.stop``, also on a failed start): pods stopped, kubelet, containerd and the
 container shims killed (by pid), mounts under the cluster dir unmounted, the bridge and the
@@ -57,6 +62,7 @@ BRIDGE = os.environ.get("RF_CLUSTER_BRIDGE", "rfcni0")
 POD_SUBNET = os.environ.get("RF_CLUSTER_POD_SUBNET", "10.244.0.0/24")
 GATEWAY = os.environ.get("RF_CLUSTER_GATEWAY", "10.244.0.1")
 SERVICE_RANGE = "10.96.0.0/24"
+CLUSTER_DOMAIN = "cluster.local"
 SERVICE_IP = "10.96.0.1"
 CNI_BIN = Path(os.environ.get("RF_CLUSTER_CNI_BIN", "/usr/lib/cni"))
 # Kernel settings the kubelet sets when protectKernelDefaults is false; restored on stop.
@@ -64,6 +70,8 @@ KUBELET_SYSCTLS = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic",
                    "kernel/panic_on_oops", "kernel/keys/root_maxkeys",
                    "kernel/keys/root_maxbytes")
 RUN_DIR = Path("/run/containerd")
+CORE_PROCS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
+              "containerd", "kube-proxy", "coredns", "kubelet")
 START_TIMEOUT = float(os.environ.get("RF_CLUSTER_START_TIMEOUT", "180"))
 
 
@@ -130,6 +138,7 @@ class Cluster:
     made_run_dir: bool = False  # /run/containerd (runc state, shim sockets) was created by us
     owner: int = 0  # pid of the process that started the cluster (from a state file)
     images: dict[str, str] = field(default_factory=dict)
+    coredns_bin: Path | None = None  # the directory of the coredns binary
 
     # --- paths ----------------------------------------------------------------------------
 
@@ -151,7 +160,7 @@ class Cluster:
 
     @property
     def server(self) -> str:
-        return f"https://127.0.0.1:{self.api_port}"
+        return f"https://{GATEWAY}:{self.api_port}"
 
     @property
     def gateway(self) -> str:
@@ -192,14 +201,16 @@ class Cluster:
                     self._scheduler()
                 finally:
                     imported.result()
+            self._kube_proxy()
+            self._coredns()
             self._kubelet()
             self._wait_node_ready(started + START_TIMEOUT)
         except BaseException:
             self.stop()
             raise
-        self._note(f"cluster ready in {time.monotonic() - started:.1f}s")
+        self.note(f"cluster ready in {time.monotonic() - started:.1f}s")
 
-    def _note(self, text: str) -> None:
+    def note(self, text: str) -> None:
         print(f"[cluster] {text}", file=sys.stderr, flush=True)
 
     def _pki(self) -> None:
@@ -220,6 +231,8 @@ class Cluster:
             "controller-manager": ("system:kube-controller-manager", ()),
             "scheduler": ("system:kube-scheduler", ()),
             "kubelet": (f"system:node:{NODE_NAME}", ("system:nodes",)),
+            # Bound to the system:node-proxier ClusterRole by default.
+            "kube-proxy": ("system:kube-proxy", ()),
         }
         for name, (cn, orgs) in clients.items():
             pair = ca.issue(f"{name}-client", cn, orgs=orgs, client=True)
@@ -279,9 +292,11 @@ class Cluster:
             "plugins": [
                 {"type": "bridge", "bridge": BRIDGE, "isGateway": True, "ipMasq": False,
                  "hairpinMode": True,
-                 # No "routes": pods get the subnet's route only, no default route.
+                 # The subnet's route and the Service range's (kube-proxy DNATs it on this
+                 # machine), no default route.
                  "ipam": {"type": "host-local", "dataDir": str(self.root / "cni" / "ipam"),
-                          "ranges": [[{"subnet": POD_SUBNET, "gateway": GATEWAY}]]}},
+                          "ranges": [[{"subnet": POD_SUBNET, "gateway": GATEWAY}]],
+                          "routes": [{"dst": SERVICE_RANGE}]}},
                 {"type": "portmap", "capabilities": {"portMappings": True}},
             ],
         }
@@ -289,7 +304,7 @@ class Cluster:
 
     # --- control plane --------------------------------------------------------------------
 
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
+    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
         log = self.logs / f"{name}.log"
         with open(log, "ab") as out:
             popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
@@ -343,7 +358,7 @@ class Cluster:
     def _etcd(self) -> None:
         client, peer = free_port(), free_port()
         self.etcd_url = f"http://127.0.0.1:{client}"
-        proc = self._spawn("etcd", [
+        proc = self.spawn("etcd", [
             "etcd", "--name", "rf", "--data-dir", str(self.root / "etcd"),
             "--listen-client-urls", self.etcd_url, "--advertise-client-urls", self.etcd_url,
             "--listen-peer-urls", f"http://127.0.0.1:{peer}",
@@ -357,11 +372,13 @@ class Cluster:
 
     def _apiserver(self) -> None:
         p = self.pki_dir
-        proc = self._spawn("kube-apiserver", [
+        proc = self.spawn("kube-apiserver", [
             str(self.bin_dir / "kube-apiserver"),
             "--etcd-servers", self.etcd_url,
-            "--bind-address", "127.0.0.1", "--secure-port", str(self.api_port),
-            "--advertise-address", GATEWAY, "--endpoint-reconciler-type", "none",
+            # On the gateway only: pods reach it there (the lease reconciler makes that the
+            # endpoint of the kubernetes Service), and nothing outside this machine does.
+            "--bind-address", GATEWAY, "--secure-port", str(self.api_port),
+            "--advertise-address", GATEWAY, "--endpoint-reconciler-type", "lease",
             "--tls-cert-file", str(self.apiserver_cert.cert),
             "--tls-private-key-file", str(self.apiserver_cert.key),
             "--client-ca-file", str(self.ca.cert),
@@ -391,7 +408,7 @@ class Cluster:
 
     def _controller_manager(self) -> None:
         kubeconfig = str(self.root / "controller-manager.kubeconfig")
-        self._spawn("kube-controller-manager", [
+        self.spawn("kube-controller-manager", [
             str(self.bin_dir / "kube-controller-manager"),
             "--kubeconfig", kubeconfig, "--authentication-kubeconfig", kubeconfig,
             "--authorization-kubeconfig", kubeconfig,
@@ -408,7 +425,7 @@ class Cluster:
 
     def _scheduler(self) -> None:
         kubeconfig = str(self.root / "scheduler.kubeconfig")
-        self._spawn("kube-scheduler", [
+        self.spawn("kube-scheduler", [
             str(self.bin_dir / "kube-scheduler"),
             "--kubeconfig", kubeconfig, "--authentication-kubeconfig", kubeconfig,
             "--authorization-kubeconfig", kubeconfig,
@@ -416,6 +433,48 @@ class Cluster:
             "--leader-elect=false",
             "--cert-dir", str(self.pki_dir / "scheduler-generated"), "--v=1",
         ])
+
+    def _kube_proxy(self) -> None:
+        # KUBE-* chains made from here on (kube-proxy's, the kubelet's) are removed on stop.
+        self.preexisting_chains = _kube_chains()
+        health = free_port()
+        proc = self.spawn("kube-proxy", [
+            str(self.bin_dir / "kube-proxy"),
+            "--kubeconfig", str(self.root / "kube-proxy.kubeconfig"),
+            "--hostname-override", NODE_NAME, "--proxy-mode", "iptables",
+            "--cluster-cidr", POD_SUBNET,
+            # Root here may not change the conntrack sysctls; leave them as they are.
+            "--conntrack-max-per-core", "0",
+            "--iptables-localhost-nodeports=false",
+            "--healthz-bind-address", f"127.0.0.1:{health}",
+            "--metrics-bind-address", f"127.0.0.1:{free_port()}", "--v=1",
+        ])
+        self._wait(proc, lambda: requests.get(f"http://127.0.0.1:{health}/livez", timeout=1).ok,
+                   "serving")
+
+    def _coredns(self) -> None:
+        """Cluster DNS on the gateway's port 53: ``cluster.local`` and reverse lookups from the
+        API; any other name is REFUSED (nothing may leave this machine)."""
+        if self.coredns_bin is None:
+            raise ClusterError("no coredns binary: run tests/cluster/build_knative.sh")
+        ready = free_port()
+        corefile = self.root / "Corefile"
+        corefile.write_text(f"""\
+.:53 {{
+    bind {GATEWAY}
+    errors
+    ready 127.0.0.1:{ready}
+    kubernetes {CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {{
+        kubeconfig {self.admin_kubeconfig}
+        pods insecure
+        fallthrough in-addr.arpa ip6.arpa
+    }}
+    cache 5
+}}
+""")
+        proc = self.spawn("coredns", [str(self.coredns_bin / "coredns"), "-conf", str(corefile)])
+        self._wait(proc, lambda: requests.get(f"http://127.0.0.1:{ready}/ready", timeout=1).ok,
+                   "ready")
 
     # --- node -----------------------------------------------------------------------------
 
@@ -469,7 +528,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         # whatever its own state directory is; remove what we made there on stop.
         self.made_run_dir = not RUN_DIR.exists()
         self._save_state()
-        proc = self._spawn("containerd", ["containerd", "--config", str(base / "config.toml"),
+        proc = self.spawn("containerd", ["containerd", "--config", str(base / "config.toml"),
                                           "--log-level", "info"])
         self._wait(proc, lambda: self.ctr("version", check=False).returncode == 0, "serving")
 
@@ -485,15 +544,15 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             started = time.monotonic()
             containerd_images.import_image(self.containerd_socket, ref, self.root / "images")
             self.images[ref] = ref
-            self._note(f"imported {ref} in {time.monotonic() - started:.1f}s")
+            self.note(f"imported {ref} in {time.monotonic() - started:.1f}s")
 
     def _kubelet(self) -> None:
         kubelet_dir = self.root / "kubelet"
         kubelet_dir.mkdir(parents=True, exist_ok=True)
         self.kubelet_port = free_port(GATEWAY)
         resolv = self.root / "resolv.conf"
-        # Pods' name server: the bridge's host-side address, where nothing answers. (An empty
-        # file would make containerd copy this machine's /etc/resolv.conf into every pod.)
+        # Name server of pods outside the cluster DNS policy: CoreDNS on the gateway too. (An
+        # empty file would make containerd copy this machine's /etc/resolv.conf into pods.)
         resolv.write_text(f"nameserver {GATEWAY}\noptions ndots:1\n")
         socket_url = f"unix://{self.containerd_socket}"
         config = {
@@ -506,7 +565,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "tlsPrivateKeyFile": str(self.kubelet_serving.key),
             "cgroupDriver": "cgroupfs", "failCgroupV1": False, "failSwapOn": False,
             "containerRuntimeEndpoint": socket_url, "imageServiceEndpoint": socket_url,
-            "resolvConf": str(resolv), "clusterDomain": "cluster.local",
+            "resolvConf": str(resolv), "clusterDomain": CLUSTER_DOMAIN,
+            "clusterDNS": [GATEWAY],
             "podLogsDir": str(self.root / "pod-logs"),
             "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%",
                              "imagefs.available": "1%", "nodefs.inodesFree": "1%"},
@@ -518,9 +578,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         }
         (kubelet_dir / "config.json").write_text(json.dumps(config, indent=1))
         self._save_sysctls()
-        self.preexisting_chains = _kube_chains()
         self._save_state()
-        self._spawn("kubelet", [
+        self.spawn("kubelet", [
             str(self.bin_dir / "kubelet"), "--config", str(kubelet_dir / "config.json"),
             "--kubeconfig", str(self.root / "kubelet.kubeconfig"),
             "--root-dir", str(kubelet_dir), "--hostname-override", NODE_NAME,
@@ -564,6 +623,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     def stop(self) -> None:
         """Tear everything down; safe to call more than once and after a partial start."""
         by_name = {p.name: p for p in self.procs}
+        for proc in self.procs:  # add-ons started with spawn (the test KIngress) go first
+            if proc.name not in CORE_PROCS:
+                _terminate(proc)
         if "kubelet" in by_name and "kube-apiserver" in by_name:
             self._delete_pods()
         for name in ("kubelet",):
@@ -574,16 +636,20 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             _terminate(by_name["containerd"])
         self._kill_shims()
         self._unmount()
-        for name in ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
+        for name in ("coredns", "kube-proxy", "kube-scheduler", "kube-controller-manager",
+                     "kube-apiserver", "etcd"):
             if name in by_name:
                 _terminate(by_name[name])
+        if "kube-proxy" in by_name:  # its iptables chains and rules
+            subprocess.run([str(self.bin_dir / "kube-proxy"), "--cleanup"], capture_output=True,
+                           check=False)
         self.procs.clear()
         self._remove_cgroups()
         if self.made_run_dir:
             _remove_empty_dirs(RUN_DIR)
             self.made_run_dir = False
         self._restore_sysctls()
-        if "kubelet" in by_name:
+        if "kubelet" in by_name or "kube-proxy" in by_name:
             self._remove_kubelet_chains()
         for rule in reversed(self.iptables_rules):
             subprocess.run(["iptables", "-w", "-D", *rule], capture_output=True, check=False)
@@ -661,7 +727,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 
     def _remove_kubelet_chains(self) -> None:
         """The kubelet's iptables chains (KUBE-FIREWALL and its jumps from INPUT/OUTPUT, the
-        canary and hint chains), unless they existed before this cluster's kubelet started."""
+        canary and hint chains) and any kube-proxy left, unless they existed before this
+        cluster started them."""
         for tool, table, chain in sorted(_kube_chains() - self.preexisting_chains):
             if (tool, table, chain) == (tool, "filter", "KUBE-FIREWALL"):
                 for hook in ("INPUT", "OUTPUT"):
@@ -772,15 +839,27 @@ def _tail(path: Path, lines: int = 40) -> str:
         return "(no log)"
 
 
+def build_knative() -> dict[str, Path]:
+    """Directories of the Knative binaries and manifests (``eventing``, ``serving``), of
+    ``coredns`` and of ``kingress`` (built on first use: minutes)."""
+    done = subprocess.run(["bash", str(HERE / "build_knative.sh")], stdout=subprocess.PIPE,
+                          text=True, check=False)
+    if done.returncode != 0:
+        raise ClusterError(f"tests/cluster/build_knative.sh exited with status {done.returncode}")
+    return {name: Path(path) for name, _, path in
+            (line.partition("=") for line in done.stdout.splitlines() if "=" in line)}
+
+
 def new_cluster(keep: bool = False) -> Cluster:
     """A cluster (not started) in a new directory; stale clusters are torn down first."""
     bin_dir = build_binaries()
+    tools = build_knative()
     for root in cleanup_stale():
         print(f"[cluster] tore down the stale cluster in {root}", file=sys.stderr)
     parent = cluster_parent()
     parent.mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="rf-cluster-", dir=parent))
-    return Cluster(root=root, bin_dir=bin_dir, keep=keep)
+    return Cluster(root=root, bin_dir=bin_dir, keep=keep, coredns_bin=tools["coredns"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -792,6 +871,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="keep the cluster directory (logs) after tear-down")
     parser.add_argument("--image", action="append", default=[],
                         help="a local Podman image to import into containerd (repeatable)")
+    parser.add_argument("--knative", action="store_true",
+                        help="also install Knative Eventing and Serving (tests/cluster/knative.py)")
     parser.add_argument("--cleanup", action="store_true",
                         help="only tear down clusters left behind by dead owners, and exit")
     args = parser.parse_args(argv)
@@ -808,6 +889,11 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGHUP, on_signal)
     try:
         cluster.start(tuple(args.image))
+        if args.knative:
+            from tests.cluster.knative import install_knative
+
+            knative = install_knative(cluster, build_knative())
+            print(f"broker ingress: {knative.broker_ingress}", flush=True)
         print(f"cluster directory: {cluster.root}\n"
               f"export KUBECONFIG={cluster.admin_kubeconfig}\n"
               f"pods reach this machine at {GATEWAY}", flush=True)

@@ -4,6 +4,8 @@ payload=$(cat)
 field() { echo "$payload" | grep -o "\"$1\":\"[^\"]*\"" | head -1 | cut -d'"' -f4; }
 number() { echo "$payload" | grep -o "\"$1\":[0-9]*" | head -1 | cut -d: -f2; }
 mode=$(field mode)
+# "delay": seconds to sleep before doing the action's work (a long get, a long check).
+delay=$(number delay); [ -n "$delay" ] && sleep "$delay"
 # Deliberately print the secret to stderr: the functions must redact it from logs.
 echo "$(basename "$0") mode=${mode:-ok} password=$(field password)" >&2
 case "$mode" in

@@ -1,0 +1,3 @@
+module localtest/kingress
+
+go 1.22

@@ -1,0 +1,195 @@
+"""Knative Eventing and Serving on the test cluster, installed from their own release manifests.
+
+    install_knative(cluster, build_knative()) -> Knative
+
+Images: each component's static binary (``build_knative.sh``, from the vendored release
+sources) in a ``buildah from scratch`` image with the CA bundle, run as user 65532, imported
+into the cluster's containerd; every ``ko://knative.dev/<repo>/cmd/<path>`` reference of the
+manifests is replaced by the local image. Installed: Eventing core, the in-memory channel, the
+MT channel-based broker (PingSource and SinkBinding are part of core); Serving core.
+
+Test-cluster settings, each a plain ConfigMap value of the release manifests:
+``config-deployment`` skips tag resolution for ``localhost`` images (there is no registry),
+``config-network`` names the test KIngress class, ``config-defaults`` raises
+``max-revision-timeout-seconds`` as the project README tells operators to, and
+``config-autoscaler`` scales idle revisions to zero within seconds so that a test can see a
+cold start. Left out: the job-sink and request-reply workloads (not used, and their images
+are not built).
+
+The networking layer is ``kingress`` (``tests/cluster/kingress/``), the one non-production hop:
+it runs on this machine, and a selector-less Service ``kingress`` in ``knative-serving`` (an
+EndpointSlice to the gateway) is the load balancer that Routes' placeholder Services name.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from tests.cluster.containerd_images import run
+from tests.cluster.up import CLUSTER_DOMAIN, GATEWAY, Cluster, ClusterError, free_port
+
+EVENTING_VERSION = "1.22.2"
+SERVING_VERSION = "1.22.1"
+INGRESS_CLASS = "kingress.test.resource-functions.dev"
+LB_SERVICE = "kingress"
+LB_NAMESPACE = "knative-serving"
+IMAGE_USER = "65532:65532"
+# Workloads of the release whose images are not built here (features not used).
+LEFT_OUT = {("knative-eventing", "job-sink"), ("knative-eventing", "request-reply")}
+SETTINGS = {
+    ("knative-serving", "config-deployment"): {
+        "registries-skipping-tag-resolving": "kind.local,ko.local,dev.local,localhost"},
+    ("knative-serving", "config-network"): {"ingress-class": INGRESS_CLASS},
+    ("knative-serving", "config-defaults"): {"max-revision-timeout-seconds": "3600"},
+    ("knative-serving", "config-autoscaler"): {
+        "stable-window": "6s", "scale-to-zero-grace-period": "6s"},
+}
+
+
+@dataclass
+class Knative:
+    cluster: Cluster
+    lb_port: int
+    broker_ingress: str  # http://<cluster IP> of broker-ingress, reachable from this machine
+
+    def broker_url(self, namespace: str, broker: str = "default") -> str:
+        return f"{self.broker_ingress}/{namespace}/{broker}"
+
+
+def component_image(binary: Path, repo: str, version: str) -> str:
+    """``localhost/knative-<repo>-<name>:<version>``, built once per machine."""
+    ref = f"localhost/knative-{repo}-{binary.name.replace('_', '-')}:{version}"
+    if subprocess.run(["podman", "image", "exists", ref], check=False).returncode == 0:
+        return ref
+    container = run(["buildah", "from", "scratch"])
+    try:
+        run(["buildah", "copy", "--chmod", "0755", container, str(binary), f"/ko-app/{binary.name}"])
+        run(["buildah", "copy", container, "/etc/ssl/certs/ca-certificates.crt",
+             "/etc/ssl/certs/ca-certificates.crt"])
+        run(["buildah", "config", "--entrypoint", json.dumps([f"/ko-app/{binary.name}"]),
+             "--cmd", "", "--user", IMAGE_USER, "--env", "KO_DATA_PATH=/var/run/ko", container])
+        run(["buildah", "commit", "--quiet", container, ref])
+    finally:
+        subprocess.run(["buildah", "rm", container], capture_output=True, check=False)
+    return ref
+
+
+def component_images(tools: dict[str, Path]) -> dict[str, str]:
+    """``ko://`` reference -> local image, for every binary built."""
+    images = {}
+    for repo, version in (("eventing", EVENTING_VERSION), ("serving", SERVING_VERSION)):
+        config = tools[repo].parent / "config"
+        refs = set()
+        for path in config.rglob("*.yaml"):
+            refs.update(w.strip('"\'') for w in path.read_text().split()
+                        if w.strip('"\'').startswith(f"ko://knative.dev/{repo}/cmd/"))
+        for ref in sorted(refs):
+            binary = tools[repo] / ref.rsplit("/", 1)[1]
+            if binary.is_file():
+                images[ref] = component_image(binary, repo, version)
+    return images
+
+
+def render(folder: Path, images: dict[str, str]) -> list[dict]:
+    """The documents of every YAML file under ``folder``, with images replaced, the left-out
+    Deployments dropped and the test settings applied."""
+    docs = []
+    for path in sorted(folder.rglob("*.yaml")):
+        text = path.read_text()
+        for ko, local in sorted(images.items(), key=lambda kv: -len(kv[0])):
+            text = text.replace(ko, local)
+        for doc in yaml.safe_load_all(text):
+            if not doc or "kind" not in doc:
+                continue
+            meta = doc.get("metadata", {})
+            key = (meta.get("namespace"), meta.get("name"))
+            if doc["kind"] in ("Deployment", "StatefulSet") and key in LEFT_OUT:
+                continue
+            if doc["kind"] == "ConfigMap" and key in SETTINGS:
+                doc.setdefault("data", {}).update(SETTINGS[key])
+            docs.append(doc)
+    return docs
+
+
+def apply(cluster: Cluster, docs: list[dict], attempts: int = 30) -> None:
+    """``kubectl apply`` of a list, retried while webhooks are not serving yet."""
+    payload = json.dumps({"apiVersion": "v1", "kind": "List", "items": docs})
+    for attempt in range(attempts):
+        done = subprocess.run([str(cluster.bin_dir / "kubectl"), "--kubeconfig",
+                               str(cluster.admin_kubeconfig), "apply", "--server-side",
+                               "--force-conflicts", "-f", "-"],
+                              input=payload, capture_output=True, text=True, check=False)
+        if done.returncode == 0:
+            return
+        if attempt == attempts - 1:
+            raise ClusterError(f"kubectl apply failed: {done.stderr.strip()[-3000:]}")
+        time.sleep(2)
+
+
+def wait_deployments(cluster: Cluster, namespace: str, timeout: float = 300) -> None:
+    done = subprocess.run([str(cluster.bin_dir / "kubectl"), "--kubeconfig",
+                           str(cluster.admin_kubeconfig), "-n", namespace, "wait",
+                           "--for=condition=Available", "deployment", "--all",
+                           f"--timeout={int(timeout)}s"],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        pods = cluster.kubectl("-n", namespace, "get", "pods", "-o", "wide", check=False)
+        raise ClusterError(f"Deployments in {namespace} not Available: {done.stderr.strip()}\n"
+                           f"{pods}\n{cluster.diagnostics(15)}")
+
+
+def install_knative(cluster: Cluster, tools: dict[str, Path]) -> Knative:
+    started = time.monotonic()
+    images = component_images(tools)
+    cluster.import_images(tuple(sorted(set(images.values()))))
+    eventing = tools["eventing"].parent / "config"
+    serving = tools["serving"].parent / "config"
+    apply(cluster, render(eventing / "core", images))
+    apply(cluster, render(eventing / "channels" / "in-memory-channel", images))
+    apply(cluster, render(eventing / "brokers" / "mt-channel-broker", images))
+    # Serving: CRDs first (its Certificate and Image objects need them), then the rest.
+    core = serving / "core"
+    crds = [d for d in render(core, images) if d["kind"] == "CustomResourceDefinition"]
+    apply(cluster, crds)
+    cluster.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+    apply(cluster, [d for d in render(core, images) if d["kind"] != "CustomResourceDefinition"])
+    lb_port = start_kingress(cluster, tools["kingress"])
+    wait_deployments(cluster, "knative-eventing")
+    wait_deployments(cluster, "knative-serving")
+    ip = cluster.kubectl("-n", "knative-eventing", "get", "service", "broker-ingress", "-o",
+                         "jsonpath={.spec.clusterIP}").strip()
+    cluster.note(f"knative installed in {time.monotonic() - started:.1f}s")
+    return Knative(cluster, lb_port, f"http://{ip}")
+
+
+def start_kingress(cluster: Cluster, bin_dir: Path) -> int:
+    """The KIngress proxy on the gateway, and the Service that makes it the load balancer."""
+    port = free_port(GATEWAY)
+    admin = json.loads(cluster.admin_kubeconfig.read_text())["users"][0]["user"]
+    cluster.spawn("kingress", [
+        str(bin_dir / "kingress"), "--server", cluster.server, "--ca", str(cluster.ca.cert),
+        "--cert", admin["client-certificate"], "--key", admin["client-key"],
+        "--listen", f"{GATEWAY}:{port}", "--dns", f"{GATEWAY}:53", "--class", INGRESS_CLASS,
+        "--lb-host", f"{LB_SERVICE}.{LB_NAMESPACE}.svc.{CLUSTER_DOMAIN}",
+    ])
+    service = {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": LB_SERVICE, "namespace": LB_NAMESPACE},
+        "spec": {"ports": [{"name": "http", "port": 80, "targetPort": port, "protocol": "TCP"}]},
+    }
+    endpoints = {
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": f"{LB_SERVICE}-gateway", "namespace": LB_NAMESPACE,
+                     "labels": {"kubernetes.io/service-name": LB_SERVICE,
+                                "endpointslice.kubernetes.io/managed-by": "rf-tests"}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [GATEWAY], "conditions": {"ready": True}}],
+        "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
+    }
+    apply(cluster, [service, endpoints])
+    return port
