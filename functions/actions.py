@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from cloudevents.core.v1.event import CloudEvent
 
 from functions import events, keys, protocol, steps
-from functions.errors import InvalidRequest, Unavailable
+from functions.errors import InvalidRequest
 from functions.flights import Flights
 from functions.logs import fields
 from functions.metrics import Metrics
 from functions.model import Action, Outcome, Request, Task
-from functions.outcome import failed
+from functions.outcome import final_failure
 from functions.requests import parse_request_data
 from functions.runtimes import Runtime
 from functions.settings import Settings
@@ -55,10 +55,8 @@ class Service:
         try:
             return self._serve(request, run)
         except StorageError as err:
-            if err.retryable:
-                raise Unavailable(f"store: {err}") from err
             # A permanent store refusal (e.g. a key the store will not take): final, not retried.
-            return self._reply(request, run, failed(self.action, "storage", str(err)))
+            return self._reply(request, run, final_failure(self.action, err))
 
     def parse(self, event: CloudEvent) -> Request:
         events.check_type(event, self.action)

@@ -26,9 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import requests
-
 from functions import keys, steps
+from functions.errors import SinkRefused, is_retryable
 from functions.events import reply_event
 from functions.model import Action, ArtifactRef, Outcome
 from functions.outcome import failed, redact, secret_strings
@@ -73,9 +72,9 @@ def stage_main(*, directory: Path, inputs: dict[str, ArtifactRef], task_dir: Pat
     except steps.StageFailed as err:
         return _stage_failed(task_dir, str(err))
     except StorageError as err:
-        if not err.retryable:
-            return _stage_failed(task_dir, f"store: {err}")
-        return unavailable(f"stage: the store is unavailable: {err}")
+        if is_retryable(err):
+            return unavailable(f"stage: the store is unavailable: {err}")
+        return _stage_failed(task_dir, f"store: {err}")
     except (ValueError, OSError) as err:
         return fail(f"stage: {err}")
     return 0
@@ -93,7 +92,7 @@ def collect_main(args: CollectArgs, environ: Mapping[str, str]) -> int:
     try:
         outcome = record(open_step_store(environ), args, environ)
     except StorageError as err:
-        if err.retryable:
+        if is_retryable(err):
             return unavailable(f"collect: the store is unavailable: {err}")
         return fail(f"collect: cannot record the outcome: {err}")
     except (ValueError, OSError) as err:
@@ -146,7 +145,7 @@ def _post(args: CollectArgs, outcome: Outcome, sink: str) -> int:
                         subject=args.reply.subject, run_id=args.run_id)
     try:
         post_reply(sink, event)
-    except requests.RequestException as err:
+    except SinkRefused as err:
         return fail(f"collect: the outcome is stored but the sink refused the reply: {err}")
     return 0
 

@@ -23,10 +23,10 @@ import docker.errors
 import requests.exceptions
 
 from functions import keys, steps
-from functions.errors import Unavailable
+from functions.errors import Unavailable, failure_kind
 from functions.logs import fields
 from functions.model import SCRIPTS, WORKDIRS, Outcome, Task
-from functions.outcome import failed, redact, secret_strings
+from functions.outcome import failed, final_failure, redact, secret_strings
 from functions.protocol import MAX_STDOUT_BYTES
 from functions.runtimes.podspec import MANAGED_BY  # the same label as task Jobs
 from functions.sink import post_outcome
@@ -87,8 +87,7 @@ class ContainerRuntime:
             outcome = self.run(task)
         except Exception as err:  # after a 202 nobody redelivers: reply with the failure
             log.exception("asynchronous task failed", extra=fields(run_id=task.run_id))
-            kind = "storage" if isinstance(err, StorageError) else "runtime"
-            outcome = failed(task.action, kind, f"the task could not run: {err}")
+            outcome = failed(task.action, failure_kind(err), f"the task could not run: {err}")
         try:
             post_outcome(self._config.sink, task, outcome)
         except Exception:
@@ -105,9 +104,7 @@ class ContainerRuntime:
             try:
                 outcome = self._run_in(task, workdir)
             except StorageError as err:
-                if err.retryable:
-                    raise Unavailable(f"store: {err}") from err
-                outcome = failed(task.action, "storage", str(err))
+                outcome = final_failure(task.action, err)
             return steps.record_outcome(self._store, task.run_id, outcome)
 
     def _run_in(self, task: Task, workdir: Path) -> Outcome:

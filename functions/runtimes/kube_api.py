@@ -17,26 +17,11 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
-from functions.errors import ConfigError, Unavailable
+from functions.errors import ConfigError, Conflict, Gone, NotFound, Rejected, Unavailable
 
 JOB_NAME_LABELS = ("job-name", "batch.kubernetes.io/job-name")
 CONTROLLER_UID_LABELS = ("controller-uid", "batch.kubernetes.io/controller-uid")
-
-
-class NotFound(Exception):
-    pass
-
-
-class Conflict(Exception):
-    pass
-
-
-class Gone(Exception):
-    """A watch's resourceVersion is too old: list again."""
-
-
-class Rejected(Exception):
-    """The API refused a request as invalid (4xx other than 401/403/404/409/410/429)."""
+__all__ = ["Conflict", "Gone", "KubeApi", "NotFound", "Rejected", "translate"]
 
 
 class KubeApi:

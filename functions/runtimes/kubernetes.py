@@ -14,7 +14,8 @@ the failures ``collect`` never saw (for asynchronous requests a store outage ins
 cannot be redelivered after the 202: a ``storage`` failure is posted, and nothing recorded).
 
 API errors arrive translated by ``kube_api``: ``Unavailable`` for anything worth retrying,
-``NotFound``/``Conflict``/``Gone`` and ``Rejected`` (an invalid request) otherwise.
+a ``KubeApiError`` (``NotFound``/``Conflict``/``Gone``, ``Rejected``: an invalid request)
+otherwise; ``functions.outcome.final_failure`` decides what a store error means.
 """
 from __future__ import annotations
 
@@ -25,21 +26,24 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import requests
-
 from functions import steps
-from functions.errors import Unavailable
+from functions.errors import (
+    Conflict,
+    Gone,
+    KubeApiError,
+    NotFound,
+    Rejected,
+    SinkRefused,
+    Unavailable,
+    failure_kind,
+)
 from functions.logs import fields
 from functions.model import Outcome, Task
-from functions.outcome import failed
+from functions.outcome import failed, final_failure
 from functions.runtimes import podspec
 from functions.runtimes.job_status import Verdict, is_finished, judge, started_at
 from functions.runtimes.kube_api import (
-    Conflict,
-    Gone,
     KubeApi,
-    NotFound,
-    Rejected,
     api_client_from_env,
     belongs,
     owner_uids,
@@ -56,6 +60,8 @@ log = logging.getLogger("functions.kubernetes")
 class StoreUnavailableInTask(Unavailable):
     """A task step could not reach the store: its Job was deleted and nothing recorded, so a
     redelivered request starts the task again."""
+
+    failure_kind = "storage"  # what it becomes after a 202, when nobody redelivers
 
 
 @dataclass(frozen=True)
@@ -100,7 +106,7 @@ class KubernetesRuntime:
             outcome = self._rejected(task, plan, err)
             try:
                 post_outcome(self._config.sink, task, outcome)
-            except requests.RequestException as post_err:  # a redelivery replays the record
+            except SinkRefused as post_err:  # 503: a redelivery replays the record
                 raise Unavailable(f"cannot post the reply: {post_err}") from post_err
             return
         with self._lock:
@@ -134,7 +140,7 @@ class KubernetesRuntime:
         try:
             return steps.record_outcome(self._store, task.run_id, outcome)
         except StorageError as store_err:
-            raise Unavailable(f"store: {store_err}") from store_err
+            return final_failure(task.action, store_err)
 
     def _existing_job(self, plan: JobPlan) -> dict[str, Any]:
         job = self._api.read_job(plan.job_name)
@@ -176,10 +182,8 @@ class KubernetesRuntime:
         try:
             settled = self._conclude(task, plan, self._follow(plan, job))
         except StorageError as err:
-            if err.retryable:
-                raise Unavailable(f"store: {err}") from err
-            settled = Settled(failed(task.action, "storage", str(err)), by_collect=False)
-        except (NotFound, Conflict, Gone, Rejected) as err:  # none expected while following
+            settled = Settled(final_failure(task.action, err), by_collect=False)
+        except KubeApiError as err:  # none expected while following
             raise Unavailable(f"Kubernetes API, following {plan.job_name}: {err}") from err
         self._drop_secret(plan)
         return settled
@@ -299,7 +303,7 @@ class KubernetesRuntime:
             # is recorded, so sending the same request again runs it afresh.
             log.error("an asynchronous task could not reach the store; its Job was deleted",
                       extra=fields(run_id=task.run_id, job=plan.job_name, error=str(err)))
-            self._post_quietly(task, failed(task.action, "storage", str(err)))
+            self._post_quietly(task, failed(task.action, failure_kind(err), str(err)))
         except Exception as err:
             log.exception("following an asynchronous task failed",
                           extra=fields(run_id=task.run_id, job=plan.job_name))
