@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from functions.errors import FunctionError
+from functions.task import contract
 
 
 def main(argv: list[str]) -> int:
@@ -73,17 +74,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def add_pod_step_parsers(sub: Any) -> None:
-    """``stage`` and ``collect``: run inside task pods (functions.runtimes.podspec)."""
+    """``stage`` and ``collect``: run inside task pods (functions.task.contract)."""
     stage = sub.add_parser("stage", help="(task pods) unpack a put's inputs")
     stage.add_argument("--dir", required=True, type=Path, help="the put's working directory")
     stage.add_argument("--input", action="append", default=[], metavar="NAME=KEY[@sha256:HEX]")
-    stage.add_argument("--task-dir", type=Path, default=Path("/tmp/build/.task"))
+    stage.add_argument("--task-dir", type=Path, default=Path(contract.TASK_DIR))
     stage.set_defaults(handler=cmd_stage)
     collect = sub.add_parser("collect", help="(task pods) store the resource step's outcome")
     collect.add_argument("--run-id", required=True)
     collect.add_argument("--action", required=True, choices=["check", "get", "put"])
     collect.add_argument("--dir", required=True, type=Path, help="the build dir (/tmp/build)")
-    collect.add_argument("--stdin-file", type=Path, default=Path("/secret/stdin"))
+    collect.add_argument("--stdin-file", type=Path, default=Path(contract.STDIN_FILE))
     collect.add_argument("--cache-key")
     collect.add_argument("--reply-to-sink", action="store_true", help="post the reply to K_SINK")
     collect.add_argument("--request-id", default="")
@@ -93,7 +94,7 @@ def add_pod_step_parsers(sub: Any) -> None:
 
 def cmd_stage(args: argparse.Namespace) -> int:
     from functions.pod_steps import stage_main
-    from functions.runtimes.podspec import parse_input
+    from functions.task.contract import parse_input
 
     try:
         inputs = dict(parse_input(value) for value in args.input)
@@ -105,7 +106,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
 
 def cmd_collect(args: argparse.Namespace) -> int:
     from functions.pod_steps import CollectArgs, collect_main
-    from functions.runtimes.podspec import ReplyPlan
+    from functions.task.contract import ReplyPlan
 
     reply = ReplyPlan(args.request_id, args.subject) if args.reply_to_sink else None
     return collect_main(CollectArgs(run_id=args.run_id, action=args.action, build_dir=args.dir,

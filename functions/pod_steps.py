@@ -32,20 +32,25 @@ from functions.events import reply_event
 from functions.model import Action, ArtifactRef, Outcome
 from functions.outcome import failed, redact, secret_strings
 from functions.protocol import MAX_STDOUT_BYTES
-from functions.runtimes.podspec import (
+from functions.sink import post_reply
+from functions.task.contract import (
+    EXIT_CODE_FILE,
     EXIT_UNAVAILABLE,
+    MAX_STDERR_BYTES,
+    MAX_STDIN_BYTES,
+    STAGE_ERROR_FILE,
+    STDERR_FILE,
+    STDOUT_FILE,
+    TASK_SUBDIR,
     TIMED_OUT_FILE,
     UNAVAILABLE_MARKER,
     ReplyPlan,
+    script_timeout,
 )
-from functions.sink import post_reply
 from storage import Store, StoreOptions, open_store
 from storage.archive import ArchiveOptions, Limits
 from storage.errors import StorageError
 
-TASK_SUBDIR = ".task"
-MAX_STDERR_BYTES = 4 * 1024 * 1024  # the log keeps the tail: that is where errors are
-MAX_STDIN_BYTES = 2 * 1024 * 1024  # a Secret holds at most 1 MiB
 TERMINATION_LOG = Path("/dev/termination-log")  # kubelet mounts it; absent elsewhere
 
 
@@ -82,7 +87,7 @@ def stage_main(*, directory: Path, inputs: dict[str, ArtifactRef], task_dir: Pat
 
 def _stage_failed(task_dir: Path, message: str) -> int:
     task_dir.mkdir(parents=True, exist_ok=True)
-    (task_dir / "stage-error").write_text(message + "\n")
+    (task_dir / STAGE_ERROR_FILE).write_text(message + "\n")
     print(f"stage: {message}", file=sys.stderr)
     return 0
 
@@ -106,11 +111,11 @@ def record(store: Store, args: CollectArgs, environ: Mapping[str, str]) -> Outco
     """The outcome of what the resource step left behind, stored (first record wins)."""
     task_dir = args.build_dir / TASK_SUBDIR
     stdin = read_head(args.stdin_file, MAX_STDIN_BYTES)
-    stage_error = read_head(task_dir / "stage-error", 64 * 1024)
+    stage_error = read_head(task_dir / STAGE_ERROR_FILE, 64 * 1024)
     if stage_error:
         return _record_failure(store, args, "storage", stage_error.decode(errors="replace"))
-    exit_code = _read_int(task_dir / "exit-code")
-    stderr = read_tail(task_dir / "stderr", MAX_STDERR_BYTES)
+    exit_code = _read_int(task_dir / EXIT_CODE_FILE)
+    stderr = read_tail(task_dir / STDERR_FILE, MAX_STDERR_BYTES)
     if exit_code is None:
         log = redact(stderr.decode(errors="replace"), secret_strings(stdin))
         return _record_failure(store, args, "runtime", "the resource step recorded no exit "
@@ -118,21 +123,26 @@ def record(store: Store, args: CollectArgs, environ: Mapping[str, str]) -> Outco
     if (task_dir / TIMED_OUT_FILE).exists():  # the same failure as the container runtime's
         limit = _read_int(task_dir / TIMED_OUT_FILE)  # the watchdog wrote the timeout there
         log = redact(stderr.decode(errors="replace"), secret_strings(stdin))
-        return _record_failure(store, args, "timeout", "the resource script ran longer than "
-                               + (f"{limit}s" if limit is not None else "its timeout"), log)
+        outcome = script_timeout(args.action, limit, log)
+        message = outcome.failure.message if outcome.failure else ""
+        return _record_outcome(store, args, outcome, log or message)
     spec = steps.CollectSpec(run_id=args.run_id, action=args.action, cache_key=args.cache_key,
                              archive=ArchiveOptions.from_env(environ))
     return steps.collect(
         store, spec, exit_code=exit_code,
-        stdout=read_head(task_dir / "stdout", MAX_STDOUT_BYTES + 1), stderr=stderr,
+        stdout=read_head(task_dir / STDOUT_FILE, MAX_STDOUT_BYTES + 1), stderr=stderr,
         stdin=stdin, output_dir=args.build_dir / "get" if args.action == "get" else None,
     )
 
 
 def _record_failure(store: Store, args: CollectArgs, kind: str, message: str,
                     log: str = "") -> Outcome:
-    steps.write_once(store, keys.log_key(args.run_id), (log or message).encode())
-    outcome = failed(args.action, kind, message.strip(), log)
+    return _record_outcome(store, args, failed(args.action, kind, message.strip(), log),
+                           log or message)
+
+
+def _record_outcome(store: Store, args: CollectArgs, outcome: Outcome, log: str) -> Outcome:
+    steps.write_once(store, keys.log_key(args.run_id), log.encode())
     return steps.record_outcome(store, args.run_id, outcome)
 
 

@@ -551,7 +551,7 @@ def test_task_jobs_get_the_broker_as_sink() -> None:
         "selector": {"matchLabels": {"app.kubernetes.io/managed-by": "resource-functions"}},
     }
     _broker_sink(binding)
-    from functions.runtimes.podspec import MANAGED_BY
+    from functions.task.contract import MANAGED_BY
 
     assert _selects(binding, {"app.kubernetes.io/managed-by": MANAGED_BY})
 

@@ -14,7 +14,7 @@ import pytest
 
 from functions import cli, keys, pod_steps
 from functions.model import ArtifactRef
-from functions.runtimes.podspec import format_input
+from functions.task.contract import format_input
 from storage import StoreOptions, get_json, open_store
 from storage.archive import ArchiveOptions
 from storage.artifacts import upload_tree

@@ -28,13 +28,12 @@ from functions.logs import fields
 from functions.model import SCRIPTS, WORKDIRS, Outcome, Task
 from functions.outcome import failed, final_failure, redact, secret_strings
 from functions.protocol import MAX_STDOUT_BYTES
-from functions.runtimes.podspec import MANAGED_BY  # the same label as task Jobs
 from functions.sink import post_outcome
+from functions.task.contract import MANAGED_BY, MAX_STDERR_BYTES, script_timeout
 from storage import Store
 from storage.archive import ArchiveOptions, Limits
 from storage.errors import StorageError
 
-MAX_STDERR_BYTES = 4 * 1024 * 1024  # the tail kept as the log
 ENGINE_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException, OSError)
 log = logging.getLogger("functions.container")
 
@@ -125,8 +124,7 @@ class ContainerRuntime:
             if exit_code is None:
                 log_text = redact(stderr.decode("utf-8", "replace"), secret_strings(task.stdin))
                 steps.write_once(self._store, keys.log_key(task.run_id), log_text.encode())
-                return failed(task.action, "timeout", f"the resource script ran longer than "
-                              f"{task.timeout_seconds:g}s", log_text)
+                return script_timeout(task.action, task.timeout_seconds, log_text)
             spec = steps.CollectSpec(run_id=task.run_id, action=task.action,
                                      cache_key=task.cache_key, archive=self._config.archive)
             return steps.collect(

@@ -51,6 +51,7 @@ from functions.runtimes.kube_api import (
 )
 from functions.runtimes.podspec import JobPlan, KubernetesConfig, plan_for
 from functions.sink import post_outcome
+from functions.task.contract import task_deadline
 from storage import Store
 from storage.errors import StorageError
 
@@ -262,9 +263,8 @@ class KubernetesRuntime:
 
     def _failure(self, task: Task, plan: JobPlan, verdict: Verdict) -> Outcome:
         if verdict.kind == "timeout":
-            return failed(task.action, "timeout", (
-                f"the task ran longer than {plan.active_deadline_seconds}s (the resource's "
-                f"{plan.timeout_seconds:g}s + {plan.margin_seconds:g}s to stage and collect)"))
+            return task_deadline(task.action, plan.active_deadline_seconds,
+                                 plan.timeout_seconds, plan.margin_seconds)
         kind = "image_pull" if verdict.kind == "image_pull" else "runtime"
         return failed(task.action, kind, verdict.message, verdict.detail)
 
