@@ -12,10 +12,13 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from functions.errors import FunctionError
+from functions.errors import ConfigError, FunctionError
 from functions.task import contract
+
+if TYPE_CHECKING:
+    from functions.task.step_settings import StepSettings
 
 
 def main(argv: list[str]) -> int:
@@ -34,9 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(required=True, dest="command")
     serve = sub.add_parser("serve", help="serve one action over HTTP (CloudEvents)")
     serve.add_argument("action", choices=["check", "get", "put", "dead-letter"])
-    serve.add_argument("--host", default=os.environ.get("HOST", "0.0.0.0"))
-    serve.add_argument("--port", type=int, default=_env_int("PORT", 8080))
-    serve.add_argument("--threads", type=int, default=_env_int("THREADS", 16))
+    serve.add_argument("--host", help="default: $HOST, else 0.0.0.0")
+    serve.add_argument("--port", type=int, help="default: $PORT, else 8080")
+    serve.add_argument("--threads", type=int, help="default: $THREADS, else 16")
     serve.set_defaults(handler=cmd_serve)
     run = sub.add_parser("run", help="run one action locally and print the reply data")
     run.add_argument("action", choices=["check", "get", "put"])
@@ -56,15 +59,6 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(handler=cmd_demo)
     add_pod_step_parsers(sub)
     return parser
-
-
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name, "")
-    if not raw:
-        return default
-    if not raw.isdigit() or int(raw) < 1:
-        raise SystemExit(f"error: {name}={raw!r}: expected a positive whole number")
-    return int(raw)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -100,8 +94,11 @@ def cmd_stage(args: argparse.Namespace) -> int:
         inputs = dict(parse_input(value) for value in args.input)
     except ValueError as err:
         raise SystemExit(str(err)) from None
+    settings = _step_settings("stage")
+    if isinstance(settings, int):
+        return settings
     return stage_main(directory=args.dir, inputs=inputs, task_dir=args.task_dir,
-                      environ=os.environ)
+                      settings=settings)
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
@@ -109,9 +106,24 @@ def cmd_collect(args: argparse.Namespace) -> int:
     from functions.task.contract import ReplyPlan
 
     reply = ReplyPlan(args.request_id, args.subject) if args.reply_to_sink else None
+    settings = _step_settings("collect: cannot record the outcome")
+    if isinstance(settings, int):
+        return settings
     return collect_main(CollectArgs(run_id=args.run_id, action=args.action, build_dir=args.dir,
                                     stdin_file=args.stdin_file, cache_key=args.cache_key,
-                                    reply=reply), os.environ)
+                                    reply=reply), settings)
+
+
+def _step_settings(prefix: str) -> StepSettings | int:
+    """The in-pod step's settings, or the exit status of a step that cannot start (its
+    message in the termination log, as every step failure)."""
+    from functions.pod_steps import fail
+    from functions.task.step_settings import StepSettings
+
+    try:
+        return StepSettings.from_env(os.environ)
+    except ConfigError as err:
+        return fail(f"{prefix}: {err}")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -129,7 +141,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from functions.app import create_app
 
         app = create_app(settings, args.action)
-    serve(app, host=args.host, port=args.port, threads=args.threads)
+    serve(app, host=args.host or settings.host, port=args.port or settings.port,
+          threads=args.threads or settings.threads)
     return 0
 
 

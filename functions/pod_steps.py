@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,8 +46,9 @@ from functions.task.contract import (
     ReplyPlan,
     script_timeout,
 )
-from storage import Store, StoreOptions, open_store
-from storage.archive import ArchiveOptions, Limits
+from functions.task.step_settings import StepSettings
+from storage import Store, open_store
+from storage.archive import ArchiveOptions
 from storage.errors import StorageError
 
 TERMINATION_LOG = Path("/dev/termination-log")  # kubelet mounts it; absent elsewhere
@@ -65,12 +65,12 @@ class CollectArgs:
 
 
 def stage_main(*, directory: Path, inputs: dict[str, ArtifactRef], task_dir: Path,
-               environ: Mapping[str, str]) -> int:
+               settings: StepSettings) -> int:
     """Unpack ``inputs`` into ``directory``; the exit status of the stage container."""
     try:
-        store = open_step_store(environ)
+        store = open_store(settings.store_url, settings.store_options)
         directory.mkdir(parents=True, exist_ok=True)
-        steps.stage(store, inputs, directory, Limits.from_env(environ))
+        steps.stage(store, inputs, directory, settings.limits)
         # The resource image may run as any user, and put scripts write into their inputs
         # (a git commit, a rebase): open the whole staged tree, as a Concourse volume is.
         make_writable_by_all(directory)
@@ -92,10 +92,11 @@ def _stage_failed(task_dir: Path, message: str) -> int:
     return 0
 
 
-def collect_main(args: CollectArgs, environ: Mapping[str, str]) -> int:
+def collect_main(args: CollectArgs, settings: StepSettings) -> int:
     """Record the outcome (and post the reply); the exit status of the collect container."""
     try:
-        outcome = record(open_step_store(environ), args, environ)
+        store = open_store(settings.store_url, settings.store_options)
+        outcome = record(store, args, settings.archive)
     except StorageError as err:
         if is_retryable(err):
             return unavailable(f"collect: the store is unavailable: {err}")
@@ -104,10 +105,10 @@ def collect_main(args: CollectArgs, environ: Mapping[str, str]) -> int:
         return fail(f"collect: cannot record the outcome: {err}")
     if args.reply is None:
         return 0
-    return _post(args, outcome, environ.get("K_SINK", ""))
+    return _post(args, outcome, settings.sink)
 
 
-def record(store: Store, args: CollectArgs, environ: Mapping[str, str]) -> Outcome:
+def record(store: Store, args: CollectArgs, archive: ArchiveOptions) -> Outcome:
     """The outcome of what the resource step left behind, stored (first record wins)."""
     task_dir = args.build_dir / TASK_SUBDIR
     stdin = read_head(args.stdin_file, MAX_STDIN_BYTES)
@@ -127,7 +128,7 @@ def record(store: Store, args: CollectArgs, environ: Mapping[str, str]) -> Outco
         message = outcome.failure.message if outcome.failure else ""
         return _record_outcome(store, args, outcome, log or message)
     spec = steps.CollectSpec(run_id=args.run_id, action=args.action, cache_key=args.cache_key,
-                             archive=ArchiveOptions.from_env(environ))
+                             archive=archive)
     return steps.collect(
         store, spec, exit_code=exit_code,
         stdout=read_head(task_dir / STDOUT_FILE, MAX_STDOUT_BYTES + 1), stderr=stderr,
@@ -158,13 +159,6 @@ def _post(args: CollectArgs, outcome: Outcome, sink: str) -> int:
     except SinkRefused as err:
         return fail(f"collect: the outcome is stored but the sink refused the reply: {err}")
     return 0
-
-
-def open_step_store(environ: Mapping[str, str]) -> Store:
-    url = environ.get("STORE_URL", "")
-    if not url:
-        raise ValueError("STORE_URL is not set")
-    return open_store(url, StoreOptions.from_env(environ))
 
 
 def fail(message: str, status: int = 1) -> int:

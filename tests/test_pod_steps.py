@@ -15,6 +15,7 @@ import pytest
 from functions import cli, keys, pod_steps
 from functions.model import ArtifactRef
 from functions.task.contract import format_input
+from functions.task.step_settings import StepSettings
 from storage import StoreOptions, get_json, open_store
 from storage.archive import ArchiveOptions
 from storage.artifacts import upload_tree
@@ -124,8 +125,8 @@ def test_an_unreachable_store_fails_the_stage_step_as_retryable(
     monkeypatch.setenv("STORE_URL", "s3://bucket/prefix")
     status = pod_steps.stage_main(
         directory=tmp_path / "put", task_dir=tmp_path / ".task",
-        inputs={"repo": ArtifactRef("artifacts/x.tar.zst")}, environ={
-            "STORE_URL": "s3://bucket/prefix"})
+        inputs={"repo": ArtifactRef("artifacts/x.tar.zst")},
+        settings=StepSettings.from_env({"STORE_URL": "s3://bucket/prefix"}))
     assert status == pod_steps.EXIT_UNAVAILABLE == 75
     assert termination.read_text().startswith("unavailable: stage: the store is unavailable")
     assert not (tmp_path / ".task/stage-error").exists()

@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import docker
 import docker.errors
@@ -33,6 +33,9 @@ from functions.task.contract import MANAGED_BY, MAX_STDERR_BYTES, script_timeout
 from storage import Store
 from storage.archive import ArchiveOptions, Limits
 from storage.errors import StorageError
+
+if TYPE_CHECKING:
+    from functions.settings import Settings
 
 ENGINE_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException, OSError)
 log = logging.getLogger("functions.container")
@@ -57,11 +60,11 @@ class ContainerRuntime:
         self._pull_locks: dict[str, threading.Lock] = {}
 
     @classmethod
-    def from_settings(cls, settings: Any, store: Store) -> ContainerRuntime:
+    def from_settings(cls, settings: Settings, store: Store) -> ContainerRuntime:
         # A fixed API version makes no call here: an engine that is down at start answers
         # 503 per request instead of keeping the service from starting.
         try:
-            client = docker.from_env(environment=engine_environment(settings.environ),
+            client = docker.from_env(environment=engine_environment(settings.engine_env),
                                      timeout=60, version=settings.docker_api_version)
         except docker.errors.DockerException as err:
             raise Unavailable(f"container engine unreachable (DOCKER_HOST): {err}") from err

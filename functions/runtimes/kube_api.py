@@ -168,14 +168,14 @@ def owner_uids(obj: dict[str, Any]) -> set[str]:
     return {str(ref.get("uid")) for ref in references if ref.get("uid")}
 
 
-def api_client_from_env(environ: Any) -> Any:
+def api_client_from_env(kubeconfig: str = "") -> Any:
     """An ApiClient from the in-cluster service account, else from KUBECONFIG."""
     configuration = client.Configuration()
     try:
         config.load_incluster_config(client_configuration=configuration)
     except config.ConfigException:
         try:
-            config.load_kube_config(config_file=environ.get("KUBECONFIG") or None,
+            config.load_kube_config(config_file=kubeconfig or None,
                                     client_configuration=configuration)
         except (config.ConfigException, OSError) as err:
             raise ConfigError(

@@ -24,7 +24,7 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from functions import steps
 from functions.errors import (
@@ -55,6 +55,9 @@ from functions.task.contract import task_deadline
 from storage import Store
 from storage.errors import StorageError
 
+if TYPE_CHECKING:
+    from functions.settings import Settings
+
 log = logging.getLogger("functions.kubernetes")
 
 
@@ -81,9 +84,9 @@ class KubernetesRuntime:
         self._following: set[str] = set()
 
     @classmethod
-    def from_settings(cls, settings: Any, store: Store) -> KubernetesRuntime:
+    def from_settings(cls, settings: Settings, store: Store) -> KubernetesRuntime:
         config_ = KubernetesConfig.from_settings(settings)
-        return cls(api_client_from_env(settings.environ), store, config_)
+        return cls(api_client_from_env(settings.kubeconfig), store, config_)
 
     def close(self) -> None:
         self._closed.set()

@@ -22,7 +22,7 @@ import base64
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from functions.model import SCRIPTS, WORKDIRS, Action, ArtifactRef, Task
 from functions.task.contract import (
@@ -36,7 +36,6 @@ from functions.task.contract import (
     STDIN_FILE,
     STDIN_KEY,
     STDOUT_FILE,
-    STEP_ENV,
     STORE_URL_ENV,
     TASK_DIR,
     TIMED_OUT_EXIT_CODE,
@@ -44,6 +43,9 @@ from functions.task.contract import (
     ReplyPlan,
     format_input,
 )
+
+if TYPE_CHECKING:
+    from functions.settings import Settings
 
 LABEL_PREFIX = "resource-functions.dev/"
 STEP_UID = 65532  # stage/collect: the project image's non-root user
@@ -160,8 +162,7 @@ class KubernetesConfig:
     request_timeout: tuple[float, float] = (5.0, 30.0)  # connect, read
 
     @classmethod
-    def from_settings(cls, settings: Any) -> KubernetesConfig:
-        env = settings.environ
+    def from_settings(cls, settings: Settings) -> KubernetesConfig:
         return cls(
             namespace=settings.task_namespace,
             service_account=settings.task_service_account,
@@ -173,7 +174,7 @@ class KubernetesConfig:
             node_selector=settings.task_node_selector,
             tolerations=tuple(settings.task_tolerations),
             image_pull_secrets=tuple(settings.task_image_pull_secrets),
-            step_env=tuple((name, env[name]) for name in STEP_ENV if env.get(name)),
+            step_env=settings.step_env,
             sink=settings.sink,
         )
 
