@@ -52,6 +52,13 @@ class Store(Protocol):
     def url_for(self, key: str) -> str: ...
 
 
+def readinto_via_read(read: Callable[[int], bytes], buffer: Any) -> int:
+    """``readinto`` for a stream that only has ``read(n)``: fill ``buffer``'s head."""
+    data = read(len(buffer))
+    buffer[: len(data)] = data
+    return len(data)
+
+
 class HashingReader:
     """Wraps a readable stream; counts and sha256-hashes every byte read through it."""
 
@@ -67,9 +74,7 @@ class HashingReader:
         return data
 
     def readinto(self, buffer: Any) -> int:
-        data = self.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
+        return readinto_via_read(self.read, buffer)
 
     def readable(self) -> bool:
         return True
@@ -206,9 +211,7 @@ class TranslatingReader(io.RawIOBase):
         return data
 
     def readinto(self, buffer: Any) -> int:
-        data = self.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
+        return readinto_via_read(self.read, buffer)
 
     def close(self) -> None:
         if self.closed:
