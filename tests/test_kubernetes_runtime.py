@@ -29,7 +29,7 @@ import pytest
 from kmock._internal import enums
 from kubernetes import client
 
-from functions import cli, keys, protocol, steps
+from functions import cli, keys, protocol
 from functions.errors import Unavailable
 from functions.model import Build, ResourceType, Task
 from functions.runtimes.job_status import judge
@@ -37,7 +37,7 @@ from functions.runtimes.kube_api import Rejected, belongs, translate
 from functions.runtimes.kubernetes import KubernetesRuntime
 from functions.runtimes.podspec import KubernetesConfig
 from functions.settings import Settings
-from functions.task import contract
+from functions.task import contract, steps
 from storage import StoreOptions, get_json, open_store
 from storage.artifacts import download_tree
 

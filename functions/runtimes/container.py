@@ -22,14 +22,15 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from functions import keys, steps
+from functions import keys
 from functions.errors import Unavailable, failure_kind
 from functions.logs import fields
 from functions.model import SCRIPTS, WORKDIRS, Outcome, Task
 from functions.outcome import failed, final_failure, redact, secret_strings
 from functions.protocol import MAX_STDOUT_BYTES
-from functions.sink import post_outcome
+from functions.task import steps
 from functions.task.contract import MANAGED_BY, MAX_STDERR_BYTES, script_timeout
+from functions.task.sink import post_outcome
 from storage import Store
 from storage.archive import ArchiveOptions, Limits
 from storage.errors import StorageError

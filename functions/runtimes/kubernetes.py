@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from functions import steps
 from functions.errors import (
     Conflict,
     Gone,
@@ -50,8 +49,9 @@ from functions.runtimes.kube_api import (
     uid_of,
 )
 from functions.runtimes.podspec import JobPlan, KubernetesConfig, plan_for
-from functions.sink import post_outcome
+from functions.task import steps
 from functions.task.contract import task_deadline
+from functions.task.sink import post_outcome
 from storage import Store
 from storage.errors import StorageError
 

@@ -62,8 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from functions.demo import run_demo
-
+    try:
+        from functions.cli.demo import run_demo
+    except ImportError:  # .dockerignore keeps the demo out of the production image
+        raise SystemExit("error: demo is for development: run it from a source checkout") \
+            from None
     return run_demo(serve=args.serve, base_port=args.port)
 
 
@@ -87,8 +90,8 @@ def add_pod_step_parsers(sub: Any) -> None:
 
 
 def cmd_stage(args: argparse.Namespace) -> int:
-    from functions.pod_steps import stage_main
     from functions.task.contract import parse_input
+    from functions.task.in_pod import stage_main
 
     try:
         inputs = dict(parse_input(value) for value in args.input)
@@ -102,8 +105,8 @@ def cmd_stage(args: argparse.Namespace) -> int:
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
-    from functions.pod_steps import CollectArgs, collect_main
     from functions.task.contract import ReplyPlan
+    from functions.task.in_pod import CollectArgs, collect_main
 
     reply = ReplyPlan(args.request_id, args.subject) if args.reply_to_sink else None
     settings = _step_settings("collect: cannot record the outcome")
@@ -117,7 +120,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
 def _step_settings(prefix: str) -> StepSettings | int:
     """The in-pod step's settings, or the exit status of a step that cannot start (its
     message in the termination log, as every step failure)."""
-    from functions.pod_steps import fail
+    from functions.task.in_pod import fail
     from functions.task.step_settings import StepSettings
 
     try:
@@ -128,17 +131,17 @@ def _step_settings(prefix: str) -> StepSettings | int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from functions import logs
-    from functions.serving import serve
+    from functions.http.serving import serve
     from functions.settings import Settings
 
     settings = Settings.from_env()
     logs.configure(settings.log_level)
     if args.action == "dead-letter":
-        from functions.dead_letter import create_dead_letter_app
+        from functions.http.dead_letter import create_dead_letter_app
 
         app = create_dead_letter_app()
     else:
-        from functions.app import create_app
+        from functions.http.app import create_app
 
         app = create_app(settings, args.action)
     serve(app, host=args.host or settings.host, port=args.port or settings.port,
@@ -147,7 +150,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from functions.local import run_local
+    from functions.cli.local import run_local
 
     data: dict[str, Any] = {"source": _json_arg(args.source, "--source")}
     data.update({"type": args.type} if args.type else {"image": args.image})

@@ -9,16 +9,17 @@ from dataclasses import dataclass
 
 from cloudevents.core.v1.event import CloudEvent
 
-from functions import events, keys, protocol, steps
+from functions import events, keys, protocol
 from functions.errors import InvalidRequest
-from functions.flights import Flights
 from functions.logs import fields
 from functions.metrics import Metrics
 from functions.model import Action, Outcome, Request, Task
 from functions.outcome import final_failure
-from functions.requests import parse_request_data
 from functions.runtimes import Runtime
+from functions.service.flights import Flights
+from functions.service.request_data import parse_request_data
 from functions.settings import Settings
+from functions.task import steps
 from storage import Store
 from storage.base import url_prefix
 from storage.errors import StorageError

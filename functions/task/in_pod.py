@@ -1,5 +1,5 @@
 """The steps that run inside a task pod: ``python -m functions stage|collect`` (see
-``functions.runtimes.podspec`` for the pod layout). Thin: the work is ``functions.steps``.
+``functions.runtimes.podspec`` for the pod layout). Thin: the work is ``functions.task.steps``.
 
 stage: unpack a put's inputs into its working directory. A missing or unsafe input fails the
 request, not the pod: its message goes to ``.task/stage-error`` (the resource step then does
@@ -25,13 +25,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from functions import keys, steps
+from functions import keys
 from functions.errors import SinkRefused, is_retryable
 from functions.events import reply_event
 from functions.model import Action, ArtifactRef, Outcome
 from functions.outcome import failed, redact, secret_strings
 from functions.protocol import MAX_STDOUT_BYTES
-from functions.sink import post_reply
+from functions.task import steps
 from functions.task.contract import (
     EXIT_CODE_FILE,
     EXIT_UNAVAILABLE,
@@ -46,6 +46,7 @@ from functions.task.contract import (
     ReplyPlan,
     script_timeout,
 )
+from functions.task.sink import post_reply
 from functions.task.step_settings import StepSettings
 from storage import Store, open_store
 from storage.archive import ArchiveOptions
