@@ -80,7 +80,6 @@ EXPECTED_ROLE_RULES = {  # (apiGroup, resource): verbs
     ("batch", "jobs"): {"create", "get", "list", "watch", "delete"},
     ("", "secrets"): {"create", "get", "delete"},
     ("", "pods"): {"get", "list", "watch"},
-    ("", "pods/log"): {"get"},
 }
 # Names the ecosystem uses for credentials: never ConfigMap keys.
 SECRET_ENV_NAMES = {
