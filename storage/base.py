@@ -124,7 +124,7 @@ _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 def validate_key(key: str) -> str:
     """Return ``key`` unchanged if every backend can store it, else raise ``InvalidKey``.
 
-    A key is 1–1024 UTF-8 bytes of ``/``-separated segments. No segment is empty, ``.`` or
+    A key is 1 to 1024 UTF-8 bytes of ``/``-separated segments. No segment is empty, ``.`` or
     ``..`` (so no leading or trailing ``/``), no character is a control character or a
     backslash, and no segment looks like the file backend's temp files (``.<x>.partial-<y>``).
     The same rules hold for every backend, so a key that works on ``file://`` works on S3/GCS.
