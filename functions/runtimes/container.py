@@ -208,8 +208,8 @@ class ContainerRuntime:
 
 
 def engine_environment(env: Mapping[str, str]) -> dict[str, str]:
-    """DOCKER_HOST as given; unset, Docker's socket if present, else Podman's (root, then
-    rootless), so a machine with only Podman works without configuration."""
+    """DOCKER_HOST as given; unset, Docker's socket if present, else Podman's (rootless,
+    then root), so a machine with only Podman works without configuration."""
     env = dict(env)
     if env.get("DOCKER_HOST") or Path("/var/run/docker.sock").exists():
         return env
