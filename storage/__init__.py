@@ -48,15 +48,15 @@ _BUCKET_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0
 def open_store(url: str, options: StoreOptions | None = None) -> Store:
     """The store for ``url`` (``s3://bucket/prefix``, ``gs://bucket/prefix``, ``file:///path``).
 
-    ``options`` defaults to ``StoreOptions()`` (callers read theirs from their settings,
-    ``StoreOptions.from_env``). Makes no network call:
+    ``options`` defaults to ``StoreOptions.from_process_env()`` (the services pass the
+    options their settings read once). Makes no network call:
     an unreachable endpoint or missing bucket surfaces as ``StoreUnavailable`` on first use.
     Raises ``InvalidStoreURL`` saying what is wrong with the URL (never echoing credentials),
     or ``StoreUnavailable`` if GCS credentials cannot be found.
     """
     parts = _split(url)
     if options is None:
-        options = StoreOptions()
+        options = StoreOptions.from_process_env()
     if parts.scheme == "file":
         return _file_store(url, parts)
     bucket, prefix = _bucket_and_prefix(url, parts)
