@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from functions.cli import main
+from functions.cli.commands import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

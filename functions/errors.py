@@ -1,19 +1,32 @@
-"""Errors of the functions layer, and how each maps to an HTTP reply.
+"""Errors of the functions layer, and the one place that decides how each is answered.
 
-    FunctionError
-    ├── InvalidRequest    the event or its data is wrong: HTTP 400, nothing started, never retried
-    ├── Unavailable       infrastructure trouble (store, engine or cluster unreachable): HTTP 503,
-    │                     so Knative redelivers
-    └── ConfigError       the service's own configuration is wrong: refuse to start
+    FunctionError             retryable = False
+    ├── InvalidRequest        the event or its data is wrong: HTTP 400, nothing started
+    ├── Unavailable           retryable = True: infrastructure trouble (store, engine or
+    │   │                     cluster unreachable): HTTP 503, so Knative redelivers
+    │   └── SinkRefused       K_SINK did not take a reply event (requests' error is the cause)
+    ├── ConfigError           the service's own configuration is wrong: refuse to start
+    └── KubeApiError          a Kubernetes API answer the runtime handles itself
+        ├── NotFound          404
+        ├── Conflict          409
+        ├── Gone              410: a watch's resourceVersion is too old
+        └── Rejected          any other 4xx: the API refused the request as invalid
 
-A resource that runs and fails is *not* an error: it is an ``Outcome`` with a failure kind,
-answered with HTTP 200 and a ``…failed`` event (see ``functions.outcome``).
+``storage.errors.StorageError`` carries ``retryable`` the same way. ``is_retryable`` reads it
+from any error; ``failure_kind`` names the failure a permanent one becomes;
+``functions.outcome.final_failure`` is the one mapping to "503" (raise ``Unavailable``) or
+"200 + failed event" (an ``Outcome``). A resource that runs and fails is *not* an error: it
+is an ``Outcome`` with a failure kind.
 """
 from __future__ import annotations
+
+from storage.errors import StorageError
 
 
 class FunctionError(Exception):
     """Base of the functions' own errors."""
+
+    retryable = False
 
 
 class InvalidRequest(FunctionError):
@@ -27,6 +40,53 @@ class InvalidRequest(FunctionError):
 class Unavailable(FunctionError):
     """A dependency is unreachable or failing; the same request may succeed later."""
 
+    retryable = True
+
+
+class SinkRefused(Unavailable):
+    """The sink could not be reached or answered with an error, after retries."""
+
 
 class ConfigError(FunctionError, ValueError):
     """A setting is missing or malformed; the message names the variable."""
+
+
+class KubeApiError(FunctionError):
+    """A Kubernetes API error answer that is not ``Unavailable``."""
+
+
+class NotFound(KubeApiError):
+    pass
+
+
+class Conflict(KubeApiError):
+    pass
+
+
+class Gone(KubeApiError):
+    """A watch's resourceVersion is too old: list again."""
+
+
+class Rejected(KubeApiError):
+    """The API refused a request as invalid (4xx other than 401/403/404/409/410/429)."""
+
+
+def is_retryable(err: BaseException) -> bool:
+    """Whether trying the same request again later may succeed."""
+    return bool(getattr(err, "retryable", False))
+
+
+def failure_kind(err: BaseException) -> str:
+    """The failure kind a permanent error becomes in a ``…failed`` reply."""
+    declared = getattr(err, "failure_kind", None)
+    if isinstance(declared, str):
+        return declared
+    return "storage" if isinstance(err, StorageError) else "runtime"
+
+
+def unavailable(err: BaseException, what: str = "") -> Unavailable:
+    """``err`` as an ``Unavailable`` (itself, if it is one already); raise it ``from err``."""
+    if isinstance(err, Unavailable):
+        return err
+    prefix = what or ("store" if isinstance(err, StorageError) else "runtime")
+    return Unavailable(f"{prefix}: {err}")

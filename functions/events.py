@@ -50,7 +50,19 @@ def read_event(headers: Mapping[str, str], body: bytes) -> CloudEvent:
         raise InvalidRequest("invalid CloudEvent: JSON nested too deeply") from None
     if not isinstance(event, CloudEvent):
         raise InvalidRequest("only CloudEvents specversion 1.0 is supported")
+    if not _sent_id(lowered, body):  # the SDK invents one, which would defeat redelivery
+        raise InvalidRequest("the event has no id: redelivery is recognised by (source, id)")
     return event
+
+
+def _sent_id(headers: Mapping[str, str], body: bytes) -> bool:
+    """Whether the sender set the event's id (binary: ce-id; structured: the "id" member)."""
+    if "ce-specversion" in headers:
+        return bool(headers.get("ce-id"))
+    try:
+        return bool(json.loads(body).get("id"))
+    except (ValueError, AttributeError):
+        return False
 
 
 def event_data(event: CloudEvent) -> Any:

@@ -16,6 +16,7 @@ from typing import Any, TypeVar, cast
 
 from functions.errors import ConfigError
 from functions.model import ResourceType
+from functions.task.contract import STEP_ENV
 from storage.archive import ArchiveOptions, Limits
 from storage.options import StoreOptions
 
@@ -67,7 +68,13 @@ class Settings:
     archive: ArchiveOptions = field(default_factory=ArchiveOptions)
     limits: Limits = field(default_factory=Limits)
     store_options: StoreOptions = field(default_factory=StoreOptions)
-    environ: Mapping[str, str] = field(default_factory=dict, repr=False)
+    host: str = "0.0.0.0"
+    port: int = 8080
+    threads: int = 16
+    # The client libraries' own variables, handed to them (not interpreted here):
+    engine_env: dict[str, str] = field(default_factory=dict)  # DOCKER_*, XDG_RUNTIME_DIR
+    kubeconfig: str = ""  # KUBECONFIG
+    step_env: tuple[tuple[str, str], ...] = ()  # contract.STEP_ENV: copied into task pods
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -100,7 +107,13 @@ class Settings:
             archive=_storage_setting(ArchiveOptions.from_env, env),
             limits=_storage_setting(Limits.from_env, env),
             store_options=_storage_setting(StoreOptions.from_env, env),
-            environ=env,
+            host=env.get("HOST") or "0.0.0.0",
+            port=_whole(env, "PORT", 8080),
+            threads=_whole(env, "THREADS", 16),
+            engine_env={k: v for k, v in env.items()
+                        if k.startswith("DOCKER_") or k == "XDG_RUNTIME_DIR"},
+            kubeconfig=env.get("KUBECONFIG", ""),
+            step_env=tuple((name, env[name]) for name in STEP_ENV if env.get(name)),
         )
 
 
@@ -259,6 +272,15 @@ def _number(env: Mapping[str, str], name: str, default: float) -> float:
     if value <= 0:
         raise ConfigError(f"{name}={raw!r}: must be positive")
     return value
+
+
+def _whole(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = (env.get(name) or "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError(f"{name}={raw!r}: expected a positive whole number")
+    return int(raw)
 
 
 def _own_namespace() -> str:

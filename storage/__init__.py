@@ -5,15 +5,14 @@
     gs://BUCKET[/PREFIX]    GCS: application default credentials, or STORAGE_EMULATOR_HOST
     file:///ABS/PATH        a directory that exists
 
-This module is the only place that knows the URL schemes and builds the client libraries'
-clients; the backends receive theirs. Cloud libraries are imported only when their scheme is
+This module is the only place that knows the URL schemes; ``storage.clients`` builds the
+client libraries' clients (the one storage module that looks at their environment
+variables), and the backends receive theirs. Cloud libraries are imported only when their scheme is
 used, so the file backend works (and imports fast) without them.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import Any
 from urllib.parse import SplitResult, unquote, urlsplit
 
 from storage.base import ObjectInfo, Store, get_json, key_problem, put_json
@@ -49,20 +48,25 @@ _BUCKET_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0
 def open_store(url: str, options: StoreOptions | None = None) -> Store:
     """The store for ``url`` (``s3://bucket/prefix``, ``gs://bucket/prefix``, ``file:///path``).
 
-    ``options`` defaults to ``StoreOptions.from_env(os.environ)``. Makes no network call:
+    ``options`` defaults to ``StoreOptions.from_process_env()`` (the services pass the
+    options their settings read once). Makes no network call:
     an unreachable endpoint or missing bucket surfaces as ``StoreUnavailable`` on first use.
     Raises ``InvalidStoreURL`` saying what is wrong with the URL (never echoing credentials),
     or ``StoreUnavailable`` if GCS credentials cannot be found.
     """
     parts = _split(url)
     if options is None:
-        options = StoreOptions.from_env(os.environ)
+        options = StoreOptions.from_process_env()
     if parts.scheme == "file":
         return _file_store(url, parts)
     bucket, prefix = _bucket_and_prefix(url, parts)
     if parts.scheme == "s3":
-        return _s3_store(bucket, prefix, options)
-    return _gcs_store(bucket, prefix, options)
+        from storage.clients import s3_store
+
+        return s3_store(bucket, prefix, options)
+    from storage.clients import gcs_store
+
+    return gcs_store(bucket, prefix, options)
 
 
 def _split(url: str) -> SplitResult:
@@ -118,54 +122,3 @@ def _file_store(url: str, parts: SplitResult) -> Store:
     if ".." in path.split("/"):
         raise InvalidStoreURL(f"store URL {url!r}: the path must not contain '..'")
     return FileStore(Path(path))
-
-
-def _s3_store(bucket: str, prefix: str, options: StoreOptions) -> Store:
-    import boto3
-    from botocore.config import Config
-
-    from storage.s3 import S3Store
-
-    config = Config(
-        s3={"addressing_style": _s3_addressing_style(options)},
-        retries=_s3_retries(),
-        # Every part in flight needs its own connection.
-        max_pool_connections=max(10, options.concurrency),
-    )
-    client = boto3.session.Session().client("s3", config=config)
-    return S3Store(client, bucket, prefix, options)
-
-
-def _s3_addressing_style(options: StoreOptions) -> str:
-    """Path style with a custom endpoint: MinIO and moto do not serve bucket subdomains."""
-    if options.s3_addressing_style:
-        return options.s3_addressing_style
-    custom_endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    return "path" if custom_endpoint else "auto"
-
-
-def _s3_retries() -> dict[str, Any]:
-    # "standard" unless the user chose a mode: botocore's own default ("legacy") retries less.
-    return {} if os.environ.get("AWS_RETRY_MODE") else {"mode": "standard"}
-
-
-def _gcs_store(bucket: str, prefix: str, options: StoreOptions) -> Store:
-    from google.auth.credentials import AnonymousCredentials
-    from google.auth.exceptions import GoogleAuthError
-    from google.cloud import storage as gcs
-
-    from storage.gcs import GCSStore
-
-    # project=None: object calls need no project, so none is looked up.
-    project = os.environ.get("GOOGLE_CLOUD_PROJECT")
-    try:
-        if os.environ.get("STORAGE_EMULATOR_HOST"):
-            client = gcs.Client(project=project or "emulator", credentials=AnonymousCredentials())
-        else:
-            client = gcs.Client(project=project)
-    except GoogleAuthError as err:
-        raise StoreUnavailable(
-            f"no Google credentials for gs://{bucket}: set GOOGLE_APPLICATION_CREDENTIALS or run "
-            f"with a service account ({err})"
-        ) from err
-    return GCSStore(client, bucket, prefix, options)

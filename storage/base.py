@@ -52,6 +52,13 @@ class Store(Protocol):
     def url_for(self, key: str) -> str: ...
 
 
+def readinto_via_read(read: Callable[[int], bytes], buffer: Any) -> int:
+    """``readinto`` for a stream that only has ``read(n)``: fill ``buffer``'s head."""
+    data = read(len(buffer))
+    buffer[: len(data)] = data
+    return len(data)
+
+
 class HashingReader:
     """Wraps a readable stream; counts and sha256-hashes every byte read through it."""
 
@@ -67,9 +74,7 @@ class HashingReader:
         return data
 
     def readinto(self, buffer: Any) -> int:
-        data = self.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
+        return readinto_via_read(self.read, buffer)
 
     def readable(self) -> bool:
         return True
@@ -119,7 +124,7 @@ _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 def validate_key(key: str) -> str:
     """Return ``key`` unchanged if every backend can store it, else raise ``InvalidKey``.
 
-    A key is 1–1024 UTF-8 bytes of ``/``-separated segments. No segment is empty, ``.`` or
+    A key is 1 to 1024 UTF-8 bytes of ``/``-separated segments. No segment is empty, ``.`` or
     ``..`` (so no leading or trailing ``/``), no character is a control character or a
     backslash, and no segment looks like the file backend's temp files (``.<x>.partial-<y>``).
     The same rules hold for every backend, so a key that works on ``file://`` works on S3/GCS.
@@ -206,9 +211,7 @@ class TranslatingReader(io.RawIOBase):
         return data
 
     def readinto(self, buffer: Any) -> int:
-        data = self.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
+        return readinto_via_read(self.read, buffer)
 
     def close(self) -> None:
         if self.closed:

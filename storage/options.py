@@ -1,6 +1,7 @@
 """Tuning knobs shared by the object-store backends, read once from the environment."""
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -45,6 +46,11 @@ class StoreOptions:
         ):
             if problem:
                 raise ValueError(f"{name}: {problem}")
+
+    @classmethod
+    def from_process_env(cls) -> StoreOptions:
+        """``from_env`` of this process's environment: the default of ``open_store``."""
+        return cls.from_env(os.environ)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> StoreOptions:

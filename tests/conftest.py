@@ -301,9 +301,9 @@ def store(store_url: str) -> Store:
 @pytest.fixture
 def termination(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The in-pod steps' termination message file (the kubelet's /dev/termination-log)."""
-    from functions import pod_steps
+    from functions.task import in_pod
 
     path = tmp_path / "termination-log"
     path.write_text("")
-    monkeypatch.setattr(pod_steps, "TERMINATION_LOG", path)
+    monkeypatch.setattr(in_pod, "TERMINATION_LOG", path)
     return path

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from functions.busybox_image import build_resource_image
+from functions.cli.busybox_image import build_resource_image
 
 SCRIPTS = Path(__file__).parent / "images" / "test-resource"
 

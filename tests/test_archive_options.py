@@ -15,7 +15,7 @@ def test_format_and_suffix_correspond(format: str, suffix: str) -> None:
 
 @pytest.mark.parametrize("key", ["artifacts/abc.zip", "artifacts/abc.tar.xz", "abc", "x.zst"])
 def test_unknown_key_suffix_is_refused(key: str) -> None:
-    with pytest.raises(ValueError, match="ends in .tar.zst, .tar.gz or .tar"):
+    with pytest.raises(ValueError, match=r"ends in \.tar\.zst, \.tar\.gz or \.tar"):
         format_for_key(key)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from storage.archive import ArchiveOptions, pack, unpack
-from storage.archive_pack import ustar_header
+from storage.archive.pack import ustar_header
 from storage.errors import ArchiveRejected
 from tests.archive_trees import FORMATS, build_tree, describe, file_digest
 

@@ -80,7 +80,6 @@ EXPECTED_ROLE_RULES = {  # (apiGroup, resource): verbs
     ("batch", "jobs"): {"create", "get", "list", "watch", "delete"},
     ("", "secrets"): {"create", "get", "delete"},
     ("", "pods"): {"get", "list", "watch"},
-    ("", "pods/log"): {"get"},
 }
 # Names the ecosystem uses for credentials: never ConfigMap keys.
 SECRET_ENV_NAMES = {
@@ -551,7 +550,7 @@ def test_task_jobs_get_the_broker_as_sink() -> None:
         "selector": {"matchLabels": {"app.kubernetes.io/managed-by": "resource-functions"}},
     }
     _broker_sink(binding)
-    from functions.runtimes.podspec import MANAGED_BY
+    from functions.task.contract import MANAGED_BY
 
     assert _selects(binding, {"app.kubernetes.io/managed-by": MANAGED_BY})
 

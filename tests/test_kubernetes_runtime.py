@@ -29,15 +29,15 @@ import pytest
 from kmock._internal import enums
 from kubernetes import client
 
-from functions import cli, keys, protocol, steps
+from functions import cli, keys, protocol
 from functions.errors import Unavailable
 from functions.model import Build, ResourceType, Task
-from functions.runtimes import podspec
 from functions.runtimes.job_status import judge
 from functions.runtimes.kube_api import Rejected, belongs, translate
 from functions.runtimes.kubernetes import KubernetesRuntime
 from functions.runtimes.podspec import KubernetesConfig
 from functions.settings import Settings
+from functions.task import contract, steps
 from storage import StoreOptions, get_json, open_store
 from storage.artifacts import download_tree
 
@@ -458,7 +458,7 @@ def collect_without_store(termination: Path) -> Callable[[Node], None]:
         secret = node.wait_secret(job)
         pod = node.create_pod(job)
         code = node.run_step(job, "collect", secret, {"exit-code": b"0\n", "stdout": b"[]"})
-        assert code == podspec.EXIT_UNAVAILABLE
+        assert code == contract.EXIT_UNAVAILABLE
         node.pod_status(pod, "Failed", [container_status("resource", terminated())], [
             container_status("collect", terminated(code, termination.read_text()))])
         node.job_condition(job, "Failed", "BackoffLimitExceeded")

@@ -26,10 +26,11 @@ from functions.runtimes.podspec import (
     JobPlan,
     KubernetesConfig,
     job_manifest,
-    parse_input,
     plan_for,
     stdin_secret_manifest,
 )
+from functions.task import contract
+from functions.task.contract import parse_input
 
 VERSIONS = ("1.30", "1.37")
 CANARY = "canary-7d3f9b2e-do-not-leak"
@@ -236,8 +237,8 @@ def test_the_script_timeout_is_whole_seconds_within_the_deadline() -> None:
 
 
 def test_managed_by_is_exported_and_labels_every_object() -> None:
-    assert podspec.MANAGED_BY == "resource-functions"
-    assert podspec.labels(make_plan())["app.kubernetes.io/managed-by"] == podspec.MANAGED_BY
+    assert contract.MANAGED_BY == "resource-functions"
+    assert podspec.labels(make_plan())["app.kubernetes.io/managed-by"] == contract.MANAGED_BY
 
 
 def test_step_arguments() -> None:
@@ -261,7 +262,7 @@ def test_step_arguments() -> None:
 @pytest.mark.parametrize("value", ["repo=artifacts/x.tar.zst", f"repo=artifacts/x@y.tar@{DIGEST}"])
 def test_input_arguments_round_trip(value: str) -> None:
     name, ref = parse_input(value)
-    assert podspec.format_input(name, ref) == value
+    assert contract.format_input(name, ref) == value
 
 
 @pytest.mark.parametrize("value", ["repo", "=key", "repo="])

@@ -12,9 +12,11 @@ from typing import Any
 
 import pytest
 
-from functions import cli, keys, pod_steps
+from functions import cli, keys
 from functions.model import ArtifactRef
-from functions.runtimes.podspec import format_input
+from functions.task import in_pod
+from functions.task.contract import format_input
+from functions.task.step_settings import StepSettings
 from storage import StoreOptions, get_json, open_store
 from storage.archive import ArchiveOptions
 from storage.artifacts import upload_tree
@@ -96,7 +98,7 @@ def test_make_writable_by_all_leaves_symlinks_and_their_targets_alone(tmp_path: 
     (tree / "dir/run.sh").chmod(0o700)
     (tree / "to-outside").symlink_to(outside)
     (tree / "dangling").symlink_to(tmp_path / "missing")
-    pod_steps.make_writable_by_all(tree)
+    in_pod.make_writable_by_all(tree)
     assert stat.S_IMODE((tree / "dir").stat().st_mode) == 0o777
     assert stat.S_IMODE((tree / "dir/run.sh").stat().st_mode) == 0o777
     assert stat.S_IMODE(outside.stat().st_mode) == 0o700
@@ -122,11 +124,11 @@ def test_an_unreachable_store_fails_the_stage_step_as_retryable(
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
     monkeypatch.setenv("STORE_URL", "s3://bucket/prefix")
-    status = pod_steps.stage_main(
+    status = in_pod.stage_main(
         directory=tmp_path / "put", task_dir=tmp_path / ".task",
-        inputs={"repo": ArtifactRef("artifacts/x.tar.zst")}, environ={
-            "STORE_URL": "s3://bucket/prefix"})
-    assert status == pod_steps.EXIT_UNAVAILABLE == 75
+        inputs={"repo": ArtifactRef("artifacts/x.tar.zst")},
+        settings=StepSettings.from_env({"STORE_URL": "s3://bucket/prefix"}))
+    assert status == in_pod.EXIT_UNAVAILABLE == 75
     assert termination.read_text().startswith("unavailable: stage: the store is unavailable")
     assert not (tmp_path / ".task/stage-error").exists()
 
@@ -151,7 +153,7 @@ def test_a_missing_exit_code_is_a_runtime_failure(store: Any, build: Path) -> No
 
 def test_collect_keeps_the_tail_of_a_huge_log(store: Any, build: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pod_steps, "MAX_STDERR_BYTES", 1000)
+    monkeypatch.setattr(in_pod, "MAX_STDERR_BYTES", 1000)
     (build / ".task/exit-code").write_text("1")
     (build / ".task/stderr").write_text("x" * 5000 + "\nthe real error\n")
     assert collect(build) == 0
@@ -183,7 +185,7 @@ def test_an_unreachable_store_fails_collect_as_retryable(
     monkeypatch.setenv("STORE_URL", "file:///nonexistent-store-dir-for-test")
     (build / ".task/exit-code").write_text("0")
     (build / ".task/stdout").write_text("[]")
-    assert collect(build) == pod_steps.EXIT_UNAVAILABLE
+    assert collect(build) == in_pod.EXIT_UNAVAILABLE
     assert termination.read_text().startswith("unavailable: collect: the store is unavailable")
 
 
@@ -214,15 +216,15 @@ def test_termination_message_reports_the_failure(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     log = tmp_path / "termination-log"
     log.write_text("")
-    monkeypatch.setattr(pod_steps, "TERMINATION_LOG", log)
-    assert pod_steps.fail("collect: cannot record the outcome: store down") == 1
+    monkeypatch.setattr(in_pod, "TERMINATION_LOG", log)
+    assert in_pod.fail("collect: cannot record the outcome: store down") == 1
     assert log.read_text() == "collect: cannot record the outcome: store down"
 
 
 def test_bounded_reads(tmp_path: Path) -> None:
     path = tmp_path / "f"
     path.write_bytes(b"0123456789")
-    assert pod_steps.read_head(path, 4) == b"0123"
-    assert pod_steps.read_tail(path, 4) == b"6789"
-    assert pod_steps.read_head(tmp_path / "missing", 4) == b""
-    assert io.BytesIO(pod_steps.read_tail(tmp_path / "missing", 4)).read() == b""
+    assert in_pod.read_head(path, 4) == b"0123"
+    assert in_pod.read_tail(path, 4) == b"6789"
+    assert in_pod.read_head(tmp_path / "missing", 4) == b""
+    assert io.BytesIO(in_pod.read_tail(tmp_path / "missing", 4)).read() == b""

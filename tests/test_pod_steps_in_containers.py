@@ -26,13 +26,13 @@ from functions.model import Action, ArtifactRef, Build, ResourceType, Task
 from functions.protocol import build_env, stdin_payload
 from functions.runtimes.podspec import (
     BUILD_VOLUME,
-    STEP_ENV,
     STEP_UID,
     KubernetesConfig,
     job_manifest,
     plan_for,
     stdin_secret_manifest,
 )
+from functions.task.contract import STEP_ENV
 from storage import Store, StoreOptions, get_json, open_store
 from storage.artifacts import download_tree, upload_tree
 from tests.conftest import Server

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from functions.flights import Flights
+from functions.service.flights import Flights
 
 
 def test_concurrent_callers_share_one_run():

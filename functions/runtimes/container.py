@@ -16,25 +16,28 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import docker
 import docker.errors
 import requests.exceptions
 
-from functions import keys, steps
-from functions.errors import Unavailable
+from functions import keys
+from functions.errors import Unavailable, failure_kind
 from functions.logs import fields
 from functions.model import SCRIPTS, WORKDIRS, Outcome, Task
-from functions.outcome import failed, redact, secret_strings
+from functions.outcome import failed, final_failure, redact, secret_strings
 from functions.protocol import MAX_STDOUT_BYTES
-from functions.runtimes.podspec import MANAGED_BY  # the same label as task Jobs
-from functions.sink import post_outcome
+from functions.task import steps
+from functions.task.contract import MANAGED_BY, MAX_STDERR_BYTES, script_timeout
+from functions.task.sink import post_outcome
 from storage import Store
 from storage.archive import ArchiveOptions, Limits
 from storage.errors import StorageError
 
-MAX_STDERR_BYTES = 4 * 1024 * 1024  # the tail kept as the log
+if TYPE_CHECKING:
+    from functions.settings import Settings
+
 ENGINE_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException, OSError)
 log = logging.getLogger("functions.container")
 
@@ -58,11 +61,11 @@ class ContainerRuntime:
         self._pull_locks: dict[str, threading.Lock] = {}
 
     @classmethod
-    def from_settings(cls, settings: Any, store: Store) -> ContainerRuntime:
+    def from_settings(cls, settings: Settings, store: Store) -> ContainerRuntime:
         # A fixed API version makes no call here: an engine that is down at start answers
         # 503 per request instead of keeping the service from starting.
         try:
-            client = docker.from_env(environment=engine_environment(settings.environ),
+            client = docker.from_env(environment=engine_environment(settings.engine_env),
                                      timeout=60, version=settings.docker_api_version)
         except docker.errors.DockerException as err:
             raise Unavailable(f"container engine unreachable (DOCKER_HOST): {err}") from err
@@ -87,8 +90,7 @@ class ContainerRuntime:
             outcome = self.run(task)
         except Exception as err:  # after a 202 nobody redelivers: reply with the failure
             log.exception("asynchronous task failed", extra=fields(run_id=task.run_id))
-            kind = "storage" if isinstance(err, StorageError) else "runtime"
-            outcome = failed(task.action, kind, f"the task could not run: {err}")
+            outcome = failed(task.action, failure_kind(err), f"the task could not run: {err}")
         try:
             post_outcome(self._config.sink, task, outcome)
         except Exception:
@@ -105,9 +107,7 @@ class ContainerRuntime:
             try:
                 outcome = self._run_in(task, workdir)
             except StorageError as err:
-                if err.retryable:
-                    raise Unavailable(f"store: {err}") from err
-                outcome = failed(task.action, "storage", str(err))
+                outcome = final_failure(task.action, err)
             return steps.record_outcome(self._store, task.run_id, outcome)
 
     def _run_in(self, task: Task, workdir: Path) -> Outcome:
@@ -128,8 +128,7 @@ class ContainerRuntime:
             if exit_code is None:
                 log_text = redact(stderr.decode("utf-8", "replace"), secret_strings(task.stdin))
                 steps.write_once(self._store, keys.log_key(task.run_id), log_text.encode())
-                return failed(task.action, "timeout", f"the resource script ran longer than "
-                              f"{task.timeout_seconds:g}s", log_text)
+                return script_timeout(task.action, task.timeout_seconds, log_text)
             spec = steps.CollectSpec(run_id=task.run_id, action=task.action,
                                      cache_key=task.cache_key, archive=self._config.archive)
             return steps.collect(
@@ -209,8 +208,8 @@ class ContainerRuntime:
 
 
 def engine_environment(env: Mapping[str, str]) -> dict[str, str]:
-    """DOCKER_HOST as given; unset, Docker's socket if present, else Podman's (root, then
-    rootless), so a machine with only Podman works without configuration."""
+    """DOCKER_HOST as given; unset, Docker's socket if present, else Podman's (rootless,
+    then root), so a machine with only Podman works without configuration."""
     env = dict(env)
     if env.get("DOCKER_HOST") or Path("/var/run/docker.sock").exists():
         return env

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from functions.runtimes.podspec import EXIT_UNAVAILABLE, UNAVAILABLE_MARKER
+from functions.task.contract import EXIT_UNAVAILABLE, UNAVAILABLE_MARKER
 
 PULL_FAILURES = frozenset({
     "ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",

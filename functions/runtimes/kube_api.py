@@ -17,26 +17,11 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
-from functions.errors import ConfigError, Unavailable
+from functions.errors import ConfigError, Conflict, Gone, NotFound, Rejected, Unavailable
 
 JOB_NAME_LABELS = ("job-name", "batch.kubernetes.io/job-name")
 CONTROLLER_UID_LABELS = ("controller-uid", "batch.kubernetes.io/controller-uid")
-
-
-class NotFound(Exception):
-    pass
-
-
-class Conflict(Exception):
-    pass
-
-
-class Gone(Exception):
-    """A watch's resourceVersion is too old: list again."""
-
-
-class Rejected(Exception):
-    """The API refused a request as invalid (4xx other than 401/403/404/409/410/429)."""
+__all__ = ["Conflict", "Gone", "KubeApi", "NotFound", "Rejected", "translate"]
 
 
 class KubeApi:
@@ -183,14 +168,14 @@ def owner_uids(obj: dict[str, Any]) -> set[str]:
     return {str(ref.get("uid")) for ref in references if ref.get("uid")}
 
 
-def api_client_from_env(environ: Any) -> Any:
+def api_client_from_env(kubeconfig: str = "") -> Any:
     """An ApiClient from the in-cluster service account, else from KUBECONFIG."""
     configuration = client.Configuration()
     try:
         config.load_incluster_config(client_configuration=configuration)
     except config.ConfigException:
         try:
-            config.load_kube_config(config_file=environ.get("KUBECONFIG") or None,
+            config.load_kube_config(config_file=kubeconfig or None,
                                     client_configuration=configuration)
         except (config.ConfigException, OSError) as err:
             raise ConfigError(

@@ -14,7 +14,8 @@ the failures ``collect`` never saw (for asynchronous requests a store outage ins
 cannot be redelivered after the 202: a ``storage`` failure is posted, and nothing recorded).
 
 API errors arrive translated by ``kube_api``: ``Unavailable`` for anything worth retrying,
-``NotFound``/``Conflict``/``Gone`` and ``Rejected`` (an invalid request) otherwise.
+a ``KubeApiError`` (``NotFound``/``Conflict``/``Gone``, ``Rejected``: an invalid request)
+otherwise; ``functions.outcome.final_failure`` decides what a store error means.
 """
 from __future__ import annotations
 
@@ -23,32 +24,39 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import requests
-
-from functions import steps
-from functions.errors import Unavailable
+from functions.errors import (
+    Conflict,
+    Gone,
+    KubeApiError,
+    NotFound,
+    Rejected,
+    SinkRefused,
+    Unavailable,
+    failure_kind,
+)
 from functions.logs import fields
 from functions.model import Outcome, Task
-from functions.outcome import failed
+from functions.outcome import failed, final_failure
 from functions.runtimes import podspec
 from functions.runtimes.job_status import Verdict, is_finished, judge, started_at
 from functions.runtimes.kube_api import (
-    Conflict,
-    Gone,
     KubeApi,
-    NotFound,
-    Rejected,
     api_client_from_env,
     belongs,
     owner_uids,
     uid_of,
 )
 from functions.runtimes.podspec import JobPlan, KubernetesConfig, plan_for
-from functions.sink import post_outcome
+from functions.task import steps
+from functions.task.contract import task_deadline
+from functions.task.sink import post_outcome
 from storage import Store
 from storage.errors import StorageError
+
+if TYPE_CHECKING:
+    from functions.settings import Settings
 
 log = logging.getLogger("functions.kubernetes")
 
@@ -56,6 +64,8 @@ log = logging.getLogger("functions.kubernetes")
 class StoreUnavailableInTask(Unavailable):
     """A task step could not reach the store: its Job was deleted and nothing recorded, so a
     redelivered request starts the task again."""
+
+    failure_kind = "storage"  # what it becomes after a 202, when nobody redelivers
 
 
 @dataclass(frozen=True)
@@ -74,9 +84,9 @@ class KubernetesRuntime:
         self._following: set[str] = set()
 
     @classmethod
-    def from_settings(cls, settings: Any, store: Store) -> KubernetesRuntime:
+    def from_settings(cls, settings: Settings, store: Store) -> KubernetesRuntime:
         config_ = KubernetesConfig.from_settings(settings)
-        return cls(api_client_from_env(settings.environ), store, config_)
+        return cls(api_client_from_env(settings.kubeconfig), store, config_)
 
     def close(self) -> None:
         self._closed.set()
@@ -100,7 +110,7 @@ class KubernetesRuntime:
             outcome = self._rejected(task, plan, err)
             try:
                 post_outcome(self._config.sink, task, outcome)
-            except requests.RequestException as post_err:  # a redelivery replays the record
+            except SinkRefused as post_err:  # 503: a redelivery replays the record
                 raise Unavailable(f"cannot post the reply: {post_err}") from post_err
             return
         with self._lock:
@@ -134,7 +144,7 @@ class KubernetesRuntime:
         try:
             return steps.record_outcome(self._store, task.run_id, outcome)
         except StorageError as store_err:
-            raise Unavailable(f"store: {store_err}") from store_err
+            return final_failure(task.action, store_err)
 
     def _existing_job(self, plan: JobPlan) -> dict[str, Any]:
         job = self._api.read_job(plan.job_name)
@@ -176,10 +186,8 @@ class KubernetesRuntime:
         try:
             settled = self._conclude(task, plan, self._follow(plan, job))
         except StorageError as err:
-            if err.retryable:
-                raise Unavailable(f"store: {err}") from err
-            settled = Settled(failed(task.action, "storage", str(err)), by_collect=False)
-        except (NotFound, Conflict, Gone, Rejected) as err:  # none expected while following
+            settled = Settled(final_failure(task.action, err), by_collect=False)
+        except KubeApiError as err:  # none expected while following
             raise Unavailable(f"Kubernetes API, following {plan.job_name}: {err}") from err
         self._drop_secret(plan)
         return settled
@@ -258,9 +266,8 @@ class KubernetesRuntime:
 
     def _failure(self, task: Task, plan: JobPlan, verdict: Verdict) -> Outcome:
         if verdict.kind == "timeout":
-            return failed(task.action, "timeout", (
-                f"the task ran longer than {plan.active_deadline_seconds}s (the resource's "
-                f"{plan.timeout_seconds:g}s + {plan.margin_seconds:g}s to stage and collect)"))
+            return task_deadline(task.action, plan.active_deadline_seconds,
+                                 plan.timeout_seconds, plan.margin_seconds)
         kind = "image_pull" if verdict.kind == "image_pull" else "runtime"
         return failed(task.action, kind, verdict.message, verdict.detail)
 
@@ -299,7 +306,7 @@ class KubernetesRuntime:
             # is recorded, so sending the same request again runs it afresh.
             log.error("an asynchronous task could not reach the store; its Job was deleted",
                       extra=fields(run_id=task.run_id, job=plan.job_name, error=str(err)))
-            self._post_quietly(task, failed(task.action, "storage", str(err)))
+            self._post_quietly(task, failed(task.action, failure_kind(err), str(err)))
         except Exception as err:
             log.exception("following an asynchronous task failed",
                           extra=fields(run_id=task.run_id, job=plan.job_name))

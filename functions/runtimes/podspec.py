@@ -22,37 +22,38 @@ import base64
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from functions.model import SCRIPTS, WORKDIRS, Action, ArtifactRef, Task
+from functions.task.contract import (
+    BUILD_DIR,
+    EXIT_CODE_FILE,
+    KILL_AFTER_SECONDS,
+    MANAGED_BY,
+    SECRET_DIR,
+    STAGE_ERROR_FILE,
+    STDERR_FILE,
+    STDIN_FILE,
+    STDIN_KEY,
+    STDOUT_FILE,
+    STORE_URL_ENV,
+    TASK_DIR,
+    TIMED_OUT_EXIT_CODE,
+    TIMED_OUT_FILE,
+    ReplyPlan,
+    format_input,
+)
 
-MANAGED_BY = "resource-functions"
+if TYPE_CHECKING:
+    from functions.settings import Settings
+
 LABEL_PREFIX = "resource-functions.dev/"
-BUILD_DIR = "/tmp/build"
-TASK_DIR = f"{BUILD_DIR}/.task"
-SECRET_DIR = "/secret"
-STDIN_KEY = "stdin"
 STEP_UID = 65532  # stage/collect: the project image's non-root user
 BUILD_VOLUME = "build"
 STDIN_VOLUME = "stdin"
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _RUN_ID = re.compile(r"^[0-9a-f]{20,64}$")
-_DIGEST_SUFFIX = re.compile(r"@(sha256:[0-9a-f]{64})$")
-# Non-secret settings the in-pod steps need to reach the store the way the function does.
-STEP_ENV = (
-    "ARCHIVE_FORMAT", "ARCHIVE_LEVEL", "ARCHIVE_THREADS", "ARCHIVE_MAX_ENTRY_BYTES",
-    "ARCHIVE_MAX_TOTAL_BYTES", "ARCHIVE_MAX_ENTRIES", "STORE_PART_SIZE", "STORE_CONCURRENCY",
-    "S3_ADDRESSING_STYLE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION",
-    "AWS_DEFAULT_REGION", "STORAGE_EMULATOR_HOST", "GOOGLE_CLOUD_PROJECT", "LOG_LEVEL",
-)
 TERMINATION_GRACE_SECONDS = 5  # the resource step ignores SIGTERM; see pod_spec
-# A step that cannot reach the store exits EX_TEMPFAIL, its termination message starting
-# with the marker: the function deletes the Job and answers 503 (job_status: "unavailable").
-EXIT_UNAVAILABLE = 75
-UNAVAILABLE_MARKER = "unavailable:"
-TIMED_OUT_FILE = "timed-out"  # in .task/, holding the timeout: the watchdog stopped the script
-TIMED_OUT_EXIT_CODE = 124
-KILL_AFTER_SECONDS = 2  # from SIGTERM to SIGKILL when the script overruns
 
 # The resource step. FIXED text: the script path, the timeout (whole seconds) and the working
 # directory arrive as positional parameters ($1, $2, $3), so nothing from a request is ever
@@ -64,14 +65,14 @@ KILL_AFTER_SECONDS = 2  # from SIGTERM to SIGKILL when the script overruns
 # It sleeps 1 s at a time, so once killed nothing of it outlives the step by more than 2 s.
 # The chmod lets the non-root collect step read what the script wrote.
 RESOURCE_SCRIPT = f"""\
-task=/tmp/build/.task
-if [ -e "$task/stage-error" ]; then exit 0; fi
+task={TASK_DIR}
+if [ -e "$task/{STAGE_ERROR_FILE}" ]; then exit 0; fi
 mkdir -p "$task"
 script="$1"
 limit="$2"
 shift 2
 if [ "$#" -gt 0 ]; then mkdir -p "$1"; fi
-"$script" "$@" </secret/stdin >"$task/stdout" 2>"$task/stderr" &
+"$script" "$@" <{STDIN_FILE} >"$task/{STDOUT_FILE}" 2>"$task/{STDERR_FILE}" &
 pid=$!
 (
   left="$limit"
@@ -87,18 +88,10 @@ code=$?
 kill "$watchdog" 2>/dev/null
 wait "$watchdog" 2>/dev/null
 if [ -e "$task/{TIMED_OUT_FILE}" ]; then code={TIMED_OUT_EXIT_CODE}; fi
-echo "$code" >"$task/exit-code"
+echo "$code" >"$task/{EXIT_CODE_FILE}"
 chmod -R a+rX "$task" "$@" 2>/dev/null
 exit 0
 """
-
-
-@dataclass(frozen=True)
-class ReplyPlan:
-    """Asynchronous completion: ``collect`` posts the reply event to ``$K_SINK`` itself."""
-
-    request_id: str
-    subject: str | None = None
 
 
 @dataclass(frozen=True)
@@ -169,8 +162,7 @@ class KubernetesConfig:
     request_timeout: tuple[float, float] = (5.0, 30.0)  # connect, read
 
     @classmethod
-    def from_settings(cls, settings: Any) -> KubernetesConfig:
-        env = settings.environ
+    def from_settings(cls, settings: Settings) -> KubernetesConfig:
         return cls(
             namespace=settings.task_namespace,
             service_account=settings.task_service_account,
@@ -182,7 +174,7 @@ class KubernetesConfig:
             node_selector=settings.task_node_selector,
             tolerations=tuple(settings.task_tolerations),
             image_pull_secrets=tuple(settings.task_image_pull_secrets),
-            step_env=tuple((name, env[name]) for name in STEP_ENV if env.get(name)),
+            step_env=settings.step_env,
             sink=settings.sink,
         )
 
@@ -217,22 +209,6 @@ def job_name(action: str, run_id: str) -> str:
 
 def secret_name(job: str) -> str:
     return f"{job}-stdin"
-
-
-def format_input(name: str, ref: ArtifactRef) -> str:
-    """The ``--input`` argument of the stage step: ``NAME=KEY[@sha256:HEX]``."""
-    return f"{name}={ref.key}@{ref.digest}" if ref.digest else f"{name}={ref.key}"
-
-
-def parse_input(value: str) -> tuple[str, ArtifactRef]:
-    """Inverse of ``format_input``; ``ValueError`` says what is wrong."""
-    name, sep, rest = value.partition("=")
-    if not sep or not name or not rest:
-        raise ValueError(f"--input {value!r}: expected NAME=KEY[@sha256:HEX]")
-    match = _DIGEST_SUFFIX.search(rest)
-    if match:
-        return name, ArtifactRef(key=rest[: match.start()], digest=match.group(1))
-    return name, ArtifactRef(key=rest)
 
 
 def labels(plan: JobPlan) -> dict[str, str]:
@@ -317,7 +293,7 @@ def _stage_containers(plan: JobPlan) -> list[dict[str, Any]]:
 
 def _collect_container(plan: JobPlan) -> dict[str, Any]:
     args = ["collect", "--run-id", plan.run_id, "--action", plan.action, "--dir", BUILD_DIR,
-            "--stdin-file", f"{SECRET_DIR}/{STDIN_KEY}"]
+            "--stdin-file", STDIN_FILE]
     if plan.cache_key:
         args += ["--cache-key", plan.cache_key]
     if plan.reply:
@@ -329,8 +305,10 @@ def _collect_container(plan: JobPlan) -> dict[str, Any]:
 
 def _step_container(plan: JobPlan, name: str, args: list[str], *, stdin: bool) -> dict[str, Any]:
     """stage/collect: the project image, non-root, no privileges, store access by envFrom."""
-    env = [{"name": "STORE_URL", "value": plan.store_url}, {"name": "TMPDIR", "value": BUILD_DIR}]
-    env += [{"name": k, "value": v} for k, v in plan.step_env if k not in ("STORE_URL", "TMPDIR")]
+    env = [{"name": STORE_URL_ENV, "value": plan.store_url},
+           {"name": "TMPDIR", "value": BUILD_DIR}]
+    env += [{"name": k, "value": v} for k, v in plan.step_env
+            if k not in (STORE_URL_ENV, "TMPDIR")]
     container: dict[str, Any] = {
         "name": name,
         "image": plan.task_image,

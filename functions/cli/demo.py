@@ -20,7 +20,7 @@ import requests
 from cloudevents.core.bindings.http import HTTPMessage, from_http_event, to_binary_event
 from cloudevents.core.v1.event import CloudEvent
 
-from functions.busybox_image import build_resource_image
+from functions.cli.busybox_image import build_resource_image
 from functions.runtimes.container import engine_environment
 from functions.settings import Settings
 

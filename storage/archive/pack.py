@@ -13,8 +13,8 @@ import tarfile
 from collections.abc import Iterator
 from typing import Any
 
-from storage.archive_pipe import CHUNK
-from storage.archive_safety import check_symlink, rejected
+from storage.archive.pipe import CHUNK
+from storage.archive.safety import check_symlink, rejected
 from storage.errors import ArchiveError
 
 # ustar: name mode uid gid size mtime checksum type linkname magic+version uname gname

@@ -14,7 +14,7 @@ from functions import events
 from functions.errors import InvalidRequest
 from functions.logs import fields
 
-log = logging.getLogger("functions.dead_letter")
+log = logging.getLogger("functions.http.dead_letter")
 
 
 def create_dead_letter_app() -> Flask:

@@ -8,12 +8,12 @@ from typing import Any, BinaryIO, cast
 from cloudevents.core.v1.event import CloudEvent
 
 from functions import events
-from functions.actions import Service
-from functions.app import open_local_or_remote_store
+from functions.cli.progress import ProgressReader
+from functions.http.app import open_local_or_remote_store
 from functions.metrics import Metrics
 from functions.model import Action
-from functions.progress import ProgressReader
 from functions.runtimes import make_runtime
+from functions.service.service import Service
 from functions.settings import Settings
 from storage import Store
 from storage.archive import suffix_for

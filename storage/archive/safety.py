@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Self
 from storage.errors import ArchiveError, ArchiveRejected
 
 if TYPE_CHECKING:
-    from storage.archive import Limits
+    from storage.archive.options import Limits
 
 MAX_PATH_BYTES = 4096  # PATH_MAX: longer names only serve to slow the extractor down
 MAX_HEADER_BYTES = 1 << 20  # pax / GNU long-name headers are read into memory whole

@@ -13,7 +13,7 @@ import os
 import re
 import tarfile
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import partial
@@ -21,106 +21,18 @@ from typing import Any, BinaryIO
 
 import zstandard
 
-from storage.archive_extract import SafeWriter
-from storage.archive_pack import write_tar
-from storage.archive_pipe import CHUNK, PipeSink, background_stream
-from storage.archive_safety import Budget, StrictTarInfo
-from storage.base import HashingReader
+from storage.archive.extract import SafeWriter
+from storage.archive.options import ArchiveOptions, Limits, check_format
+from storage.archive.pack import write_tar
+from storage.archive.pipe import CHUNK, PipeSink, background_stream
+from storage.archive.safety import Budget, StrictTarInfo
+from storage.base import HashingReader, readinto_via_read
 from storage.errors import ArchiveError, ArchiveRejected, DigestMismatch
 
-FORMATS = ("zstd", "gzip", "none")
-_SUFFIXES = {"zstd": ".tar.zst", "gzip": ".tar.gz", "none": ".tar"}
-_LEVELS = {"zstd": range(1, 23), "gzip": range(10)}
 _TAR_BUFSIZE = 16 << 10  # tarfile re-slices this buffer per read; 512 B..64 KiB measured alike
 _MAX_TRAILING_BYTES = 1 << 20  # tar record padding is ~10 KiB; more after the end is not padding
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _CORRUPT = (zstandard.ZstdError, zlib.error, EOFError, gzip.BadGzipFile)
-
-
-def suffix_for(format: str) -> str:
-    """The key suffix of ``format`` (``.tar.zst``, ``.tar.gz``, ``.tar``)."""
-    _check_format(format)
-    return _SUFFIXES[format]
-
-
-def format_for_key(key: str) -> str:
-    """The format named by ``key``'s suffix; ``ValueError`` for any other suffix."""
-    for format, suffix in _SUFFIXES.items():
-        if key.endswith(suffix):
-            return format
-    raise ValueError(f"{key!r}: an artifact key ends in .tar.zst, .tar.gz or .tar")
-
-
-def _check_format(format: str) -> None:
-    if format not in FORMATS:
-        raise ValueError(f"archive format {format!r}: expected one of {', '.join(FORMATS)}")
-
-
-def _env_int(environ: Mapping[str, str], name: str, default: int) -> int:
-    value = environ.get(name, "").strip()
-    if not value:
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"{name}={value!r} is not an integer") from None
-
-
-@dataclass(frozen=True)
-class ArchiveOptions:
-    """How ``pack`` compresses. ``threads=0`` uses every CPU this process may run on."""
-
-    format: str = "zstd"
-    level: int = 3  # zstd 1..22, gzip 0..9; ignored for "none"
-    threads: int = 0  # zstd only
-
-    def __post_init__(self) -> None:
-        _check_format(self.format)
-        levels = _LEVELS.get(self.format)
-        if levels is not None and self.level not in levels:
-            raise ValueError(
-                f"{self.format} level {self.level} is out of range {levels[0]}..{levels[-1]}"
-            )
-        if self.threads < 0:
-            raise ValueError(f"archive threads must be 0 (all CPUs) or more, not {self.threads}")
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str]) -> ArchiveOptions:
-        """Read ``ARCHIVE_FORMAT`` (zstd), ``ARCHIVE_LEVEL`` (3), ``ARCHIVE_THREADS`` (0)."""
-        format = environ.get("ARCHIVE_FORMAT", "").strip().lower() or cls.format
-        try:
-            return cls(format=format, level=_env_int(environ, "ARCHIVE_LEVEL", cls.level),
-                       threads=_env_int(environ, "ARCHIVE_THREADS", cls.threads))
-        except ValueError as err:
-            raise ValueError(f"archive settings from the environment: {err}") from None
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Bounds on what ``unpack`` extracts; exceeding any raises ``ArchiveRejected``."""
-
-    max_entry_bytes: int = 8 << 30
-    max_total_bytes: int = 32 << 30
-    max_entries: int = 1_000_000
-
-    def __post_init__(self) -> None:
-        for name in ("max_entry_bytes", "max_total_bytes", "max_entries"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"archive limit {name} must be a positive integer, not {value!r}")
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str]) -> Limits:
-        """Read ``ARCHIVE_MAX_ENTRY_BYTES`` (8 GiB), ``ARCHIVE_MAX_TOTAL_BYTES`` (32 GiB) and
-        ``ARCHIVE_MAX_ENTRIES`` (1,000,000); integers, unset or empty means the default."""
-        try:
-            return cls(
-                max_entry_bytes=_env_int(environ, "ARCHIVE_MAX_ENTRY_BYTES", cls.max_entry_bytes),
-                max_total_bytes=_env_int(environ, "ARCHIVE_MAX_TOTAL_BYTES", cls.max_total_bytes),
-                max_entries=_env_int(environ, "ARCHIVE_MAX_ENTRIES", cls.max_entries),
-            )
-        except ValueError as err:
-            raise ValueError(f"archive limits from the environment: {err}") from None
 
 
 @dataclass(frozen=True)
@@ -193,7 +105,7 @@ def unpack(stream: BinaryIO, directory: str | os.PathLike[str], *, format: str,
     Truncation is detected by the tar end marker (and gzip's trailer); a zstd stream cut
     inside its final checksum, with all content intact, is only caught by the digest.
     """
-    _check_format(format)
+    check_format(format)
     if expected_digest is not None and not _DIGEST.fullmatch(expected_digest):
         raise ValueError(f"expected digest {expected_digest!r} is not sha256:<64 hex digits>")
     raw = HashingReader(stream)
@@ -274,9 +186,7 @@ class _RawReader(io.RawIOBase):
         return True
 
     def readinto(self, buffer: Any) -> int:
-        data = self._read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
+        return readinto_via_read(self._read, buffer)
 
 
 def _drain(read: Callable[[int], bytes], limit: int | None = None) -> int:

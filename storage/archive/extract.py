@@ -14,8 +14,8 @@ import stat
 import tarfile
 from typing import IO, Self
 
-from storage.archive_pipe import write_all
-from storage.archive_safety import check_kind, check_symlink, member_parts, rejected
+from storage.archive.pipe import write_all
+from storage.archive.safety import check_kind, check_symlink, member_parts, rejected
 
 _COPY_BYTES = 1 << 20
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

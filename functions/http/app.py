@@ -14,16 +14,16 @@ from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from functions import events
-from functions.actions import Service
 from functions.errors import InvalidRequest, Unavailable
 from functions.logs import fields
 from functions.metrics import Metrics
 from functions.model import Action
 from functions.runtimes import Runtime, make_runtime
+from functions.service.service import Service
 from functions.settings import Settings
 from storage import Store, open_store
 
-log = logging.getLogger("functions.app")
+log = logging.getLogger("functions.http.app")
 
 
 def create_app(

@@ -12,9 +12,13 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from functions.errors import FunctionError
+from functions.errors import ConfigError, FunctionError
+from functions.task import contract
+
+if TYPE_CHECKING:
+    from functions.task.step_settings import StepSettings
 
 
 def main(argv: list[str]) -> int:
@@ -33,9 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(required=True, dest="command")
     serve = sub.add_parser("serve", help="serve one action over HTTP (CloudEvents)")
     serve.add_argument("action", choices=["check", "get", "put", "dead-letter"])
-    serve.add_argument("--host", default=os.environ.get("HOST", "0.0.0.0"))
-    serve.add_argument("--port", type=int, default=_env_int("PORT", 8080))
-    serve.add_argument("--threads", type=int, default=_env_int("THREADS", 16))
+    serve.add_argument("--host", help="default: $HOST, else 0.0.0.0")
+    serve.add_argument("--port", type=int, help="default: $PORT, else 8080")
+    serve.add_argument("--threads", type=int, help="default: $THREADS, else 16")
     serve.set_defaults(handler=cmd_serve)
     run = sub.add_parser("run", help="run one action locally and print the reply data")
     run.add_argument("action", choices=["check", "get", "put"])
@@ -57,33 +61,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name, "")
-    if not raw:
-        return default
-    if not raw.isdigit() or int(raw) < 1:
-        raise SystemExit(f"error: {name}={raw!r}: expected a positive whole number")
-    return int(raw)
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
-    from functions.demo import run_demo
-
+    try:
+        from functions.cli.demo import run_demo
+    except ImportError:  # .dockerignore keeps the demo out of the production image
+        raise SystemExit("error: demo is for development: run it from a source checkout") \
+            from None
     return run_demo(serve=args.serve, base_port=args.port)
 
 
 def add_pod_step_parsers(sub: Any) -> None:
-    """``stage`` and ``collect``: run inside task pods (functions.runtimes.podspec)."""
+    """``stage`` and ``collect``: run inside task pods (functions.task.contract)."""
     stage = sub.add_parser("stage", help="(task pods) unpack a put's inputs")
     stage.add_argument("--dir", required=True, type=Path, help="the put's working directory")
     stage.add_argument("--input", action="append", default=[], metavar="NAME=KEY[@sha256:HEX]")
-    stage.add_argument("--task-dir", type=Path, default=Path("/tmp/build/.task"))
+    stage.add_argument("--task-dir", type=Path, default=Path(contract.TASK_DIR))
     stage.set_defaults(handler=cmd_stage)
     collect = sub.add_parser("collect", help="(task pods) store the resource step's outcome")
     collect.add_argument("--run-id", required=True)
     collect.add_argument("--action", required=True, choices=["check", "get", "put"])
     collect.add_argument("--dir", required=True, type=Path, help="the build dir (/tmp/build)")
-    collect.add_argument("--stdin-file", type=Path, default=Path("/secret/stdin"))
+    collect.add_argument("--stdin-file", type=Path, default=Path(contract.STDIN_FILE))
     collect.add_argument("--cache-key")
     collect.add_argument("--reply-to-sink", action="store_true", help="post the reply to K_SINK")
     collect.add_argument("--request-id", default="")
@@ -92,48 +90,67 @@ def add_pod_step_parsers(sub: Any) -> None:
 
 
 def cmd_stage(args: argparse.Namespace) -> int:
-    from functions.pod_steps import stage_main
-    from functions.runtimes.podspec import parse_input
+    from functions.task.contract import parse_input
+    from functions.task.in_pod import stage_main
 
     try:
         inputs = dict(parse_input(value) for value in args.input)
     except ValueError as err:
         raise SystemExit(str(err)) from None
+    settings = _step_settings("stage")
+    if isinstance(settings, int):
+        return settings
     return stage_main(directory=args.dir, inputs=inputs, task_dir=args.task_dir,
-                      environ=os.environ)
+                      settings=settings)
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
-    from functions.pod_steps import CollectArgs, collect_main
-    from functions.runtimes.podspec import ReplyPlan
+    from functions.task.contract import ReplyPlan
+    from functions.task.in_pod import CollectArgs, collect_main
 
     reply = ReplyPlan(args.request_id, args.subject) if args.reply_to_sink else None
+    settings = _step_settings("collect: cannot record the outcome")
+    if isinstance(settings, int):
+        return settings
     return collect_main(CollectArgs(run_id=args.run_id, action=args.action, build_dir=args.dir,
                                     stdin_file=args.stdin_file, cache_key=args.cache_key,
-                                    reply=reply), os.environ)
+                                    reply=reply), settings)
+
+
+def _step_settings(prefix: str) -> StepSettings | int:
+    """The in-pod step's settings, or the exit status of a step that cannot start (its
+    message in the termination log, as every step failure)."""
+    from functions.task.in_pod import fail
+    from functions.task.step_settings import StepSettings
+
+    try:
+        return StepSettings.from_env(os.environ)
+    except ConfigError as err:
+        return fail(f"{prefix}: {err}")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from functions import logs
-    from functions.serving import serve
+    from functions.http.serving import serve
     from functions.settings import Settings
 
     settings = Settings.from_env()
     logs.configure(settings.log_level)
     if args.action == "dead-letter":
-        from functions.dead_letter import create_dead_letter_app
+        from functions.http.dead_letter import create_dead_letter_app
 
         app = create_dead_letter_app()
     else:
-        from functions.app import create_app
+        from functions.http.app import create_app
 
         app = create_app(settings, args.action)
-    serve(app, host=args.host, port=args.port, threads=args.threads)
+    serve(app, host=args.host or settings.host, port=args.port or settings.port,
+          threads=args.threads or settings.threads)
     return 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from functions.local import run_local
+    from functions.cli.local import run_local
 
     data: dict[str, Any] = {"source": _json_arg(args.source, "--source")}
     data.update({"type": args.type} if args.type else {"image": args.image})

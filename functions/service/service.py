@@ -9,16 +9,17 @@ from dataclasses import dataclass
 
 from cloudevents.core.v1.event import CloudEvent
 
-from functions import events, keys, protocol, steps
-from functions.errors import InvalidRequest, Unavailable
-from functions.flights import Flights
+from functions import events, keys, protocol
+from functions.errors import InvalidRequest
 from functions.logs import fields
 from functions.metrics import Metrics
 from functions.model import Action, Outcome, Request, Task
-from functions.outcome import failed
-from functions.requests import parse_request_data
+from functions.outcome import final_failure
 from functions.runtimes import Runtime
+from functions.service.flights import Flights
+from functions.service.request_data import parse_request_data
 from functions.settings import Settings
+from functions.task import steps
 from storage import Store
 from storage.base import url_prefix
 from storage.errors import StorageError
@@ -55,10 +56,8 @@ class Service:
         try:
             return self._serve(request, run)
         except StorageError as err:
-            if err.retryable:
-                raise Unavailable(f"store: {err}") from err
             # A permanent store refusal (e.g. a key the store will not take): final, not retried.
-            return self._reply(request, run, failed(self.action, "storage", str(err)))
+            return self._reply(request, run, final_failure(self.action, err))
 
     def parse(self, event: CloudEvent) -> Request:
         events.check_type(event, self.action)

@@ -1,5 +1,5 @@
 """The steps that run inside a task pod: ``python -m functions stage|collect`` (see
-``functions.runtimes.podspec`` for the pod layout). Thin: the work is ``functions.steps``.
+``functions.runtimes.podspec`` for the pod layout). Thin: the work is ``functions.task.steps``.
 
 stage: unpack a put's inputs into its working directory. A missing or unsafe input fails the
 request, not the pod: its message goes to ``.task/stage-error`` (the resource step then does
@@ -22,31 +22,36 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import requests
-
-from functions import keys, steps
+from functions import keys
+from functions.errors import SinkRefused, is_retryable
 from functions.events import reply_event
 from functions.model import Action, ArtifactRef, Outcome
 from functions.outcome import failed, redact, secret_strings
 from functions.protocol import MAX_STDOUT_BYTES
-from functions.runtimes.podspec import (
+from functions.task import steps
+from functions.task.contract import (
+    EXIT_CODE_FILE,
     EXIT_UNAVAILABLE,
+    MAX_STDERR_BYTES,
+    MAX_STDIN_BYTES,
+    STAGE_ERROR_FILE,
+    STDERR_FILE,
+    STDOUT_FILE,
+    TASK_SUBDIR,
     TIMED_OUT_FILE,
     UNAVAILABLE_MARKER,
     ReplyPlan,
+    script_timeout,
 )
-from functions.sink import post_reply
-from storage import Store, StoreOptions, open_store
-from storage.archive import ArchiveOptions, Limits
+from functions.task.sink import post_reply
+from functions.task.step_settings import StepSettings
+from storage import Store, open_store
+from storage.archive import ArchiveOptions
 from storage.errors import StorageError
 
-TASK_SUBDIR = ".task"
-MAX_STDERR_BYTES = 4 * 1024 * 1024  # the log keeps the tail: that is where errors are
-MAX_STDIN_BYTES = 2 * 1024 * 1024  # a Secret holds at most 1 MiB
 TERMINATION_LOG = Path("/dev/termination-log")  # kubelet mounts it; absent elsewhere
 
 
@@ -61,21 +66,21 @@ class CollectArgs:
 
 
 def stage_main(*, directory: Path, inputs: dict[str, ArtifactRef], task_dir: Path,
-               environ: Mapping[str, str]) -> int:
+               settings: StepSettings) -> int:
     """Unpack ``inputs`` into ``directory``; the exit status of the stage container."""
     try:
-        store = open_step_store(environ)
+        store = open_store(settings.store_url, settings.store_options)
         directory.mkdir(parents=True, exist_ok=True)
-        steps.stage(store, inputs, directory, Limits.from_env(environ))
+        steps.stage(store, inputs, directory, settings.limits)
         # The resource image may run as any user, and put scripts write into their inputs
         # (a git commit, a rebase): open the whole staged tree, as a Concourse volume is.
         make_writable_by_all(directory)
     except steps.StageFailed as err:
         return _stage_failed(task_dir, str(err))
     except StorageError as err:
-        if not err.retryable:
-            return _stage_failed(task_dir, f"store: {err}")
-        return unavailable(f"stage: the store is unavailable: {err}")
+        if is_retryable(err):
+            return unavailable(f"stage: the store is unavailable: {err}")
+        return _stage_failed(task_dir, f"store: {err}")
     except (ValueError, OSError) as err:
         return fail(f"stage: {err}")
     return 0
@@ -83,35 +88,36 @@ def stage_main(*, directory: Path, inputs: dict[str, ArtifactRef], task_dir: Pat
 
 def _stage_failed(task_dir: Path, message: str) -> int:
     task_dir.mkdir(parents=True, exist_ok=True)
-    (task_dir / "stage-error").write_text(message + "\n")
+    (task_dir / STAGE_ERROR_FILE).write_text(message + "\n")
     print(f"stage: {message}", file=sys.stderr)
     return 0
 
 
-def collect_main(args: CollectArgs, environ: Mapping[str, str]) -> int:
+def collect_main(args: CollectArgs, settings: StepSettings) -> int:
     """Record the outcome (and post the reply); the exit status of the collect container."""
     try:
-        outcome = record(open_step_store(environ), args, environ)
+        store = open_store(settings.store_url, settings.store_options)
+        outcome = record(store, args, settings.archive)
     except StorageError as err:
-        if err.retryable:
+        if is_retryable(err):
             return unavailable(f"collect: the store is unavailable: {err}")
         return fail(f"collect: cannot record the outcome: {err}")
     except (ValueError, OSError) as err:
         return fail(f"collect: cannot record the outcome: {err}")
     if args.reply is None:
         return 0
-    return _post(args, outcome, environ.get("K_SINK", ""))
+    return _post(args, outcome, settings.sink)
 
 
-def record(store: Store, args: CollectArgs, environ: Mapping[str, str]) -> Outcome:
+def record(store: Store, args: CollectArgs, archive: ArchiveOptions) -> Outcome:
     """The outcome of what the resource step left behind, stored (first record wins)."""
     task_dir = args.build_dir / TASK_SUBDIR
     stdin = read_head(args.stdin_file, MAX_STDIN_BYTES)
-    stage_error = read_head(task_dir / "stage-error", 64 * 1024)
+    stage_error = read_head(task_dir / STAGE_ERROR_FILE, 64 * 1024)
     if stage_error:
         return _record_failure(store, args, "storage", stage_error.decode(errors="replace"))
-    exit_code = _read_int(task_dir / "exit-code")
-    stderr = read_tail(task_dir / "stderr", MAX_STDERR_BYTES)
+    exit_code = _read_int(task_dir / EXIT_CODE_FILE)
+    stderr = read_tail(task_dir / STDERR_FILE, MAX_STDERR_BYTES)
     if exit_code is None:
         log = redact(stderr.decode(errors="replace"), secret_strings(stdin))
         return _record_failure(store, args, "runtime", "the resource step recorded no exit "
@@ -119,21 +125,26 @@ def record(store: Store, args: CollectArgs, environ: Mapping[str, str]) -> Outco
     if (task_dir / TIMED_OUT_FILE).exists():  # the same failure as the container runtime's
         limit = _read_int(task_dir / TIMED_OUT_FILE)  # the watchdog wrote the timeout there
         log = redact(stderr.decode(errors="replace"), secret_strings(stdin))
-        return _record_failure(store, args, "timeout", "the resource script ran longer than "
-                               + (f"{limit}s" if limit is not None else "its timeout"), log)
+        outcome = script_timeout(args.action, limit, log)
+        message = outcome.failure.message if outcome.failure else ""
+        return _record_outcome(store, args, outcome, log or message)
     spec = steps.CollectSpec(run_id=args.run_id, action=args.action, cache_key=args.cache_key,
-                             archive=ArchiveOptions.from_env(environ))
+                             archive=archive)
     return steps.collect(
         store, spec, exit_code=exit_code,
-        stdout=read_head(task_dir / "stdout", MAX_STDOUT_BYTES + 1), stderr=stderr,
+        stdout=read_head(task_dir / STDOUT_FILE, MAX_STDOUT_BYTES + 1), stderr=stderr,
         stdin=stdin, output_dir=args.build_dir / "get" if args.action == "get" else None,
     )
 
 
 def _record_failure(store: Store, args: CollectArgs, kind: str, message: str,
                     log: str = "") -> Outcome:
-    steps.write_once(store, keys.log_key(args.run_id), (log or message).encode())
-    outcome = failed(args.action, kind, message.strip(), log)
+    return _record_outcome(store, args, failed(args.action, kind, message.strip(), log),
+                           log or message)
+
+
+def _record_outcome(store: Store, args: CollectArgs, outcome: Outcome, log: str) -> Outcome:
+    steps.write_once(store, keys.log_key(args.run_id), log.encode())
     return steps.record_outcome(store, args.run_id, outcome)
 
 
@@ -146,16 +157,9 @@ def _post(args: CollectArgs, outcome: Outcome, sink: str) -> int:
                         subject=args.reply.subject, run_id=args.run_id)
     try:
         post_reply(sink, event)
-    except requests.RequestException as err:
+    except SinkRefused as err:
         return fail(f"collect: the outcome is stored but the sink refused the reply: {err}")
     return 0
-
-
-def open_step_store(environ: Mapping[str, str]) -> Store:
-    url = environ.get("STORE_URL", "")
-    if not url:
-        raise ValueError("STORE_URL is not set")
-    return open_store(url, StoreOptions.from_env(environ))
 
 
 def fail(message: str, status: int = 1) -> int:

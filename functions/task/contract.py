@@ -1,0 +1,96 @@
+"""The task pod's contract: what the function, both runtimes and the in-pod steps (``stage``,
+``collect``) agree on. Paths, file names, env names, exit codes and the timeout failure are
+spelled here and nowhere else.
+
+Layout of the shared build volume (``BUILD_DIR``)::
+
+    /tmp/build/put/NAME         a put's inputs (stage unpacks them), its working directory
+    /tmp/build/get/             a get's output directory
+    /tmp/build/.task/           what the resource step leaves for collect:
+        stage-error             stage's message when an input is missing or unsafe
+        stdout, stderr          the script's output streams
+        exit-code               the script's exit code (TIMED_OUT_EXIT_CODE after a timeout)
+        timed-out               the timeout in whole seconds, if the watchdog stopped it
+    /secret/stdin               the stdin payload (a Secret), read by resource and collect
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from functions.model import Action, ArtifactRef, Outcome
+from functions.outcome import failed
+
+MANAGED_BY = "resource-functions"  # the managed-by label of task Jobs and local containers
+BUILD_DIR = "/tmp/build"
+TASK_SUBDIR = ".task"
+TASK_DIR = f"{BUILD_DIR}/{TASK_SUBDIR}"
+SECRET_DIR = "/secret"
+STDIN_KEY = "stdin"
+STDIN_FILE = f"{SECRET_DIR}/{STDIN_KEY}"
+STAGE_ERROR_FILE = "stage-error"
+STDOUT_FILE = "stdout"
+STDERR_FILE = "stderr"
+EXIT_CODE_FILE = "exit-code"
+TIMED_OUT_FILE = "timed-out"  # holding the timeout: the watchdog stopped the script
+TIMED_OUT_EXIT_CODE = 124
+KILL_AFTER_SECONDS = 2  # from SIGTERM to SIGKILL when the script overruns
+
+MAX_STDERR_BYTES = 4 * 1024 * 1024  # the log keeps the tail: that is where errors are
+MAX_STDIN_BYTES = 2 * 1024 * 1024  # a Secret holds at most 1 MiB
+
+# A step that cannot reach the store exits EX_TEMPFAIL, its termination message starting
+# with the marker: the function deletes the Job and answers 503 (job_status: "unavailable").
+EXIT_UNAVAILABLE = 75
+UNAVAILABLE_MARKER = "unavailable:"
+
+# The env of stage/collect: the store, the sink (SinkBinding), and the non-secret settings
+# they need to reach the store the way the function does (copied from the function's env).
+STORE_URL_ENV = "STORE_URL"
+SINK_ENV = "K_SINK"
+STEP_ENV = (
+    "ARCHIVE_FORMAT", "ARCHIVE_LEVEL", "ARCHIVE_THREADS", "ARCHIVE_MAX_ENTRY_BYTES",
+    "ARCHIVE_MAX_TOTAL_BYTES", "ARCHIVE_MAX_ENTRIES", "STORE_PART_SIZE", "STORE_CONCURRENCY",
+    "S3_ADDRESSING_STYLE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION",
+    "AWS_DEFAULT_REGION", "STORAGE_EMULATOR_HOST", "GOOGLE_CLOUD_PROJECT", "LOG_LEVEL",
+)
+
+_DIGEST_SUFFIX = re.compile(r"@(sha256:[0-9a-f]{64})$")
+
+
+@dataclass(frozen=True)
+class ReplyPlan:
+    """Asynchronous completion: ``collect`` posts the reply event to ``$K_SINK`` itself."""
+
+    request_id: str
+    subject: str | None = None
+
+
+def format_input(name: str, ref: ArtifactRef) -> str:
+    """The ``--input`` argument of the stage step: ``NAME=KEY[@sha256:HEX]``."""
+    return f"{name}={ref.key}@{ref.digest}" if ref.digest else f"{name}={ref.key}"
+
+
+def parse_input(value: str) -> tuple[str, ArtifactRef]:
+    """Inverse of ``format_input``; ``ValueError`` says what is wrong."""
+    name, sep, rest = value.partition("=")
+    if not sep or not name or not rest:
+        raise ValueError(f"--input {value!r}: expected NAME=KEY[@sha256:HEX]")
+    match = _DIGEST_SUFFIX.search(rest)
+    if match:
+        return name, ArtifactRef(key=rest[: match.start()], digest=match.group(1))
+    return name, ArtifactRef(key=rest)
+
+
+def script_timeout(action: Action, seconds: float | None, log: str = "") -> Outcome:
+    """The failure of a script stopped at its timeout (``seconds``; None: not known), the
+    same whichever runtime stopped it."""
+    limit = f"{seconds:g}s" if seconds is not None else "its timeout"
+    return failed(action, "timeout", f"the resource script ran longer than {limit}", log)
+
+
+def task_deadline(action: Action, deadline: int, timeout: float, margin: float) -> Outcome:
+    """The failure of a task pod that outlived its Job's deadline (the function saw it)."""
+    return failed(action, "timeout", (
+        f"the task ran longer than {deadline}s (the resource's {timeout:g}s + {margin:g}s to "
+        "stage and collect)"))

@@ -1,0 +1,46 @@
+"""Posting a reply event to K_SINK (asynchronous completion), with bounded retries."""
+from __future__ import annotations
+
+import requests
+from cloudevents.core.v1.event import CloudEvent
+from requests.adapters import HTTPAdapter
+from urllib3.util.retry import Retry
+
+from functions.errors import SinkRefused
+from functions.events import reply_event, to_http
+from functions.model import Outcome, Task
+
+RETRYABLE = frozenset({408, 409, 429, 500, 502, 503, 504})
+
+
+def _session(attempts: int) -> requests.Session:
+    """A session that retries connection errors and RETRYABLE answers with exponential
+    backoff (0.5 s, 1 s, 2 s, …), honouring Retry-After. POST is retried: the reply event
+    carries its id, and sinks (the Broker) de-duplicate or tolerate redelivery."""
+    retry = Retry(total=attempts - 1, backoff_factor=0.5, status_forcelist=RETRYABLE,
+                  allowed_methods=frozenset({"POST"}), raise_on_status=False)
+    session = requests.Session()
+    adapter = HTTPAdapter(max_retries=retry)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return session
+
+
+def post_reply(sink: str, event: CloudEvent, *, attempts: int = 5, timeout: float = 30) -> None:
+    """POST the event in binary mode; retry transient failures. Raises ``SinkRefused``
+    (its cause the ``requests`` error) when the sink will not take it."""
+    headers, body = to_http(event)
+    with _session(attempts) as session:
+        try:
+            response = session.post(sink, headers=headers, data=body, timeout=timeout)
+        except requests.RequestException as err:
+            raise SinkRefused(f"sink {sink} unreachable: {err}") from err
+    if response.status_code >= 300:
+        raise SinkRefused(f"sink {sink} answered {response.status_code}")
+
+
+def post_outcome(sink: str, task: Task, outcome: Outcome) -> None:
+    """Send the reply event of an asynchronous task to ``sink``."""
+    event = reply_event(action=task.action, outcome=outcome, request_id=task.request_id,
+                        subject=task.subject, run_id=task.run_id)
+    post_reply(sink, event)

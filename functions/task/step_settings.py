@@ -1,0 +1,34 @@
+"""The settings of the in-pod steps (``stage``, ``collect``), read once from the environment
+the task pod gets (see ``contract.STEP_ENV``): the store, the sink and the archive options."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from functions.errors import ConfigError
+from functions.task.contract import SINK_ENV, STORE_URL_ENV
+from storage.archive import ArchiveOptions, Limits
+from storage.options import StoreOptions
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    store_url: str
+    sink: str = ""  # K_SINK, from the SinkBinding: where collect posts asynchronous replies
+    archive: ArchiveOptions = field(default_factory=ArchiveOptions)
+    limits: Limits = field(default_factory=Limits)
+    store_options: StoreOptions = field(default_factory=StoreOptions)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> StepSettings:
+        """Raises ``ConfigError`` naming the variable that is missing or malformed."""
+        url = environ.get(STORE_URL_ENV, "")
+        if not url:
+            raise ConfigError(f"{STORE_URL_ENV} is not set")
+        try:
+            return cls(store_url=url, sink=environ.get(SINK_ENV, ""),
+                       archive=ArchiveOptions.from_env(environ),
+                       limits=Limits.from_env(environ),
+                       store_options=StoreOptions.from_env(environ))
+        except ValueError as err:
+            raise ConfigError(str(err)) from None

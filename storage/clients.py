@@ -1,0 +1,67 @@
+"""The client libraries' clients for the S3 and GCS backends.
+
+boto3 and google-cloud-storage read their own environment (endpoints, credentials, retry
+mode); the few defaults chosen here depend on whether the user set one of those variables
+(``AWS_ENDPOINT_URL(_S3)``, ``AWS_RETRY_MODE``, ``GOOGLE_CLOUD_PROJECT``,
+``STORAGE_EMULATOR_HOST``), so this module, and no other in ``storage``, looks at them.
+Imported only when an ``s3://`` or ``gs://`` store is opened.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from storage.base import Store
+from storage.errors import StoreUnavailable
+from storage.options import StoreOptions
+
+
+def s3_store(bucket: str, prefix: str, options: StoreOptions) -> Store:
+    import boto3
+    from botocore.config import Config
+
+    from storage.s3 import S3Store
+
+    config = Config(
+        s3={"addressing_style": _s3_addressing_style(options)},
+        retries=_s3_retries(),
+        # Every part in flight needs its own connection.
+        max_pool_connections=max(10, options.concurrency),
+    )
+    client = boto3.session.Session().client("s3", config=config)
+    return S3Store(client, bucket, prefix, options)
+
+
+def _s3_addressing_style(options: StoreOptions) -> str:
+    """Path style with a custom endpoint: MinIO and moto do not serve bucket subdomains."""
+    if options.s3_addressing_style:
+        return options.s3_addressing_style
+    custom_endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    return "path" if custom_endpoint else "auto"
+
+
+def _s3_retries() -> dict[str, Any]:
+    # "standard" unless the user chose a mode: botocore's own default ("legacy") retries less.
+    return {} if os.environ.get("AWS_RETRY_MODE") else {"mode": "standard"}
+
+
+def gcs_store(bucket: str, prefix: str, options: StoreOptions) -> Store:
+    from google.auth.credentials import AnonymousCredentials
+    from google.auth.exceptions import GoogleAuthError
+    from google.cloud import storage as gcs
+
+    from storage.gcs import GCSStore
+
+    # project=None: object calls need no project, so none is looked up.
+    project = os.environ.get("GOOGLE_CLOUD_PROJECT")
+    try:
+        if os.environ.get("STORAGE_EMULATOR_HOST"):
+            client = gcs.Client(project=project or "emulator", credentials=AnonymousCredentials())
+        else:
+            client = gcs.Client(project=project)
+    except GoogleAuthError as err:
+        raise StoreUnavailable(
+            f"no Google credentials for gs://{bucket}: set GOOGLE_APPLICATION_CREDENTIALS or run "
+            f"with a service account ({err})"
+        ) from err
+    return GCSStore(client, bucket, prefix, options)

@@ -1,0 +1,195 @@
+"""The HTTP layer and the Service in-process: ``create_app(...).test_client()`` with a plain
+fake runtime and the file store. No container engine, no cluster, no server: seconds."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cloudevents.core.bindings.http import (
+    HTTPMessage,
+    from_http_event,
+    to_binary_event,
+    to_structured_event,
+)
+from cloudevents.core.v1.event import CloudEvent
+
+from functions.errors import Unavailable
+from functions.http.app import create_app
+from functions.model import Failure, Outcome, ResourceType, Task
+from functions.settings import Settings
+from functions.task import steps
+from storage import Store, open_store
+
+IMAGE = "example.org/mock-resource@sha256:" + "a" * 64
+
+
+class FakeRuntime:
+    """Answers ``run`` with a scripted outcome and records it, as every runtime must."""
+
+    def __init__(self, store: Store, outcome: Outcome | Exception | None = None) -> None:
+        self.store = store
+        self.outcome = outcome
+        self.ran: list[Task] = []
+        self.started: list[Task] = []
+
+    def run(self, task: Task) -> Outcome:
+        self.ran.append(task)
+        if isinstance(self.outcome, Exception):
+            raise self.outcome
+        outcome = self.outcome or Outcome(action=task.action, data=_data(task))
+        return steps.record_outcome(self.store, task.run_id, outcome)
+
+    def start(self, task: Task) -> None:
+        self.started.append(task)
+
+    def close(self) -> None:
+        pass
+
+
+def _data(task: Task) -> dict[str, Any]:
+    if task.action == "check":
+        return {"versions": [{"ref": "v1"}]}
+    return {"version": {"ref": "v1"}, "metadata": []}
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    (tmp_path / "store").mkdir()
+    return open_store((tmp_path / "store").as_uri())
+
+
+def make_client(store: Store, action: str, runtime: FakeRuntime, **settings: Any) -> Any:
+    config = Settings(store_url=store.url, resource_types={"mock": ResourceType(image=IMAGE)},
+                      cache_secret=b"k" * 32, **settings)
+    return create_app(config, action, store=store, runtime=runtime).test_client()  # type: ignore[arg-type]
+
+
+def event(action: str = "check", data: Any = None, **attributes: Any) -> CloudEvent:
+    attrs = {"specversion": "1.0", "type": f"dev.resourcefunctions.{action}.requested",
+             "source": "/ci/pipeline", "id": "evt-1", "datacontenttype": "application/json"}
+    attrs.update(attributes)
+    return CloudEvent(attributes=attrs,
+                      data={"type": "mock", "source": {"uri": "x"}} if data is None else data)
+
+
+def post(client: Any, request: CloudEvent, encode: Any = to_binary_event) -> Any:
+    message = encode(request)
+    return client.post("/", headers=dict(message.headers), data=message.body)
+
+
+def reply_of(response: Any) -> CloudEvent:
+    return from_http_event(HTTPMessage(headers=dict(response.headers), body=response.data))
+
+
+@pytest.mark.parametrize("encode", [to_binary_event, to_structured_event],
+                         ids=["binary", "structured"])
+def test_a_check_is_answered_with_a_succeeded_event(store: Store, encode: Any) -> None:
+    runtime = FakeRuntime(store)
+    response = post(make_client(store, "check", runtime), event(subject="main"), encode)
+    assert response.status_code == 200
+    reply = reply_of(response)
+    assert reply.get_type() == "dev.resourcefunctions.check.succeeded"
+    assert reply.get_extension("requestid") == "evt-1" and reply.get_subject() == "main"
+    assert reply.get_data() == {"versions": [{"ref": "v1"}]}
+    assert response.headers["content-type"] == "application/json"
+    assert len(runtime.ran) == 1
+
+
+def test_a_failed_run_is_200_with_a_failed_event(store: Store) -> None:
+    failure = Failure(kind="resource_failed", message="exit 1", exit_code=1)
+    runtime = FakeRuntime(store, Outcome(action="check", failure=failure))
+    response = post(make_client(store, "check", runtime), event())
+    assert response.status_code == 200
+    reply = reply_of(response)
+    assert reply.get_type() == "dev.resourcefunctions.check.failed"
+    assert reply.get_data()["error"]["kind"] == "resource_failed"
+
+
+def test_infrastructure_trouble_is_503(store: Store) -> None:
+    runtime = FakeRuntime(store, Unavailable("container engine: down"))
+    response = post(make_client(store, "check", runtime), event())
+    assert response.status_code == 503
+    assert response.get_json()["error"]["kind"] == "unavailable"
+
+
+@pytest.mark.parametrize(("data", "attributes", "problem"), [
+    ({"type": "nope", "source": {}}, {}, "nope"),
+    ({"type": "mock", "source": "not an object"}, {}, "source"),
+    ({"type": "mock", "source": {}}, {"type": "dev.resourcefunctions.get.requested"}, "type"),
+    ({"type": "mock", "source": {}}, {"replymode": "later"}, "replymode"),
+], ids=["unknown-type", "source-not-object", "wrong-event-type", "bad-replymode"])
+def test_an_invalid_request_is_400_with_its_problems_and_runs_nothing(
+        store: Store, data: Any, attributes: dict[str, str], problem: str) -> None:
+    runtime = FakeRuntime(store)
+    response = post(make_client(store, "check", runtime), event(data=data, **attributes))
+    assert response.status_code == 400
+    error = response.get_json()["error"]
+    assert error["kind"] == "invalid_request"
+    assert any(problem in p for p in error["problems"]), error["problems"]
+    assert runtime.ran == [] and runtime.started == []
+
+
+def test_an_event_without_id_is_400(store: Store) -> None:
+    body = json.dumps({"specversion": "1.0", "type": "dev.resourcefunctions.check.requested",
+                       "source": "/x", "data": {"type": "mock", "source": {}}})
+    response = make_client(store, "check", FakeRuntime(store)).post(
+        "/", data=body, headers={"content-type": "application/cloudevents+json"})
+    assert response.status_code == 400
+
+
+def test_a_redelivered_request_replays_the_stored_reply(store: Store) -> None:
+    runtime = FakeRuntime(store)
+    client = make_client(store, "check", runtime)
+    first, again = post(client, event()), post(client, event())
+    assert first.status_code == again.status_code == 200
+    assert reply_of(again).get_data() == reply_of(first).get_data()
+    assert len(runtime.ran) == 1
+
+
+def test_a_get_of_a_cached_version_answers_without_a_run(store: Store) -> None:
+    runtime = FakeRuntime(store)
+    client = make_client(store, "get", runtime)
+    get = {"type": "mock", "source": {"uri": "x"}, "version": {"ref": "v1"}}
+    request = event("get", get)
+    first = post(client, request)
+    assert first.status_code == 200 and len(runtime.ran) == 1
+    task = runtime.ran[0]
+    assert task.cache_key
+    artifact_key = f"artifacts/{task.cache_key}.tar.zst"
+    steps.write_once(store, artifact_key, b"bytes")
+    record = {"version": {"ref": "v1"}, "metadata": [],
+              "artifact": {"url": store.url_for(artifact_key), "digest": "sha256:" + "0" * 64,
+                           "size": 5, "format": "tar+zstd"}}
+    store_json(store, f"artifacts/{task.cache_key}.json", record)
+    hit = post(client, event("get", get, id="evt-2"))
+    assert hit.status_code == 200
+    assert reply_of(hit).get_data()["cached"] is True
+    assert len(runtime.ran) == 1
+
+
+def store_json(store: Store, key: str, value: Any) -> None:
+    from storage import put_json
+
+    put_json(store, key, value)
+
+
+def test_async_mode_is_202_and_starts_the_task(store: Store) -> None:
+    runtime = FakeRuntime(store)
+    client = make_client(store, "check", runtime, sink="http://sink.example")
+    response = post(client, event(replymode="async"))
+    assert response.status_code == 202 and response.data == b""
+    assert [t.request_id for t in runtime.started] == ["evt-1"] and runtime.ran == []
+
+
+def test_async_mode_without_a_sink_is_400(store: Store) -> None:
+    response = post(make_client(store, "check", FakeRuntime(store)), event(replymode="async"))
+    assert response.status_code == 400
+
+
+def test_healthz_and_metrics(store: Store) -> None:
+    client = make_client(store, "check", FakeRuntime(store))
+    assert client.get("/healthz").get_json() == {"status": "ok", "action": "check"}
+    post(client, event())
+    assert 'status="200"' in client.get("/metrics").get_data(as_text=True)
