@@ -266,7 +266,9 @@ def knative_deployment(cluster: Cluster, knative, cluster_images: dict[str, str]
     overrides only), plus a Trigger that sends every event of the Broker to the sink."""
     tmp = tmp_path_factory.mktemp("knative-deployment")
     prefix = f"knative-{uuid.uuid4().hex[:8]}"
-    overlay = write_overlay(tmp, image=cluster_images["task"], config={
+    from tests.cluster.knative import dev_local
+
+    overlay = write_overlay(tmp, image=dev_local(cluster, cluster_images["task"]), config={
         "STORE_URL": f"s3://{gateway_s3.bucket}/{prefix}",
         "RESOURCE_TYPES": resource_types(cluster_images["resource"]),
         "LOG_LEVEL": "debug",

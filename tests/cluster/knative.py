@@ -9,12 +9,15 @@ manifests is replaced by the local image. Installed: Eventing core, the in-memor
 MT channel-based broker (PingSource and SinkBinding are part of core); Serving core.
 
 Test-cluster settings, each a plain ConfigMap value of the release manifests:
-``config-deployment`` skips tag resolution for ``localhost`` images (there is no registry),
 ``config-network`` names the test KIngress class, ``config-defaults`` raises
 ``max-revision-timeout-seconds`` as the project README tells operators to, and
 ``config-autoscaler`` scales idle revisions to zero within seconds so that a test can see a
 cold start. Left out: the job-sink and request-reply workloads (not used, and their images
-are not built).
+are not built), and the HorizontalPodAutoscalers (there is no metrics API).
+
+Serving resolves image tags to digests through a registry, except for the registries of
+``config-deployment`` ``registries-skipping-tag-resolving`` (``dev.local`` by default): the
+project image is tagged ``dev.local/…`` in containerd for the Knative Services (``dev_local``).
 
 The networking layer is ``kingress`` (``tests/cluster/kingress/``), the one non-production hop:
 it runs on this machine, and a selector-less Service ``kingress`` in ``knative-serving`` (an
@@ -42,8 +45,6 @@ IMAGE_USER = "65532:65532"
 # Workloads of the release whose images are not built here (features not used).
 LEFT_OUT = {("knative-eventing", "job-sink"), ("knative-eventing", "request-reply")}
 SETTINGS = {
-    ("knative-serving", "config-deployment"): {
-        "registries-skipping-tag-resolving": "kind.local,ko.local,dev.local,localhost"},
     ("knative-serving", "config-network"): {"ingress-class": INGRESS_CLASS},
     ("knative-serving", "config-defaults"): {"max-revision-timeout-seconds": "3600"},
     ("knative-serving", "config-autoscaler"): {
@@ -109,6 +110,8 @@ def render(folder: Path, images: dict[str, str]) -> list[dict]:
             meta = doc.get("metadata", {})
             key = (meta.get("namespace"), meta.get("name"))
             if doc["kind"] in ("Deployment", "StatefulSet") and key in LEFT_OUT:
+                continue
+            if doc["kind"] == "HorizontalPodAutoscaler":  # no metrics API here: one replica
                 continue
             if doc["kind"] == "ConfigMap" and key in SETTINGS:
                 doc.setdefault("data", {}).update(SETTINGS[key])
@@ -193,3 +196,11 @@ def start_kingress(cluster: Cluster, bin_dir: Path) -> int:
     }
     apply(cluster, [service, endpoints])
     return port
+
+
+def dev_local(cluster: Cluster, image: str) -> str:
+    """``image`` (imported into containerd) tagged ``dev.local/<name>:<tag>`` as well, a
+    registry whose tags Serving does not try to resolve (there is no registry here)."""
+    name = "dev.local/" + image.split("/", 1)[1]
+    cluster.ctr("images", "tag", "--force", image, name)
+    return name

@@ -1,0 +1,321 @@
+"""The production path on the test cluster: real Knative Eventing and Serving.
+
+``knative/`` is applied with ``kubectl apply -k`` (image and config overrides only). Request
+events go to the Broker's ingress as a pipeline engine would send them; the shipped Triggers
+deliver them to the three Knative Services (through the test KIngress and the activator); the
+functions run Jobs through in-cluster config under the shipped RBAC; replies go back into the
+Broker and reach a sink on this machine through a Trigger. Tests run in file order; each uses
+its own sources, so that no cache hit or redelivery crosses tests.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import time
+import uuid
+
+import requests
+import yaml
+from cloudevents.core.v1.event import CloudEvent
+
+from tests.cluster.conftest import REPO
+from tests.e2e.events import ENCODERS, request_event
+
+LABEL = "resource-functions.dev/"
+REPLY_SOURCE = "/resource-functions/{action}"
+
+
+def post(url: str, event, mode: str = "binary") -> tuple[int, float]:
+    """POST an event to the Broker; returns the status and how long the sender was held."""
+    message = ENCODERS[mode](event)
+    started = time.monotonic()
+    response = requests.post(url, headers=dict(message.headers), data=message.body, timeout=300)
+    return response.status_code, time.monotonic() - started
+
+
+def source(**extra: object) -> dict:
+    return {"uri": "https://git.example.com/repo.git", "nonce": uuid.uuid4().hex, **extra}
+
+
+def jobs_of(deployment, event) -> list[dict]:
+    """The Jobs started for this request (labelled with its run id: source, id, action)."""
+    from functions.keys import run_id
+
+    action = attributes(event)["type"].split(".")[2]
+    run = run_id(attributes(event)["source"], attributes(event)["id"], action)
+    return deployment.jobs(**{f"{LABEL}run-id": run})
+
+
+def attributes(event) -> dict:
+    return event.get_attributes()
+
+
+def assert_reply(reply, request, action: str, outcome: str = "succeeded") -> dict:
+    """The reply's attributes follow the event contract; returns its data."""
+    got = attributes(reply)
+    assert got["type"] == f"dev.resourcefunctions.{action}.{outcome}", reply.get_data()
+    assert got["source"] == REPLY_SOURCE.format(action=action)
+    assert got["requestid"] == attributes(request)["id"]
+    assert got.get("subject") == attributes(request).get("subject")
+    assert got["datacontenttype"] == "application/json"
+    data = reply.get_data()
+    return data if isinstance(data, dict) else json.loads(data)
+
+
+def reply_to(deployment, request, action: str, timeout: float = 180):
+    replies = deployment.sink.wait(timeout=timeout, requestid=attributes(request)["id"])
+    return replies[0]
+
+
+def function_logs(deployment, service: str) -> str:
+    return deployment.cluster.kubectl(
+        "-n", deployment.namespace, "logs", "-l", f"serving.knative.dev/service={service}",
+        "-c", "function", "--tail=-1", "--prefix", check=False)
+
+
+def wait_for(probe, seconds: float, what: str):
+    deadline = time.monotonic() + seconds
+    while True:
+        value = probe()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"not {what} after {seconds}s"
+        time.sleep(0.5)
+
+
+def test_check_get_put_travel_the_broker_and_reply_through_a_trigger(knative_deployment):
+    d = knative_deployment
+    src = source()
+    check = request_event("check", {"type": "test", "source": src}, subject="main/repo")
+    assert post(d.broker, check)[0] == 202
+    versions = assert_reply(reply_to(d, check, "check"), check, "check")["versions"]
+    assert versions == [{"ref": "1"}, {"ref": "2"}, {"ref": "3"}]
+
+    get = request_event("get", {"type": "test", "source": src, "version": versions[-1],
+                                "build": {"id": "7", "name": "42", "job": "unit",
+                                          "pipeline": "main", "team": "main"}},
+                        subject="main/repo")
+    assert post(d.broker, get, mode="structured")[0] == 202
+    data = assert_reply(reply_to(d, get, "get"), get, "get")
+    assert data["version"] == {"ref": "3"}
+    assert data["cached"] is False
+    assert data["metadata"] == [{"name": "build", "value": "7"}]
+    artifact = data["artifact"]
+    key = artifact["url"][len(d.store.url.rstrip("/")) + 1:]
+    with d.store.open(key) as stream:
+        stored = stream.read()
+    assert artifact["digest"] == "sha256:" + hashlib.sha256(stored).hexdigest()
+    assert artifact["size"] == len(stored)
+    assert artifact["format"] == "tar+zstd"
+
+    put = request_event("put", {"type": "test", "source": src, "params": {"input": "in"},
+                                "inputs": {"in": artifact["url"]}})
+    assert post(d.broker, put)[0] == 202
+    data = assert_reply(reply_to(d, put, "put"), put, "put")
+    assert data["version"] == {"ref": "pushed-3"}
+    assert set(data) == {"version", "metadata"}
+    assert len(jobs_of(d, check)) == len(jobs_of(d, get)) == len(jobs_of(d, put)) == 1
+
+
+def test_a_repeated_get_is_a_cache_hit_without_a_job(knative_deployment):
+    d = knative_deployment
+    data = {"type": "test", "source": source(), "version": {"ref": "2"}}
+    first = request_event("get", data)
+    assert post(d.broker, first)[0] == 202
+    assert assert_reply(reply_to(d, first, "get"), first, "get")["cached"] is False
+    again = request_event("get", data)
+    assert post(d.broker, again)[0] == 202
+    hit = assert_reply(reply_to(d, again, "get"), again, "get")
+    assert hit["cached"] is True
+    assert jobs_of(d, again) == []
+    assert len(jobs_of(d, first)) == 1
+
+
+def test_a_twice_delivered_event_runs_once_and_gives_one_result(knative_deployment):
+    d = knative_deployment
+    get = request_event("get", {"type": "test", "source": source(delay=3),
+                                "version": {"ref": "1"}})
+    assert post(d.broker, get)[0] == 202
+    assert post(d.broker, get)[0] == 202
+    replies = d.sink.wait(count=2, requestid=attributes(get)["id"])
+    # Every delivery is answered, with the same reply event (same id: one result).
+    assert len({attributes(r)["id"] for r in replies}) == 1
+    assert replies[0].get_data() == replies[1].get_data()
+    assert len(jobs_of(d, get)) == 1
+
+
+def block_store(deployment, on: bool) -> None:
+    """Make the S3 server unreachable from the pods (a store outage), or reachable again."""
+    from tests.cluster.up import BRIDGE, GATEWAY
+
+    port = deployment.store_port
+    rule = ["INPUT", "-i", BRIDGE, "-d", GATEWAY, "-p", "tcp", "--dport", str(port),
+            "-j", "REJECT", "--reject-with", "tcp-reset"]
+    subprocess.run(["iptables", "-w", "-I" if on else "-D", *rule], check=True)
+
+
+def test_a_store_outage_answers_503_and_the_broker_retry_runs_once(knative_deployment):
+    d = knative_deployment
+    get = request_event("get", {"type": "test", "source": source(), "version": {"ref": "1"}})
+
+    def unavailable() -> int:
+        return function_logs(d, "get").count('"unavailable"')
+
+    before = unavailable()
+    block_store(d, True)
+    try:
+        assert post(d.broker, get)[0] == 202
+        time.sleep(4)  # the first delivery and a retry or two meet the outage
+        assert jobs_of(d, get) == []
+    finally:
+        block_store(d, False)
+    # The function answered 503 (nothing started), and the Broker's retry then ran it once.
+    wait_for(lambda: unavailable() > before, 60, "answered 503")
+    data = assert_reply(reply_to(d, get, "get", timeout=120), get, "get")
+    assert data["cached"] is False
+    assert len(d.sink.matching(requestid=attributes(get)["id"])) == 1
+    assert len(jobs_of(d, get)) == 1
+
+
+def test_async_reply_is_posted_by_the_task_to_the_sink_binding_address(knative_deployment):
+    d = knative_deployment
+    check = request_event("check", {"type": "test", "source": source()}, replymode="async",
+                          subject="async/repo")
+    assert post(d.broker, check)[0] == 202
+    data = assert_reply(reply_to(d, check, "check"), check, "check")
+    assert data["versions"][-1] == {"ref": "3"}
+    (job,) = jobs_of(d, check)
+    collect = next(c for c in job["spec"]["template"]["spec"]["containers"]
+                   if c["name"] == "collect")
+    sink = [e["value"] for e in collect.get("env", []) if e["name"] == "K_SINK"]
+    assert sink and sink[0].endswith(f"/{d.namespace}/default"), sink
+
+
+def test_the_pingsource_example_runs_a_check_on_schedule(knative_deployment):
+    d = knative_deployment
+    docs = list(yaml.safe_load_all((REPO / "knative/examples/pingsource-check.yaml").read_text()))
+    ping = next(doc for doc in docs if doc["kind"] == "PingSource")
+    ping["spec"]["schedule"] = "* * * * *"  # fires within the test
+    ping["spec"]["data"] = json.dumps({"type": "test", "source": source()})
+    subject = ping["spec"]["ceOverrides"]["extensions"]["subject"]
+    d.cluster.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                           "items": docs}))
+    try:
+        replies = d.sink.wait(timeout=150, type="dev.resourcefunctions.check.succeeded",
+                              subject=subject)
+        assert replies[0].get_data()["versions"] == [{"ref": "1"}, {"ref": "2"}, {"ref": "3"}]
+    finally:
+        d.cluster.kubectl("delete", "-f", "-", stdin=json.dumps(
+            {"apiVersion": "v1", "kind": "List", "items": docs}), check=False)
+
+
+def test_an_undeliverable_event_reaches_the_dead_letter_service(knative_deployment):
+    from tests.cluster.up import GATEWAY, free_port
+
+    d = knative_deployment
+    kind = "dev.resourcefunctions.test.undeliverable"
+    trigger = {  # no delivery of its own: the shipped Broker's retries and dead-letter sink
+        "apiVersion": "eventing.knative.dev/v1", "kind": "Trigger",
+        "metadata": {"name": "undeliverable", "namespace": d.namespace},
+        "spec": {"broker": "default", "filter": {"attributes": {"type": kind}},
+                 "subscriber": {"uri": f"http://{GATEWAY}:{free_port(GATEWAY)}/"}}}
+    d.cluster.kubectl("apply", "-f", "-", stdin=json.dumps(trigger))
+    try:
+        d.cluster.kubectl("-n", d.namespace, "wait", "--for=condition=Ready",
+                          "trigger/undeliverable", "--timeout=60s")
+        event_id = f"undeliverable-{uuid.uuid4().hex[:8]}"
+        event = CloudEvent(attributes={"specversion": "1.0", "type": kind, "id": event_id,
+                                       "source": "/tests/pipeline",
+                                       "datacontenttype": "application/json"}, data={})
+        assert post(d.broker, event)[0] == 202
+        logs = wait_for(lambda: event_id in (text := function_logs(d, "dead-letter")) and text,
+                        150, "dead-lettered")
+        line = next(line for line in logs.splitlines() if event_id in line)
+        assert "undeliverable event" in line and kind in line
+    finally:
+        d.cluster.kubectl("-n", d.namespace, "delete", "trigger", "undeliverable", check=False)
+
+
+def revision_pods(deployment, service: str) -> list[str]:
+    out = deployment.cluster.kubectl("-n", deployment.namespace, "get", "pods", "-l",
+                                     f"serving.knative.dev/service={service}", "-o", "name",
+                                     check=False)
+    return out.split()
+
+
+def test_the_first_event_after_scale_to_zero_is_answered(knative_deployment, capsys):
+    d = knative_deployment
+    wait_for(lambda: not revision_pods(d, "check"), 180, "scaled to zero")
+    check = request_event("check", {"type": "test", "source": source()})
+    started = time.monotonic()
+    assert post(d.broker, check)[0] == 202
+    reply = reply_to(d, check, "check")
+    assert_reply(reply, check, "check")
+    with capsys.disabled():
+        print(f"\n[knative] check from zero replicas: {d.sink.arrival(reply) - started:.2f}s "
+              "from the POST to the Broker to the reply at the sink")
+
+
+def test_a_long_get_never_holds_the_sender(knative_deployment):
+    """The shipped reply mode answers the Broker at once; the reply comes later."""
+    d = knative_deployment
+    delay = 15
+    get = request_event("get", {"type": "test", "source": source(delay=delay),
+                                "version": {"ref": "1"}})
+    status, held = post(d.broker, get)
+    assert status == 202
+    assert held < delay / 3, f"the sender was held {held:.1f}s by a {delay}s get"
+    assert_reply(reply_to(d, get, "get"), get, "get")
+
+
+def bare_job_seconds(deployment, image: str, payload: dict) -> float:
+    """A Job that runs the same image and script as a get, with the same stdin, from creation
+    to its Complete condition."""
+    name = f"bare-{uuid.uuid4().hex[:8]}"
+    script = f"printf '%s' '{json.dumps(payload)}' | /opt/resource/in /tmp/get >/dev/null"
+    job = {"apiVersion": "batch/v1", "kind": "Job",
+           "metadata": {"name": name, "namespace": deployment.namespace},
+           "spec": {"backoffLimit": 0, "ttlSecondsAfterFinished": 60, "template": {"spec": {
+               "restartPolicy": "Never", "automountServiceAccountToken": False,
+               "containers": [{"name": "resource", "image": image,
+                               "command": ["sh", "-c", script]}]}}}}
+    started = time.monotonic()
+    deployment.cluster.kubectl("apply", "-f", "-", stdin=json.dumps(job))
+    deployment.cluster.kubectl("-n", deployment.namespace, "wait", "--for=condition=Complete",
+                               f"job/{name}", "--timeout=120s")
+    return time.monotonic() - started
+
+
+def test_measure_the_path_against_a_bare_job(knative_deployment, cluster_images, capsys):
+    """P6 and the Broker round trips, side by side in one run (figures, not asserts)."""
+    import statistics
+
+    d = knative_deployment
+    ours, bare, hits = [], [], []
+    for _ in range(3):
+        data = {"type": "test", "source": source(), "version": {"ref": "1"}}
+        bare.append(bare_job_seconds(d, cluster_images["resource"],
+                                     {"source": data["source"], "version": data["version"]}))
+        get = request_event("get", data)
+        started = time.monotonic()
+        assert post(d.broker, get)[0] == 202
+        reply = reply_to(d, get, "get")
+        assert assert_reply(reply, get, "get")["cached"] is False
+        ours.append(d.sink.arrival(reply) - started)
+        hit = request_event("get", data)
+        started = time.monotonic()
+        assert post(d.broker, hit)[0] == 202
+        reply = reply_to(d, hit, "get")
+        assert assert_reply(reply, hit, "get")["cached"] is True
+        hits.append(d.sink.arrival(reply) - started)
+    ours_m, bare_m = statistics.median(ours), statistics.median(bare)
+    with capsys.disabled():
+        print(f"\n[knative] get via Broker -> Trigger -> ksvc -> Job -> reply: median "
+              f"{ours_m:.2f}s {[round(x, 2) for x in ours]}\n"
+              f"[knative] bare Job, same image, script and stdin: median {bare_m:.2f}s "
+              f"{[round(x, 2) for x in bare]}\n"
+              f"[knative] overhead {ours_m - bare_m:+.2f}s ({ours_m / bare_m:.2f}x)\n"
+              f"[knative] cache-hit get round trip through the Broker: median "
+              f"{statistics.median(hits) * 1000:.0f} ms {[round(x * 1000) for x in hits]}")
+    assert len(ours) == len(bare) == len(hits) == 3
