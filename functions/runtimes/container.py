@@ -26,8 +26,9 @@ from functions import keys
 from functions.errors import Unavailable, failure_kind
 from functions.logs import fields
 from functions.model import SCRIPTS, WORKDIRS, Outcome, Task
-from functions.outcome import failed, final_failure, redact, secret_strings
+from functions.outcome import failed, final_failure
 from functions.protocol import MAX_STDOUT_BYTES
+from functions.redaction import redact, secret_strings
 from functions.task import steps
 from functions.task.contract import MANAGED_BY, MAX_STDERR_BYTES, script_timeout
 from functions.task.sink import post_outcome

@@ -16,13 +16,8 @@ from typing import Any
 
 from functions import keys
 from functions.model import Action, ArtifactRef, Outcome
-from functions.outcome import (
-    failed,
-    outcome_of_script,
-    redact,
-    redact_failure,
-    secret_strings,
-)
+from functions.outcome import failed, outcome_of_script, redact_failure
+from functions.redaction import redact, secret_strings
 from storage import Store, get_json, put_json
 from storage.archive import ArchiveOptions, Limits, suffix_for
 from storage.artifacts import download_tree, upload_tree

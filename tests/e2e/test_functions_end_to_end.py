@@ -236,6 +236,31 @@ def test_cache_entry_whose_artifact_expired_is_fetched_again(deployment):
     assert third.get_data()["artifact"] == again.get_data()["artifact"]
 
 
+HOSTILE = 'pa"ss\\w\tord-é-日本-𝄞'
+PIN = 7654321
+
+
+def secret_forms():
+    return [HOSTILE, json.dumps(HOSTILE, ensure_ascii=False)[1:-1], json.dumps(HOSTILE)[1:-1],
+            "ord-", str(PIN)]
+
+
+def test_a_script_echoing_its_stdin_leaks_no_secret_in_any_encoding(deployment):
+    source = {"mode": "echo", "password": HOSTILE, "pin": PIN, "lang": "é"}
+    event = request_event("check", {"type": "test", "source": source})
+    status, reply, _ = send(deployment.services.urls["check"], event)
+    assert status == 200 and reply.get_type() == "dev.resourcefunctions.check.failed"
+    tail = reply.get_data()["error"]["log_tail"]
+    run = run_id(event.get_source(), event.get_id(), "check")
+    log = read_object(deployment.store, f"logs/{run}.log").decode()
+    result = read_object(deployment.store, f"results/{run}.json").decode()
+    assert '"lang":"é"' in log  # stdin is UTF-8, without \u escapes, as Concourse sends it
+    for text in (tail, log, result):
+        assert "[redacted]" in text
+        for form in secret_forms():
+            assert form not in text, (form, text)
+
+
 def test_canary_secret_never_leaks(deployment):
     # Runs after the others in this module: scan everything they left behind.
     send(deployment.services.urls["check"], request_event(
