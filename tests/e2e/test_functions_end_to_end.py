@@ -191,6 +191,24 @@ def test_bad_requests_get_400_and_start_nothing(deployment, action, data, proble
     assert runs(deployment, action) == before
 
 
+@pytest.mark.parametrize("body", [
+    "[]", "17", "null",
+    ('{"specversion": "1.0", "type": "dev.resourcefunctions.check.requested", "source": "/t",'
+    ' "id": "bad\\ud800id", "subject": "s\\udfff", "data": {"type": "test", "source": {}}}'),
+    '{"specversion": "1.0", "type": "dev.resourcefunctions.check.requested", "source": "/t",'
+    ' "id": "deep-1", "data": {"type": "test", "source": ' + '{"a":' * 200 + "1" + "}" * 200
+    + "}}",
+], ids=["list", "number", "null", "lone-surrogate", "deep"])
+def test_structured_bodies_refused_before_running(deployment, body):
+    before = runs(deployment, "check")
+    response = __import__("requests").post(
+        deployment.services.urls["check"], data=body.encode(), timeout=30,
+        headers={"content-type": "application/cloudevents+json"})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["kind"] == "invalid_request"
+    assert runs(deployment, "check") == before
+
+
 def test_non_cloudevent_and_wrong_type_get_400(deployment):
     url = deployment.services.urls["check"]
     response = __import__("requests").post(url, json={"type": "test"}, timeout=10)
