@@ -138,6 +138,14 @@ def record_outcome(store: Store, run: str, outcome: Outcome) -> Outcome:
     return outcome
 
 
+def record_if_absent(store: Store, run: str, outcome: Outcome) -> None:
+    """Store ``results/<run>.json`` unless it exists (one write, no read)."""
+    try:
+        put_json(store, keys.result_key(run), outcome.as_record())
+    except ObjectExists:
+        pass
+
+
 def read_outcome(store: Store, run: str) -> Outcome | None:
     try:
         return Outcome.from_record(get_json(store, keys.result_key(run)))

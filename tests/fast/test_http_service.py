@@ -3,6 +3,8 @@ fake runtime and the file store. No container engine, no cluster, no server: sec
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -285,3 +287,29 @@ def test_more_than_64_inputs_are_400(store: Store) -> None:
     response = post(make_client(store, "put", runtime), event("put", put_data(inputs)))
     assert response.status_code == 400 and "at most 64 inputs" in response.get_data(as_text=True)
     assert runtime.ran == []
+
+
+def test_a_request_that_joined_another_run_gets_its_own_result_record(store: Store) -> None:
+    release, entered = threading.Event(), threading.Event()
+
+    class BlockingRuntime(FakeRuntime):
+        def run(self, task: Task) -> Outcome:
+            entered.set()
+            release.wait(10)
+            return super().run(task)
+
+    runtime = BlockingRuntime(store)
+    client = make_client(store, "check", runtime)
+    first = threading.Thread(target=post, args=(client, event(id="leader")))
+    first.start()
+    assert entered.wait(10)
+    joiner = threading.Thread(target=post, args=(client, event(id="joiner")))
+    joiner.start()
+    time.sleep(0.3)  # the joiner reaches the leader's flight (same source, same check)
+    release.set()
+    first.join(10)
+    joiner.join(10)
+    assert len(runtime.ran) == 1
+    again = post(client, event(id="joiner"))  # the joiner's redelivery replays, runs nothing
+    assert again.status_code == 200 and len(runtime.ran) == 1
+    assert reply_of(again).get_data() == {"versions": [{"ref": "v1"}]}
