@@ -7,6 +7,7 @@ with ``datacontenttype: application/json``, the extension ``requestid`` and the 
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -22,6 +23,7 @@ TYPE_PREFIX = "dev.resourcefunctions."
 REPLY_SOURCE = "/resource-functions/{action}"
 MAX_BODY_BYTES = 4 * 1024 * 1024
 PING_TYPE = "dev.knative.sources.ping"
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def request_type(action: str) -> str:
@@ -37,11 +39,14 @@ def read_event(headers: Mapping[str, str], body: bytes) -> CloudEvent:
     if len(body) > MAX_BODY_BYTES:
         raise InvalidRequest(f"request body is larger than {MAX_BODY_BYTES} bytes")
     lowered = {k.lower(): v for k, v in headers.items()}
-    if "ce-specversion" not in lowered and "cloudevents" not in lowered.get("content-type", ""):
+    binary = "ce-specversion" in lowered
+    if not binary and "cloudevents" not in lowered.get("content-type", ""):
         raise InvalidRequest(
             "not a CloudEvent: send ce-specversion/ce-type/ce-source/ce-id headers (binary "
             "mode) or Content-Type: application/cloudevents+json (structured mode)"
         )
+    if not binary:
+        _structured_object(body)
     try:
         event = from_http_event(HTTPMessage(headers=lowered, body=body))
     except (BaseCloudEventException, ValueError, TypeError, KeyError) as err:
@@ -52,7 +57,32 @@ def read_event(headers: Mapping[str, str], body: bytes) -> CloudEvent:
         raise InvalidRequest("only CloudEvents specversion 1.0 is supported")
     if not _sent_id(lowered, body):  # the SDK invents one, which would defeat redelivery
         raise InvalidRequest("the event has no id: redelivery is recognised by (source, id)")
+    _check_encodable(event)
     return event
+
+
+def _structured_object(body: bytes) -> None:
+    """A structured-mode body is one JSON object (anything else would be a permanent error
+    deep inside the SDK)."""
+    try:
+        value = json.loads(body)
+    except RecursionError:
+        raise InvalidRequest("invalid CloudEvent: JSON nested too deeply") from None
+    except ValueError as err:
+        raise InvalidRequest(f"invalid CloudEvent: body is not JSON: {_short(str(err))}") from None
+    if not isinstance(value, dict):
+        raise InvalidRequest("invalid CloudEvent: a structured-mode event must be a JSON object")
+
+
+def _check_encodable(event: CloudEvent) -> None:
+    """Attributes reach reply headers, logs and keys: each must be valid Unicode (JSON can
+    carry a lone surrogate, ``"\\ud800"``, which no header or UTF-8 text can)."""
+    problems = []
+    for name, value in sorted(event.get_attributes().items()):
+        if isinstance(value, str) and _SURROGATE.search(value):
+            problems.append(f"event attribute {name!r} is not valid Unicode (a lone surrogate)")
+    if problems:
+        raise InvalidRequest(*problems)
 
 
 def _sent_id(headers: Mapping[str, str], body: bytes) -> bool:

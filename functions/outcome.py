@@ -5,50 +5,19 @@ neither is an error of this system.
 """
 from __future__ import annotations
 
-import json
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
 from functions.errors import failure_kind, is_retryable, unavailable
 from functions.model import Action, Failure, Outcome
 from functions.protocol import InvalidOutput, parse_check_output, parse_version_output
+from functions.redaction import redact
 
 LOG_TAIL_BYTES = 2048
-MIN_SECRET_LEN = 6
-REDACTED = "[redacted]"
 
 
-def secret_strings(stdin: bytes) -> list[str]:
-    """Every string in the stdin payload's source and params long enough to be a secret,
-    longest first (so a secret containing another is redacted whole)."""
-    try:
-        payload = json.loads(stdin)
-    except ValueError:
-        return []
-    found: set[str] = set()
-    _collect_strings({k: payload.get(k) for k in ("source", "params")}, found)
-    return sorted((s for s in found if len(s) >= MIN_SECRET_LEN), key=len, reverse=True)
-
-
-def _collect_strings(value: Any, found: set[str]) -> None:
-    if isinstance(value, str):
-        found.add(value)
-        found.update(line for line in value.splitlines() if line.strip())
-    elif isinstance(value, dict):
-        for item in value.values():
-            _collect_strings(item, found)
-    elif isinstance(value, list):
-        for item in value:
-            _collect_strings(item, found)
-
-
-def redact(text: str, secrets: list[str]) -> str:
-    for secret in secrets:
-        text = text.replace(secret, REDACTED)
-    return text
-
-
-def redact_failure(outcome: Outcome, secrets: list[str]) -> Outcome:
+def redact_failure(outcome: Outcome, secrets: Iterable[str]) -> Outcome:
     """The outcome with secrets removed from its failure message (data is left alone)."""
     if outcome.failure is None or not secrets:
         return outcome

@@ -6,6 +6,7 @@ is the answer; everything else a script prints is ignored.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from functions.model import Action, Build
@@ -27,7 +28,22 @@ def stdin_payload(
         body["version"] = version
     if action in ("get", "put") and params:
         body["params"] = params
-    return json.dumps(body, separators=(",", ":")).encode()
+    return go_json(body)
+
+
+_GO_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028",
+               "\u2029": "\\u2029"}
+_GO_ESCAPED = re.compile("[<>&\u2028\u2029]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def go_json(value: Any) -> bytes:
+    """``value`` encoded as Go's encoding/json (what Concourse sends) encodes it: UTF-8, no
+    ``\\u`` escapes for non-ASCII text except U+2028/U+2029, ``<``, ``>`` and ``&`` escaped,
+    invalid text (a lone surrogate) replaced by U+FFFD."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    text = _GO_ESCAPED.sub(lambda m: _GO_ESCAPES[m.group()], text)
+    return _SURROGATE.sub("\ufffd", text).encode("utf-8")
 
 
 def build_env(action: Action, build: Build) -> dict[str, str]:

@@ -1,7 +1,11 @@
 """Cache keys reveal nothing; run ids follow the request identity; logs lose secrets."""
+import json
+import re
+
 from functions import keys
-from functions.outcome import log_tail, outcome_of_script, redact, secret_strings
+from functions.outcome import log_tail, outcome_of_script
 from functions.protocol import stdin_payload
+from functions.redaction import redact, secret_strings
 
 SECRET = "canary-4f1d2a9c-secret"
 
@@ -86,3 +90,49 @@ def test_invalid_output_never_quotes_stdout(tmp_path):
     assert outcome.failure.message.endswith("at line 1 column 1")
     assert "canary" not in outcome.failure.message
     assert SECRET.encode() not in (tmp_path / "results" / f"{'r' * 32}.json").read_bytes()
+
+
+HOSTILE = 'pa"ss\\w\tord-é-日本-𝄞'
+
+
+def _upper_hex(text):
+    return re.sub(r"\\u[0-9a-f]{4}", lambda m: "\\u" + m.group()[2:].upper(), text)
+
+
+def test_every_json_form_of_a_secret_is_redacted():
+    secrets = secret_strings(stdin_payload("check", {"password": HOSTILE}, None, {}))
+    forms = [HOSTILE, json.dumps(HOSTILE, ensure_ascii=False)[1:-1],
+             json.dumps(HOSTILE)[1:-1], _upper_hex(json.dumps(HOSTILE))[1:-1],
+             json.dumps(json.dumps(HOSTILE)[1:-1])[1:-1]]
+    for form in forms:
+        cleaned = redact(f"debug: {form} end", secrets)
+        assert cleaned == "debug: [redacted] end", (form, cleaned)
+
+
+def test_an_echoed_stdin_payload_keeps_no_secret():
+    stdin = stdin_payload("get", {"password": HOSTILE, "pin": 1234567},
+                          {"ref": "v1"}, {"token": 987654.5})
+    for shown in (stdin.decode(), json.dumps(json.loads(stdin)),
+                  json.dumps(json.loads(stdin), indent=2)):
+        cleaned = redact(shown, secret_strings(stdin))
+        assert "ord-" not in cleaned and "1234567" not in cleaned and "987654" not in cleaned
+        assert '"ref": "v1"' in cleaned or '"ref":"v1"' in cleaned
+
+
+def test_numbers_of_six_digits_or_more_are_secrets_shorter_ones_not():
+    stdin = stdin_payload("check", {"port": 8080, "pin": 123456, "neg": -7654321,
+                                    "on": True}, None, {})
+    assert set(secret_strings(stdin)) == {"123456", "-7654321"}
+    assert redact("pin=123456 port=8080", secret_strings(stdin)) == "pin=[redacted] port=8080"
+
+
+def test_redaction_survives_any_nesting():
+    text = '{"source":' + '{"a":[' * 200 + '"deep-secret-value"' + "]}" * 200 + "}"
+    assert secret_strings(text.encode()) == ["deep-secret-value"]
+
+
+def test_stdin_is_utf8_like_go_encoding_json():
+    stdin = stdin_payload("check", {"name": "é日本𝄞", "html": "<a&b>", "bad": "x\ud800"},
+                          None, {})
+    assert stdin.decode("utf-8") == ('{"source":{"name":"é日本𝄞","html":"\\u003ca\\u0026b\\u003e",'
+                                     '"bad":"x\ufffd"},"version":null}')

@@ -5,9 +5,64 @@ that process, and each request mostly waits on a container, a Job or the store.
 """
 from __future__ import annotations
 
+import io
+import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from gunicorn.app.base import BaseApplication
+
+from functions.events import MAX_BODY_BYTES
+
+# A request body must arrive within this time: a client that stalls mid-body gets 408 and
+# its request thread back (gthread reads bodies in the request thread, without a timeout).
+BODY_TIMEOUT_SECONDS = 5.0
+
+
+class BoundedBody:
+    """WSGI middleware: read the whole body under a deadline before the app runs."""
+
+    def __init__(self, app: Any, timeout: float = BODY_TIMEOUT_SECONDS) -> None:
+        self.app = app
+        self.timeout = timeout
+
+    def __call__(self, environ: dict[str, Any],
+                 start_response: Callable[..., Any]) -> Iterable[bytes]:
+        sock = environ.get("gunicorn.socket")
+        length = environ.get("CONTENT_LENGTH") or ""
+        chunked = "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower()
+        if sock is None or not (chunked or (length.isdigit() and int(length) > 0)):
+            return self.app(environ, start_response)  # type: ignore[no-any-return]
+        limit = min(int(length), MAX_BODY_BYTES + 1) if length.isdigit() else MAX_BODY_BYTES + 1
+        body = self._read(environ["wsgi.input"], sock, limit)
+        if body is None:
+            start_response("408 Request Timeout", [("Content-Type", "application/json"),
+                                                   ("Connection", "close")])
+            return [b'{"error": {"kind": "invalid_request", "message": "request body timed out"}}']
+        environ["wsgi.input"] = io.BytesIO(body)
+        environ["CONTENT_LENGTH"] = str(len(body))
+        return self.app(environ, start_response)  # type: ignore[no-any-return]
+
+    def _read(self, stream: Any, sock: Any, limit: int) -> bytes | None:
+        deadline = time.monotonic() + self.timeout
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            while size < limit:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                sock.settimeout(left)
+                chunk = stream.read(min(65536, limit - size))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+        except OSError:  # socket.timeout included
+            return None
+        finally:
+            sock.settimeout(None)
+        return b"".join(chunks)
 
 
 class _Server(BaseApplication):  # type: ignore[misc]
@@ -21,7 +76,7 @@ class _Server(BaseApplication):  # type: ignore[misc]
             self.cfg.set(key, value)
 
     def load(self) -> Any:
-        return self._app
+        return BoundedBody(self._app)
 
 
 def serve(app: Any, *, host: str, port: int, threads: int) -> None:

@@ -8,6 +8,8 @@ Every engine call is wrapped: trouble with the engine is ``Unavailable`` (503), 
 from __future__ import annotations
 
 import logging
+import re
+import shutil
 import socket
 import tempfile
 import threading
@@ -15,6 +17,7 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,8 +29,9 @@ from functions import keys
 from functions.errors import Unavailable, failure_kind
 from functions.logs import fields
 from functions.model import SCRIPTS, WORKDIRS, Outcome, Task
-from functions.outcome import failed, final_failure, redact, secret_strings
+from functions.outcome import failed, final_failure
 from functions.protocol import MAX_STDOUT_BYTES
+from functions.redaction import redact, secret_strings
 from functions.task import steps
 from functions.task.contract import MANAGED_BY, MAX_STDERR_BYTES, script_timeout
 from functions.task.sink import post_outcome
@@ -100,49 +104,92 @@ class ContainerRuntime:
                 self._started.discard(task.run_id)
 
     def run(self, task: Task) -> Outcome:
-        with tempfile.TemporaryDirectory(prefix="rf-", dir=self._config.workroot,
-                                         ignore_cleanup_errors=True) as tmp:
-            workdir = Path(tmp) / task.action
-            workdir.mkdir()
-            try:
-                outcome = self._run_in(task, workdir)
-            except StorageError as err:
-                outcome = final_failure(task.action, err)
-            return steps.record_outcome(self._store, task.run_id, outcome)
-
-    def _run_in(self, task: Task, workdir: Path) -> Outcome:
+        """Run the task once per run id: its container is named after the run id, so after a
+        crash of this service or of the engine a redelivery adopts the container (running or
+        exited) and reads its result instead of starting the script again. The container and
+        its work directory stay until the result is stored; an ``Unavailable`` leaves them
+        for the redelivery."""
+        root = self._run_root(task.run_id)
+        workdir = root / task.action
+        container = self._existing(task.run_id)
+        if container is None:
+            shutil.rmtree(root, ignore_errors=True)  # a crash's leftovers, nothing ran in it
+            workdir.mkdir(parents=True)
         try:
-            steps.stage(self._store, task.inputs, workdir, self._config.limits)
-        except steps.StageFailed as err:
-            return failed(task.action, "storage", str(err))
-        image_problem = self._ensure_image(task.resource_type.image)
-        if image_problem:
-            return failed(task.action, "image_pull", image_problem)
-        return self._execute(task, workdir)
+            outcome = self._outcome(task, workdir, container)
+        except StorageError as err:  # a permanent store refusal; retryable ones raise here
+            outcome = steps.record_outcome(self._store, task.run_id,
+                                           final_failure(task.action, err))
+        self._remove_run(task.run_id, root)  # the result is stored: nothing left to adopt
+        return outcome
 
-    def _execute(self, task: Task, workdir: Path) -> Outcome:
-        container = self._create(task, workdir)
+    def _run_root(self, run: str) -> Path:
+        return Path(self._config.workroot or tempfile.gettempdir()) / f"rf-{run}"
+
+    def _existing(self, run: str) -> Any:
+        """This run's container, if one is left from an earlier delivery; one that was
+        created but never started is removed (its script never ran)."""
         try:
-            exit_code = self._feed_and_wait(container, task)
-            stderr = _read_logs(container, stdout=False)
-            if exit_code is None:
-                log_text = redact(stderr.decode("utf-8", "replace"), secret_strings(task.stdin))
-                steps.write_once(self._store, keys.log_key(task.run_id), log_text.encode())
-                return script_timeout(task.action, task.timeout_seconds, log_text)
-            spec = steps.CollectSpec(run_id=task.run_id, action=task.action,
-                                     cache_key=task.cache_key, archive=self._config.archive)
-            return steps.collect(
-                self._store, spec, exit_code=exit_code, stdout=_read_logs(container, stdout=True),
-                stderr=stderr, stdin=task.stdin,
-                output_dir=workdir if task.action == "get" else None)
-        finally:
+            container = self._client.containers.get(container_name(run))
+        except docker.errors.NotFound:
+            return None
+        except ENGINE_ERRORS as err:
+            raise Unavailable(f"container engine: {err}") from err
+        if container.status == "created":
             _remove(container)
+            return None
+        log.info("adopting the container of an earlier delivery",
+                 extra=fields(run_id=run, status=container.status))
+        return container
+
+    def _outcome(self, task: Task, workdir: Path, container: Any) -> Outcome:
+        """The stored outcome: of the adopted container, or of a new one."""
+        if container is None:
+            try:
+                steps.stage(self._store, task.inputs, workdir, self._config.limits)
+            except steps.StageFailed as err:
+                return self._record(task, failed(task.action, "storage", str(err)))
+            image_problem = self._ensure_image(task.resource_type.image)
+            if image_problem:
+                return self._record(task, failed(task.action, "image_pull", image_problem))
+            container = self._create(task, workdir)
+            exit_code = self._feed_and_wait(container, task)
+        else:
+            exit_code = self._wait(container, task, _remaining(container, task.timeout_seconds))
+        return self._collect(container, task, workdir, exit_code)
+
+    def _record(self, task: Task, outcome: Outcome) -> Outcome:
+        return steps.record_outcome(self._store, task.run_id, outcome)
+
+    def _collect(self, container: Any, task: Task, workdir: Path, exit_code: int | None) -> Outcome:
+        stderr = _read_logs(container, stdout=False)
+        if exit_code is None:
+            log_text = redact(stderr.decode("utf-8", "replace"), secret_strings(task.stdin))
+            steps.write_once(self._store, keys.log_key(task.run_id), log_text.encode())
+            return self._record(task, script_timeout(task.action, task.timeout_seconds,
+                                                     log_text))
+        spec = steps.CollectSpec(run_id=task.run_id, action=task.action,
+                                 cache_key=task.cache_key, archive=self._config.archive)
+        return steps.collect(  # stores the result record
+            self._store, spec, exit_code=exit_code, stdout=_read_logs(container, stdout=True),
+            stderr=stderr, stdin=task.stdin,
+            output_dir=workdir if task.action == "get" else None)
+
+    def _remove_run(self, run: str, root: Path) -> None:
+        try:
+            _remove(self._client.containers.get(container_name(run)))
+        except docker.errors.NotFound:
+            pass
+        except ENGINE_ERRORS as err:  # logged, not raised: the outcome is already stored
+            log.warning("cannot remove a container", extra=fields(error=str(err)))
+        shutil.rmtree(root, ignore_errors=True)
 
     def _create(self, task: Task, workdir: Path) -> Any:
         target = WORKDIRS[task.action]
         try:
             return self._client.containers.create(
                 image=task.resource_type.image,
+                name=container_name(task.run_id),
                 entrypoint=[SCRIPTS[task.action]],
                 command=[target] if target else [],
                 environment=task.env,
@@ -152,7 +199,7 @@ class ContainerRuntime:
                 privileged=task.resource_type.privileged,
                 network=self._config.network,
             )
-        except ENGINE_ERRORS as err:
+        except ENGINE_ERRORS as err:  # a name conflict included: another process runs it
             raise Unavailable(f"container engine: cannot create container: {err}") from err
 
     def _feed_and_wait(self, container: Any, task: Task) -> int | None:
@@ -163,22 +210,29 @@ class ContainerRuntime:
             container.start()
         except ENGINE_ERRORS as err:
             raise Unavailable(f"container engine: cannot start the container: {err}") from err
-        started = time.monotonic()
         feeder = threading.Thread(target=_feed, args=(sock, task.stdin), daemon=True)
         feeder.start()
         try:
-            status = container.wait(timeout=task.timeout_seconds)
+            return self._wait(container, task, task.timeout_seconds)
+        finally:
+            sock.close()
+            feeder.join(5)
+
+    def _wait(self, container: Any, task: Task, timeout: float) -> int | None:
+        """The exit code; None if the script overran ``timeout`` (it is killed)."""
+        started = time.monotonic()
+        try:
+            if timeout <= 0:
+                raise requests.exceptions.Timeout("the task's time is up")
+            status = container.wait(timeout=timeout)
             return int(status.get("StatusCode", -1))
         except (requests.exceptions.ConnectionError, requests.exceptions.Timeout) as err:
-            if time.monotonic() - started < task.timeout_seconds * 0.9:
+            if time.monotonic() - started < timeout * 0.9:
                 raise Unavailable(f"container engine: lost the container: {err}") from err
             _kill(container)
             return None
         except ENGINE_ERRORS as err:
             raise Unavailable(f"container engine: {err}") from err
-        finally:
-            sock.close()
-            feeder.join(5)
 
     def _ensure_image(self, image: str) -> str | None:
         """Pull the image if the engine lacks it; a problem text if it can't be had. Engine
@@ -205,6 +259,24 @@ class ContainerRuntime:
         """One pull per image at a time; different images pull in parallel."""
         with self._lock:
             return self._pull_locks.setdefault(image, threading.Lock())
+
+
+def container_name(run: str) -> str:
+    """The container of a run: found again by name after a crash."""
+    return f"rf-{run}"
+
+
+def _remaining(container: Any, timeout: float) -> float:
+    """What is left of the task's timeout for an adopted container (all of it when the
+    engine does not say when it started)."""
+    started = str(container.attrs.get("State", {}).get("StartedAt") or "")
+    match = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)?", started)
+    if not match or started.startswith("0001"):
+        return timeout
+    fraction = (match.group(2) or ".0")[:7]
+    zone = match.group(3) or "Z"
+    moment = datetime.fromisoformat(match.group(1) + fraction + zone.replace("Z", "+00:00"))
+    return timeout - (datetime.now(UTC) - moment).total_seconds()
 
 
 def engine_environment(env: Mapping[str, str]) -> dict[str, str]:

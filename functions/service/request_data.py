@@ -23,6 +23,9 @@ DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 ARTIFACT_SUFFIXES = tuple(suffix_for(f) for f in FORMATS)
 MAX_ATTRIBUTE = 1024  # event id, source, subject
 MAX_TEXT = 4096  # each build field, each input URL
+MAX_DEPTH = 64  # nesting levels of source, params, version and build.instance_vars
+MAX_INPUTS = 64  # inputs of one put
+INPUT_FIELDS = {"url", "digest"}
 # Image references: registry/repo[:tag][@sha256:hex]; no whitespace or shell characters.
 IMAGE_REF = re.compile(r"^[a-z0-9][a-z0-9._/:@-]*[a-zA-Z0-9._-]$", re.IGNORECASE)
 
@@ -50,6 +53,7 @@ def parse_request_data(
     inputs = _inputs(data, action, artifact_url_prefix, problems)
     build = _build(data.get("build"), problems)
     _check_sizes(event, build, problems)
+    _check_depth(data, problems)
     if problems:
         raise InvalidRequest(*problems)
     assert resource_type is not None
@@ -122,10 +126,18 @@ def _inputs(data: dict[str, Any], action: Action, prefix: str,
     if not isinstance(value, dict):
         problems.append("'inputs' must be an object mapping input names to artifact URLs")
         return {}
+    if len(value) > MAX_INPUTS:
+        problems.append(f"a put takes at most {MAX_INPUTS} inputs, got {len(value)}")
+        return {}
     refs: dict[str, ArtifactRef] = {}
     for name, spec in value.items():
         if not INPUT_NAME.match(name):
             problems.append(f"input name {_clip(name)} must match {INPUT_NAME.pattern}")
+        unknown = sorted(set(spec) - INPUT_FIELDS) if isinstance(spec, dict) else []
+        if unknown:
+            problems.append(f"input {_clip(name)}: unknown field(s) "
+                            f"{', '.join(_clip(k) for k in unknown)} (known: digest, url)")
+            continue
         url, digest = (spec.get("url"), spec.get("digest")) if isinstance(spec, dict) else (
             spec, None)
         if not isinstance(url, str) or not _is_artifact_url(url, prefix):
@@ -149,6 +161,29 @@ def _clip(value: Any) -> str:
     """repr of a rejected value, short: it is echoed into the 400 body and the log."""
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _check_depth(data: dict[str, Any], problems: list[str]) -> None:
+    """Deep nesting serves no resource and breaks recursive code downstream: refuse it."""
+    for key in ("source", "params", "version", "build"):
+        if _depth(data.get(key)) > MAX_DEPTH:
+            problems.append(f"'{key}' is nested deeper than {MAX_DEPTH} levels")
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of a JSON value (a scalar is 0, ``{}`` is 1), without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        children = (item.values() if isinstance(item, dict) else
+                    item if isinstance(item, list) else None)
+        if children is None:
+            continue
+        deepest = max(deepest, level)
+        if deepest > MAX_DEPTH:
+            break
+        stack.extend((child, level + 1) for child in children)
+    return deepest
 
 
 def _check_sizes(event: Mapping[str, Any], build: Build, problems: list[str]) -> None:

@@ -91,6 +91,9 @@ class Service:
                                            lambda: self._answer(request, run, cache_key))
         if joined:
             self.metrics.joined.labels(self.action).inc()
+            # The run may have been another request's: record the answer under this request's
+            # run id too, so its redelivery replays it instead of running again.
+            steps.record_if_absent(self.store, run, outcome)
         return self._reply(request, run, outcome)
 
     def _answer(self, request: Request, run: str, cache_key: str | None) -> Outcome:

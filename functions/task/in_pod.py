@@ -29,8 +29,9 @@ from functions import keys
 from functions.errors import SinkRefused, is_retryable
 from functions.events import reply_event
 from functions.model import Action, ArtifactRef, Outcome
-from functions.outcome import failed, redact, secret_strings
+from functions.outcome import failed
 from functions.protocol import MAX_STDOUT_BYTES
+from functions.redaction import redact, secret_strings
 from functions.task import steps
 from functions.task.contract import (
     EXIT_CODE_FILE,

@@ -10,19 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from functions import keys
 from functions.model import Action, ArtifactRef, Outcome
-from functions.outcome import (
-    failed,
-    outcome_of_script,
-    redact,
-    redact_failure,
-    secret_strings,
-)
+from functions.outcome import failed, outcome_of_script, redact_failure
+from functions.redaction import redact, secret_strings
 from storage import Store, get_json, put_json
 from storage.archive import ArchiveOptions, Limits, suffix_for
 from storage.artifacts import download_tree, upload_tree
@@ -48,17 +43,29 @@ class CollectSpec:
 
 def stage(store: Store, inputs: dict[str, ArtifactRef], workdir: Path, limits: Limits) -> None:
     """Unpack each input artifact into ``workdir/<name>``. ``StoreUnavailable`` propagates
-    (retryable); a missing or unsafe artifact raises ``StageFailed``."""
+    (retryable); a missing or unsafe artifact raises ``StageFailed``. ``limits`` bound the
+    whole put: the total bytes and entries are shared by all its inputs."""
+    budget = limits
     for name, ref in sorted(inputs.items()):
         target = workdir / name
         target.mkdir(parents=True, exist_ok=True)
         try:
-            download_tree(store, ref.key, target, expected_digest=ref.digest or
-                          known_digest(store, ref.key), limits=limits)
+            stats = download_tree(store, ref.key, target, expected_digest=ref.digest or
+                                  known_digest(store, ref.key), limits=budget)
         except ObjectNotFound:
             raise StageFailed(f"input {name!r}: artifact {ref.key} does not exist") from None
         except (ArchiveError, ValueError) as err:  # ValueError: not an artifact's suffix
-            raise StageFailed(f"input {name!r}: {err}") from None
+            raise StageFailed(f"input {name!r}: {err} (limits apply to all inputs of a put "
+                              "together)") from None
+        left_bytes = budget.max_total_bytes - stats.bytes
+        left_entries = budget.max_entries - stats.entries
+        if left_bytes <= 0 or left_entries <= 0:
+            if name != max(inputs):
+                raise StageFailed(f"the inputs of this put exceed {limits.max_total_bytes} "
+                                  f"bytes or {limits.max_entries} entries together")
+            break
+        budget = replace(budget, max_total_bytes=left_bytes, max_entries=left_entries,
+                         max_entry_bytes=min(budget.max_entry_bytes, left_bytes))
 
 
 def known_digest(store: Store, key: str) -> str | None:
@@ -141,6 +148,14 @@ def record_outcome(store: Store, run: str, outcome: Outcome) -> Outcome:
     except ObjectExists:
         return Outcome.from_record(get_json(store, keys.result_key(run)))
     return outcome
+
+
+def record_if_absent(store: Store, run: str, outcome: Outcome) -> None:
+    """Store ``results/<run>.json`` unless it exists (one write, no read)."""
+    try:
+        put_json(store, keys.result_key(run), outcome.as_record())
+    except ObjectExists:
+        pass
 
 
 def read_outcome(store: Store, run: str) -> Outcome | None:

@@ -191,6 +191,24 @@ def test_bad_requests_get_400_and_start_nothing(deployment, action, data, proble
     assert runs(deployment, action) == before
 
 
+@pytest.mark.parametrize("body", [
+    "[]", "17", "null",
+    ('{"specversion": "1.0", "type": "dev.resourcefunctions.check.requested", "source": "/t",'
+    ' "id": "bad\\ud800id", "subject": "s\\udfff", "data": {"type": "test", "source": {}}}'),
+    '{"specversion": "1.0", "type": "dev.resourcefunctions.check.requested", "source": "/t",'
+    ' "id": "deep-1", "data": {"type": "test", "source": ' + '{"a":' * 200 + "1" + "}" * 200
+    + "}}",
+], ids=["list", "number", "null", "lone-surrogate", "deep"])
+def test_structured_bodies_refused_before_running(deployment, body):
+    before = runs(deployment, "check")
+    response = __import__("requests").post(
+        deployment.services.urls["check"], data=body.encode(), timeout=30,
+        headers={"content-type": "application/cloudevents+json"})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["kind"] == "invalid_request"
+    assert runs(deployment, "check") == before
+
+
 def test_non_cloudevent_and_wrong_type_get_400(deployment):
     url = deployment.services.urls["check"]
     response = __import__("requests").post(url, json={"type": "test"}, timeout=10)
@@ -234,6 +252,31 @@ def test_cache_entry_whose_artifact_expired_is_fetched_again(deployment):
     _, third, _ = send(deployment.services.urls["get"], request_event("get", data))
     assert third.get_data()["cached"] is True
     assert third.get_data()["artifact"] == again.get_data()["artifact"]
+
+
+HOSTILE = 'pa"ss\\w\tord-é-日本-𝄞'
+PIN = 7654321
+
+
+def secret_forms():
+    return [HOSTILE, json.dumps(HOSTILE, ensure_ascii=False)[1:-1], json.dumps(HOSTILE)[1:-1],
+            "ord-", str(PIN)]
+
+
+def test_a_script_echoing_its_stdin_leaks_no_secret_in_any_encoding(deployment):
+    source = {"mode": "echo", "password": HOSTILE, "pin": PIN, "lang": "é"}
+    event = request_event("check", {"type": "test", "source": source})
+    status, reply, _ = send(deployment.services.urls["check"], event)
+    assert status == 200 and reply.get_type() == "dev.resourcefunctions.check.failed"
+    tail = reply.get_data()["error"]["log_tail"]
+    run = run_id(event.get_source(), event.get_id(), "check")
+    log = read_object(deployment.store, f"logs/{run}.log").decode()
+    result = read_object(deployment.store, f"results/{run}.json").decode()
+    assert '"lang":"é"' in log  # stdin is UTF-8, without \u escapes, as Concourse sends it
+    for text in (tail, log, result):
+        assert "[redacted]" in text
+        for form in secret_forms():
+            assert form not in text, (form, text)
 
 
 def test_canary_secret_never_leaks(deployment):

@@ -3,6 +3,8 @@ fake runtime and the file store. No container engine, no cluster, no server: sec
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -193,3 +195,121 @@ def test_healthz_and_metrics(store: Store) -> None:
     assert client.get("/healthz").get_json() == {"status": "ok", "action": "check"}
     post(client, event())
     assert 'status="200"' in client.get("/metrics").get_data(as_text=True)
+
+
+def structured(body: str) -> dict[str, Any]:
+    return {"data": body, "headers": {"content-type": "application/cloudevents+json"}}
+
+
+def attributes_json(**overrides: Any) -> dict[str, Any]:
+    attrs: dict[str, Any] = {"specversion": "1.0", "type": "dev.resourcefunctions.check.requested",
+                             "source": "/x", "id": "evt-9", "datacontenttype": "application/json",
+                             "data": {"type": "mock", "source": {}}}
+    attrs.update(overrides)
+    return {k: v for k, v in attrs.items() if v is not None}
+
+
+def test_a_binary_event_without_id_is_400(store: Store) -> None:
+    runtime = FakeRuntime(store)
+    message = to_binary_event(event())
+    headers = {k: v for k, v in message.headers.items() if k.lower() != "ce-id"}
+    response = make_client(store, "check", runtime).post("/", headers=headers,
+                                                         data=message.body)
+    assert response.status_code == 400 and "no id" in response.get_json()["error"]["message"]
+    assert runtime.ran == []
+
+
+@pytest.mark.parametrize("body", ["[]", '"x"', "17", "null", "[1, {}]"])
+def test_a_structured_body_that_is_not_a_json_object_is_400(store: Store, body: str) -> None:
+    runtime = FakeRuntime(store)
+    response = make_client(store, "check", runtime).post("/", **structured(body))
+    assert response.status_code == 400, response.get_data(as_text=True)
+    assert response.get_json()["error"]["kind"] == "invalid_request"
+    assert runtime.ran == []
+
+
+def nested(levels: int) -> Any:
+    return json.loads('{"a":' * levels + '"leaf"' + "}" * levels)
+
+
+@pytest.mark.parametrize("levels", [65, 200, 970])
+@pytest.mark.parametrize("field", ["source", "params", "version"])
+def test_nesting_deeper_than_64_levels_is_400(store: Store, levels: int, field: str) -> None:
+    runtime = FakeRuntime(store)
+    data = {"type": "mock", "source": {}, "version": {"ref": "1"}, field: "DEEP"}
+    deep = '{"a":' * levels + '"leaf"' + "}" * levels  # too deep for the SDK's encoder
+    body = json.dumps(data).replace('"DEEP"', deep)
+    message = to_binary_event(event("get"))
+    response = make_client(store, "get", runtime).post("/", headers=dict(message.headers),
+                                                      data=body)
+    assert response.status_code == 400
+    problems = response.get_json()["error"]["problems"]
+    assert any(f"'{field}' is nested deeper than 64" in p or "nested too deeply" in p
+               for p in problems), problems
+    assert runtime.ran == []
+
+
+def test_nesting_of_64_levels_runs(store: Store) -> None:
+    runtime = FakeRuntime(store)
+    response = post(make_client(store, "check", runtime),
+                    event(data={"type": "mock", "source": nested(64)}))
+    assert response.status_code == 200 and len(runtime.ran) == 1
+
+
+@pytest.mark.parametrize("attribute", ["id", "subject", "source"])
+def test_an_attribute_with_a_lone_surrogate_is_400(store: Store, attribute: str) -> None:
+    runtime = FakeRuntime(store)
+    body = json.dumps(attributes_json(**{attribute: "bad\ud800id"}))
+    response = make_client(store, "check", runtime).post("/", **structured(body))
+    assert response.status_code == 400
+    assert "lone surrogate" in response.get_json()["error"]["message"]
+    assert runtime.ran == []
+
+
+def put_data(inputs: Any) -> dict[str, Any]:
+    return {"type": "mock", "source": {}, "inputs": inputs}
+
+
+def test_unknown_fields_inside_an_input_object_are_400(store: Store) -> None:
+    runtime = FakeRuntime(store)
+    url = store.url_for("artifacts/" + "b" * 64 + ".tar.zst")
+    spec = {"url": url, "digest": "sha256:" + "c" * 64, "extra": 1}
+    response = post(make_client(store, "put", runtime), event("put", put_data({"in": spec})))
+    assert response.status_code == 400
+    assert "unknown field(s) 'extra'" in response.get_json()["error"]["message"]
+    assert runtime.ran == []
+
+
+def test_more_than_64_inputs_are_400(store: Store) -> None:
+    runtime = FakeRuntime(store)
+    url = store.url_for("artifacts/" + "b" * 64 + ".tar.zst")
+    inputs = {f"in{i}": url for i in range(65)}
+    response = post(make_client(store, "put", runtime), event("put", put_data(inputs)))
+    assert response.status_code == 400 and "at most 64 inputs" in response.get_data(as_text=True)
+    assert runtime.ran == []
+
+
+def test_a_request_that_joined_another_run_gets_its_own_result_record(store: Store) -> None:
+    release, entered = threading.Event(), threading.Event()
+
+    class BlockingRuntime(FakeRuntime):
+        def run(self, task: Task) -> Outcome:
+            entered.set()
+            release.wait(10)
+            return super().run(task)
+
+    runtime = BlockingRuntime(store)
+    client = make_client(store, "check", runtime)
+    first = threading.Thread(target=post, args=(client, event(id="leader")))
+    first.start()
+    assert entered.wait(10)
+    joiner = threading.Thread(target=post, args=(client, event(id="joiner")))
+    joiner.start()
+    time.sleep(0.3)  # the joiner reaches the leader's flight (same source, same check)
+    release.set()
+    first.join(10)
+    joiner.join(10)
+    assert len(runtime.ran) == 1
+    again = post(client, event(id="joiner"))  # the joiner's redelivery replays, runs nothing
+    assert again.status_code == 200 and len(runtime.ran) == 1
+    assert reply_of(again).get_data() == {"versions": [{"ref": "v1"}]}

@@ -10,6 +10,7 @@ delay=$(number delay); [ -n "$delay" ] && sleep "$delay"
 echo "$(basename "$0") mode=${mode:-ok} password=$(field password)" >&2
 case "$mode" in
   fail) echo "error: cannot reach the repository" >&2; exit 3 ;;
+  echo) echo "debug: $payload" >&2; exit 2 ;;
   malformed) echo "this is not json"; exit 0 ;;
   badversion) echo '[{"ref": 1}]'; exit 0 ;;
   slow) sleep "$(number seconds)"; echo 'null'; exit 0 ;;

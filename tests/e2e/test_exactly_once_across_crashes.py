@@ -1,0 +1,187 @@
+"""Exactly once with the local runtime, also when the service or the container engine dies
+mid-run: the container is named after the run id, a redelivery adopts it (running or exited)
+and reads its result; it is removed once the result is stored. Real services, real Podman."""
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+import uuid
+from typing import Any
+
+import docker
+import pytest
+import requests
+
+from functions.keys import run_id
+from functions.model import ResourceType, Task
+from functions.protocol import stdin_payload
+from functions.runtimes.container import ContainerConfig, ContainerRuntime
+from storage import open_store
+from storage.archive import ArchiveOptions, Limits
+from tests.e2e.conftest import _wait_for, resource_types, start_services
+from tests.e2e.events import request_event, send
+
+
+def service_env(docker_host: str, image: str, tmp_path) -> dict[str, str]:
+    (tmp_path / "store").mkdir(exist_ok=True)
+    return {"DOCKER_HOST": docker_host, "RESOURCE_TYPES": resource_types(image),
+            "CACHE_SECRET": "e2e", "STORE_URL": (tmp_path / "store").as_uri(),
+            "WORK_DIR": str(tmp_path)}
+
+
+def starts(docker_host: str, run: str, since: float) -> int:
+    """Containers the engine started for this run (its event log)."""
+    client = docker.DockerClient(base_url=docker_host).api
+    filters = {"event": ["start"], "label": [f"run-id={run}"]}
+    response = client.get(client._url("/events"), stream=True, timeout=30, params={
+        "since": str(int(since)), "until": str(int(time.time()) + 1), "stream": "false",
+        "filters": json.dumps(filters)})
+    response.raise_for_status()
+    return b"".join(response.iter_content(65536)).decode().count('"status":"start"')
+
+
+def containers_of(docker_host: str, run: str, **filters: str) -> list[Any]:
+    return docker.DockerClient(base_url=docker_host).containers.list(
+        all=True, filters={"label": f"run-id={run}", **filters})
+
+
+def wait_running(docker_host: str, run: str) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if containers_of(docker_host, run, status="running"):
+            return
+        time.sleep(0.2)
+    pytest.fail("the run's container never started")
+
+
+def container_left(docker_host: str, run: str) -> bool:
+    return bool(containers_of(docker_host, run))
+
+
+def send_in_background(url: str, event: Any) -> threading.Thread:
+    def post() -> None:
+        try:
+            send(url, event, timeout=60)
+        except requests.RequestException:
+            pass  # the service dies under it
+
+    thread = threading.Thread(target=post, daemon=True)
+    thread.start()
+    return thread
+
+
+def slow_check(seconds: int = 5) -> Any:
+    return request_event("check", {"type": "test", "source": {
+        "delay": seconds, "count": 2, "nonce": uuid.uuid4().hex}})
+
+
+def test_a_service_killed_mid_run_is_not_run_twice(docker_host, resource_image, tmp_path):
+    env = service_env(docker_host, resource_image, tmp_path)
+    since = time.time() - 1
+    first = start_services(env, tmp_path / "first.log", actions=("check",))
+    event = slow_check()
+    run = run_id(event.get_source(), event.get_id(), "check")
+    try:
+        send_in_background(first.urls["check"], event)
+        wait_running(docker_host, run)
+        first.procs[0].kill()  # SIGKILL: no cleanup of any kind
+        first.procs[0].wait(10)
+    finally:
+        first.stop()
+    second = start_services(env, tmp_path / "second.log", actions=("check",))
+    try:
+        status, reply, _ = send(second.urls["check"], event)
+    finally:
+        second.stop()
+    assert status == 200 and reply.get_data() == {"versions": [{"ref": "1"}, {"ref": "2"}]}
+    assert starts(docker_host, run, since) == 1
+    assert not container_left(docker_host, run)
+    assert not (tmp_path / f"rf-{run}").exists()
+    assert (tmp_path / "store" / "results" / f"{run}.json").exists()
+
+
+def podman_service(sock) -> subprocess.Popen:
+    sock.unlink(missing_ok=True)
+    proc = subprocess.Popen(["podman", "system", "service", "--time=0", f"unix://{sock}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    _wait_for(sock.exists, proc, "podman system service")
+    return proc
+
+
+def test_a_restarted_engine_does_not_run_it_twice(docker_host, resource_image, tmp_path):
+    sock = tmp_path / "engine.sock"
+    engine = podman_service(sock)
+    env = service_env(f"unix://{sock}", resource_image, tmp_path)
+    since = time.time() - 1
+    services = start_services(env, tmp_path / "services.log", actions=("check",))
+    event = slow_check()
+    run = run_id(event.get_source(), event.get_id(), "check")
+    try:
+        status: list[int] = []
+        thread = threading.Thread(target=lambda: status.append(
+            send(services.urls["check"], event)[0]), daemon=True)
+        thread.start()
+        wait_running(docker_host, run)
+        engine.kill()  # the API goes away; the container (conmon) keeps running
+        engine.wait(10)
+        thread.join(30)
+        assert status == [503]  # lost the engine: Knative redelivers
+        engine = podman_service(sock)
+        code, reply, _ = send(services.urls["check"], event)
+        assert code == 200 and reply.get_data() == {"versions": [{"ref": "1"}, {"ref": "2"}]}
+    finally:
+        services.stop()
+        engine.terminate()
+        engine.wait(10)
+    assert starts(docker_host, run, since) == 1
+    assert not container_left(docker_host, run)
+
+
+def test_an_exited_container_left_behind_is_adopted(docker_host, resource_image, tmp_path):
+    """The container finished while nobody watched (service down): its result is read."""
+    runtime = ContainerRuntime(docker.DockerClient(base_url=docker_host),
+                               open_store(tmp_path.as_uri()),
+                               ContainerConfig(archive=ArchiveOptions(), limits=Limits(),
+                                               workroot=str(tmp_path)))
+    task = check_task(resource_image, {"count": 1, "nonce": uuid.uuid4().hex})
+    since = time.time() - 1
+    leftover = runtime._create(task, tmp_path)
+    runtime._feed_and_wait(leftover, task)  # ran and exited; then "the service died"
+    outcome = runtime.run(task)
+    assert outcome.data == {"versions": [{"ref": "1"}]}
+    assert starts(docker_host, task.run_id, since) == 1
+    assert not container_left(docker_host, task.run_id)
+
+
+class CountingStore:
+    """A store that counts writes per key (everything else passes through)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.puts: dict[str, int] = {}
+
+    def put(self, key: str, stream: Any) -> Any:
+        self.puts[key] = self.puts.get(key, 0) + 1
+        return self.inner.put(key, stream)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def check_task(image: str, source: dict[str, Any]) -> Task:
+    return Task(run_id=uuid.uuid4().hex, action="check", resource_type=ResourceType(image=image),
+                stdin=stdin_payload("check", source, None, {}), env={}, inputs={},
+                cache_key=None, timeout_seconds=60)
+
+
+def test_a_run_writes_its_result_once(docker_host, resource_image, tmp_path):
+    store = CountingStore(open_store(tmp_path.as_uri()))
+    runtime = ContainerRuntime(docker.DockerClient(base_url=docker_host), store,
+                               ContainerConfig(archive=ArchiveOptions(), limits=Limits(),
+                                               workroot=str(tmp_path)))
+    for source in ({"count": 1}, {"mode": "fail"}, {"mode": "malformed"}):
+        task = check_task(resource_image, source)
+        runtime.run(task)
+        assert store.puts[f"results/{task.run_id}.json"] == 1, source
