@@ -6,6 +6,7 @@ neither is an error of this system.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -18,16 +19,21 @@ MIN_SECRET_LEN = 6
 REDACTED = "[redacted]"
 
 
-def secret_strings(stdin: bytes) -> list[str]:
+def secret_strings(stdin: bytes, extra: Iterable[str] = ()) -> list[str]:
     """Every string in the stdin payload's source and params long enough to be a secret,
+    plus ``extra`` (resolved credential values: all of them, whatever their length),
     longest first (so a secret containing another is redacted whole)."""
     try:
         payload = json.loads(stdin)
     except ValueError:
-        return []
+        payload = {}
     found: set[str] = set()
     _collect_strings({k: payload.get(k) for k in ("source", "params")}, found)
-    return sorted((s for s in found if len(s) >= MIN_SECRET_LEN), key=len, reverse=True)
+    secrets = {s for s in found if len(s) >= MIN_SECRET_LEN}
+    for value in extra:
+        secrets.add(value)
+        secrets.update(line for line in value.splitlines() if line.strip())
+    return sorted((s for s in secrets if s), key=len, reverse=True)
 
 
 def _collect_strings(value: Any, found: set[str]) -> None:

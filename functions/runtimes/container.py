@@ -126,14 +126,15 @@ class ContainerRuntime:
             exit_code = self._feed_and_wait(container, task)
             stderr = _read_logs(container, stdout=False)
             if exit_code is None:
-                log_text = redact(stderr.decode("utf-8", "replace"), secret_strings(task.stdin))
+                log_text = redact(stderr.decode("utf-8", "replace"),
+                                  secret_strings(task.stdin, task.secrets))
                 steps.write_once(self._store, keys.log_key(task.run_id), log_text.encode())
                 return script_timeout(task.action, task.timeout_seconds, log_text)
             spec = steps.CollectSpec(run_id=task.run_id, action=task.action,
                                      cache_key=task.cache_key, archive=self._config.archive)
             return steps.collect(
                 self._store, spec, exit_code=exit_code, stdout=_read_logs(container, stdout=True),
-                stderr=stderr, stdin=task.stdin,
+                stderr=stderr, stdin=task.stdin, extra_secrets=task.secrets,
                 output_dir=workdir if task.action == "get" else None)
         finally:
             _remove(container)

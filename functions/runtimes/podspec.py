@@ -19,6 +19,7 @@ through ``envFrom`` of the deployment's store Secret.
 from __future__ import annotations
 
 import base64
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from functions.task.contract import (
     EXIT_CODE_FILE,
     KILL_AFTER_SECONDS,
     MANAGED_BY,
+    REDACT_KEY,
     SECRET_DIR,
     STAGE_ERROR_FILE,
     STDERR_FILE,
@@ -271,7 +273,8 @@ def _volumes(plan: JobPlan) -> list[dict[str, Any]]:
         {"name": BUILD_VOLUME, "emptyDir": {}},
         {"name": STDIN_VOLUME, "secret": {
             "secretName": plan.secret_name, "optional": False, "defaultMode": 0o400,
-            "items": [{"key": STDIN_KEY, "path": STDIN_KEY}]}},
+            "items": [{"key": STDIN_KEY, "path": STDIN_KEY},
+                      {"key": REDACT_KEY, "path": REDACT_KEY}]}},
     ]
 
 
@@ -352,8 +355,10 @@ def _with_resources(container: dict[str, Any], plan: JobPlan) -> dict[str, Any]:
     return container
 
 
-def stdin_secret_manifest(plan: JobPlan, stdin: bytes, owner_uid: str) -> dict[str, Any]:
-    """The Secret holding the script's stdin, owned by the Job (garbage-collected with it).
+def stdin_secret_manifest(plan: JobPlan, stdin: bytes, owner_uid: str,
+                          secrets: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The Secret holding the script's stdin (and, for collect to redact, the resolved
+    credential values ``secrets``), owned by the Job (garbage-collected with it).
     No ``blockOwnerDeletion``: that needs delete rights on the owner's finalizers."""
     if not owner_uid:
         raise ValueError("the stdin Secret needs the uid of the Job that owns it")
@@ -369,5 +374,6 @@ def stdin_secret_manifest(plan: JobPlan, stdin: bytes, owner_uid: str) -> dict[s
             "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job",
                                  "name": plan.job_name, "uid": owner_uid}],
         },
-        "data": {STDIN_KEY: base64.b64encode(stdin).decode("ascii")},
+        "data": {STDIN_KEY: base64.b64encode(stdin).decode("ascii"),
+                 REDACT_KEY: base64.b64encode(json.dumps(list(secrets)).encode()).decode()},
     }
