@@ -486,3 +486,16 @@ def test_a_stage_error_skips_the_script(chroot: Path) -> None:
     assert run_resource_step(chroot, "get") == 0
     assert not (chroot / "tmp/build/.task/exit-code").exists()
     assert not (chroot / "tmp/build/get").exists()
+
+
+@pytest.mark.parametrize("action", ["check", "get", "put"])
+def test_only_collect_gets_the_reply_address_and_only_for_async_replies(action: str) -> None:
+    sink = "http://broker-ingress.knative-eventing.svc.cluster.local/rf/default"
+    config = replace(CONFIG, sink=sink)
+    async_job = job_manifest(plan_for(make_task(action), config, STORE_URL, reply=True))
+    for name, container in containers(async_job).items():
+        env = {e["name"]: e.get("value") for e in container.get("env", [])}
+        assert env.get("K_SINK") == (sink if name == "collect" else None), name
+    sync_job = job_manifest(plan_for(make_task(action), config, STORE_URL, reply=False))
+    assert all("K_SINK" not in json.dumps(c) for c in containers(sync_job).values())
+    assert sink not in json.dumps(sync_job)

@@ -33,6 +33,7 @@ from functions.task.contract import (
     MANAGED_BY,
     REDACT_KEY,
     SECRET_DIR,
+    SINK_ENV,
     STAGE_ERROR_FILE,
     STDERR_FILE,
     STDIN_FILE,
@@ -196,7 +197,7 @@ def plan_for(task: Task, config: KubernetesConfig, store_url: str, *, reply: boo
         node_selector=rt.node_selector or c.node_selector,
         tolerations=tuple(rt.tolerations or c.tolerations),
         image_pull_secrets=tuple(rt.image_pull_secrets or c.image_pull_secrets),
-        reply=ReplyPlan(task.request_id, task.subject) if reply else None,
+        reply=ReplyPlan(task.request_id, task.subject, c.sink) if reply else None,
         request_source=task.request_source,
     )
 
@@ -214,8 +215,7 @@ def secret_name(job: str) -> str:
 
 
 def labels(plan: JobPlan) -> dict[str, str]:
-    """Labels of the Job, its pods and its Secret. The SinkBinding selects Jobs by the
-    managed-by label."""
+    """Labels of the Job, its pods and its Secret."""
     return {
         "app.kubernetes.io/managed-by": MANAGED_BY,
         "app.kubernetes.io/name": "resource-functions",
@@ -303,7 +303,12 @@ def _collect_container(plan: JobPlan) -> dict[str, Any]:
         args += ["--reply-to-sink", "--request-id", plan.reply.request_id]
         if plan.reply.subject is not None:
             args += ["--subject", plan.reply.subject]
-    return _step_container(plan, "collect", args, stdin=True)
+    container = _step_container(plan, "collect", args, stdin=True)
+    if plan.reply and plan.reply.sink:
+        # The reply address goes to collect alone (never to the resource container, whose
+        # image could otherwise post forged replies into the Broker).
+        container["env"].append({"name": SINK_ENV, "value": plan.reply.sink})
+    return container
 
 
 def _step_container(plan: JobPlan, name: str, args: list[str], *, stdin: bool) -> dict[str, Any]:

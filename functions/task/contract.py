@@ -48,7 +48,7 @@ MAX_STDIN_BYTES = 2 * 1024 * 1024  # a Secret holds at most 1 MiB
 EXIT_UNAVAILABLE = 75
 UNAVAILABLE_MARKER = "unavailable:"
 
-# The env of stage/collect: the store, the sink (SinkBinding), and the non-secret settings
+# The env of stage/collect: the store, the sink (collect only, from the function), and the non-secret settings
 # they need to reach the store the way the function does (copied from the function's env).
 STORE_URL_ENV = "STORE_URL"
 SINK_ENV = "K_SINK"
@@ -68,6 +68,7 @@ class ReplyPlan:
 
     request_id: str
     subject: str | None = None
+    sink: str = ""  # the function's own K_SINK: given to the collect container alone
 
 
 def format_input(name: str, ref: ArtifactRef) -> str:
