@@ -69,6 +69,8 @@ class Request:
     inputs: dict[str, ArtifactRef]  # put only: input name -> artifact in the store
     build: Build
     reply_async: bool = False
+    # Resolved credential values (``((var))`` references): redacted exactly, whatever their length.
+    secrets: tuple[str, ...] = field(default=(), repr=False)
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,7 @@ class Task:
     request_id: str = ""
     request_source: str = ""
     subject: str | None = None
+    secrets: tuple[str, ...] = field(default=(), repr=False)  # resolved credential values
 
 
 @dataclass(frozen=True)

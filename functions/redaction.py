@@ -25,15 +25,18 @@ _SHORT_ESCAPES = {'"': '\\"', "\\": "\\\\", "/": "\\/", "\b": "\\b", "\f": "\\f"
                   "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
-def secret_strings(stdin: bytes) -> list[str]:
-    """The secrets of a stdin payload (its ``source`` and ``params``), longest first."""
+def secret_strings(stdin: bytes, extra: Iterable[str] = ()) -> list[str]:
+    """The secrets of a stdin payload (its ``source`` and ``params``), plus ``extra``
+    (resolved credential values: every one, whatever its length, and each of its lines),
+    longest first."""
     try:
         payload = json.loads(stdin)
     except (ValueError, RecursionError):
-        return []
-    if not isinstance(payload, dict):
-        return []
-    return secrets_in([payload.get("source"), payload.get("params")])
+        payload = None
+    found = secrets_in([payload.get("source"), payload.get("params")]) \
+        if isinstance(payload, dict) else []
+    exact = {line for value in extra for line in (value, *value.splitlines()) if line.strip()}
+    return sorted(set(found) | exact, key=lambda s: (-len(s), s))
 
 
 def secrets_in(value: Any) -> list[str]:

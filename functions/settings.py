@@ -34,6 +34,7 @@ DEFAULT_RESOURCE_TYPES = {
 }
 RUNTIMES = ("container", "kubernetes")
 REPLY_MODES = ("sync", "async")
+CREDENTIALS_PROVIDERS = ("none", "dir", "kubernetes")
 
 
 def default_store_url(environ: Mapping[str, str]) -> str:
@@ -62,6 +63,10 @@ class Settings:
     task_tolerations: list[dict[str, Any]] = field(default_factory=list)
     task_image_pull_secrets: list[str] = field(default_factory=list)
     sink: str = ""  # K_SINK: where asynchronous replies go
+    credentials_provider: str = "none"  # CREDENTIALS_PROVIDER: resolves ((var)) references
+    credentials_dir: str = ""  # CREDENTIALS_DIR
+    credentials_kubernetes_namespace_prefix: str = "concourse-"
+    allowed_images: tuple[str, ...] = ("*",)  # ALLOWED_IMAGES: globs for an explicit image
     docker_api_version: str = "1.41"
     container_network: str = ""
     work_dir: str = ""
@@ -101,6 +106,12 @@ class Settings:
             task_tolerations=tolerations(env.get("TASK_TOLERATIONS", ""), "TASK_TOLERATIONS"),
             task_image_pull_secrets=_name_list(env, "TASK_IMAGE_PULL_SECRETS"),
             sink=env.get("K_SINK", ""),
+            credentials_provider=_choice(env, "CREDENTIALS_PROVIDER", CREDENTIALS_PROVIDERS,
+                                         "dir" if env.get("CREDENTIALS_DIR") else "none"),
+            credentials_dir=env.get("CREDENTIALS_DIR", ""),
+            credentials_kubernetes_namespace_prefix=env.get(
+                "CREDENTIALS_KUBERNETES_NAMESPACE_PREFIX", "concourse-").strip(),
+            allowed_images=allowed_images(env.get("ALLOWED_IMAGES")),
             docker_api_version=env.get("DOCKER_API_VERSION") or "1.41",
             container_network=env.get("CONTAINER_NETWORK", ""),
             work_dir=env.get("WORK_DIR", ""),
@@ -115,6 +126,15 @@ class Settings:
             kubeconfig=env.get("KUBECONFIG", ""),
             step_env=tuple((name, env[name]) for name in STEP_ENV if env.get(name)),
         )
+
+
+def allowed_images(value: str | None) -> tuple[str, ...]:
+    """ALLOWED_IMAGES: glob patterns (comma or whitespace separated) an explicit ``image`` in
+    a request must match. Unset: every image; empty or ``none``: only catalogue types."""
+    if value is None:
+        return ("*",)
+    patterns = tuple(p for p in re.split(r"[,\s]+", value.strip()) if p)
+    return () if patterns == ("none",) else patterns
 
 
 def _storage_setting(read: Callable[[Mapping[str, str]], T], env: Mapping[str, str]) -> T:

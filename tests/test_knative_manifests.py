@@ -50,6 +50,12 @@ KNATIVE_GROUPS = frozenset(
     }
 )
 NAMESPACE = "resource-functions"
+TEAMS = KNATIVE / "teams"  # a team's credential namespace (applied per team)
+TEAM_NAMESPACE = "concourse-main"
+CREDENTIALS_ROLE = "resource-functions-credentials"
+CLUSTER_SCOPED = {"Namespace", "ClusterRole"}
+# Knative kinds whose CRD schema is not in KNATIVE_SCHEMAS_DIR: checked as data only.
+NO_CRD_KINDS = {"EventPolicy"}
 ACTIONS = ("check", "get", "put")
 REQUEST_TYPES = {action: f"dev.resourcefunctions.{action}.requested" for action in ACTIONS}
 REPLY_TYPES = [
@@ -242,15 +248,16 @@ def test_document_has_valid_names(path: Path, doc: dict) -> None:
     for field in ("name", "namespace"):
         value = metadata.get(field)
         if field == "namespace" and value is None:
-            assert doc["kind"] == "Namespace", "namespaced objects name their namespace"
+            assert doc["kind"] in CLUSTER_SCOPED, "namespaced objects name their namespace"
             continue
         assert isinstance(value, str), f"metadata.{field} must be a string: {value!r}"
         assert len(value) <= 63, f"metadata.{field} {value!r} is longer than 63 characters"
         assert DNS_LABEL.fullmatch(value), (
             f"metadata.{field} {value!r} is not a DNS label ([a-z0-9]([-a-z0-9]*[a-z0-9])?)"
         )
-    if doc["kind"] != "Namespace":
-        assert metadata["namespace"] == NAMESPACE
+    if doc["kind"] not in CLUSTER_SCOPED:
+        expected = TEAM_NAMESPACE if path.parent == TEAMS else NAMESPACE
+        assert metadata["namespace"] == expected
     if doc["kind"] == "Service" and _group(doc) == "serving.knative.dev":
         # Knative derives a Kubernetes Service (DNS-1035: starts with a letter) from it.
         assert DNS_1035_LABEL.fullmatch(metadata["name"]), (
@@ -366,7 +373,9 @@ def test_knative_schemas_dir_is_present() -> None:
     assert {"Service", "Broker", "Trigger", "SinkBinding"} <= kinds, kinds
 
 
-@pytest.mark.parametrize(("path", "doc"), _params(knative=True))
+@pytest.mark.parametrize(
+    ("path", "doc"), [p for p in _params(knative=True) if _kind(p.values[1]) not in NO_CRD_KINDS]
+)
 def test_knative_kind_validates_against_crd(path: Path, doc: dict) -> None:
     errors = _crd_errors(doc)
     assert not errors, "\n".join(errors)
@@ -548,17 +557,38 @@ def _selects(binding: dict, labels: dict[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in subject["selector"]["matchLabels"].items())
 
 
-def test_task_jobs_get_the_broker_as_sink() -> None:
-    binding = _one("SinkBinding", "task-replies")
-    assert binding["spec"]["subject"] == {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "selector": {"matchLabels": {"app.kubernetes.io/managed-by": "resource-functions"}},
-    }
-    _broker_sink(binding)
-    from functions.task.contract import MANAGED_BY
+def test_no_sinkbinding_reaches_task_pods() -> None:
+    """A SinkBinding on Jobs would give K_SINK to every container of a task pod, the
+    resource's included: the pod spec gives it to collect alone (test_pod_spec)."""
+    from functions.runtimes.podspec import labels
+    from tests.test_pod_spec import make_plan
 
-    assert _selects(binding, {"app.kubernetes.io/managed-by": MANAGED_BY})
+    task_labels = labels(make_plan())
+    for binding in _all("SinkBinding"):
+        if binding["spec"]["subject"]["kind"] in {"Job", "Pod"}:
+            assert not _selects(binding, task_labels), f"{_name(binding)} selects task Jobs"
+    main = [d for p in _kustomize_resources(KNATIVE) for d in _load(p)]
+    assert [_name(d) for d in main if _kind(d) == "SinkBinding"] == ["function-replies"]
+
+
+def test_only_the_broker_may_deliver_to_the_functions() -> None:
+    """EventPolicy (no CRD schema in KNATIVE_SCHEMAS_DIR): its shape, checked as data."""
+    (policy,) = _all("EventPolicy")
+    assert policy["apiVersion"] == "eventing.knative.dev/v1alpha1"
+    assert policy["metadata"]["namespace"] == NAMESPACE
+    assert set(policy["spec"]) == {"to", "from"}
+    (to,) = policy["spec"]["to"]
+    assert set(to) == {"selector"} and set(to["selector"]) == {"apiVersion", "kind", "matchLabels"}
+    assert (to["selector"]["apiVersion"], to["selector"]["kind"]) == (
+        "serving.knative.dev/v1", "Service")
+    selected = {_name(svc) for svc in _knative_services()
+                if all((svc["metadata"].get("labels") or {}).get(k) == v
+                       for k, v in to["selector"]["matchLabels"].items())}
+    assert selected == set(ACTIONS)
+    (sender,) = policy["spec"]["from"]
+    assert sender == {"ref": {"apiVersion": "eventing.knative.dev/v1", "kind": "Broker",
+                              "name": "default", "namespace": NAMESPACE}}
+    _one("Broker", "default")
 
 
 def test_function_services_get_the_broker_as_sink() -> None:
@@ -606,10 +636,26 @@ def test_role_grants_exactly_the_task_verbs() -> None:
     assert roles[0]["metadata"]["namespace"] == _config_data()["TASK_NAMESPACE"]
 
 
+def test_credentials_role_only_gets_secrets_and_is_bound_per_team() -> None:
+    (role,) = _all("ClusterRole")
+    assert _name(role) == CREDENTIALS_ROLE and "namespace" not in role["metadata"]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]
+    assert not _all("ClusterRoleBinding"), "never bound cluster-wide"
+    team_bindings = [b for b in _all("RoleBinding") if b["roleRef"]["kind"] == "ClusterRole"]
+    assert [(b["metadata"]["namespace"], b["roleRef"]["name"]) for b in team_bindings] == [
+        (TEAM_NAMESPACE, CREDENTIALS_ROLE)]
+    assert team_bindings[0]["subjects"] == [
+        {"kind": "ServiceAccount", "name": FUNCTION_SA, "namespace": NAMESPACE}]
+    from functions.credentials.kubernetes import DEFAULT_PREFIX
+
+    prefix = _config_data()["CREDENTIALS_KUBERNETES_NAMESPACE_PREFIX"]
+    assert prefix == DEFAULT_PREFIX and TEAM_NAMESPACE.startswith(prefix)
+    included = {path.resolve() for path in _kustomize_resources(KNATIVE)}
+    assert not any(p.is_relative_to(TEAMS) for p in included), "applied per team"
+
+
 def test_role_is_bound_to_the_functions_only() -> None:
-    assert not _all("ClusterRole"), "no cluster-wide rights"
-    assert not _all("ClusterRoleBinding"), "no cluster-wide rights"
-    bindings = _all("RoleBinding")
+    bindings = [b for b in _all("RoleBinding") if b["roleRef"]["kind"] == "Role"]
     assert len(bindings) == 1
     binding = bindings[0]
     assert binding["roleRef"] == {
@@ -796,6 +842,8 @@ def test_config_values_are_what_the_functions_accept() -> None:
     assert settings.task_namespace == NAMESPACE
     assert settings.task_service_account == TASK_SA
     assert set(settings.resource_types) == set(types)
+    assert settings.allowed_images == (), "the shipped config runs the catalogue only"
+    assert settings.credentials_provider == "kubernetes"
 
 
 EXPECTED_SECRET_KEYS = {
@@ -839,7 +887,7 @@ def test_kustomization_lists_every_file(directory: Path) -> None:
     kustomization = yaml.safe_load(kustomization_path.read_text())
     assert kustomization["apiVersion"] == "kustomize.config.k8s.io/v1beta1"
     assert kustomization["kind"] == "Kustomization"
-    assert kustomization.get("namespace") == NAMESPACE
+    assert kustomization.get("namespace") == (TEAM_NAMESPACE if directory == TEAMS else NAMESPACE)
     assert "configMapGenerator" not in kustomization
     assert "secretGenerator" not in kustomization
     listed = kustomization.get("resources", [])
@@ -868,7 +916,8 @@ def test_kustomization_sets_the_project_image_everywhere() -> None:
     assert target["select"] == {"kind": "ConfigMap", "name": CONFIG_MAP}
     assert target["fieldPaths"] == ["data.TASK_IMAGE"]
     # Examples and credentials are applied on their own, never by the main kustomization.
-    assert not {"examples", "credentials"} & {Path(r).parts[0] for r in kustomization["resources"]}
+    assert not {"examples", "credentials", "teams"} & {
+        Path(r).parts[0] for r in kustomization["resources"]}
 
 
 def _kustomize_command() -> list[str] | None:
@@ -905,6 +954,5 @@ def test_kustomize_build_renders_the_image_into_services_and_task_image() -> Non
         if d["kind"] == "SinkBinding"
     }
     assert selectors == {
-        "task-replies": {"app.kubernetes.io/managed-by": "resource-functions"},
         "function-replies": {"resource-functions.dev/role": "function"},
     }, "common labels must not leak into selectors"

@@ -143,7 +143,7 @@ def test_build_dir_is_shared_and_stdin_reaches_only_resource_and_collect(action:
     assert volumes["build"] == {"name": "build", "emptyDir": {}}
     assert volumes["stdin"]["secret"] == {
         "secretName": podspec.job_name(action, make_task(action).run_id) + "-stdin",
-        "optional": False, "defaultMode": 0o400, "items": [{"key": "stdin", "path": "stdin"}]}
+        "optional": False, "defaultMode": 0o400, "items": [{"key": "stdin", "path": "stdin"}, {"key": "redact", "path": "redact"}]}
     for name, container in containers(job).items():
         assert mounts(container)["build"] == "/tmp/build"
         assert ("stdin" in mounts(container)) == (name in ("resource", "collect")), name
@@ -326,6 +326,9 @@ def test_secret_holds_stdin_and_is_owned_by_the_job() -> None:
     task = make_task()
     secret = stdin_secret_manifest(plan, task.stdin, OWNER_UID)
     assert base64.b64decode(secret["data"]["stdin"]) == task.stdin
+    assert json.loads(base64.b64decode(secret["data"]["redact"])) == []
+    resolved = stdin_secret_manifest(plan, task.stdin, OWNER_UID, ("pw", "token-1"))
+    assert json.loads(base64.b64decode(resolved["data"]["redact"])) == ["pw", "token-1"]
     assert secret["immutable"] is True and secret["type"] == "Opaque"
     assert secret["metadata"]["name"] == plan.job_name + "-stdin"
     assert secret["metadata"]["ownerReferences"] == [{
@@ -483,3 +486,16 @@ def test_a_stage_error_skips_the_script(chroot: Path) -> None:
     assert run_resource_step(chroot, "get") == 0
     assert not (chroot / "tmp/build/.task/exit-code").exists()
     assert not (chroot / "tmp/build/get").exists()
+
+
+@pytest.mark.parametrize("action", ["check", "get", "put"])
+def test_only_collect_gets_the_reply_address_and_only_for_async_replies(action: str) -> None:
+    sink = "http://broker-ingress.knative-eventing.svc.cluster.local/rf/default"
+    config = replace(CONFIG, sink=sink)
+    async_job = job_manifest(plan_for(make_task(action), config, STORE_URL, reply=True))
+    for name, container in containers(async_job).items():
+        env = {e["name"]: e.get("value") for e in container.get("env", [])}
+        assert env.get("K_SINK") == (sink if name == "collect" else None), name
+    sync_job = job_manifest(plan_for(make_task(action), config, STORE_URL, reply=False))
+    assert all("K_SINK" not in json.dumps(c) for c in containers(sync_job).values())
+    assert sink not in json.dumps(sync_job)

@@ -164,7 +164,8 @@ class ContainerRuntime:
     def _collect(self, container: Any, task: Task, workdir: Path, exit_code: int | None) -> Outcome:
         stderr = _read_logs(container, stdout=False)
         if exit_code is None:
-            log_text = redact(stderr.decode("utf-8", "replace"), secret_strings(task.stdin))
+            log_text = redact(stderr.decode("utf-8", "replace"),
+                              secret_strings(task.stdin, task.secrets))
             steps.write_once(self._store, keys.log_key(task.run_id), log_text.encode())
             return self._record(task, script_timeout(task.action, task.timeout_seconds,
                                                      log_text))
@@ -172,7 +173,7 @@ class ContainerRuntime:
                                  cache_key=task.cache_key, archive=self._config.archive)
         return steps.collect(  # stores the result record
             self._store, spec, exit_code=exit_code, stdout=_read_logs(container, stdout=True),
-            stderr=stderr, stdin=task.stdin,
+            stderr=stderr, stdin=task.stdin, extra_secrets=task.secrets,
             output_dir=workdir if task.action == "get" else None)
 
     def _remove_run(self, run: str, root: Path) -> None:

@@ -62,6 +62,16 @@ class KubeApi:
         except NotFound:
             return None
 
+    def read_secret_in(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A Secret of another namespace (credentials): one ``get``, never a list."""
+        try:
+            response = self._call("get", "secrets", self._core.read_namespaced_secret, name,
+                                  namespace, _preload_content=False,
+                                  _request_timeout=self._timeout, namespace_=namespace)
+        except NotFound:
+            return None
+        return cast(dict[str, Any], json.loads(response.data or b"{}"))
+
     def delete_secret(self, name: str) -> None:
         try:
             self._json("delete", "secrets", self._core.delete_namespaced_secret, name)
@@ -111,12 +121,12 @@ class KubeApi:
         return cast(dict[str, Any], json.loads(response.data or b"{}"))
 
     def _call(self, verb: str, resource: str, method: Callable[..., Any], *args: Any,
-              **kwargs: Any) -> Any:
+              namespace_: str = "", **kwargs: Any) -> Any:
         """THE request path: every call, its errors translated (``raise … from``)."""
         try:
             return method(*args, **kwargs)
         except ApiException as err:
-            raise translate(err, verb, resource, self.namespace) from err
+            raise translate(err, verb, resource, namespace_ or self.namespace) from err
         except (urllib3.exceptions.HTTPError, OSError) as err:
             raise Unavailable(f"Kubernetes API unreachable ({verb} {resource}): {err}") from err
 

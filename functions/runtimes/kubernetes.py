@@ -96,7 +96,7 @@ class KubernetesRuntime:
         """Run the task's Job (or attach to it) and return its stored outcome."""
         plan = plan_for(task, self._config, self._store.url, reply=False)
         try:
-            job = self._launch(plan, task.stdin)
+            job = self._launch(plan, task.stdin, task.secrets)
         except Rejected as err:
             return self._rejected(task, plan, err)
         return self._settle(task, plan, job).outcome
@@ -105,7 +105,7 @@ class KubernetesRuntime:
         """Create the Job (idempotent) and return; the task posts its own reply."""
         plan = plan_for(task, self._config, self._store.url, reply=True)
         try:
-            job = self._launch(plan, task.stdin)
+            job = self._launch(plan, task.stdin, task.secrets)
         except Rejected as err:
             outcome = self._rejected(task, plan, err)
             try:
@@ -122,7 +122,8 @@ class KubernetesRuntime:
 
     # --- creating ------------------------------------------------------------------------
 
-    def _launch(self, plan: JobPlan, stdin: bytes) -> dict[str, Any]:
+    def _launch(self, plan: JobPlan, stdin: bytes,
+                secrets: tuple[str, ...] = ()) -> dict[str, Any]:
         """Create the Job, or attach to the one a previous delivery created; then its Secret
         (unless that Job has finished already: no credentials for a pod that will not run)."""
         try:
@@ -133,7 +134,7 @@ class KubernetesRuntime:
                 return job
         except NotFound as err:
             raise Unavailable(f"cannot create Jobs in namespace {plan.namespace!r}: {err}") from err
-        self._create_secret(plan, stdin, job)
+        self._create_secret(plan, stdin, job, secrets)
         return job
 
     def _rejected(self, task: Task, plan: JobPlan, err: Rejected) -> Outcome:
@@ -158,11 +159,12 @@ class KubernetesRuntime:
             raise Unavailable(f"task Job {plan.job_name} is being deleted: try again")
         return job
 
-    def _create_secret(self, plan: JobPlan, stdin: bytes, job: dict[str, Any]) -> None:
+    def _create_secret(self, plan: JobPlan, stdin: bytes, job: dict[str, Any],
+                       secrets: tuple[str, ...] = ()) -> None:
         uid = uid_of(job)
         if not uid:
             raise Unavailable(f"the Kubernetes API returned Job {plan.job_name} without a uid")
-        manifest = podspec.stdin_secret_manifest(plan, stdin, uid)
+        manifest = podspec.stdin_secret_manifest(plan, stdin, uid, secrets)
         for attempt in range(2):
             try:
                 self._api.create_secret(manifest)

@@ -19,6 +19,7 @@ through ``envFrom`` of the deployment's store Secret.
 from __future__ import annotations
 
 import base64
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -30,7 +31,9 @@ from functions.task.contract import (
     EXIT_CODE_FILE,
     KILL_AFTER_SECONDS,
     MANAGED_BY,
+    REDACT_KEY,
     SECRET_DIR,
+    SINK_ENV,
     STAGE_ERROR_FILE,
     STDERR_FILE,
     STDIN_FILE,
@@ -194,7 +197,7 @@ def plan_for(task: Task, config: KubernetesConfig, store_url: str, *, reply: boo
         node_selector=rt.node_selector or c.node_selector,
         tolerations=tuple(rt.tolerations or c.tolerations),
         image_pull_secrets=tuple(rt.image_pull_secrets or c.image_pull_secrets),
-        reply=ReplyPlan(task.request_id, task.subject) if reply else None,
+        reply=ReplyPlan(task.request_id, task.subject, c.sink) if reply else None,
         request_source=task.request_source,
     )
 
@@ -212,8 +215,7 @@ def secret_name(job: str) -> str:
 
 
 def labels(plan: JobPlan) -> dict[str, str]:
-    """Labels of the Job, its pods and its Secret. The SinkBinding selects Jobs by the
-    managed-by label."""
+    """Labels of the Job, its pods and its Secret."""
     return {
         "app.kubernetes.io/managed-by": MANAGED_BY,
         "app.kubernetes.io/name": "resource-functions",
@@ -271,7 +273,8 @@ def _volumes(plan: JobPlan) -> list[dict[str, Any]]:
         {"name": BUILD_VOLUME, "emptyDir": {}},
         {"name": STDIN_VOLUME, "secret": {
             "secretName": plan.secret_name, "optional": False, "defaultMode": 0o400,
-            "items": [{"key": STDIN_KEY, "path": STDIN_KEY}]}},
+            "items": [{"key": STDIN_KEY, "path": STDIN_KEY},
+                      {"key": REDACT_KEY, "path": REDACT_KEY}]}},
     ]
 
 
@@ -300,7 +303,12 @@ def _collect_container(plan: JobPlan) -> dict[str, Any]:
         args += ["--reply-to-sink", "--request-id", plan.reply.request_id]
         if plan.reply.subject is not None:
             args += ["--subject", plan.reply.subject]
-    return _step_container(plan, "collect", args, stdin=True)
+    container = _step_container(plan, "collect", args, stdin=True)
+    if plan.reply and plan.reply.sink:
+        # The reply address goes to collect alone (never to the resource container, whose
+        # image could otherwise post forged replies into the Broker).
+        container["env"].append({"name": SINK_ENV, "value": plan.reply.sink})
+    return container
 
 
 def _step_container(plan: JobPlan, name: str, args: list[str], *, stdin: bool) -> dict[str, Any]:
@@ -352,8 +360,10 @@ def _with_resources(container: dict[str, Any], plan: JobPlan) -> dict[str, Any]:
     return container
 
 
-def stdin_secret_manifest(plan: JobPlan, stdin: bytes, owner_uid: str) -> dict[str, Any]:
-    """The Secret holding the script's stdin, owned by the Job (garbage-collected with it).
+def stdin_secret_manifest(plan: JobPlan, stdin: bytes, owner_uid: str,
+                          secrets: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The Secret holding the script's stdin (and, for collect to redact, the resolved
+    credential values ``secrets``), owned by the Job (garbage-collected with it).
     No ``blockOwnerDeletion``: that needs delete rights on the owner's finalizers."""
     if not owner_uid:
         raise ValueError("the stdin Secret needs the uid of the Job that owns it")
@@ -369,5 +379,6 @@ def stdin_secret_manifest(plan: JobPlan, stdin: bytes, owner_uid: str) -> dict[s
             "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job",
                                  "name": plan.job_name, "uid": owner_uid}],
         },
-        "data": {STDIN_KEY: base64.b64encode(stdin).decode("ascii")},
+        "data": {STDIN_KEY: base64.b64encode(stdin).decode("ascii"),
+                 REDACT_KEY: base64.b64encode(json.dumps(list(secrets)).encode()).decode()},
     }

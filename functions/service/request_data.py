@@ -13,7 +13,7 @@ from storage.base import key_problem
 
 BUILD_FIELDS = ("id", "name", "job", "pipeline", "team", "url", "external_url", "instance_vars")
 ALLOWED_KEYS = {
-    "check": {"type", "image", "source", "version"},
+    "check": {"type", "image", "source", "version", "build"},  # build: team, pipeline for ((var))
     "get": {"type", "image", "source", "version", "params", "build"},
     "put": {"type", "image", "source", "params", "inputs", "build"},
 }

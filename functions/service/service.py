@@ -2,14 +2,15 @@
 otherwise run the resource once (however often the request is delivered)."""
 from __future__ import annotations
 
+import fnmatch
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cloudevents.core.v1.event import CloudEvent
 
-from functions import events, keys, protocol
+from functions import credentials, events, keys, protocol
 from functions.errors import InvalidRequest
 from functions.logs import fields
 from functions.metrics import Metrics
@@ -37,9 +38,11 @@ class Reply:
 
 class Service:
     def __init__(
-        self, action: Action, settings: Settings, store: Store, runtime: Runtime, metrics: Metrics
+        self, action: Action, settings: Settings, store: Store, runtime: Runtime, metrics: Metrics,
+        provider: credentials.Provider | None = None,
     ) -> None:
         self.action = action
+        self.provider = provider or credentials.make_provider(settings)
         self.settings = settings
         self.store = store
         self.runtime = runtime
@@ -54,7 +57,7 @@ class Service:
                                          source=request.event_source, run_id=run,
                                          type=request.type_name, image=request.resource_type.image))
         try:
-            return self._serve(request, run)
+            return self._serve(self.resolve(request), run)
         except StorageError as err:
             # A permanent store refusal (e.g. a key the store will not take): final, not retried.
             return self._reply(request, run, final_failure(self.action, err))
@@ -62,7 +65,7 @@ class Service:
     def parse(self, event: CloudEvent) -> Request:
         events.check_type(event, self.action)
         reply_async = self._wants_async(event)
-        return parse_request_data(
+        request = parse_request_data(
             events.event_data(event),
             action=self.action,
             event=event.get_attributes(),
@@ -70,6 +73,23 @@ class Service:
             artifact_url_prefix=url_prefix(self.store) + "artifacts/",
             reply_async=reply_async,
         )
+        image = request.resource_type.image
+        if request.type_name is None and not any(
+                fnmatch.fnmatchcase(image, pattern) for pattern in self.settings.allowed_images):
+            raise InvalidRequest(f"image {image!r} is not allowed here (ALLOWED_IMAGES); "
+                                 "use a catalogue type")
+        return request
+
+    def resolve(self, request: Request) -> Request:
+        """The request with its ((var)) references resolved (after validation, before the
+        cache key and the run). ``InvalidRequest`` names a variable that cannot be resolved;
+        an unreachable provider raises ``Unavailable``."""
+        resolved = credentials.resolve(self.provider, request.build, source=request.source,
+                                       params=request.params, version=request.version)
+        if not resolved.values:
+            return request
+        return replace(request, source=resolved.source, params=resolved.params,
+                       version=resolved.version, secrets=resolved.values)
 
     def _wants_async(self, event: CloudEvent) -> bool:
         mode = event.get_extension("replymode") or self.settings.reply_mode
@@ -164,6 +184,7 @@ class Service:
             request_id=request.event_id,
             request_source=request.event_source,
             subject=request.subject,
+            secrets=request.secrets,
         )
 
     def _reply(self, request: Request, run: str, outcome: Outcome) -> Reply:

@@ -12,6 +12,7 @@ Layout of the shared build volume (``BUILD_DIR``)::
         exit-code               the script's exit code (TIMED_OUT_EXIT_CODE after a timeout)
         timed-out               the timeout in whole seconds, if the watchdog stopped it
     /secret/stdin               the stdin payload (a Secret), read by resource and collect
+    /secret/redact              resolved credential values (JSON list), for collect to redact
 """
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ TASK_DIR = f"{BUILD_DIR}/{TASK_SUBDIR}"
 SECRET_DIR = "/secret"
 STDIN_KEY = "stdin"
 STDIN_FILE = f"{SECRET_DIR}/{STDIN_KEY}"
+# Beside stdin in the same Secret: a JSON list of the resolved credential values, which
+# collect redacts whatever their length (they are all in stdin already).
+REDACT_KEY = "redact"
 STAGE_ERROR_FILE = "stage-error"
 STDOUT_FILE = "stdout"
 STDERR_FILE = "stderr"
@@ -44,7 +48,7 @@ MAX_STDIN_BYTES = 2 * 1024 * 1024  # a Secret holds at most 1 MiB
 EXIT_UNAVAILABLE = 75
 UNAVAILABLE_MARKER = "unavailable:"
 
-# The env of stage/collect: the store, the sink (SinkBinding), and the non-secret settings
+# The env of stage/collect: the store, the sink (collect only, from the function), and the non-secret settings
 # they need to reach the store the way the function does (copied from the function's env).
 STORE_URL_ENV = "STORE_URL"
 SINK_ENV = "K_SINK"
@@ -64,6 +68,7 @@ class ReplyPlan:
 
     request_id: str
     subject: str | None = None
+    sink: str = ""  # the function's own K_SINK: given to the collect container alone
 
 
 def format_input(name: str, ref: ArtifactRef) -> str:

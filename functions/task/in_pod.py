@@ -20,6 +20,7 @@ cannot read logs).
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from functions.task.contract import (
     EXIT_UNAVAILABLE,
     MAX_STDERR_BYTES,
     MAX_STDIN_BYTES,
+    REDACT_KEY,
     STAGE_ERROR_FILE,
     STDERR_FILE,
     STDOUT_FILE,
@@ -114,18 +116,19 @@ def record(store: Store, args: CollectArgs, archive: ArchiveOptions) -> Outcome:
     """The outcome of what the resource step left behind, stored (first record wins)."""
     task_dir = args.build_dir / TASK_SUBDIR
     stdin = read_head(args.stdin_file, MAX_STDIN_BYTES)
+    extra = resolved_values(args.stdin_file.with_name(REDACT_KEY))
     stage_error = read_head(task_dir / STAGE_ERROR_FILE, 64 * 1024)
     if stage_error:
         return _record_failure(store, args, "storage", stage_error.decode(errors="replace"))
     exit_code = _read_int(task_dir / EXIT_CODE_FILE)
     stderr = read_tail(task_dir / STDERR_FILE, MAX_STDERR_BYTES)
     if exit_code is None:
-        log = redact(stderr.decode(errors="replace"), secret_strings(stdin))
+        log = redact(stderr.decode(errors="replace"), secret_strings(stdin, extra))
         return _record_failure(store, args, "runtime", "the resource step recorded no exit "
                                "code (does the image have /bin/sh?)", log)
     if (task_dir / TIMED_OUT_FILE).exists():  # the same failure as the container runtime's
         limit = _read_int(task_dir / TIMED_OUT_FILE)  # the watchdog wrote the timeout there
-        log = redact(stderr.decode(errors="replace"), secret_strings(stdin))
+        log = redact(stderr.decode(errors="replace"), secret_strings(stdin, extra))
         outcome = script_timeout(args.action, limit, log)
         message = outcome.failure.message if outcome.failure else ""
         return _record_outcome(store, args, outcome, log or message)
@@ -135,7 +138,17 @@ def record(store: Store, args: CollectArgs, archive: ArchiveOptions) -> Outcome:
         store, spec, exit_code=exit_code,
         stdout=read_head(task_dir / STDOUT_FILE, MAX_STDOUT_BYTES + 1), stderr=stderr,
         stdin=stdin, output_dir=args.build_dir / "get" if args.action == "get" else None,
+        extra_secrets=extra,
     )
+
+
+def resolved_values(path: Path) -> list[str]:
+    """The resolved credential values beside stdin (a JSON list); none if absent."""
+    try:
+        values = json.loads(read_head(path, MAX_STDIN_BYTES) or b"[]")
+    except ValueError:
+        return []
+    return [v for v in values if isinstance(v, str)] if isinstance(values, list) else []
 
 
 def _record_failure(store: Store, args: CollectArgs, kind: str, message: str,

@@ -14,7 +14,7 @@ from storage.options import StoreOptions
 @dataclass(frozen=True)
 class StepSettings:
     store_url: str
-    sink: str = ""  # K_SINK, from the SinkBinding: where collect posts asynchronous replies
+    sink: str = ""  # K_SINK, from the pod spec (collect only): where asynchronous replies go
     archive: ArchiveOptions = field(default_factory=ArchiveOptions)
     limits: Limits = field(default_factory=Limits)
     store_options: StoreOptions = field(default_factory=StoreOptions)

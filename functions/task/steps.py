@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -92,9 +93,11 @@ def collect(
     stderr: bytes,
     stdin: bytes,
     output_dir: Path | None,
+    extra_secrets: Sequence[str] = (),
 ) -> Outcome:
-    """Build, store and return the outcome of one script run (idempotent per run id)."""
-    secrets = secret_strings(stdin)
+    """Build, store and return the outcome of one script run (idempotent per run id).
+    ``extra_secrets``: resolved credential values, redacted whatever their length."""
+    secrets = secret_strings(stdin, extra_secrets)
     log = redact(stderr.decode("utf-8", errors="replace"), secrets)
     # invalid_output messages quote stdout, which may echo a credential: redact them too.
     outcome = redact_failure(outcome_of_script(spec.action, exit_code, stdout, log), secrets)

@@ -374,7 +374,7 @@ class EventSink:
         sink = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length") or 0))
                 event = from_http_event(HTTPMessage(headers=dict(self.headers), body=body))
                 with sink._cond:

@@ -260,6 +260,10 @@ def test_the_functions_token_has_only_the_shipped_role(deployment):
         "system:serviceaccount:resource-functions:resource-functions")
 
 
+PROBE_NETWORK = ("ip route; cat /etc/resolv.conf; nslookup kubernetes.default.svc.cluster.local; "
+                 "nslookup example.com || echo external-refused")
+
+
 def test_task_pods_reach_nothing_but_this_machine(deployment):
     """The pods' network: the subnet's and the Service range's routes, no default route, and
     the only name server is this machine's bridge address (CoreDNS), which resolves cluster
@@ -272,9 +276,7 @@ def test_task_pods_reach_nothing_but_this_machine(deployment):
         "metadata": {"name": f"net-{uuid.uuid4().hex[:6]}", "namespace": NAMESPACE},
         "spec": {"restartPolicy": "Never", "automountServiceAccountToken": False,
                  "containers": [{"name": "probe", "image": deployment_image(deployment),
-                                 "command": ["sh", "-c", "ip route; cat /etc/resolv.conf; "
-                                             "nslookup kubernetes.default.svc.cluster.local; "
-                                             "nslookup example.com || echo external-refused"],
+                                 "command": ["sh", "-c", PROBE_NETWORK],
                                  "securityContext": {"allowPrivilegeEscalation": False}}]},
     }
     cluster = deployment.cluster

@@ -1,0 +1,100 @@
+"""((var)) interpolation, the local directory provider and resolution errors (pure, no I/O but
+a temporary directory)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from functions.credentials import NoProvider, Reference, find_references, interpolate, resolve
+from functions.credentials.local import CredentialsDir
+from functions.errors import InvalidRequest, Unavailable
+from functions.model import Build
+from functions.redaction import redact, secret_strings
+
+
+def test_references_whole_and_part_of_strings_in_nested_values() -> None:
+    value = {"uri": "https://((user)):((pw.token))@git/r", "list": ["((key))", 3, None],
+             "((not-a-key))": "plain", "nested": {"x": "((user))"}}
+    assert find_references(value) == [Reference("user"), Reference("pw", "token"),
+                                      Reference("key")]
+    resolved = {Reference("user"): "ci", Reference("pw", "token"): "t0k",
+                Reference("key"): "-----BEGIN-----\nabc\n"}
+    assert interpolate(value, resolved) == {
+        "uri": "https://ci:t0k@git/r", "list": ["-----BEGIN-----\nabc\n", 3, None],
+        "((not-a-key))": "plain", "nested": {"x": "ci"}}
+
+
+def test_text_that_is_not_a_reference_is_left_alone() -> None:
+    assert find_references({"a": "(( spaced ))", "b": "((", "c": "(x)"}) == []
+
+
+@pytest.mark.parametrize("text", ["((../etc/passwd))", "((a/b))", "((vault:x))",
+                                  "((a.b.c))", "((.x))", '(("quoted"))'])
+def test_paths_var_sources_and_nested_fields_are_refused(text: str) -> None:
+    with pytest.raises(InvalidRequest):
+        find_references({"x": text})
+
+
+@pytest.fixture
+def creds(tmp_path: Path) -> CredentialsDir:
+    (tmp_path / "user").write_text("global-user\n")
+    (tmp_path / "pw").write_text("p")
+    (tmp_path / "aws").mkdir()
+    (tmp_path / "aws" / "secret").write_text("aws-secret\n\n")
+    (tmp_path / "main").mkdir()
+    (tmp_path / "main" / "user").write_text("main-user")
+    return CredentialsDir(tmp_path)
+
+
+def test_dir_provider_files_fields_and_team_scope(creds: CredentialsDir) -> None:
+    assert creds.lookup(Reference("user"), Build()) == "global-user"
+    assert creds.lookup(Reference("user"), Build(team="main")) == "main-user"
+    assert creds.lookup(Reference("user"), Build(team="other")) == "global-user"
+    assert creds.lookup(Reference("aws", "secret"), Build(team="main")) == "aws-secret\n"
+    assert creds.lookup(Reference("aws"), Build()) is None  # a directory is not a value
+    assert creds.lookup(Reference("nope"), Build()) is None
+    with pytest.raises(InvalidRequest):
+        creds.lookup(Reference("user"), Build(team=".."))
+
+
+def test_a_missing_credentials_dir_is_unavailable(tmp_path: Path) -> None:
+    with pytest.raises(Unavailable):
+        CredentialsDir(tmp_path / "absent").lookup(Reference("x"), Build())
+
+
+def test_resolve_replaces_everywhere_and_lists_the_values(creds: CredentialsDir) -> None:
+    resolved = resolve(creds, Build(team="main"), source={"u": "((user))", "p": "x((pw))y"},
+                       params={"k": "((aws.secret))"}, version={"ref": "((pw))"})
+    assert resolved.source == {"u": "main-user", "p": "xpy"}
+    assert resolved.params == {"k": "aws-secret\n"} and resolved.version == {"ref": "p"}
+    assert resolved.values == ("aws-secret\n", "main-user", "p")
+    assert "p" not in repr(resolved).replace("Resolved", "")
+
+
+def test_unresolvable_variables_are_named_never_a_value(creds: CredentialsDir) -> None:
+    with pytest.raises(InvalidRequest) as err:
+        resolve(creds, Build(), source={"a": "((missing))", "b": "((pw))", "c": "((x.y))"},
+                params={}, version=None)
+    assert err.value.problems == ["((missing)) cannot be resolved", "((x.y)) cannot be resolved"]
+    with pytest.raises(InvalidRequest, match="CREDENTIALS_PROVIDER"):
+        resolve(NoProvider(), Build(), source={"a": "((a))"}, params={}, version=None)
+
+
+def test_without_references_nothing_is_looked_up() -> None:
+    class Exploding:
+        def lookup(self, ref: Reference, build: Build) -> str | None:
+            raise AssertionError("looked up")
+
+    resolved = resolve(Exploding(), Build(), source={"a": "b"}, params={}, version=None)
+    assert resolved.source == {"a": "b"} and resolved.values == ()
+
+
+def test_resolved_values_are_redacted_whatever_their_length() -> None:
+    stdin = b'{"source":{"pw":"ab","uri":"https://example.org"}}'
+    secrets = secret_strings(stdin, ["ab", "two\nlines"])
+    text = "pw=ab uri=https://example.org two lines: two\nlines"
+    # each line of a multi-line value too, as for literal values
+    assert redact(text, secrets) == ("pw=[redacted] uri=[redacted] [redacted] [redacted]: "
+                                     "[redacted]")
+    assert "" not in secret_strings(stdin, [""])
