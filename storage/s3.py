@@ -11,7 +11,8 @@ exception propagates, so no parts linger. The sha256 of single-request objects i
 fixed when the upload starts, before the digest is known), so their ``stat`` digest is ``None``.
 
 Emulator gap: moto 5.2 checks ``If-None-Match`` on ``CompleteMultipartUpload`` without a lock,
-so two *simultaneous* completions of one key can both succeed there; S3 and MinIO refuse one.
+so two *simultaneous* completions of one key can both succeed there; S3, MinIO and versitygw
+(the tests' server) refuse one.
 
 Retries of transient faults are botocore's (the client's retry configuration); every
 botocore failure is translated by ``translate_error``.
