@@ -74,7 +74,18 @@ class HashingReader:
         return data
 
     def readinto(self, buffer: Any) -> int:
-        return readinto_via_read(self.read, buffer)
+        """Read into ``buffer`` without an intermediate copy when the stream is a buffered
+        ``io`` stream (others, e.g. wrappers that only have ``read``, are read and copied)."""
+        view = memoryview(buffer).cast("B")
+        if isinstance(self._stream, io.BufferedIOBase):
+            count = self._stream.readinto(view) or 0
+        else:
+            data = self._stream.read(len(view))
+            count = len(data)
+            view[:count] = data
+        self._hash.update(view[:count])
+        self.size += count
+        return count
 
     def readable(self) -> bool:
         return True
@@ -188,6 +199,19 @@ def read_full(stream: Any, size: int) -> bytes:
         chunks.append(data)
         remaining -= len(data)
     return b"".join(chunks)
+
+
+def readinto_full(stream: Any, buffer: Any) -> int:
+    """Fill ``buffer`` from ``stream.readinto``; fewer bytes only at end of stream. The
+    counterpart of ``read_full`` for a reused buffer."""
+    view = memoryview(buffer).cast("B")
+    filled = 0
+    while filled < len(view):
+        count = stream.readinto(view[filled:])
+        if not count:
+            break
+        filled += count
+    return filled
 
 
 class TranslatingReader(io.RawIOBase):

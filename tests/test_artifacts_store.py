@@ -1,4 +1,4 @@
-"""upload_tree / download_tree through every store backend (file, s3 on moto, gcs emulator)."""
+"""upload_tree / download_tree through every store backend (file, s3 on versitygw, gcs emulator)."""
 from __future__ import annotations
 
 import os

@@ -1,5 +1,5 @@
 """The kubernetes runtime against kmock's stateful KubernetesEmulator over HTTP, through the
-official client, with a real S3 server (moto) for artifacts and results.
+official client, with a real S3 server (versitygw) for artifacts and results.
 
 No cluster runs here, so a test thread plays the node (kubelet and Job controller): it waits
 for the Job, creates its pod, advances the pod's status, runs the REAL collect step (the

@@ -17,7 +17,11 @@ from typing import IO, Self
 from storage.archive.pipe import write_all
 from storage.archive.safety import check_kind, check_symlink, member_parts, rejected
 
-_COPY_BYTES = 1 << 20
+# tarfile's stream reader joins and slices what it returns: 1 MiB reads made two 1 MiB
+# allocations per MiB, which grew and trimmed the heap each time (4,000 brk calls and page
+# faults for 512 MiB: +1 s system time, the file store's download slower than S3's, whose
+# process had heap to spare). 64 KiB reads stay inside the heap (measured: sys 2.2 -> 1.05 s).
+_COPY_BYTES = 64 << 10
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 # Failures caused by the archive's content rather than by the machine (full disk, EIO).

@@ -31,26 +31,28 @@ def write_tar(root: str, out: Any) -> None:
     """
     first_link: dict[tuple[int, int], str] = {}
     written = 0
+    buffer = memoryview(bytearray(CHUNK))  # reused: no allocation per chunk of file data
     for name, path, info in _walk(root):
         member = _member(name, path, info, first_link)
         header = ustar_header(member) or member.tobuf(tarfile.PAX_FORMAT, "utf-8",
                                                       "surrogateescape")
         out.write(header)
-        written += len(header) + (_copy_file(path, member, out) if member.isreg() else 0)
+        written += len(header) + (_copy_file(path, member, out, buffer) if member.isreg() else 0)
     end = tarfile.NUL * (2 * tarfile.BLOCKSIZE)  # the end marker, then pad the last record
     out.write(end + tarfile.NUL * (-(written + len(end)) % tarfile.RECORDSIZE))
 
 
-def _copy_file(path: str, member: tarfile.TarInfo, out: Any) -> int:
-    """Write ``member.size`` bytes of ``path`` and the block padding; return bytes written."""
+def _copy_file(path: str, member: tarfile.TarInfo, out: Any, buffer: memoryview) -> int:
+    """Write ``member.size`` bytes of ``path`` and the block padding; return bytes written.
+    File data passes through ``buffer``: ``out.write`` must not keep what it is given."""
     remaining = member.size
     with open(path, "rb", buffering=0) as source:
         while remaining:
-            chunk = source.read(min(remaining, CHUNK))
-            if not chunk:
+            count = source.readinto(buffer[:min(remaining, len(buffer))])
+            if not count:
                 raise ArchiveError(f"cannot pack {member.name!r}: the file shrank while packing")
-            out.write(chunk)
-            remaining -= len(chunk)
+            out.write(buffer[:count])
+            remaining -= count
     padding = -member.size % tarfile.BLOCKSIZE
     out.write(tarfile.NUL * padding)
     return member.size + padding

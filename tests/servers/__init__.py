@@ -1,0 +1,1 @@
+"""Real servers for tests and benchmarks, usable without pytest (see ``versitygw``)."""
