@@ -615,6 +615,8 @@ def test_no_pingsource_pretends_to_send_requests() -> None:
     for source in _all("PingSource"):
         extensions = (source["spec"].get("ceOverrides") or {}).get("extensions") or {}
         assert "type" not in extensions, f"PingSource/{_name(source)} cannot override type"
+        # Nor any other spec attribute: the adapter refuses to send such an event.
+        assert not {"subject", "id", "source", "specversion", "time"} & set(extensions)
 
 
 # --- RBAC: least privilege ----------------------------------------------------------------

@@ -198,16 +198,18 @@ def test_the_pingsource_example_runs_a_check_on_schedule(knative_deployment):
     ping = next(doc for doc in docs if doc["kind"] == "PingSource")
     ping["spec"]["schedule"] = "* * * * *"  # fires within the test
     ping["spec"]["data"] = json.dumps({"type": "test", "source": source()})
-    subject = ping["spec"]["ceOverrides"]["extensions"]["subject"]
-    d.cluster.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List",
-                                                           "items": docs}))
+    tick_source = (f"/apis/v1/namespaces/{d.namespace}/pingsources/"
+                   f"{ping['metadata']['name']}")
+    listed = json.dumps({"apiVersion": "v1", "kind": "List", "items": docs})
+    d.cluster.kubectl("apply", "-f", "-", stdin=listed)
     try:
-        replies = d.sink.wait(timeout=150, type="dev.resourcefunctions.check.succeeded",
-                              subject=subject)
-        assert replies[0].get_data()["versions"] == [{"ref": "1"}, {"ref": "2"}, {"ref": "3"}]
+        # The tick itself reaches the sink too (its Trigger takes every event).
+        tick = d.sink.wait(timeout=150, type="dev.knative.sources.ping", source=tick_source)[0]
+        reply = d.sink.wait(timeout=120, requestid=attributes(tick)["id"])[0]
+        assert attributes(reply)["type"] == "dev.resourcefunctions.check.succeeded"
+        assert reply.get_data()["versions"] == [{"ref": "1"}, {"ref": "2"}, {"ref": "3"}]
     finally:
-        d.cluster.kubectl("delete", "-f", "-", stdin=json.dumps(
-            {"apiVersion": "v1", "kind": "List", "items": docs}), check=False)
+        d.cluster.kubectl("delete", "-f", "-", stdin=listed, check=False)
 
 
 def test_an_undeliverable_event_reaches_the_dead_letter_service(knative_deployment):
