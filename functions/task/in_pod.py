@@ -27,7 +27,6 @@ from pathlib import Path
 
 from functions import keys
 from functions.errors import SinkRefused, is_retryable
-from functions.events import reply_event
 from functions.model import Action, ArtifactRef, Outcome
 from functions.outcome import failed, redact, secret_strings
 from functions.protocol import MAX_STDOUT_BYTES
@@ -44,6 +43,7 @@ from functions.task.contract import (
     TIMED_OUT_FILE,
     UNAVAILABLE_MARKER,
     ReplyPlan,
+    reply_event,
     script_timeout,
 )
 from functions.task.sink import post_reply
