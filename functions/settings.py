@@ -11,13 +11,14 @@ import re
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from functions.errors import ConfigError
 from functions.model import ResourceType
 from storage.archive import ArchiveOptions, Limits
-from storage.options import StoreOptions
+from storage.options import StoreOptions, env_int
 
 T = TypeVar("T")
 
@@ -284,12 +285,10 @@ def _number(env: Mapping[str, str], name: str, default: float) -> float:
 
 
 def _whole(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = (env.get(name) or "").strip()
-    if not raw:
-        return default
-    if not raw.isdigit() or int(raw) < 1:
-        raise ConfigError(f"{name}={raw!r}: expected a positive whole number")
-    return int(raw)
+    value = _storage_setting(partial(env_int, name=name, default=default), env)
+    if value < 1:
+        raise ConfigError(f"{name}={value}: expected a positive whole number")
+    return value
 
 
 def _own_namespace() -> str:

@@ -38,7 +38,7 @@ def test_options_from_env() -> None:
     ("env", "message"),
     [
         ({"ARCHIVE_FORMAT": "xz"}, "archive format 'xz': expected one of zstd, gzip, none"),
-        ({"ARCHIVE_LEVEL": "fast"}, "ARCHIVE_LEVEL='fast' is not an integer"),
+        ({"ARCHIVE_LEVEL": "fast"}, "ARCHIVE_LEVEL='fast': not an integer"),
         ({"ARCHIVE_LEVEL": "23"}, "zstd level 23 is out of range 1..22"),
         ({"ARCHIVE_LEVEL": "0"}, "zstd level 0 is out of range 1..22"),
         ({"ARCHIVE_FORMAT": "gzip", "ARCHIVE_LEVEL": "10"}, "gzip level 10 is out of range 0..9"),
@@ -91,7 +91,7 @@ def test_limits_from_env() -> None:
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({"ARCHIVE_MAX_ENTRIES": "lots"}, "ARCHIVE_MAX_ENTRIES='lots' is not an integer"),
+        ({"ARCHIVE_MAX_ENTRIES": "lots"}, "ARCHIVE_MAX_ENTRIES='lots': not an integer"),
         ({"ARCHIVE_MAX_TOTAL_BYTES": "0"}, "max_total_bytes must be a positive integer, not 0"),
         ({"ARCHIVE_MAX_ENTRY_BYTES": "-5"}, "max_entry_bytes must be a positive integer, not -5"),
     ],

@@ -603,7 +603,8 @@ def test_store_options_come_from_the_environment() -> None:
         pytest.param({"STORE_PART_SIZE": "16MB"}, "not a size", id="part-decimal-unit"),
         pytest.param({"STORE_CONCURRENCY": "0"}, "STORE_CONCURRENCY='0': must be between 1",
                      id="no-concurrency"),
-        pytest.param({"STORE_CONCURRENCY": "four"}, "not a whole number", id="concurrency-word"),
+        pytest.param({"STORE_CONCURRENCY": "four"}, "STORE_CONCURRENCY='four': not an integer",
+                     id="concurrency-word"),
         pytest.param({"S3_ADDRESSING_STYLE": "dns"}, "one of auto, path, virtual", id="style"),
     ],
 )

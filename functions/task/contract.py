@@ -16,7 +16,6 @@ Layout of the shared build volume (``BUILD_DIR``)::
 """
 from __future__ import annotations
 
-import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +25,7 @@ from cloudevents.core.v1.event import CloudEvent
 from functions.events import TYPE_PREFIX
 from functions.model import Action, ArtifactRef, Outcome
 from functions.outcome import failed
+from storage.base import is_digest
 
 MANAGED_BY = "resource-functions"  # the managed-by label of task Jobs and local containers
 BUILD_DIR = "/tmp/build"
@@ -57,8 +57,6 @@ SINK_ENV = "K_SINK"
 
 REPLY_SOURCE = "/resource-functions/{action}"
 
-_DIGEST_SUFFIX = re.compile(r"@(sha256:[0-9a-f]{64})$")
-
 
 @dataclass(frozen=True)
 class ReplyPlan:
@@ -78,9 +76,9 @@ def parse_input(value: str) -> tuple[str, ArtifactRef]:
     name, sep, rest = value.partition("=")
     if not sep or not name or not rest:
         raise ValueError(f"--input {value!r}: expected NAME=KEY[@sha256:HEX]")
-    match = _DIGEST_SUFFIX.search(rest)
-    if match:
-        return name, ArtifactRef(key=rest[: match.start()], digest=match.group(1))
+    key, at, digest = rest.rpartition("@")
+    if at and is_digest(digest):
+        return name, ArtifactRef(key=key, digest=digest)
     return name, ArtifactRef(key=rest)
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import gzip
 import io
 import os
-import re
 import tarfile
 import zlib
 from collections.abc import Callable
@@ -26,12 +25,11 @@ from storage.archive.options import ArchiveOptions, Limits, check_format
 from storage.archive.pack import write_tar
 from storage.archive.pipe import CHUNK, PipeSink, background_stream
 from storage.archive.safety import Budget, StrictTarInfo
-from storage.base import HashingReader, readinto_via_read
+from storage.base import HashingReader, is_digest, readinto_via_read
 from storage.errors import ArchiveError, ArchiveRejected, DigestMismatch
 
 _TAR_BUFSIZE = 16 << 10  # tarfile re-slices this buffer per read; 512 B..64 KiB measured alike
 _MAX_TRAILING_BYTES = 1 << 20  # tar record padding is ~10 KiB; more after the end is not padding
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _CORRUPT = (zstandard.ZstdError, zlib.error, EOFError, gzip.BadGzipFile)
 
 
@@ -106,7 +104,7 @@ def unpack(stream: BinaryIO, directory: str | os.PathLike[str], *, format: str,
     inside its final checksum, with all content intact, is only caught by the digest.
     """
     check_format(format)
-    if expected_digest is not None and not _DIGEST.fullmatch(expected_digest):
+    if expected_digest is not None and not is_digest(expected_digest):
         raise ValueError(f"expected digest {expected_digest!r} is not sha256:<64 hex digits>")
     raw = HashingReader(stream)
     try:
