@@ -1,14 +1,13 @@
 """CloudEvents in and out over HTTP, through the cloudevents SDK (2.x API).
 
-Requests are accepted in binary and structured content mode; replies are binary mode
-with ``datacontenttype: application/json``, the extension ``requestid`` and the request's
-``subject``.
+Requests are accepted in binary and structured content mode; replies are sent in binary
+mode. The reply event itself is built by ``functions.task.contract.reply_event``: the
+function and the task's ``collect`` step both send it.
 """
 from __future__ import annotations
 
 import json
 import re
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,10 +16,9 @@ from cloudevents.core.exceptions import BaseCloudEventException
 from cloudevents.core.v1.event import CloudEvent
 
 from functions.errors import InvalidRequest
-from functions.model import Action, Outcome
+from functions.model import Action
 
 TYPE_PREFIX = "dev.resourcefunctions."
-REPLY_SOURCE = "/resource-functions/{action}"
 MAX_BODY_BYTES = 4 * 1024 * 1024
 PING_TYPE = "dev.knative.sources.ping"
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -28,10 +26,6 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 def request_type(action: str) -> str:
     return f"{TYPE_PREFIX}{action}.requested"
-
-
-def reply_type(action: str, succeeded: bool) -> str:
-    return f"{TYPE_PREFIX}{action}.{'succeeded' if succeeded else 'failed'}"
 
 
 def read_event(headers: Mapping[str, str], body: bytes) -> CloudEvent:
@@ -123,29 +117,6 @@ def check_type(event: CloudEvent, action: Action) -> None:
             f"this is the {action} service: event type must be {request_type(action)!r}, "
             f"got {event.get_type()!r}"
         )
-
-
-def reply_event(
-    *, action: Action, outcome: Outcome, request_id: str, subject: str | None, run_id: str
-) -> CloudEvent:
-    """The reply CloudEvent for an outcome (pure: same inputs, same event but for ``time``)."""
-    attributes: dict[str, Any] = {
-        "specversion": "1.0",
-        "type": reply_type(action, outcome.succeeded),
-        "source": REPLY_SOURCE.format(action=action),
-        "id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{run_id}/{outcome.succeeded}")),
-        "datacontenttype": "application/json",
-        "requestid": request_id,
-    }
-    if subject:
-        attributes["subject"] = subject
-    return CloudEvent(attributes=attributes, data=reply_data(outcome))
-
-
-def reply_data(outcome: Outcome) -> dict[str, Any]:
-    if outcome.failure is not None:
-        return {"error": outcome.failure.as_dict()}
-    return dict(outcome.data or {})
 
 
 def reply_data_of(event: CloudEvent) -> dict[str, Any]:

@@ -15,16 +15,6 @@ ACTIONS: tuple[Action, ...] = ("check", "get", "put")
 SCRIPTS = {"check": "/opt/resource/check", "get": "/opt/resource/in", "put": "/opt/resource/out"}
 WORKDIRS = {"check": None, "get": "/tmp/build/get", "put": "/tmp/build/put"}
 
-FAILURE_KINDS = (
-    "invalid_request",
-    "resource_failed",
-    "invalid_output",
-    "image_pull",
-    "timeout",
-    "storage",
-    "runtime",
-)
-
 
 @dataclass(frozen=True)
 class Build:

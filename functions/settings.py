@@ -11,14 +11,14 @@ import re
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from functions.errors import ConfigError
 from functions.model import ResourceType
-from functions.task.contract import STEP_ENV
 from storage.archive import ArchiveOptions, Limits
-from storage.options import StoreOptions
+from storage.options import StoreOptions, env_int
 
 T = TypeVar("T")
 
@@ -32,6 +32,16 @@ DEFAULT_RESOURCE_TYPES = {
     "github-release": "docker.io/concourse/github-release-resource:1.9",
     "mock": "docker.io/concourse/mock-resource:0.13",
 }
+
+# The function's own non-secret settings that the in-pod steps (stage, collect) need to reach
+# the store the way the function does: copied into every task pod's env. A setting, not part
+# of the task contract, so that this root module imports nothing from functions.task.
+STEP_ENV = (
+    "ARCHIVE_FORMAT", "ARCHIVE_LEVEL", "ARCHIVE_THREADS", "ARCHIVE_MAX_ENTRY_BYTES",
+    "ARCHIVE_MAX_TOTAL_BYTES", "ARCHIVE_MAX_ENTRIES", "STORE_PART_SIZE", "STORE_CONCURRENCY",
+    "S3_ADDRESSING_STYLE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION",
+    "AWS_DEFAULT_REGION", "STORAGE_EMULATOR_HOST", "GOOGLE_CLOUD_PROJECT", "LOG_LEVEL",
+)
 RUNTIMES = ("container", "kubernetes")
 REPLY_MODES = ("sync", "async")
 CREDENTIALS_PROVIDERS = ("none", "dir", "kubernetes")
@@ -79,7 +89,7 @@ class Settings:
     # The client libraries' own variables, handed to them (not interpreted here):
     engine_env: dict[str, str] = field(default_factory=dict)  # DOCKER_*, XDG_RUNTIME_DIR
     kubeconfig: str = ""  # KUBECONFIG
-    step_env: tuple[tuple[str, str], ...] = ()  # contract.STEP_ENV: copied into task pods
+    step_env: tuple[tuple[str, str], ...] = ()  # STEP_ENV: copied into task pods
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -295,12 +305,10 @@ def _number(env: Mapping[str, str], name: str, default: float) -> float:
 
 
 def _whole(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = (env.get(name) or "").strip()
-    if not raw:
-        return default
-    if not raw.isdigit() or int(raw) < 1:
-        raise ConfigError(f"{name}={raw!r}: expected a positive whole number")
-    return int(raw)
+    value = _storage_setting(partial(env_int, name=name, default=default), env)
+    if value < 1:
+        raise ConfigError(f"{name}={value}: expected a positive whole number")
+    return value
 
 
 def _own_namespace() -> str:

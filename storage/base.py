@@ -129,7 +129,7 @@ def get_json(store: Store, key: str, *, limit: int = 16 * 1024 * 1024) -> Any:
 
 MAX_KEY_BYTES = 1024  # the S3 and GCS limit on object names
 PARTIAL_MARKER = ".partial-"  # the file backend names in-flight uploads ".<name>.partial-<random>"
-_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")  # the one spelling of a digest, for every layer
 
 
 def validate_key(key: str) -> str:
@@ -179,9 +179,15 @@ def digest_from_hex(value: object) -> str | None:
     """``sha256:<hex>`` from a digest recorded as 64 hex digits in object metadata, else ``None``."""
     if isinstance(value, bytes):
         value = value.decode("ascii", "replace")
-    if isinstance(value, str) and _SHA256_HEX.fullmatch(value):
+    if isinstance(value, str) and is_digest(f"sha256:{value}"):
         return f"sha256:{value}"
     return None
+
+
+def is_digest(value: object) -> bool:
+    """Whether ``value`` is a digest as this project writes them: ``sha256:`` and 64
+    lower-case hex digits, nothing else (no surrounding space, no newline)."""
+    return isinstance(value, str) and _DIGEST.fullmatch(value) is not None
 
 
 def read_full(stream: Any, size: int) -> bytes:

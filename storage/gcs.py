@@ -235,8 +235,8 @@ class GCSStore:
 
     @property
     def _endpoint(self) -> str:
-        # Only for messages: the client exposes its endpoint on its connection object.
-        return str(getattr(self._client._connection, "API_BASE_URL", "storage.googleapis.com"))
+        # Only for messages.
+        return str(getattr(self._client, "api_endpoint", None) or "storage.googleapis.com")
 
     @contextmanager
     def _errors(self, name: str, *, missing_bucket: bool = False) -> Iterator[None]:

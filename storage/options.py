@@ -59,7 +59,7 @@ class StoreOptions:
         ``ValueError`` naming the variable and what is accepted."""
         defaults = cls()
         part_size = _from_env(environ, "STORE_PART_SIZE", _parse_size, _part_size_problem)
-        concurrency = _from_env(environ, "STORE_CONCURRENCY", _parse_count, _concurrency_problem)
+        concurrency = _from_env(environ, "STORE_CONCURRENCY", parse_int, _concurrency_problem)
         style = _from_env(environ, "S3_ADDRESSING_STYLE", str, _style_problem)
         return cls(
             part_size=defaults.part_size if part_size is None else part_size,
@@ -95,10 +95,19 @@ def _parse_size(raw: str) -> int:
     return int(match.group(1)) * {"B": 1, "Ki": KiB, "Mi": MiB, "Gi": GiB}[unit]
 
 
-def _parse_count(raw: str) -> int:
-    if not raw.isdigit():
-        raise ValueError("not a whole number")
-    return int(raw)
+def env_int(environ: Mapping[str, str], name: str, default: int) -> int:
+    """The integer setting ``name`` (unset or blank: ``default``): the one parser of integer
+    settings, here at the bottom so every layer can use it. ``ValueError`` naming the
+    variable; the caller checks the range."""
+    value = _from_env(environ, name, parse_int, lambda _: None)
+    return default if value is None else value
+
+
+def parse_int(raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError("not an integer") from None
 
 
 def _part_size_problem(size: int) -> str | None:

@@ -1,9 +1,13 @@
 """Archive settings: formats and key suffixes, options and limits from the environment."""
 from __future__ import annotations
 
+import io
+import tarfile
+from pathlib import Path
+
 import pytest
 
-from storage.archive import FORMATS, ArchiveOptions, Limits, format_for_key, suffix_for
+from storage.archive import FORMATS, ArchiveOptions, Limits, format_for_key, pack, suffix_for
 
 
 @pytest.mark.parametrize(("format", "suffix"),
@@ -34,7 +38,7 @@ def test_options_from_env() -> None:
     ("env", "message"),
     [
         ({"ARCHIVE_FORMAT": "xz"}, "archive format 'xz': expected one of zstd, gzip, none"),
-        ({"ARCHIVE_LEVEL": "fast"}, "ARCHIVE_LEVEL='fast' is not an integer"),
+        ({"ARCHIVE_LEVEL": "fast"}, "ARCHIVE_LEVEL='fast': not an integer"),
         ({"ARCHIVE_LEVEL": "23"}, "zstd level 23 is out of range 1..22"),
         ({"ARCHIVE_LEVEL": "0"}, "zstd level 0 is out of range 1..22"),
         ({"ARCHIVE_FORMAT": "gzip", "ARCHIVE_LEVEL": "10"}, "gzip level 10 is out of range 0..9"),
@@ -49,8 +53,33 @@ def test_bad_options_from_env_say_what_is_wrong(env: dict[str, str], message: st
     assert message in str(caught.value)
 
 
-def test_level_is_ignored_without_compression() -> None:
-    assert ArchiveOptions(format="none", level=99).format == "none"
+def packed(directory: Path, options: ArchiveOptions) -> bytes:
+    with pack(directory, options) as stream:
+        return stream.read()
+
+
+def test_level_is_ignored_without_compression(tmp_path: Path) -> None:
+    (tmp_path / "file").write_bytes(b"abc" * 1000)
+
+    data = packed(tmp_path, ArchiveOptions(format="none", level=99))
+
+    assert data == packed(tmp_path, ArchiveOptions(format="none"))
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:  # plain tar, uncompressed
+        assert tar.getnames() == ["file"]
+
+
+@pytest.mark.parametrize("format", ["zstd", "gzip"])
+def test_the_level_reaches_the_compressor(tmp_path: Path, format: str) -> None:
+    (tmp_path / "file").write_bytes(bytes(range(256)) * 64 + b"x" * 100_000)
+    low, high = _LEVELS_APART[format]
+
+    fast = packed(tmp_path, ArchiveOptions(format=format, level=low))
+    small = packed(tmp_path, ArchiveOptions(format=format, level=high))
+
+    assert len(small) < len(fast)
+
+
+_LEVELS_APART = {"zstd": (1, 19), "gzip": (0, 9)}
 
 
 def test_limits_from_env() -> None:
@@ -62,7 +91,7 @@ def test_limits_from_env() -> None:
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({"ARCHIVE_MAX_ENTRIES": "lots"}, "ARCHIVE_MAX_ENTRIES='lots' is not an integer"),
+        ({"ARCHIVE_MAX_ENTRIES": "lots"}, "ARCHIVE_MAX_ENTRIES='lots': not an integer"),
         ({"ARCHIVE_MAX_TOTAL_BYTES": "0"}, "max_total_bytes must be a positive integer, not 0"),
         ({"ARCHIVE_MAX_ENTRY_BYTES": "-5"}, "max_entry_bytes must be a positive integer, not -5"),
     ],

@@ -13,6 +13,7 @@ from cloudevents.core.v1.event import CloudEvent
 from functions import events
 from functions.errors import InvalidRequest
 from functions.model import Failure, Outcome
+from functions.task.contract import reply_event
 
 
 def request(data, **attrs):
@@ -63,8 +64,8 @@ def test_wrong_type_for_service_is_rejected():
 
 def test_success_reply_is_binary_json_with_requestid_and_subject():
     outcome = Outcome(action="check", data={"versions": [{"v": "1"}]})
-    event = events.reply_event(action="check", outcome=outcome, request_id="abc",
-                               subject="pipe", run_id="r1")
+    event = reply_event(action="check", outcome=outcome, request_id="abc",
+                        subject="pipe", run_id="r1")
     headers, body = events.to_http(event)
     assert headers["ce-type"] == "dev.resourcefunctions.check.succeeded"
     assert headers["ce-requestid"] == "abc" and headers["ce-subject"] == "pipe"
@@ -76,8 +77,8 @@ def test_success_reply_is_binary_json_with_requestid_and_subject():
 
 def test_failure_reply_carries_error_kind_and_log_tail():
     failure = Failure(kind="resource_failed", message="exit 1", exit_code=1, log_tail="boom")
-    event = events.reply_event(action="get", outcome=Outcome(action="get", failure=failure),
-                               request_id="x", subject=None, run_id="r")
+    event = reply_event(action="get", outcome=Outcome(action="get", failure=failure),
+                        request_id="x", subject=None, run_id="r")
     headers, body = events.to_http(event)
     assert headers["ce-type"] == "dev.resourcefunctions.get.failed"
     assert "ce-subject" not in headers
@@ -87,8 +88,8 @@ def test_failure_reply_carries_error_kind_and_log_tail():
 
 def test_reply_id_is_stable_for_a_run():
     outcome = Outcome(action="check", data={"versions": []})
-    ids = {events.reply_event(action="check", outcome=outcome, request_id="a", subject=None,
-                              run_id="r").get_id() for _ in range(2)}
+    ids = {reply_event(action="check", outcome=outcome, request_id="a", subject=None,
+                       run_id="r").get_id() for _ in range(2)}
     assert len(ids) == 1
 
 

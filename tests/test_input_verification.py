@@ -1,5 +1,6 @@
 """A put's inputs are verified against the digest recorded for them, even when the request
 names only the URL: a tampered artifact is refused, on every store backend."""
+import hashlib
 import io
 
 import pytest
@@ -23,9 +24,13 @@ def artifact(store, tmp_path):
     return key, info
 
 
-def test_the_cache_record_supplies_the_digest(store, artifact):
-    key, info = artifact
-    assert known_digest(store, key) == info.digest
+def test_the_cache_record_supplies_the_digest(store):
+    key = "artifacts/" + "f" * 64 + ".tar"
+    store.put(key, io.BytesIO(b"bytes"))
+    recorded = "sha256:" + "1" * 64  # not the bytes' digest: only the record can say it
+    put_json(store, "artifacts/" + "f" * 64 + ".json", {"artifact": {
+        "url": store.url_for(key), "digest": recorded, "size": 5}})
+    assert known_digest(store, key) == recorded
 
 
 def test_a_replaced_artifact_is_refused(store, artifact, tmp_path):
@@ -39,8 +44,29 @@ def test_a_replaced_artifact_is_refused(store, artifact, tmp_path):
         stage(store, {"repo": ArtifactRef(key)}, tmp_path / "work", Limits())
 
 
-def test_an_artifact_without_record_uses_what_the_store_knows(store, tmp_path):
+def test_an_artifact_without_record_is_checked_against_its_bytes(store):
     key = "artifacts/inputs/x.tar"
-    store.put(key, io.BytesIO(b"\0" * 1024))
-    info = store.stat(key)
-    assert known_digest(store, key) == (info.digest if info else None)
+    payload = b"\0" * 1024
+    store.put(key, io.BytesIO(payload))
+    assert known_digest(store, key) == "sha256:" + hashlib.sha256(payload).hexdigest()
+
+
+def test_a_record_naming_another_artifact_is_not_trusted(store, artifact):
+    key, info = artifact
+    other = "artifacts/" + "d" * 64 + ".tar.zst"
+    stem = other.removesuffix(".tar.zst")
+    put_json(store, stem + ".json", {"artifact": {
+        "url": store.url_for(key), "digest": info.digest, "size": info.size}})
+    store.put(other, io.BytesIO(b"not the recorded artifact"))
+    expected = "sha256:" + hashlib.sha256(b"not the recorded artifact").hexdigest()
+    assert known_digest(store, other) == expected != info.digest
+
+
+def test_a_missing_artifact_has_no_digest(store):
+    assert known_digest(store, "artifacts/" + "e" * 64 + ".tar.zst") is None
+
+
+def test_an_intact_artifact_is_staged(store, artifact, tmp_path):
+    key, _ = artifact
+    stage(store, {"repo": ArtifactRef(key)}, tmp_path / "work", Limits())
+    assert (tmp_path / "work" / "repo" / "version").read_text() == "1\n"

@@ -265,6 +265,14 @@ def test_input_arguments_round_trip(value: str) -> None:
     assert contract.format_input(name, ref) == value
 
 
+@pytest.mark.parametrize("value", [f"repo=k.tar@{DIGEST.upper()}", "repo=k.tar@sha256:abc",
+                                   f"repo=k.tar@{DIGEST}\n", f"repo=k.tar@{DIGEST}x"],
+                         ids=["upper-case", "short", "newline", "trailing"])
+def test_an_input_without_an_exact_digest_is_a_plain_key(value: str) -> None:
+    name, ref = parse_input(value)
+    assert (name, ref.key, ref.digest) == ("repo", value.partition("=")[2], None)
+
+
 @pytest.mark.parametrize("value", ["repo", "=key", "repo="])
 def test_malformed_input_arguments_are_refused(value: str) -> None:
     with pytest.raises(ValueError):

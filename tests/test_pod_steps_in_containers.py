@@ -32,7 +32,7 @@ from functions.runtimes.podspec import (
     plan_for,
     stdin_secret_manifest,
 )
-from functions.task.contract import STEP_ENV
+from functions.settings import STEP_ENV
 from storage import Store, StoreOptions, get_json, open_store
 from storage.artifacts import download_tree, upload_tree
 from tests.conftest import Server

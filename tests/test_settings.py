@@ -45,7 +45,20 @@ def test_resource_types_from_json_with_per_type_settings(tmp_path):
     pytest.param({"ARCHIVE_FORMAT": "rar"}, "rar", id="archive-format"),
     pytest.param({"STORE_PART_SIZE": "1KiB"}, "STORE_PART_SIZE", id="part-size"),
     pytest.param({"LOG_LEVEL": "loud"}, "LOG_LEVEL", id="log-level"),
+    pytest.param({"PORT": "http"}, "PORT='http': not an integer", id="port-word"),
+    pytest.param({"THREADS": "0"}, "THREADS=0: expected a positive", id="threads-zero"),
+    pytest.param({"ARCHIVE_THREADS": "two"}, "ARCHIVE_THREADS='two': not an integer",
+                 id="archive-threads-word"),
+    pytest.param({"STORE_CONCURRENCY": "2.5"}, "STORE_CONCURRENCY='2.5': not an integer",
+                 id="concurrency-fraction"),
 ])
 def test_bad_values_name_the_variable(env, variable):
     with pytest.raises(ConfigError, match=variable.replace("[", r"\[").replace("]", r"\]")):
         Settings.from_env(env)
+
+
+def test_whole_numbers_from_the_environment():
+    settings = Settings.from_env({"PORT": " 9090 ", "THREADS": "4", "ARCHIVE_THREADS": "2",
+                                  "STORE_CONCURRENCY": "8"})
+    assert (settings.port, settings.threads) == (9090, 4)
+    assert settings.archive.threads == 2 and settings.store_options.concurrency == 8

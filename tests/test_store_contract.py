@@ -2,15 +2,18 @@
 fake-gcs-server): write-once, atomic visibility, digests, listing, errors."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import http.server
 import io
 import os
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, BinaryIO, cast
+from typing import Any, BinaryIO, ClassVar, cast
 from urllib.parse import urlsplit
 
 import pytest
@@ -612,7 +615,8 @@ def test_store_options_come_from_the_environment() -> None:
         pytest.param({"STORE_PART_SIZE": "16MB"}, "not a size", id="part-decimal-unit"),
         pytest.param({"STORE_CONCURRENCY": "0"}, "STORE_CONCURRENCY='0': must be between 1",
                      id="no-concurrency"),
-        pytest.param({"STORE_CONCURRENCY": "four"}, "not a whole number", id="concurrency-word"),
+        pytest.param({"STORE_CONCURRENCY": "four"}, "STORE_CONCURRENCY='four': not an integer",
+                     id="concurrency-word"),
         pytest.param({"S3_ADDRESSING_STYLE": "dns"}, "one of auto, path, virtual", id="style"),
     ],
 )
@@ -626,19 +630,73 @@ def test_s3_minimum_part_size_is_enforced() -> None:
         StoreOptions(part_size=5 * MiB - 1)
 
 
-def test_s3_client_uses_path_style_with_a_custom_endpoint_and_options_from_env(
-    monkeypatch: pytest.MonkeyPatch,
+class RecordingS3(http.server.BaseHTTPRequestHandler):
+    """Records (Host, path), where a client sent each request; knows only the bucket
+    ``bucket`` (addressed by path) and no objects."""
+
+    seen: ClassVar[list[tuple[str, str]]] = []
+
+    def do_HEAD(self) -> None:
+        self.seen.append((self.headers["Host"], self.path))
+        self.send_response(200 if self.path == "/bucket" else 404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def recording_s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, str]]]:
+    """A custom S3 endpoint (``AWS_ENDPOINT_URL_S3``) that records the requests it gets."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), RecordingS3)
+    RecordingS3.seen = []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://localhost:{server.server_port}")
+    for name, value in {"AWS_DEFAULT_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "testing",
+                        "AWS_SECRET_ACCESS_KEY": "testing", "AWS_MAX_ATTEMPTS": "1"}.items():
+        monkeypatch.setenv(name, value)
+    yield RecordingS3.seen
+    server.shutdown()
+    server.server_close()
+
+
+def test_s3_with_a_custom_endpoint_addresses_buckets_by_path(
+    recording_s3: list[tuple[str, str]],
 ) -> None:
-    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://minio.local:9000")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("STORE_CONCURRENCY", "16")
+    port = os.environ["AWS_ENDPOINT_URL_S3"].rpartition(":")[2]
 
-    store = open_store("s3://bucket/p")  # no options: StoreOptions.from_env(os.environ)
+    assert open_store("s3://bucket/p").stat("k") is None
 
-    config = store._client.meta.config  # type: ignore[attr-defined]
-    assert config.s3["addressing_style"] == "path"
-    assert config.max_pool_connections >= 16
-    assert store._client.meta.endpoint_url == "http://minio.local:9000"  # type: ignore[attr-defined]
+    assert recording_s3[0] == (f"localhost:{port}", "/bucket/p/k")
+
+
+def test_s3_addressing_style_from_the_environment_is_honoured(
+    recording_s3: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("S3_ADDRESSING_STYLE", "virtual")
+
+    with contextlib.suppress(StoreUnavailable):  # bucket.localhost may not resolve
+        open_store("s3://bucket/p").stat("k")
+
+    assert not [path for _, path in recording_s3 if path.startswith("/bucket/")]
+
+
+@pytest.mark.parametrize(("environ", "parts"), [({}, 2), ({"STORE_PART_SIZE": "5MiB"}, 3)],
+                         ids=["default-8MiB-parts", "5MiB-parts-from-env"])
+def test_open_store_without_options_uses_the_store_options_of_the_environment(
+    s3_env: Any, s3_bucket: str, request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch, environ: dict[str, str], parts: int,
+) -> None:
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    url = f"s3://{s3_bucket}/{uuid.uuid4().hex[:12]}"
+    store = open_store(url)  # no options: StoreOptions.from_env(os.environ)
+
+    store.put("k", stream_of(GeneratedStream(11 * MiB)))
+
+    assert s3_etag(request, url, "k").endswith(f'-{parts}"'), "not the part size expected"
+    store.delete("k")
 
 
 def test_file_store_keeps_objects_read_only(tmp_path: Path) -> None:

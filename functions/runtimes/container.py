@@ -32,6 +32,7 @@ from functions.model import SCRIPTS, WORKDIRS, Outcome, Task
 from functions.outcome import failed, final_failure
 from functions.protocol import MAX_STDOUT_BYTES
 from functions.redaction import redact, secret_strings
+from functions.runtimes.background import BackgroundRuns
 from functions.task import steps
 from functions.task.contract import MANAGED_BY, MAX_STDERR_BYTES, script_timeout
 from functions.task.sink import post_outcome
@@ -63,6 +64,7 @@ class ContainerRuntime:
         self._lock = threading.Lock()  # guards the two dicts below
         self._started: set[str] = set()
         self._pull_locks: dict[str, threading.Lock] = {}
+        self._background = BackgroundRuns("container-run")
 
     @classmethod
     def from_settings(cls, settings: Settings, store: Store) -> ContainerRuntime:
@@ -79,6 +81,8 @@ class ContainerRuntime:
         return cls(client, store, config)
 
     def close(self) -> None:
+        """Wait for the asynchronous runs (they reply when done), then let go of the engine."""
+        self._background.close()
         self._client.close()
 
     def start(self, task: Task) -> None:
@@ -87,7 +91,7 @@ class ContainerRuntime:
             if task.run_id in self._started:
                 return
             self._started.add(task.run_id)
-        threading.Thread(target=self._run_and_reply, args=(task,), daemon=True).start()
+        self._background.submit(self._run_and_reply, task)
 
     def _run_and_reply(self, task: Task) -> None:
         try:

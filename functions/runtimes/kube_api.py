@@ -15,7 +15,6 @@ from typing import Any, cast
 import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
-from kubernetes.watch.watch import iter_resp_lines
 
 from functions.errors import ConfigError, Conflict, Gone, NotFound, Rejected, Unavailable
 
@@ -96,7 +95,9 @@ class KubeApi:
                               timeout_seconds=max(1, int(seconds)), _preload_content=False,
                               _request_timeout=(self._timeout[0], seconds + min(5, seconds)))
         try:
-            for line in iter_resp_lines(response):
+            for line in response:  # urllib3 splits the stream into lines
+                if not line.endswith(b"\n"):
+                    return  # cut inside an event: the caller lists again
                 if line.strip():
                     yield self._event(json.loads(line))
         except (urllib3.exceptions.ReadTimeoutError, urllib3.exceptions.ProtocolError):

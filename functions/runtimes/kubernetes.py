@@ -40,6 +40,7 @@ from functions.logs import fields
 from functions.model import Outcome, Task
 from functions.outcome import failed, final_failure
 from functions.runtimes import podspec
+from functions.runtimes.background import BackgroundRuns
 from functions.runtimes.job_status import Verdict, is_finished, judge, started_at
 from functions.runtimes.kube_api import (
     KubeApi,
@@ -68,6 +69,11 @@ class StoreUnavailableInTask(Unavailable):
     failure_kind = "storage"  # what it becomes after a 202, when nobody redelivers
 
 
+class StoppedFollowing(Unavailable):
+    """The runtime was closed while following a task: a synchronous request gets 503 (and
+    is redelivered); an asynchronous task is left to ``collect``, which replies itself."""
+
+
 @dataclass(frozen=True)
 class Settled:
     outcome: Outcome
@@ -82,6 +88,7 @@ class KubernetesRuntime:
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self._following: set[str] = set()
+        self._background = BackgroundRuns("follow")
 
     @classmethod
     def from_settings(cls, settings: Settings, store: Store) -> KubernetesRuntime:
@@ -89,7 +96,10 @@ class KubernetesRuntime:
         return cls(api_client_from_env(settings.kubeconfig), store, config_)
 
     def close(self) -> None:
+        """Stop following asynchronous tasks (``collect`` replies for them) and wait until
+        the followers have ended (at most one watch request, ``watch_seconds``)."""
         self._closed.set()
+        self._background.close()
         self._api.close()
 
     def run(self, task: Task) -> Outcome:
@@ -117,8 +127,7 @@ class KubernetesRuntime:
             if task.run_id in self._following:
                 return
             self._following.add(task.run_id)
-        threading.Thread(target=self._follow_and_reply, args=(task, plan, job),
-                         name=f"follow {plan.job_name}", daemon=True).start()
+        self._background.submit(self._follow_and_reply, task, plan, job)
 
     # --- creating ------------------------------------------------------------------------
 
@@ -212,7 +221,7 @@ class KubernetesRuntime:
             if verdict is not None:
                 return verdict
             if self._closed.is_set():
-                raise Unavailable("the runtime was closed while following a task")
+                raise StoppedFollowing("the runtime was closed while following a task")
             verdict = self._watch(plan, current or {}, pods, version, deadline, uid)
             if verdict is not None:
                 return verdict
@@ -303,6 +312,9 @@ class KubernetesRuntime:
             settled = self._settle(task, plan, job)
             if not settled.by_collect:
                 post_outcome(self._config.sink, task, settled.outcome)
+        except StoppedFollowing:
+            log.info("stopped following an asynchronous task at close; collect replies",
+                     extra=fields(run_id=task.run_id, job=plan.job_name))
         except StoreUnavailableInTask as err:
             # Answered 202 already, so Knative will not redeliver: tell the requester. Nothing
             # is recorded, so sending the same request again runs it afresh.

@@ -9,7 +9,7 @@ from typing import Any
 from functions.errors import InvalidRequest
 from functions.model import Action, ArtifactRef, Build, Request, ResourceType
 from storage.archive import FORMATS, suffix_for
-from storage.base import key_problem
+from storage.base import is_digest, key_problem
 
 BUILD_FIELDS = ("id", "name", "job", "pipeline", "team", "url", "external_url", "instance_vars")
 ALLOWED_KEYS = {
@@ -19,7 +19,6 @@ ALLOWED_KEYS = {
 }
 # An input name becomes a directory under the put's working directory.
 INPUT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 ARTIFACT_SUFFIXES = tuple(suffix_for(f) for f in FORMATS)
 MAX_ATTRIBUTE = 1024  # event id, source, subject
 MAX_TEXT = 4096  # each build field, each input URL
@@ -143,7 +142,7 @@ def _inputs(data: dict[str, Any], action: Action, prefix: str,
         if not isinstance(url, str) or not _is_artifact_url(url, prefix):
             problems.append(f"input {_clip(name)}: URL must be an artifact in this store "
                             f"({prefix}<name>{'|'.join(ARTIFACT_SUFFIXES)})")
-        elif digest is not None and not (isinstance(digest, str) and DIGEST.match(digest)):
+        elif digest is not None and not is_digest(digest):
             problems.append(f"input {name!r}: digest must be 'sha256:' and 64 hex digits")
         else:
             refs[name] = ArtifactRef(key="artifacts/" + url[len(prefix):], digest=digest)

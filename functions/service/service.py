@@ -21,6 +21,7 @@ from functions.service.flights import Flights
 from functions.service.request_data import parse_request_data
 from functions.settings import Settings
 from functions.task import steps
+from functions.task.contract import reply_event
 from storage import Store
 from storage.base import url_prefix
 from storage.errors import StorageError
@@ -188,7 +189,7 @@ class Service:
         )
 
     def _reply(self, request: Request, run: str, outcome: Outcome) -> Reply:
-        event = events.reply_event(action=self.action, outcome=outcome,
+        event = reply_event(action=self.action, outcome=outcome,
                                    request_id=request.event_id, subject=request.subject,
                                    run_id=run)
         return Reply(status=200, event=event)

@@ -1,6 +1,7 @@
 """The task pod's contract: what the function, both runtimes and the in-pod steps (``stage``,
 ``collect``) agree on. Paths, file names, env names, exit codes and the timeout failure are
-spelled here and nowhere else.
+spelled here and nowhere else, and so is the reply event that both the function and
+``collect`` send (the same run gives the same event id, so a consumer can drop the double).
 
 Layout of the shared build volume (``BUILD_DIR``)::
 
@@ -16,11 +17,16 @@ Layout of the shared build volume (``BUILD_DIR``)::
 """
 from __future__ import annotations
 
-import re
+import uuid
 from dataclasses import dataclass
+from typing import Any
 
+from cloudevents.core.v1.event import CloudEvent
+
+from functions.events import TYPE_PREFIX
 from functions.model import Action, ArtifactRef, Outcome
 from functions.outcome import failed
+from storage.base import is_digest
 
 MANAGED_BY = "resource-functions"  # the managed-by label of task Jobs and local containers
 BUILD_DIR = "/tmp/build"
@@ -48,18 +54,12 @@ MAX_STDIN_BYTES = 2 * 1024 * 1024  # a Secret holds at most 1 MiB
 EXIT_UNAVAILABLE = 75
 UNAVAILABLE_MARKER = "unavailable:"
 
-# The env of stage/collect: the store, the sink (collect only, from the function), and the non-secret settings
-# they need to reach the store the way the function does (copied from the function's env).
+# The env of stage/collect: the store and the sink (collect only, the function's own K_SINK);
+# the non-secret settings they also get from the function are ``functions.settings.STEP_ENV``.
 STORE_URL_ENV = "STORE_URL"
 SINK_ENV = "K_SINK"
-STEP_ENV = (
-    "ARCHIVE_FORMAT", "ARCHIVE_LEVEL", "ARCHIVE_THREADS", "ARCHIVE_MAX_ENTRY_BYTES",
-    "ARCHIVE_MAX_TOTAL_BYTES", "ARCHIVE_MAX_ENTRIES", "STORE_PART_SIZE", "STORE_CONCURRENCY",
-    "S3_ADDRESSING_STYLE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION",
-    "AWS_DEFAULT_REGION", "STORAGE_EMULATOR_HOST", "GOOGLE_CLOUD_PROJECT", "LOG_LEVEL",
-)
 
-_DIGEST_SUFFIX = re.compile(r"@(sha256:[0-9a-f]{64})$")
+REPLY_SOURCE = "/resource-functions/{action}"
 
 
 @dataclass(frozen=True)
@@ -81,9 +81,9 @@ def parse_input(value: str) -> tuple[str, ArtifactRef]:
     name, sep, rest = value.partition("=")
     if not sep or not name or not rest:
         raise ValueError(f"--input {value!r}: expected NAME=KEY[@sha256:HEX]")
-    match = _DIGEST_SUFFIX.search(rest)
-    if match:
-        return name, ArtifactRef(key=rest[: match.start()], digest=match.group(1))
+    key, at, digest = rest.rpartition("@")
+    if at and is_digest(digest):
+        return name, ArtifactRef(key=key, digest=digest)
     return name, ArtifactRef(key=rest)
 
 
@@ -99,3 +99,30 @@ def task_deadline(action: Action, deadline: int, timeout: float, margin: float) 
     return failed(action, "timeout", (
         f"the task ran longer than {deadline}s (the resource's {timeout:g}s + {margin:g}s to "
         "stage and collect)"))
+
+
+def reply_type(action: str, succeeded: bool) -> str:
+    return f"{TYPE_PREFIX}{action}.{'succeeded' if succeeded else 'failed'}"
+
+
+def reply_event(
+    *, action: Action, outcome: Outcome, request_id: str, subject: str | None, run_id: str
+) -> CloudEvent:
+    """The reply CloudEvent for an outcome (pure: same inputs, same event but for ``time``)."""
+    attributes: dict[str, Any] = {
+        "specversion": "1.0",
+        "type": reply_type(action, outcome.succeeded),
+        "source": REPLY_SOURCE.format(action=action),
+        "id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{run_id}/{outcome.succeeded}")),
+        "datacontenttype": "application/json",
+        "requestid": request_id,
+    }
+    if subject:
+        attributes["subject"] = subject
+    return CloudEvent(attributes=attributes, data=reply_data(outcome))
+
+
+def reply_data(outcome: Outcome) -> dict[str, Any]:
+    if outcome.failure is not None:
+        return {"error": outcome.failure.as_dict()}
+    return dict(outcome.data or {})

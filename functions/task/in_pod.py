@@ -28,7 +28,6 @@ from pathlib import Path
 
 from functions import keys
 from functions.errors import SinkRefused, is_retryable
-from functions.events import reply_event
 from functions.model import Action, ArtifactRef, Outcome
 from functions.outcome import failed
 from functions.protocol import MAX_STDOUT_BYTES
@@ -47,6 +46,7 @@ from functions.task.contract import (
     TIMED_OUT_FILE,
     UNAVAILABLE_MARKER,
     ReplyPlan,
+    reply_event,
     script_timeout,
 )
 from functions.task.sink import post_reply

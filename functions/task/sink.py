@@ -7,8 +7,9 @@ from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
 from functions.errors import SinkRefused
-from functions.events import reply_event, to_http
+from functions.events import to_http
 from functions.model import Outcome, Task
+from functions.task.contract import reply_event
 
 RETRYABLE = frozenset({408, 409, 429, 500, 502, 503, 504})
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from storage.options import env_int
+
 FORMATS = ("zstd", "gzip", "none")
 _SUFFIXES = {"zstd": ".tar.zst", "gzip": ".tar.gz", "none": ".tar"}
 _LEVELS = {"zstd": range(1, 23), "gzip": range(10)}
@@ -28,16 +30,6 @@ def format_for_key(key: str) -> str:
 def check_format(format: str) -> None:
     if format not in FORMATS:
         raise ValueError(f"archive format {format!r}: expected one of {', '.join(FORMATS)}")
-
-
-def _env_int(environ: Mapping[str, str], name: str, default: int) -> int:
-    value = environ.get(name, "").strip()
-    if not value:
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"{name}={value!r} is not an integer") from None
 
 
 @dataclass(frozen=True)
@@ -63,8 +55,8 @@ class ArchiveOptions:
         """Read ``ARCHIVE_FORMAT`` (zstd), ``ARCHIVE_LEVEL`` (3), ``ARCHIVE_THREADS`` (0)."""
         format = environ.get("ARCHIVE_FORMAT", "").strip().lower() or cls.format
         try:
-            return cls(format=format, level=_env_int(environ, "ARCHIVE_LEVEL", cls.level),
-                       threads=_env_int(environ, "ARCHIVE_THREADS", cls.threads))
+            return cls(format=format, level=env_int(environ, "ARCHIVE_LEVEL", cls.level),
+                       threads=env_int(environ, "ARCHIVE_THREADS", cls.threads))
         except ValueError as err:
             raise ValueError(f"archive settings from the environment: {err}") from None
 
@@ -89,9 +81,9 @@ class Limits:
         ``ARCHIVE_MAX_ENTRIES`` (1,000,000); integers, unset or empty means the default."""
         try:
             return cls(
-                max_entry_bytes=_env_int(environ, "ARCHIVE_MAX_ENTRY_BYTES", cls.max_entry_bytes),
-                max_total_bytes=_env_int(environ, "ARCHIVE_MAX_TOTAL_BYTES", cls.max_total_bytes),
-                max_entries=_env_int(environ, "ARCHIVE_MAX_ENTRIES", cls.max_entries),
+                max_entry_bytes=env_int(environ, "ARCHIVE_MAX_ENTRY_BYTES", cls.max_entry_bytes),
+                max_total_bytes=env_int(environ, "ARCHIVE_MAX_TOTAL_BYTES", cls.max_total_bytes),
+                max_entries=env_int(environ, "ARCHIVE_MAX_ENTRIES", cls.max_entries),
             )
         except ValueError as err:
             raise ValueError(f"archive limits from the environment: {err}") from None

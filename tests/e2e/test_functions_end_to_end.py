@@ -161,7 +161,7 @@ def test_timeout_kills_the_container(deployment):
     status, reply, _ = send(deployment.services.urls["check"], event)
     assert status == 200
     assert reply.get_data()["error"]["kind"] == "timeout"
-    assert not leftover_containers(deployment)
+    assert not leftover_containers(deployment, event)
 
 
 def test_missing_image_is_an_image_pull_failure(deployment):
@@ -297,17 +297,22 @@ def engine(deployment):
     return docker.DockerClient(base_url=deployment.services.env["DOCKER_HOST"])
 
 
-def leftover_containers(deployment):
-    return engine(deployment).containers.list(
-        all=True, filters={"label": "app.kubernetes.io/managed-by=resource-functions"})
+def run_of(event) -> str:
+    return run_id(event.get_source(), event.get_id(), event.get_type().split(".")[2])
+
+
+def leftover_containers(deployment, event):
+    """This request's containers still known to the engine (labels managed-by and run-id):
+    other tests and other users of the engine may have containers of their own."""
+    labels = ["app.kubernetes.io/managed-by=resource-functions", f"run-id={run_of(event)}"]
+    return engine(deployment).containers.list(all=True, filters={"label": labels})
 
 
 def container_starts(deployment, event) -> int:
     """Containers the engine started for this request (label run-id), from the engine's event
     log (``stream=false`` makes Podman answer at once; Docker ignores it)."""
     client = engine(deployment).api
-    run = run_id(event.get_source(), event.get_id(), event.get_type().split(".")[2])
-    filters = {"event": ["start"], "label": [f"run-id={run}"]}
+    filters = {"event": ["start"], "label": [f"run-id={run_of(event)}"]}
     response = client.get(client._url("/events"), stream=True, timeout=30, params={
         "since": str(int(deployment.started)), "until": str(int(time.time()) + 1),
         "stream": "false", "filters": json.dumps(filters)})
