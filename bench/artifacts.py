@@ -17,6 +17,7 @@ peak RSS of pack+upload to S3 < 150 MiB; the summary prints these ratios, all fr
     python bench/artifacts.py                       # ~1 GiB tree, each measurement once
     python bench/artifacts.py --rss-only --size-mib 2048
 """
+
 from __future__ import annotations
 
 import argparse
@@ -86,14 +87,16 @@ def build_tree(root: Path, size_mib: int, small_files: int, seed: int = 1) -> in
 
 
 def _word_text(rng: random.Random, size: int) -> bytes:
-    words = [bytes(rng.choices(b"etaoinshrdlucmfwypvbgkqjxz", k=rng.randint(2, 10)))
-             for _ in range(20_000)]
+    words = [
+        bytes(rng.choices(b"etaoinshrdlucmfwypvbgkqjxz", k=rng.randint(2, 10)))
+        for _ in range(20_000)
+    ]
     return b" ".join(rng.choices(words, k=size // 5))[:size]
 
 
 def _text_slice(text: bytes, size: int, rng: random.Random) -> bytes:
     start = rng.randrange(len(text) - size)
-    return text[start:start + size]
+    return text[start : start + size]
 
 
 def _small_files(directory: Path, count: int, text: bytes, rng: random.Random) -> int:
@@ -215,8 +218,9 @@ def _vm_hwm_kib() -> int:
     raise RuntimeError("no VmHWM in /proc/self/status")
 
 
-def one_round(client: Any, tree: Path, work: Path, stores: list[str],
-              env: dict[str, str]) -> list[Result]:
+def one_round(
+    client: Any, tree: Path, work: Path, stores: list[str], env: dict[str, str]
+) -> list[Result]:
     """Every measurement once. Extracted trees are kept until the end of the run: creating
     files soon after deleting many is slow on ext4 (it skips recently freed inodes), and that
     cost must not land on whichever measurement follows a clean-up."""
@@ -231,25 +235,35 @@ def one_round(client: Any, tree: Path, work: Path, stores: list[str],
 
 def baselines(client: Any, tree: Path, work: Path) -> list[Result]:
     tgz, plain, key = work / "tree.tgz", work / "tree.tar", work.name
-    tar_czf = timed(lambda: subprocess.run(["tar", "czf", str(tgz), "-C", str(tree), "."],
-                                           check=True))
+    tar_czf = timed(
+        lambda: subprocess.run(["tar", "czf", str(tgz), "-C", str(tree), "."], check=True)
+    )
     upload = timed(lambda: client.upload_file(str(tgz), BUCKET, f"{key}.tgz"))
     stored_a = tgz.stat().st_size
     tgz.unlink()
     (work / "out-a").mkdir()
     download = timed(lambda: client.download_file(BUCKET, f"{key}.tgz", str(tgz)))
-    tar_xzf = timed(lambda: subprocess.run(["tar", "xzf", str(tgz), "-C", str(work / "out-a")],
-                                           check=True))
+    tar_xzf = timed(
+        lambda: subprocess.run(["tar", "xzf", str(tgz), "-C", str(work / "out-a")], check=True)
+    )
     tgz.unlink()
     subprocess.run(["tar", "cf", str(plain), "-C", str(tree), "."], check=True)
     up_b = timed(lambda: client.upload_file(str(plain), BUCKET, f"{key}.tar"))
     stored_b = plain.stat().st_size
     plain.unlink()
     return [
-        Result("(a) tar czf + upload_file", tar_czf + upload, stored_a,
-               detail=f"tar czf {tar_czf:.2f} s + upload_file {upload:.2f} s"),
-        Result("(a) download_file + tar xzf", download + tar_xzf, stored_a,
-               detail=f"download_file {download:.2f} s + tar xzf {tar_xzf:.2f} s"),
+        Result(
+            "(a) tar czf + upload_file",
+            tar_czf + upload,
+            stored_a,
+            detail=f"tar czf {tar_czf:.2f} s + upload_file {upload:.2f} s",
+        ),
+        Result(
+            "(a) download_file + tar xzf",
+            download + tar_xzf,
+            stored_a,
+            detail=f"download_file {download:.2f} s + tar xzf {tar_xzf:.2f} s",
+        ),
         Result("(b) upload_file of plain tar", up_b, stored_b),
     ]
 
@@ -260,9 +274,13 @@ def best(results: list[Result]) -> list[Result]:
     runs: dict[str, list[Result]] = {}
     for result in results:
         runs.setdefault(result.name, []).append(result)
-    return [replace(min(rs, key=lambda r: r.seconds),
-                    rss_mib=max((r.rss_mib for r in rs if r.rss_mib is not None), default=None))
-            for rs in runs.values()]
+    return [
+        replace(
+            min(rs, key=lambda r: r.seconds),
+            rss_mib=max((r.rss_mib for r in rs if r.rss_mib is not None), default=None),
+        )
+        for rs in runs.values()
+    ]
 
 
 def empty_bucket(client: Any) -> None:
@@ -278,15 +296,19 @@ def empty_bucket(client: Any) -> None:
 
 def table(results: list[Result], tree_bytes: int) -> str:
     by_name = {result.name: result for result in results}
-    header = (f"{'measurement':34} {'seconds':>8} {'MB/s':>8} {'stored MB':>10} "
-              f"{'vs (a)':>7} {'vs (b)':>7} {'peak RSS MiB':>12}")
+    header = (
+        f"{'measurement':34} {'seconds':>8} {'MB/s':>8} {'stored MB':>10} "
+        f"{'vs (a)':>7} {'vs (b)':>7} {'peak RSS MiB':>12}"
+    )
     rows = [header]
     for result in results:
         rate = tree_bytes / result.seconds / 1e6
         vs_a, vs_b = _ratios(result, by_name)
         rss = f"{result.rss_mib:12.0f}" if result.rss_mib is not None else f"{'':12}"
-        rows.append(f"{result.name:34} {result.seconds:8.2f} {rate:8.1f} "
-                    f"{result.stored_bytes / 1e6:10.1f} {vs_a:>7} {vs_b:>7} {rss}")
+        rows.append(
+            f"{result.name:34} {result.seconds:8.2f} {rate:8.1f} "
+            f"{result.stored_bytes / 1e6:10.1f} {vs_a:>7} {vs_b:>7} {rss}"
+        )
     rows += [f"  {result.name}: {result.detail}" for result in results if result.detail]
     return "\n".join(rows)
 
@@ -305,15 +327,20 @@ def summary(results: list[Result]) -> str:
     """The issue's figures, as ratios of measurements from this run."""
     by_name = {result.name: result for result in results}
     up_s3, b = by_name["ours pack+upload (s3)"], by_name["(b) upload_file of plain tar"]
-    down_s3, down_file = by_name["ours download+unpack (s3)"], by_name["ours download+unpack (file)"]
+    down_s3, down_file = (
+        by_name["ours download+unpack (s3)"],
+        by_name["ours download+unpack (file)"],
+    )
     p2 = b.seconds / up_s3.seconds
     file_vs_s3 = down_file.seconds / down_s3.seconds
-    return "\n".join([
-        "summary:",
-        f"  P2 pack+upload (s3) vs (b) upload_file of a plain tar: {p2:.2f}x (goal >= 0.9x)",
-        f"  P3 peak RSS of pack+upload (s3): {up_s3.rss_mib:.0f} MiB (goal < 150 MiB)",
-        f"  download+unpack time, file store / S3: {file_vs_s3:.2f} (below 1: file is faster)",
-    ])
+    return "\n".join(
+        [
+            "summary:",
+            f"  P2 pack+upload (s3) vs (b) upload_file of a plain tar: {p2:.2f}x (goal >= 0.9x)",
+            f"  P3 peak RSS of pack+upload (s3): {up_s3.rss_mib:.0f} MiB (goal < 150 MiB)",
+            f"  download+unpack time, file store / S3: {file_vs_s3:.2f} (below 1: file is faster)",
+        ]
+    )
 
 
 # --- main -----------------------------------------------------------------------------------
@@ -336,10 +363,13 @@ def run(args: argparse.Namespace, work: Path) -> None:
     store_root.mkdir()
     start = time.perf_counter()
     tree_bytes = build_tree(tree, args.size_mib, args.small_files)
-    print(f"tree: {tree_bytes / MiB:.0f} MiB in {args.small_files} small + 6 large files "
-          f"(built in {time.perf_counter() - start:.0f} s); {os.cpu_count()} CPUs; "
-          f"ARCHIVE_FORMAT={os.environ.get('ARCHIVE_FORMAT', 'zstd')} "
-          f"ARCHIVE_LEVEL={os.environ.get('ARCHIVE_LEVEL', '3')}", flush=True)
+    print(
+        f"tree: {tree_bytes / MiB:.0f} MiB in {args.small_files} small + 6 large files "
+        f"(built in {time.perf_counter() - start:.0f} s); {os.cpu_count()} CPUs; "
+        f"ARCHIVE_FORMAT={os.environ.get('ARCHIVE_FORMAT', 'zstd')} "
+        f"ARCHIVE_LEVEL={os.environ.get('ARCHIVE_LEVEL', '3')}",
+        flush=True,
+    )
     if args.rss_only:
         result = ours("up", store_root.as_uri(), "artifacts/rss.tar.zst", tree, dict(os.environ))
         print(table([result], tree_bytes))
@@ -349,9 +379,13 @@ def run(args: argparse.Namespace, work: Path) -> None:
         client = s3_client()
         stores = [f"s3://{BUCKET}/bench", store_root.as_uri()]
         try:
-            results = [result for index in range(args.repeat)
-                       for result in one_round(client, tree, work / f"round-{index}", stores,
-                                               dict(os.environ))]
+            results = [
+                result
+                for index in range(args.repeat)
+                for result in one_round(
+                    client, tree, work / f"round-{index}", stores, dict(os.environ)
+                )
+            ]
         finally:
             empty_bucket(client)
     print(f"best of {args.repeat} run(s) each:")
@@ -364,13 +398,24 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--size-mib", type=int, default=1024, help="tree size (default 1024)")
     parser.add_argument("--small-files", type=int, default=20_000)
     parser.add_argument("--s3-endpoint", help="use this S3 endpoint instead of starting a server")
-    parser.add_argument("--s3-server", choices=("versitygw", "moto"), default="versitygw",
-                        help="the S3 server to start on loopback (default versitygw)")
-    parser.add_argument("--rss-only", action="store_true",
-                        help="only pack+upload into a file store and report peak RSS")
+    parser.add_argument(
+        "--s3-server",
+        choices=("versitygw", "moto"),
+        default="versitygw",
+        help="the S3 server to start on loopback (default versitygw)",
+    )
+    parser.add_argument(
+        "--rss-only",
+        action="store_true",
+        help="only pack+upload into a file store and report peak RSS",
+    )
     parser.add_argument("--tmp", help="directory for the tree and temp files")
-    parser.add_argument("--repeat", type=int, default=1,
-                        help="run every measurement this many times, report the fastest")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run every measurement this many times, report the fastest",
+    )
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     return parser.parse_args()
 

@@ -1,4 +1,5 @@
 """Command line: ``python -m functions serve|run|stage|collect|demo``."""
+
 from __future__ import annotations
 
 import sys

@@ -18,6 +18,7 @@ from any error; ``failure_kind`` names the failure a permanent one becomes;
 "200 + failed event" (an ``Outcome``). A resource that runs and fails is *not* an error: it
 is an ``Outcome`` with a failure kind.
 """
+
 from __future__ import annotations
 
 from storage.errors import StorageError

@@ -4,6 +4,7 @@ Requests are accepted in binary and structured content mode; replies are sent in
 mode. The reply event itself is built by ``functions.task.contract.reply_event``: the
 function and the task's ``collect`` step both send it.
 """
+
 from __future__ import annotations
 
 import json

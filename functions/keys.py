@@ -3,6 +3,7 @@
 Cache keys are HMAC-SHA256 under the configured CACHE_SECRET, so a key in the store reveals
 nothing about the credentials in ``source`` or ``params`` and cannot be guessed from them.
 """
+
 from __future__ import annotations
 
 import hashlib

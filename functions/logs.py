@@ -1,5 +1,6 @@
 """Structured (JSON lines) logging. Callers pass only safe fields: ids, names, kinds,
 durations — never a request's ``source`` or ``params``."""
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,16 @@ def configure(level: str) -> None:
         handler.setFormatter(JsonFormatter())
         root.addHandler(handler)
     root.setLevel(level.upper())
-    for noisy in ("docker", "urllib3", "botocore", "boto3", "s3transfer", "google", "asyncio",
-                  "kubernetes"):
+    for noisy in (
+        "docker",
+        "urllib3",
+        "botocore",
+        "boto3",
+        "s3transfer",
+        "google",
+        "asyncio",
+        "kubernetes",
+    ):
         logging.getLogger(noisy).setLevel(max(logging.INFO, root.level))
 
 

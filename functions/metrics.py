@@ -1,4 +1,5 @@
 """Prometheus metrics of one service, on a registry of its own (no global state)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -14,24 +15,43 @@ class Metrics:
 
     def __post_init__(self) -> None:
         self.requests = Counter(
-            "resource_function_requests", "Requests by action and HTTP status",
-            ["action", "status"], registry=self.registry)
+            "resource_function_requests",
+            "Requests by action and HTTP status",
+            ["action", "status"],
+            registry=self.registry,
+        )
         self.runs = Counter(
-            "resource_function_runs", "Resource runs by action and outcome "
-            "(succeeded or a failure kind)", ["action", "outcome"], registry=self.registry)
+            "resource_function_runs",
+            "Resource runs by action and outcome (succeeded or a failure kind)",
+            ["action", "outcome"],
+            registry=self.registry,
+        )
         self.duration = Histogram(
-            "resource_function_run_duration_seconds", "Duration of resource runs",
-            ["action"], buckets=DURATION_BUCKETS, registry=self.registry)
+            "resource_function_run_duration_seconds",
+            "Duration of resource runs",
+            ["action"],
+            buckets=DURATION_BUCKETS,
+            registry=self.registry,
+        )
         self.cache_hits = Counter(
-            "resource_function_cache_hits", "Gets answered from the artifact cache",
-            ["action"], registry=self.registry)
+            "resource_function_cache_hits",
+            "Gets answered from the artifact cache",
+            ["action"],
+            registry=self.registry,
+        )
         self.joined = Counter(
-            "resource_function_joined_runs", "Requests that attached to a run already under "
+            "resource_function_joined_runs",
+            "Requests that attached to a run already under "
             "way or finished (redelivery, identical concurrent requests)",
-            ["action"], registry=self.registry)
+            ["action"],
+            registry=self.registry,
+        )
         self.bytes = Counter(
-            "resource_function_artifact_bytes", "Artifact bytes stored",
-            ["action"], registry=self.registry)
+            "resource_function_artifact_bytes",
+            "Artifact bytes stored",
+            ["action"],
+            registry=self.registry,
+        )
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -3,6 +3,7 @@
 Nothing here does I/O. ``Task.stdin`` carries the resource's ``source`` and ``params``
 (credentials), so a Task is never logged, serialised into a pod spec or stored.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

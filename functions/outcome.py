@@ -3,6 +3,7 @@
 A non-zero exit is a *result* (``resource_failed``), malformed stdout is ``invalid_output``;
 neither is an error of this system.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -54,14 +55,19 @@ def outcome_of_script(action: Action, exit_code: int, stdout: bytes, log: str) -
     try:
         return Outcome(action=action, data=parse_output(action, stdout))
     except InvalidOutput as err:
-        failure = Failure(kind="invalid_output", message=f"invalid output: {err}",
-                          exit_code=0, log_tail=log_tail(log) or None)
+        failure = Failure(
+            kind="invalid_output",
+            message=f"invalid output: {err}",
+            exit_code=0,
+            log_tail=log_tail(log) or None,
+        )
         return Outcome(action=action, failure=failure)
 
 
 def failed(action: Action, kind: str, message: str, log: str = "") -> Outcome:
-    return Outcome(action=action, failure=Failure(kind=kind, message=message,
-                                                  log_tail=log_tail(log) or None))
+    return Outcome(
+        action=action, failure=Failure(kind=kind, message=message, log_tail=log_tail(log) or None)
+    )
 
 
 def final_failure(action: Action, err: Exception) -> Outcome:

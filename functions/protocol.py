@@ -3,6 +3,7 @@
 stdin is one JSON object with exactly the keys Concourse sends; stdout's first JSON value
 is the answer; everything else a script prints is ignored.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,13 @@ def stdin_payload(
     return go_json(body)
 
 
-_GO_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028",
-               "\u2029": "\\u2029"}
+_GO_ESCAPES = {
+    "<": "\\u003c",
+    ">": "\\u003e",
+    "&": "\\u0026",
+    "\u2028": "\\u2028",
+    "\u2029": "\\u2029",
+}
 _GO_ESCAPED = re.compile("[<>&\u2028\u2029]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -77,8 +83,9 @@ def first_json_value(stdout: bytes) -> Any:
         value, _ = json.JSONDecoder().raw_decode(stripped)
     except json.JSONDecodeError as err:
         # Position only: quoting stdout could copy a credential the script printed.
-        raise InvalidOutput(f"stdout is not JSON: {err.msg} at line {err.lineno} column "
-                            f"{err.colno}") from None
+        raise InvalidOutput(
+            f"stdout is not JSON: {err.msg} at line {err.lineno} column {err.colno}"
+        ) from None
     return value
 
 
@@ -123,10 +130,17 @@ def check_metadata(value: Any) -> list[dict[str, str]]:
     for i, item in enumerate(value):
         ok = isinstance(item, dict) and isinstance(item.get("name"), str)
         if not ok or not isinstance(item.get("value", ""), str):
-            raise InvalidOutput(f"metadata[{i}] must be {{\"name\": str, \"value\": str}}")
+            raise InvalidOutput(f'metadata[{i}] must be {{"name": str, "value": str}}')
     return [{"name": item["name"], "value": item.get("value", "")} for item in value]
 
 
 def _kind(value: Any) -> str:
-    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
-            type(None): "null", int: "a number", float: "a number"}.get(type(value), "a value")
+    return {
+        dict: "an object",
+        list: "a list",
+        str: "a string",
+        bool: "a boolean",
+        type(None): "null",
+        int: "a number",
+        float: "a number",
+    }.get(type(value), "a value")

@@ -9,6 +9,7 @@ says what the secrets of a stdin payload are: every string of ``source`` and ``p
 of ``MIN_SECRET_DIGITS`` digits or more. Callers that know more secrets (resolved
 credentials) add them to the set they pass.
 """
+
 from __future__ import annotations
 
 import functools
@@ -21,8 +22,16 @@ MIN_SECRET_LEN = 6
 MIN_SECRET_DIGITS = 6
 REDACTED = "[redacted]"
 
-_SHORT_ESCAPES = {'"': '\\"', "\\": "\\\\", "/": "\\/", "\b": "\\b", "\f": "\\f",
-                  "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+_SHORT_ESCAPES = {
+    '"': '\\"',
+    "\\": "\\\\",
+    "/": "\\/",
+    "\b": "\\b",
+    "\f": "\\f",
+    "\n": "\\n",
+    "\r": "\\r",
+    "\t": "\\t",
+}
 
 
 def secret_strings(stdin: bytes, extra: Iterable[str] = ()) -> list[str]:
@@ -33,8 +42,11 @@ def secret_strings(stdin: bytes, extra: Iterable[str] = ()) -> list[str]:
         payload = json.loads(stdin)
     except (ValueError, RecursionError):
         payload = None
-    found = secrets_in([payload.get("source"), payload.get("params")]) \
-        if isinstance(payload, dict) else []
+    found = (
+        secrets_in([payload.get("source"), payload.get("params")])
+        if isinstance(payload, dict)
+        else []
+    )
     exact = {line for value in extra for line in (value, *value.splitlines()) if line.strip()}
     return sorted(set(found) | exact, key=lambda s: (-len(s), s))
 
@@ -80,8 +92,13 @@ def redact(text: str, secrets: Iterable[str]) -> str:
 def _pattern(secrets: tuple[str, ...]) -> re.Pattern[str]:
     alternatives: list[str] = []
     for secret in secrets:  # longest first: a secret holding another is redacted whole
-        forms = dict.fromkeys([secret, _json_escaped(secret, ascii_only=False),
-                               _json_escaped(secret, ascii_only=True)])
+        forms = dict.fromkeys(
+            [
+                secret,
+                _json_escaped(secret, ascii_only=False),
+                _json_escaped(secret, ascii_only=True),
+            ]
+        )
         alternatives.extend(_any_escape(form) for form in forms)
     return re.compile("|".join(alternatives))
 

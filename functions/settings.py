@@ -3,6 +3,7 @@
 Every public variable is documented in the README's configuration table. Reading never
 writes the environment; a malformed value raises ``ConfigError`` naming the variable.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,10 +38,22 @@ DEFAULT_RESOURCE_TYPES = {
 # the store the way the function does: copied into every task pod's env. A setting, not part
 # of the task contract, so that this root module imports nothing from functions.task.
 STEP_ENV = (
-    "ARCHIVE_FORMAT", "ARCHIVE_LEVEL", "ARCHIVE_THREADS", "ARCHIVE_MAX_ENTRY_BYTES",
-    "ARCHIVE_MAX_TOTAL_BYTES", "ARCHIVE_MAX_ENTRIES", "STORE_PART_SIZE", "STORE_CONCURRENCY",
-    "S3_ADDRESSING_STYLE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION",
-    "AWS_DEFAULT_REGION", "STORAGE_EMULATOR_HOST", "GOOGLE_CLOUD_PROJECT", "LOG_LEVEL",
+    "ARCHIVE_FORMAT",
+    "ARCHIVE_LEVEL",
+    "ARCHIVE_THREADS",
+    "ARCHIVE_MAX_ENTRY_BYTES",
+    "ARCHIVE_MAX_TOTAL_BYTES",
+    "ARCHIVE_MAX_ENTRIES",
+    "STORE_PART_SIZE",
+    "STORE_CONCURRENCY",
+    "S3_ADDRESSING_STYLE",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "STORAGE_EMULATOR_HOST",
+    "GOOGLE_CLOUD_PROJECT",
+    "LOG_LEVEL",
 )
 RUNTIMES = ("container", "kubernetes")
 REPLY_MODES = ("sync", "async")
@@ -111,16 +124,22 @@ class Settings:
             task_store_secret=_dns_name(env, "TASK_STORE_SECRET"),
             task_margin_seconds=_number(env, "TASK_MARGIN_SECONDS", 300.0),
             task_resources=task_resources(env.get("TASK_RESOURCES", ""), "TASK_RESOURCES"),
-            task_node_selector=node_selector(env.get("TASK_NODE_SELECTOR", ""),
-                                             "TASK_NODE_SELECTOR"),
+            task_node_selector=node_selector(
+                env.get("TASK_NODE_SELECTOR", ""), "TASK_NODE_SELECTOR"
+            ),
             task_tolerations=tolerations(env.get("TASK_TOLERATIONS", ""), "TASK_TOLERATIONS"),
             task_image_pull_secrets=_name_list(env, "TASK_IMAGE_PULL_SECRETS"),
             sink=env.get("K_SINK", ""),
-            credentials_provider=_choice(env, "CREDENTIALS_PROVIDER", CREDENTIALS_PROVIDERS,
-                                         "dir" if env.get("CREDENTIALS_DIR") else "none"),
+            credentials_provider=_choice(
+                env,
+                "CREDENTIALS_PROVIDER",
+                CREDENTIALS_PROVIDERS,
+                "dir" if env.get("CREDENTIALS_DIR") else "none",
+            ),
             credentials_dir=env.get("CREDENTIALS_DIR", ""),
             credentials_kubernetes_namespace_prefix=env.get(
-                "CREDENTIALS_KUBERNETES_NAMESPACE_PREFIX", "concourse-").strip(),
+                "CREDENTIALS_KUBERNETES_NAMESPACE_PREFIX", "concourse-"
+            ).strip(),
             allowed_images=allowed_images(env.get("ALLOWED_IMAGES")),
             docker_api_version=env.get("DOCKER_API_VERSION") or "1.41",
             container_network=env.get("CONTAINER_NETWORK", ""),
@@ -131,8 +150,9 @@ class Settings:
             host=env.get("HOST") or "0.0.0.0",
             port=_whole(env, "PORT", 8080),
             threads=_whole(env, "THREADS", 16),
-            engine_env={k: v for k, v in env.items()
-                        if k.startswith("DOCKER_") or k == "XDG_RUNTIME_DIR"},
+            engine_env={
+                k: v for k, v in env.items() if k.startswith("DOCKER_") or k == "XDG_RUNTIME_DIR"
+            },
             kubeconfig=env.get("KUBECONFIG", ""),
             step_env=tuple((name, env[name]) for name in STEP_ENV if env.get(name)),
         )
@@ -194,12 +214,14 @@ def _check_pod_settings(spec: ResourceType, where: str) -> None:
     if not isinstance(spec.privileged, bool):
         raise ConfigError(f"{where}.privileged must be true or false")
     timeout = spec.timeout_seconds
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                                or timeout <= 0):
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0
+    ):
         raise ConfigError(f"{where}.timeout_seconds must be a positive number of seconds")
     pull = spec.image_pull_secrets
     if not isinstance(pull, list) or not all(
-            isinstance(n, str) and _DNS_SUBDOMAIN.match(n) for n in pull):
+        isinstance(n, str) and _DNS_SUBDOMAIN.match(n) for n in pull
+    ):
         raise ConfigError(f"{where}.image_pull_secrets must be a list of Secret names")
 
 
@@ -217,8 +239,9 @@ def task_resources(value: Any, where: str) -> dict[str, Any]:
     for key in ("requests", "limits"):
         quantities = value.get(key, {})
         if not isinstance(quantities, dict) or not all(
-                isinstance(q, (str, int, float)) and not isinstance(q, bool)
-                for q in quantities.values()):
+            isinstance(q, (str, int, float)) and not isinstance(q, bool)
+            for q in quantities.values()
+        ):
             raise ConfigError(f"{where}.{key} must map resource names to quantities")
     return cast(dict[str, Any], value)
 

@@ -10,6 +10,7 @@ client libraries' clients (the one storage module that looks at their environmen
 variables), and the backends receive theirs. Cloud libraries are imported only when their scheme is
 used, so the file backend works (and imports fast) without them.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -86,7 +87,9 @@ def _split(url: str) -> SplitResult:
         )
     if parts.query or parts.fragment:
         shown = parts._replace(query="", fragment="").geturl()  # a query may hold secrets
-        raise InvalidStoreURL(f"store URL {shown!r}…: query strings and fragments are not supported")
+        raise InvalidStoreURL(
+            f"store URL {shown!r}…: query strings and fragments are not supported"
+        )
     return parts
 
 

@@ -3,6 +3,7 @@
 The key's suffix names the format (``.tar.zst``, ``.tar.gz``, ``.tar``), so a reader needs
 nothing but the key. Neither direction holds the artifact in memory or in a temp file.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,9 +21,14 @@ def _as_is(stream: BinaryIO) -> BinaryIO:
     return stream
 
 
-def upload_tree(store: Store, key: str, directory: str | os.PathLike[str],
-                options: ArchiveOptions | None = None, *,
-                wrap: StreamWrapper = _as_is) -> ObjectInfo:
+def upload_tree(
+    store: Store,
+    key: str,
+    directory: str | os.PathLike[str],
+    options: ArchiveOptions | None = None,
+    *,
+    wrap: StreamWrapper = _as_is,
+) -> ObjectInfo:
     """Pack ``directory`` and store it under ``key`` (write-once); size and digest as stored.
 
     ``options`` defaults to ``ArchiveOptions()`` (zstd level 3); ``key`` must end in the
@@ -36,10 +42,15 @@ def upload_tree(store: Store, key: str, directory: str | os.PathLike[str],
         return store.put(key, wrap(stream))
 
 
-def download_tree(store: Store, key: str, directory: str | os.PathLike[str], *,
-                  expected_digest: str | None = None,
-                  limits: Limits | None = None,
-                  wrap: StreamWrapper = _as_is) -> UnpackStats:
+def download_tree(
+    store: Store,
+    key: str,
+    directory: str | os.PathLike[str],
+    *,
+    expected_digest: str | None = None,
+    limits: Limits | None = None,
+    wrap: StreamWrapper = _as_is,
+) -> UnpackStats:
     """Extract the artifact at ``key`` into ``directory``, as ``archive.unpack`` does.
 
     ``limits`` defaults to ``Limits()``. Raises ``ObjectNotFound`` and the other store
@@ -48,5 +59,10 @@ def download_tree(store: Store, key: str, directory: str | os.PathLike[str], *,
     """
     format = format_for_key(key)
     with store.open(key) as stream:
-        return unpack(wrap(stream), directory, format=format, expected_digest=expected_digest,
-                      limits=limits or Limits())
+        return unpack(
+            wrap(stream),
+            directory,
+            format=format,
+            expected_digest=expected_digest,
+            limits=limits or Limits(),
+        )

@@ -15,6 +15,7 @@ A store holds immutable objects under string keys (``artifacts/…``, ``results/
 * Backends retry transient faults themselves (via their client library) and raise
   ``storage.errors`` types, never the library's own.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -103,9 +104,9 @@ def url_prefix(store: Store) -> str:
 def key_for_url(store: Store, url: str) -> str | None:
     """The key of an object URL of ``store``, or None if the URL is not one of its objects."""
     prefix = url_prefix(store)
-    if not url.startswith(prefix) or key_problem(url[len(prefix):]) is not None:
+    if not url.startswith(prefix) or key_problem(url[len(prefix) :]) is not None:
         return None
-    return url[len(prefix):]
+    return url[len(prefix) :]
 
 
 def put_json(store: Store, key: str, value: Any) -> ObjectInfo:
@@ -237,7 +238,9 @@ class TranslatingReader(io.RawIOBase):
 
     def read(self, size: int | None = -1) -> bytes:
         with self._errors():
-            data: bytes = self._stream.read() if size is None or size < 0 else self._stream.read(size)
+            data: bytes = (
+                self._stream.read() if size is None or size < 0 else self._stream.read(size)
+            )
         return data
 
     def readinto(self, buffer: Any) -> int:
@@ -253,8 +256,6 @@ class TranslatingReader(io.RawIOBase):
             super().close()
 
 
-def download_stream(
-    stream: Any, errors: Callable[[], AbstractContextManager[None]]
-) -> BinaryIO:
+def download_stream(stream: Any, errors: Callable[[], AbstractContextManager[None]]) -> BinaryIO:
     """Wrap a backend's download stream for callers: buffered, closeable, storage errors only."""
     return io.BufferedReader(TranslatingReader(stream, errors), buffer_size=1024 * 1024)

@@ -6,6 +6,7 @@ mode); the few defaults chosen here depend on whether the user set one of those 
 ``STORAGE_EMULATOR_HOST``), so this module, and no other in ``storage``, looks at them.
 Imported only when an ``s3://`` or ``gs://`` store is opened.
 """
+
 from __future__ import annotations
 
 import os

@@ -13,6 +13,7 @@
 Backends translate their client library's exceptions into these with ``raise … from``,
 so callers never import botocore or google.api_core to handle a failure.
 """
+
 from __future__ import annotations
 
 

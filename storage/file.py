@@ -7,6 +7,7 @@ The sha256 goes into the ``user.sha256`` extended attribute where the filesystem
 (then ``stat`` reports it). The root must exist (as a bucket must): a missing root raises
 ``StoreUnavailable``. A key cannot name an object and also be a "directory" of other keys.
 """
+
 from __future__ import annotations
 
 import errno
@@ -133,7 +134,9 @@ class FileStore:
         except FileExistsError as err:
             if path.is_dir():
                 raise translate_error(err, root=self._root, key=key) from err
-            raise ObjectExists(f"{path.as_uri()} already exists (objects are written once)") from err
+            raise ObjectExists(
+                f"{path.as_uri()} already exists (objects are written once)"
+            ) from err
         except OSError as err:
             raise translate_error(err, root=self._root, key=key) from err
         with self._errors(key):

@@ -13,6 +13,7 @@ After it, the sha256 is added with a metadata patch conditional on the generatio
 Retries of transient faults are the library's (``retry``, default ``DEFAULT_RETRY``: up to
 120 s); every failure is translated by ``translate_error``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -224,8 +225,9 @@ class GCSStore:
                     **self._call,
                 )
         except StorageError:
-            log.warning("could not record the sha256 of gs://%s/%s", self._bucket.name, name,
-                        exc_info=True)
+            log.warning(
+                "could not record the sha256 of gs://%s/%s", self._bucket.name, name, exc_info=True
+            )
 
     def _check_bucket(self) -> None:
         """Raise ``StoreUnavailable`` if the bucket does not exist. Lists one object (objects

@@ -1,4 +1,5 @@
 """Tuning knobs shared by the object-store backends, read once from the environment."""
+
 from __future__ import annotations
 
 import os

@@ -17,6 +17,7 @@ so two *simultaneous* completions of one key can both succeed there; S3, MinIO a
 Retries of transient faults are botocore's (the client's retry configuration); every
 botocore failure is translated by ``translate_error``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -229,16 +230,18 @@ class S3Store:
                 if len(pending) >= limit:
                     done, pending = wait(pending, return_when=FIRST_COMPLETED)
                     parts.extend(future.result() for future in done)
-                pending.add(pool.submit(self._upload_buffer, name, upload_id, number, chunk,
-                                        buffers))
+                pending.add(
+                    pool.submit(self._upload_buffer, name, upload_id, number, chunk, buffers)
+                )
                 chunk, number = self._next_part(reader, number + 1, buffers)
             parts.extend(future.result() for future in wait(pending).done)
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
         return sorted(parts, key=lambda part: part["PartNumber"])
 
-    def _next_part(self, reader: HashingReader, number: int,
-                   buffers: _Buffers) -> tuple[bytearray, int]:
+    def _next_part(
+        self, reader: HashingReader, number: int, buffers: _Buffers
+    ) -> tuple[bytearray, int]:
         """The next part in a buffer of ``buffers``: full-sized, or a short last part copied
         out of it (the buffer goes back at once), or empty at the end of the stream."""
         buffer = buffers.take()
@@ -257,8 +260,9 @@ class S3Store:
             )
         return chunk, number
 
-    def _upload_buffer(self, name: str, upload_id: str, number: int, body: bytes | bytearray,
-                       buffers: _Buffers) -> dict[str, Any]:
+    def _upload_buffer(
+        self, name: str, upload_id: str, number: int, body: bytes | bytearray, buffers: _Buffers
+    ) -> dict[str, Any]:
         try:
             return self._upload_part(name, upload_id, number, body)
         finally:
@@ -279,8 +283,9 @@ class S3Store:
         except Exception:
             # The failure being propagated matters more. An upload left behind is invisible
             # and is removed by an AbortIncompleteMultipartUpload lifecycle rule.
-            log.warning("could not abort multipart upload of s3://%s/%s", self._bucket, name,
-                        exc_info=True)
+            log.warning(
+                "could not abort multipart upload of s3://%s/%s", self._bucket, name, exc_info=True
+            )
 
     def _check_bucket(self) -> None:
         """Raise ``StoreUnavailable`` if the bucket is missing: a 404 to HEAD object cannot

@@ -1,4 +1,5 @@
 """Helpers for the archive tests: build real trees, describe them, craft tar streams."""
+
 from __future__ import annotations
 
 import gzip
@@ -36,6 +37,7 @@ def _tree_steps(root: Path) -> list[Any]:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(data)
             path.chmod(mode)
+
         return step
 
     def mkdir(name: str) -> Any:
@@ -45,12 +47,15 @@ def _tree_steps(root: Path) -> list[Any]:
         def step() -> None:
             (root / name).parent.mkdir(parents=True, exist_ok=True)
             os.symlink(target, root / name)
+
         return step
 
-    steps = [write(f"small/d{i % 7}/f{i:03d}.txt", f"file {i}\n".encode() * (i % 13))
-             for i in range(150)]
+    steps = [
+        write(f"small/d{i % 7}/f{i:03d}.txt", f"file {i}\n".encode() * (i % 13)) for i in range(150)
+    ]
     steps += [
-        mkdir("empty"), mkdir("nested/empty/deeper"),
+        mkdir("empty"),
+        mkdir("nested/empty/deeper"),
         write("bin/run.sh", b"#!/bin/sh\necho hi\n", 0o755),
         write("bin/read-only.txt", b"do not touch\n", 0o444),
         write("ünïcødé/日本語.txt", "こんにちは\n".encode()),

@@ -17,6 +17,7 @@ variables. ``s3_env`` and ``gcs_env`` set them (and unset conflicting ones) with
 for the duration of ONE test, so nothing leaks into tests that did not ask for a server.
 Session fixtures that need a client (buckets, cleanup) build it with explicit arguments.
 """
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """The test resource image: busybox plus the scripts in tests/images/test-resource."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,4 +1,5 @@
 """Run a call from several threads released at the same instant (for redelivery tests)."""
+
 from __future__ import annotations
 
 import threading

@@ -14,6 +14,7 @@ the way the kubelet would run it, so tests exercise the real containers in the r
 Only what the task pods use is translated; anything else raises ``UnsupportedSpec``.
 Needs rootful Podman (host uids are container uids).
 """
+
 from __future__ import annotations
 
 import base64
@@ -58,8 +59,13 @@ def secret_data(manifest: Mapping[str, Any]) -> dict[str, bytes]:
     return {key: base64.b64decode(value) for key, value in manifest.get("data", {}).items()}
 
 
-def run_pod(spec: Mapping[str, Any], root: Path, secrets: Mapping[str, Mapping[str, bytes]],
-            *, network: str = "host") -> list[StepResult]:
+def run_pod(
+    spec: Mapping[str, Any],
+    root: Path,
+    secrets: Mapping[str, Mapping[str, bytes]],
+    *,
+    network: str = "host",
+) -> list[StepResult]:
     """Run the pod's containers in order; the results of those that ran."""
     volumes = prepare_volumes(spec, root, secrets)
     fs_group = spec.get("securityContext", {}).get("fsGroup")
@@ -78,8 +84,9 @@ def volume_path(root: Path, name: str) -> Path:
     return root / "volumes" / name
 
 
-def prepare_volumes(spec: Mapping[str, Any], root: Path,
-                    secrets: Mapping[str, Mapping[str, bytes]]) -> PodVolumes:
+def prepare_volumes(
+    spec: Mapping[str, Any], root: Path, secrets: Mapping[str, Mapping[str, bytes]]
+) -> PodVolumes:
     fs_group = spec.get("securityContext", {}).get("fsGroup")
     paths: dict[str, Path] = {}
     read_only: set[str] = set()
@@ -104,8 +111,12 @@ def _empty_dir(path: Path, fs_group: int | None) -> None:
         path.chmod(0o2777)
 
 
-def _secret_volume(path: Path, source: Mapping[str, Any],
-                   secrets: Mapping[str, Mapping[str, bytes]], fs_group: int | None) -> None:
+def _secret_volume(
+    path: Path,
+    source: Mapping[str, Any],
+    secrets: Mapping[str, Mapping[str, bytes]],
+    fs_group: int | None,
+) -> None:
     data = secrets.get(source["secretName"])
     if data is None:
         if source.get("optional"):
@@ -122,17 +133,31 @@ def _secret_volume(path: Path, source: Mapping[str, Any],
     path.chmod(SECRET_DIR_MODE)
 
 
-def run_container(container: Mapping[str, Any], volumes: PodVolumes,
-                  secrets: Mapping[str, Mapping[str, bytes]], fs_group: int | None,
-                  *, network: str = "host") -> StepResult:
+def run_container(
+    container: Mapping[str, Any],
+    volumes: PodVolumes,
+    secrets: Mapping[str, Mapping[str, bytes]],
+    fs_group: int | None,
+    *,
+    network: str = "host",
+) -> StepResult:
     name = f"rf-pod-{container['name']}-{uuid.uuid4().hex[:10]}"
     termination = volumes.root / f"termination-{container['name']}-{uuid.uuid4().hex[:6]}"
     termination.touch(mode=0o666)
     termination.chmod(0o666)
-    argv = ["podman", "run", "--rm", "--pull=never", f"--network={network}", f"--name={name}",
-            "--volume", f"{termination}:/dev/termination-log:rw",
-            *security_flags(container.get("securityContext", {}), fs_group),
-            *env_flags(container, secrets), *mount_flags(container, volumes)]
+    argv = [
+        "podman",
+        "run",
+        "--rm",
+        "--pull=never",
+        f"--network={network}",
+        f"--name={name}",
+        "--volume",
+        f"{termination}:/dev/termination-log:rw",
+        *security_flags(container.get("securityContext", {}), fs_group),
+        *env_flags(container, secrets),
+        *mount_flags(container, volumes),
+    ]
     if "workingDir" in container:
         argv += ["--workdir", container["workingDir"]]
     command, args = container.get("command"), list(container.get("args", []))
@@ -141,13 +166,19 @@ def run_container(container: Mapping[str, Any], volumes: PodVolumes,
     else:
         argv += [container["image"], *args]
     try:
-        done = subprocess.run(argv, check=False, capture_output=True, text=True,
-                              timeout=STEP_TIMEOUT)
+        done = subprocess.run(
+            argv, check=False, capture_output=True, text=True, timeout=STEP_TIMEOUT
+        )
     except subprocess.TimeoutExpired:
         subprocess.run(["podman", "rm", "--force", name], check=False, capture_output=True)
         raise
-    return StepResult(container["name"], done.returncode, done.stdout, done.stderr,
-                      termination.read_text(errors="replace"))
+    return StepResult(
+        container["name"],
+        done.returncode,
+        done.stdout,
+        done.stderr,
+        termination.read_text(errors="replace"),
+    )
 
 
 def security_flags(context: Mapping[str, Any], fs_group: int | None) -> list[str]:
@@ -171,8 +202,9 @@ def security_flags(context: Mapping[str, Any], fs_group: int | None) -> list[str
     return flags
 
 
-def env_flags(container: Mapping[str, Any],
-              secrets: Mapping[str, Mapping[str, bytes]]) -> list[str]:
+def env_flags(
+    container: Mapping[str, Any], secrets: Mapping[str, Mapping[str, bytes]]
+) -> list[str]:
     """``envFrom`` secrets first, ``env`` over them (Kubernetes' precedence)."""
     env: dict[str, str] = {}
     for source in container.get("envFrom", []):

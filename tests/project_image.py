@@ -12,6 +12,7 @@ Needs root (debootstrap) and Podman configured as in ENVIRONMENT.md; pip in the 
 PyPI through the host network (``--network=host``). Errors raise ``ImageBuildError`` with the
 tail of the failing command's output.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -30,8 +31,14 @@ BASE_IMAGE = "localhost/rf-debian-base:bookworm"
 SUITE = "bookworm"
 BASE_PACKAGES = ("python3", "python3-venv", "ca-certificates")
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
-BUILD_INPUTS = ("Dockerfile", ".dockerignore", "requirements.txt", "constraints.txt", "functions",
-                "storage")
+BUILD_INPUTS = (
+    "Dockerfile",
+    ".dockerignore",
+    "requirements.txt",
+    "constraints.txt",
+    "functions",
+    "storage",
+)
 HOST_CA_DIR = Path("/usr/local/share/ca-certificates")  # CAs this machine adds to Debian's
 CA_BUNDLE = "etc/ssl/certs/ca-certificates.crt"
 BASE_CONFIG = (
@@ -54,9 +61,22 @@ def build_project_image(repo: Path = REPO, base: str = BASE_IMAGE) -> str:
         ensure_debian_base(base)
         ref = f"{IMAGE}:{build_hash(repo, _image_id(base))}"
         if not image_exists(ref):
-            _run(["podman", "build", "--network=host", "--pull=never", "--layers",
-                  "--build-arg", f"BASE={base}", "--tag", ref, "--file",
-                  str(repo / "Dockerfile"), str(repo)])
+            _run(
+                [
+                    "podman",
+                    "build",
+                    "--network=host",
+                    "--pull=never",
+                    "--layers",
+                    "--build-arg",
+                    f"BASE={base}",
+                    "--tag",
+                    ref,
+                    "--file",
+                    str(repo / "Dockerfile"),
+                    str(repo),
+                ]
+            )
         return ref
 
 
@@ -70,8 +90,16 @@ def ensure_debian_base(ref: str = BASE_IMAGE) -> None:
     root = Path(tempfile.mkdtemp(prefix="rf-debian-base-", dir="/var/tmp"))
     try:
         mirror = os.environ.get("DEBIAN_MIRROR", DEFAULT_MIRROR)
-        _run(["debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}",
-              SUITE, str(root), mirror])
+        _run(
+            [
+                "debootstrap",
+                "--variant=minbase",
+                f"--include={','.join(BASE_PACKAGES)}",
+                SUITE,
+                str(root),
+                mirror,
+            ]
+        )
         _trim(root)
         _trust_host_cas(root)
         _import(root, ref)
@@ -103,8 +131,12 @@ def _build_files(repo: Path) -> Iterator[Path]:
 
 
 def _image_id(ref: str) -> str:
-    done = subprocess.run(["podman", "image", "inspect", "--format", "{{.Id}}", ref],
-                          check=False, capture_output=True, text=True)
+    done = subprocess.run(
+        ["podman", "image", "inspect", "--format", "{{.Id}}", ref],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         raise ImageBuildError(f"podman image inspect {ref}: {done.stderr.strip()}")
     return done.stdout.strip()
@@ -122,8 +154,13 @@ def _install_debootstrap() -> None:
 
 def _trim(root: Path) -> None:
     """Drop what a container never reads: downloaded packages, package lists, manuals."""
-    for pattern in ("var/cache/apt/archives/*.deb", "var/cache/apt/*.bin",
-                    "var/lib/apt/lists/*", "usr/share/man/*", "usr/share/info/*"):
+    for pattern in (
+        "var/cache/apt/archives/*.deb",
+        "var/cache/apt/*.bin",
+        "var/lib/apt/lists/*",
+        "usr/share/man/*",
+        "usr/share/info/*",
+    ):
         for path in root.glob(pattern):
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path)
@@ -144,8 +181,9 @@ def _trust_host_cas(root: Path) -> None:
 
 def _import(root: Path, ref: str) -> None:
     changes = [arg for change in BASE_CONFIG for arg in ("--change", change)]
-    tar = subprocess.Popen(["tar", "--numeric-owner", "-C", str(root), "-c", "."],
-                           stdout=subprocess.PIPE)
+    tar = subprocess.Popen(
+        ["tar", "--numeric-owner", "-C", str(root), "-c", "."], stdout=subprocess.PIPE
+    )
     try:
         _run(["podman", "import", *changes, "-", ref], stdin=tar.stdout)
     finally:
@@ -158,15 +196,22 @@ def _import(root: Path, ref: str) -> None:
 def _run(argv: list[str], **kwargs: object) -> str:
     with tempfile.TemporaryFile() as output:  # a file, not a pipe: builds print a lot
         try:
-            done = subprocess.run(argv, check=False, stdout=output, stderr=subprocess.STDOUT,
-                                  timeout=BUILD_TIMEOUT, **kwargs)  # type: ignore[call-overload]
+            done = subprocess.run(
+                argv,
+                check=False,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                timeout=BUILD_TIMEOUT,
+                **kwargs,
+            )  # type: ignore[call-overload]
         except subprocess.TimeoutExpired:
             raise ImageBuildError(f"{argv[0]} {argv[1]}: no result in {BUILD_TIMEOUT} s") from None
         output.seek(0)
         text = output.read().decode(errors="replace")
     if done.returncode != 0:
-        raise ImageBuildError(f"{' '.join(argv[:2])} … exited with status {done.returncode}:\n"
-                              f"{text[-4000:]}")
+        raise ImageBuildError(
+            f"{' '.join(argv[:2])} … exited with status {done.returncode}:\n{text[-4000:]}"
+        )
     return text
 
 

@@ -5,6 +5,7 @@ Each case extracts into ``parent/target``; ``parent`` also holds a sentinel file
 listing (with file digests) of everything under ``tmp_path`` outside ``target`` must be the
 same afterwards.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -64,55 +65,75 @@ def absolute_escape(tmp_path: Path) -> str:
 
 
 HOSTILE: dict[str, tuple[Callable[[Path], list[Entry]], str]] = {
-    "absolute-path": (
-        lambda tmp: [file_entry(absolute_escape(tmp))], "absolute path"),
-    "dot-dot": (
-        lambda tmp: [file_entry(f"../{ESCAPE}")], "'..' component"),
+    "absolute-path": (lambda tmp: [file_entry(absolute_escape(tmp))], "absolute path"),
+    "dot-dot": (lambda tmp: [file_entry(f"../{ESCAPE}")], "'..' component"),
     "nested-dot-dot": (
-        lambda tmp: [dir_entry("a"), file_entry(f"a/../../{ESCAPE}")], "'..' component"),
-    "symlink-to-etc": (
-        lambda tmp: [link_entry("etc", "/etc")], "symlink to absolute path '/etc'"),
+        lambda tmp: [dir_entry("a"), file_entry(f"a/../../{ESCAPE}")],
+        "'..' component",
+    ),
+    "symlink-to-etc": (lambda tmp: [link_entry("etc", "/etc")], "symlink to absolute path '/etc'"),
     "symlink-to-absolute-target-parent": (
-        lambda tmp: [link_entry("out", str(tmp))], "symlink to absolute path"),
+        lambda tmp: [link_entry("out", str(tmp))],
+        "symlink to absolute path",
+    ),
     "symlink-up-two-levels": (
-        lambda tmp: [link_entry("up", "../..")], "points outside the directory"),
+        lambda tmp: [link_entry("up", "../..")],
+        "points outside the directory",
+    ),
     "symlink-deep-climb": (
-        lambda tmp: [dir_entry("a"), link_entry("a/up", "../../x")], "points outside"),
+        lambda tmp: [dir_entry("a"), link_entry("a/up", "../../x")],
+        "points outside",
+    ),
     "symlink-climb-after-name": (  # 'here' is '.', so 'here/..' is the parent: not lexical
         lambda tmp: [link_entry("here", "."), link_entry("up", "here/..")],
-        "has '..' after a name"),
+        "has '..' after a name",
+    ),
     "file-through-symlink": (
         lambda tmp: [dir_entry("sub"), link_entry("link", "sub"), file_entry("link/evil")],
-        "passes through 'link', which is a symlink"),
+        "passes through 'link', which is a symlink",
+    ),
     "dir-through-symlink": (
         lambda tmp: [dir_entry("sub"), link_entry("link", "sub"), dir_entry("link/d")],
-        "passes through 'link', which is a symlink"),
+        "passes through 'link', which is a symlink",
+    ),
     "symlink-over-existing-file": (
-        lambda tmp: [file_entry("f"), link_entry("f", "g")], "already exists"),
+        lambda tmp: [file_entry("f"), link_entry("f", "g")],
+        "already exists",
+    ),
     "hardlink-to-etc-passwd": (
         lambda tmp: [link_entry("pw", "/etc/passwd", hard=True)],
-        "hard link target '/etc/passwd': absolute path"),
+        "hard link target '/etc/passwd': absolute path",
+    ),
     "hardlink-outside": (
         lambda tmp: [link_entry("s", "../sentinel.txt", hard=True)],
-        "hard link target '../sentinel.txt': path contains a '..' component"),
+        "hard link target '../sentinel.txt': path contains a '..' component",
+    ),
     "hardlink-to-later-member": (
         lambda tmp: [link_entry("h", "later.txt", hard=True), file_entry("later.txt")],
-        "not an earlier file of the archive"),
+        "not an earlier file of the archive",
+    ),
     "hardlink-to-symlink": (
         lambda tmp: [link_entry("l", "f"), link_entry("h", "l", hard=True)],
-        "not an earlier file of the archive"),
+        "not an earlier file of the archive",
+    ),
     "char-device": (
-        lambda tmp: [special_entry("null", tarfile.CHRTYPE)], "a character device is not allowed"),
+        lambda tmp: [special_entry("null", tarfile.CHRTYPE)],
+        "a character device is not allowed",
+    ),
     "block-device": (
-        lambda tmp: [special_entry("sda", tarfile.BLKTYPE)], "a block device is not allowed"),
-    "fifo": (
-        lambda tmp: [special_entry("pipe", tarfile.FIFOTYPE)], "a FIFO is not allowed"),
+        lambda tmp: [special_entry("sda", tarfile.BLKTYPE)],
+        "a block device is not allowed",
+    ),
+    "fifo": (lambda tmp: [special_entry("pipe", tarfile.FIFOTYPE)], "a FIFO is not allowed"),
     "duplicate-file": (
-        lambda tmp: [file_entry("a"), file_entry("a", b"overwrite")], "already exists"),
+        lambda tmp: [file_entry("a"), file_entry("a", b"overwrite")],
+        "already exists",
+    ),
     "file-as-parent": (
-        lambda tmp: [file_entry("a"), file_entry("a/b")], "passes through 'a', which is not a"),
-    "file-named-dot": (
-        lambda tmp: [file_entry("./")], "names the target directory itself"),
+        lambda tmp: [file_entry("a"), file_entry("a/b")],
+        "passes through 'a', which is not a",
+    ),
+    "file-named-dot": (lambda tmp: [file_entry("./")], "names the target directory itself"),
 }
 
 
@@ -133,8 +154,9 @@ def test_pre_existing_symlink_in_the_target_is_not_followed(tmp_path: Path, targ
 
 
 @pytest.mark.parametrize("format", FORMATS)
-def test_hostile_entry_is_rejected_in_every_format(tmp_path: Path, target: Path,
-                                                   format: str) -> None:
+def test_hostile_entry_is_rejected_in_every_format(
+    tmp_path: Path, target: Path, format: str
+) -> None:
     stream = compress(tar_bytes([file_entry(f"../{ESCAPE}")]), format)
     error = refused(tmp_path, target, stream, format=format)
     assert isinstance(error, ArchiveRejected) and "'..' component" in str(error)
@@ -142,15 +164,20 @@ def test_hostile_entry_is_rejected_in_every_format(tmp_path: Path, target: Path,
 
 LIMITS: dict[str, tuple[Limits, list[Entry], str]] = {
     "entry-over-limit": (
-        Limits(max_entry_bytes=100), [file_entry("big", b"x" * 101)],
-        "'big': 101 bytes is over the entry limit of 100"),
+        Limits(max_entry_bytes=100),
+        [file_entry("big", b"x" * 101)],
+        "'big': 101 bytes is over the entry limit of 100",
+    ),
     "total-over-limit": (
-        Limits(max_total_bytes=100), [file_entry("a", b"x" * 60), file_entry("b", b"x" * 60)],
-        "'b': archive total exceeds the limit of 100 bytes"),
+        Limits(max_total_bytes=100),
+        [file_entry("a", b"x" * 60), file_entry("b", b"x" * 60)],
+        "'b': archive total exceeds the limit of 100 bytes",
+    ),
     "too-many-entries": (
-        Limits(max_entries=3), [dir_entry("d"), file_entry("d/1"), file_entry("d/2"),
-                                file_entry("d/3")],
-        "'d/3': archive has more than 3 entries"),
+        Limits(max_entries=3),
+        [dir_entry("d"), file_entry("d/1"), file_entry("d/2"), file_entry("d/3")],
+        "'d/3': archive has more than 3 entries",
+    ),
 }
 
 
@@ -200,8 +227,9 @@ def archive(tmp_path: Path) -> dict[str, bytes]:
     return result
 
 
-def test_digest_mismatch_names_both_digests(tmp_path: Path, target: Path,
-                                            archive: dict[str, bytes]) -> None:
+def test_digest_mismatch_names_both_digests(
+    tmp_path: Path, target: Path, archive: dict[str, bytes]
+) -> None:
     wrong = "sha256:" + "0" * 64
     error = refused(tmp_path, target, archive["zstd"], format="zstd", expected_digest=wrong)
     actual = "sha256:" + hashlib.sha256(archive["zstd"]).hexdigest()
@@ -210,8 +238,9 @@ def test_digest_mismatch_names_both_digests(tmp_path: Path, target: Path,
 
 
 @pytest.mark.parametrize("format", FORMATS)
-def test_truncated_stream_is_an_archive_error(tmp_path: Path, target: Path,
-                                              archive: dict[str, bytes], format: str) -> None:
+def test_truncated_stream_is_an_archive_error(
+    tmp_path: Path, target: Path, archive: dict[str, bytes], format: str
+) -> None:
     cut = archive[format][: len(archive[format]) // 2]
     error = refused(tmp_path, target, cut, format=format)
     assert not isinstance(error, ArchiveRejected)
@@ -247,8 +276,9 @@ def test_empty_stream_is_an_archive_error(tmp_path: Path, target: Path, format: 
     assert "truncated" in str(error) or "corrupt" in str(error) or "empty" in str(error)
 
 
-def test_flipped_byte_in_zstd_data_is_an_archive_error(tmp_path: Path, target: Path,
-                                                       archive: dict[str, bytes]) -> None:
+def test_flipped_byte_in_zstd_data_is_an_archive_error(
+    tmp_path: Path, target: Path, archive: dict[str, bytes]
+) -> None:
     damaged = bytearray(archive["zstd"])
     damaged[len(damaged) // 2] ^= 0xFF
     error = refused(tmp_path, target, bytes(damaged), format="zstd")

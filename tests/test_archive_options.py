@@ -1,4 +1,5 @@
 """Archive settings: formats and key suffixes, options and limits from the environment."""
+
 from __future__ import annotations
 
 import io
@@ -10,8 +11,9 @@ import pytest
 from storage.archive import FORMATS, ArchiveOptions, Limits, format_for_key, pack, suffix_for
 
 
-@pytest.mark.parametrize(("format", "suffix"),
-                         [("zstd", ".tar.zst"), ("gzip", ".tar.gz"), ("none", ".tar")])
+@pytest.mark.parametrize(
+    ("format", "suffix"), [("zstd", ".tar.zst"), ("gzip", ".tar.gz"), ("none", ".tar")]
+)
 def test_format_and_suffix_correspond(format: str, suffix: str) -> None:
     assert suffix_for(format) == suffix
     assert format_for_key(f"artifacts/abc{suffix}") == format
@@ -44,8 +46,14 @@ def test_options_from_env() -> None:
         ({"ARCHIVE_FORMAT": "gzip", "ARCHIVE_LEVEL": "10"}, "gzip level 10 is out of range 0..9"),
         ({"ARCHIVE_THREADS": "-1"}, "archive threads must be 0 (all CPUs) or more"),
     ],
-    ids=["unknown-format", "level-not-a-number", "zstd-level-too-high", "zstd-level-zero",
-         "gzip-level-too-high", "negative-threads"],
+    ids=[
+        "unknown-format",
+        "level-not-a-number",
+        "zstd-level-too-high",
+        "zstd-level-zero",
+        "gzip-level-too-high",
+        "negative-threads",
+    ],
 )
 def test_bad_options_from_env_say_what_is_wrong(env: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match="archive settings from the environment") as caught:
@@ -83,8 +91,11 @@ _LEVELS_APART = {"zstd": (1, 19), "gzip": (0, 9)}
 
 
 def test_limits_from_env() -> None:
-    env = {"ARCHIVE_MAX_ENTRY_BYTES": "1_000", "ARCHIVE_MAX_TOTAL_BYTES": "5000",
-           "ARCHIVE_MAX_ENTRIES": "10"}
+    env = {
+        "ARCHIVE_MAX_ENTRY_BYTES": "1_000",
+        "ARCHIVE_MAX_TOTAL_BYTES": "5000",
+        "ARCHIVE_MAX_ENTRIES": "10",
+    }
     assert Limits.from_env(env) == Limits(1000, 5000, 10)
 
 

@@ -1,4 +1,5 @@
 """pack → unpack keeps a tree intact, in every format; pack is deterministic and streams."""
+
 from __future__ import annotations
 
 import hashlib
@@ -44,8 +45,11 @@ def test_round_trip_preserves_the_tree(tree: Path, tmp_path: Path, format: str) 
     assert stats.size == len(data)
     assert stats.digest == "sha256:" + hashlib.sha256(data).hexdigest()
     assert stats.entries == len(describe(tree))
-    inodes = {p.lstat().st_ino: p.lstat().st_size for p in tree.rglob("*")
-              if p.is_file() and not p.is_symlink()}
+    inodes = {
+        p.lstat().st_ino: p.lstat().st_size
+        for p in tree.rglob("*")
+        if p.is_file() and not p.is_symlink()
+    }
     assert stats.bytes == sum(inodes.values())  # a hard link's data is stored once
 
 
@@ -100,8 +104,13 @@ def test_fast_headers_are_the_ones_tarfile_writes(member: tarfile.TarInfo) -> No
 
 @pytest.mark.parametrize(
     "member",
-    [_member("x" * 101), _member("dir/" + "y" * 97, tarfile.DIRTYPE), _member("ünï"),
-     _member("l", tarfile.SYMTYPE, linkname="z" * 101), _member("big", size=8 ** 11)],
+    [
+        _member("x" * 101),
+        _member("dir/" + "y" * 97, tarfile.DIRTYPE),
+        _member("ünï"),
+        _member("l", tarfile.SYMTYPE, linkname="z" * 101),
+        _member("big", size=8**11),
+    ],
     ids=["101-byte-name", "dir-name-over-100-with-slash", "non-ascii", "long-link", "huge"],
 )
 def test_entries_that_need_pax_records_get_no_fast_header(member: tarfile.TarInfo) -> None:
@@ -111,8 +120,10 @@ def test_entries_that_need_pax_records_get_no_fast_header(member: tarfile.TarInf
 def test_hard_links_share_one_inode_after_unpack(tree: Path, tmp_path: Path) -> None:
     unpack(io.BytesIO(packed(tree)), tmp_path / "out", format="zstd")
     out = tmp_path / "out"
-    inodes = {(out / name).stat().st_ino
-              for name in ("hard/original.txt", "hard/second-name.txt", "small/d3/third-name.txt")}
+    inodes = {
+        (out / name).stat().st_ino
+        for name in ("hard/original.txt", "hard/second-name.txt", "small/d3/third-name.txt")
+    }
     assert len(inodes) == 1
 
 
@@ -126,8 +137,9 @@ def test_large_file_round_trip(tmp_path: Path, format: str) -> None:
         for offset in (0, 77 * MiB + 5, 128 * MiB - 4096):
             out.seek(offset)
             out.write(os.urandom(4096))
-    stats = unpack(io.BytesIO(packed(source, ArchiveOptions(format=format))), tmp_path / "out",
-                   format=format)
+    stats = unpack(
+        io.BytesIO(packed(source, ArchiveOptions(format=format))), tmp_path / "out", format=format
+    )
     assert file_digest(tmp_path / "out/sparse.bin") == file_digest(big)
     assert stats.bytes == 128 * MiB
 
@@ -205,8 +217,10 @@ def test_a_producer_error_is_raised_by_read_not_a_clean_end(tmp_path: Path) -> N
     os.mkfifo(source / "z-fifo")  # sorted after the data: fails mid-stream
     received = 0
     options = ArchiveOptions(format="none")  # no compressor buffering: data flows at once
-    with (pytest.raises(ArchiveRejected, match="'z-fifo': a FIFO cannot be archived"),
-          pack(source, options) as stream):
+    with (
+        pytest.raises(ArchiveRejected, match="'z-fifo': a FIFO cannot be archived"),
+        pack(source, options) as stream,
+    ):
         while chunk := stream.read(MiB):
             received += len(chunk)
     assert received >= 7 * MiB  # the pipe holds 1 MiB: the rest was read before the error

@@ -1,4 +1,5 @@
 """upload_tree / download_tree through every store backend (file, s3 on versitygw, gcs emulator)."""
+
 from __future__ import annotations
 
 import os
@@ -31,8 +32,9 @@ def test_download_checks_the_expected_digest(store: Store, tmp_path: Path) -> No
     tree = build_tree(tmp_path / "tree")
     upload_tree(store, "artifacts/k.tar.zst", tree)
     with pytest.raises(DigestMismatch):
-        download_tree(store, "artifacts/k.tar.zst", tmp_path / "out",
-                      expected_digest="sha256:" + "0" * 64)
+        download_tree(
+            store, "artifacts/k.tar.zst", tmp_path / "out", expected_digest="sha256:" + "0" * 64
+        )
 
 
 @pytest.mark.server

@@ -1,5 +1,6 @@
 """((var)) interpolation, the local directory provider and resolution errors (pure, no I/O but
 a temporary directory)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,23 +15,33 @@ from functions.redaction import redact, secret_strings
 
 
 def test_references_whole_and_part_of_strings_in_nested_values() -> None:
-    value = {"uri": "https://((user)):((pw.token))@git/r", "list": ["((key))", 3, None],
-             "((not-a-key))": "plain", "nested": {"x": "((user))"}}
-    assert find_references(value) == [Reference("user"), Reference("pw", "token"),
-                                      Reference("key")]
-    resolved = {Reference("user"): "ci", Reference("pw", "token"): "t0k",
-                Reference("key"): "-----BEGIN-----\nabc\n"}
+    value = {
+        "uri": "https://((user)):((pw.token))@git/r",
+        "list": ["((key))", 3, None],
+        "((not-a-key))": "plain",
+        "nested": {"x": "((user))"},
+    }
+    assert find_references(value) == [Reference("user"), Reference("pw", "token"), Reference("key")]
+    resolved = {
+        Reference("user"): "ci",
+        Reference("pw", "token"): "t0k",
+        Reference("key"): "-----BEGIN-----\nabc\n",
+    }
     assert interpolate(value, resolved) == {
-        "uri": "https://ci:t0k@git/r", "list": ["-----BEGIN-----\nabc\n", 3, None],
-        "((not-a-key))": "plain", "nested": {"x": "ci"}}
+        "uri": "https://ci:t0k@git/r",
+        "list": ["-----BEGIN-----\nabc\n", 3, None],
+        "((not-a-key))": "plain",
+        "nested": {"x": "ci"},
+    }
 
 
 def test_text_that_is_not_a_reference_is_left_alone() -> None:
     assert find_references({"a": "(( spaced ))", "b": "((", "c": "(x)"}) == []
 
 
-@pytest.mark.parametrize("text", ["((../etc/passwd))", "((a/b))", "((vault:x))",
-                                  "((a.b.c))", "((.x))", '(("quoted"))'])
+@pytest.mark.parametrize(
+    "text", ["((../etc/passwd))", "((a/b))", "((vault:x))", "((a.b.c))", "((.x))", '(("quoted"))']
+)
 def test_paths_var_sources_and_nested_fields_are_refused(text: str) -> None:
     with pytest.raises(InvalidRequest):
         find_references({"x": text})
@@ -64,8 +75,13 @@ def test_a_missing_credentials_dir_is_unavailable(tmp_path: Path) -> None:
 
 
 def test_resolve_replaces_everywhere_and_lists_the_values(creds: CredentialsDir) -> None:
-    resolved = resolve(creds, Build(team="main"), source={"u": "((user))", "p": "x((pw))y"},
-                       params={"k": "((aws.secret))"}, version={"ref": "((pw))"})
+    resolved = resolve(
+        creds,
+        Build(team="main"),
+        source={"u": "((user))", "p": "x((pw))y"},
+        params={"k": "((aws.secret))"},
+        version={"ref": "((pw))"},
+    )
     assert resolved.source == {"u": "main-user", "p": "xpy"}
     assert resolved.params == {"k": "aws-secret\n"} and resolved.version == {"ref": "p"}
     assert resolved.values == ("aws-secret\n", "main-user", "p")
@@ -74,8 +90,13 @@ def test_resolve_replaces_everywhere_and_lists_the_values(creds: CredentialsDir)
 
 def test_unresolvable_variables_are_named_never_a_value(creds: CredentialsDir) -> None:
     with pytest.raises(InvalidRequest) as err:
-        resolve(creds, Build(), source={"a": "((missing))", "b": "((pw))", "c": "((x.y))"},
-                params={}, version=None)
+        resolve(
+            creds,
+            Build(),
+            source={"a": "((missing))", "b": "((pw))", "c": "((x.y))"},
+            params={},
+            version=None,
+        )
     assert err.value.problems == ["((missing)) cannot be resolved", "((x.y)) cannot be resolved"]
     with pytest.raises(InvalidRequest, match="CREDENTIALS_PROVIDER"):
         resolve(NoProvider(), Build(), source={"a": "((a))"}, params={}, version=None)
@@ -95,6 +116,7 @@ def test_resolved_values_are_redacted_whatever_their_length() -> None:
     secrets = secret_strings(stdin, ["ab", "two\nlines"])
     text = "pw=ab uri=https://example.org two lines: two\nlines"
     # each line of a multi-line value too, as for literal values
-    assert redact(text, secrets) == ("pw=[redacted] uri=[redacted] [redacted] [redacted]: "
-                                     "[redacted]")
+    assert redact(text, secrets) == (
+        "pw=[redacted] uri=[redacted] [redacted] [redacted]: [redacted]"
+    )
     assert "" not in secret_strings(stdin, [""])

@@ -2,6 +2,7 @@
 official client (``functions.runtimes.kube_api``): Concourse's lookup order and keys, one
 ``get`` per candidate and never a list, and API errors classified (403/unreachable = 503).
 The same provider against a real API server: see tests/cluster (KubernetesSecrets)."""
+
 from __future__ import annotations
 
 import base64
@@ -22,9 +23,15 @@ TEAM = Build(team="main", pipeline="deploy")
 
 
 def put_secret(api_client: Any, namespace: str, name: str, **data: str) -> None:
-    client.CoreV1Api(api_client).create_namespaced_secret(namespace, {
-        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": namespace},
-        "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}})
+    client.CoreV1Api(api_client).create_namespaced_secret(
+        namespace,
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": name, "namespace": namespace},
+            "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
+        },
+    )
 
 
 @pytest.fixture
@@ -55,8 +62,9 @@ def test_the_namespace_prefix_is_configurable(api: Any, secrets: KubernetesSecre
 
 def test_only_gets_never_lists(secrets: KubernetesSecrets, cluster: Cluster) -> None:
     before = len(cluster.requests("fetch", "secrets"))
-    resolved = resolve(secrets, TEAM, source={"p": "((git))", "u": "((git.user))"}, params={},
-                       version=None)
+    resolved = resolve(
+        secrets, TEAM, source={"p": "((git))", "u": "((git.user))"}, params={}, version=None
+    )
     assert resolved.source == {"p": "pipeline-password", "u": "ci"}
     assert set(resolved.values) == {"pipeline-password", "ci"}
     assert len(cluster.requests("fetch", "secrets")) - before == 3  # deploy.git, then git
@@ -65,18 +73,31 @@ def test_only_gets_never_lists(secrets: KubernetesSecrets, cluster: Cluster) -> 
 
 def test_unresolvable_is_400_naming_the_variable(secrets: KubernetesSecrets) -> None:
     with pytest.raises(InvalidRequest) as err:
-        resolve(secrets, TEAM, source={"a": "((absent.key))", "b": "((git))"}, params={},
-                version=None)
-    assert err.value.problems == [(
-        "((absent.key)) cannot be resolved (no Secret holds it in the team's credential "
-        "namespace)")]
+        resolve(
+            secrets, TEAM, source={"a": "((absent.key))", "b": "((git))"}, params={}, version=None
+        )
+    assert err.value.problems == [
+        (
+            "((absent.key)) cannot be resolved (no Secret holds it in the team's credential "
+            "namespace)"
+        )
+    ]
 
 
-def test_forbidden_is_unavailable_naming_the_namespace(cluster: Cluster,
-                                                       secrets: KubernetesSecrets) -> None:
-    cluster.emulator["get", "/api/v1/namespaces/concourse-main/secrets/git"] << 403 << {
-        "kind": "Status", "apiVersion": "v1", "code": 403, "reason": "Forbidden",
-        "message": "secrets \"git\" is forbidden"}
+def test_forbidden_is_unavailable_naming_the_namespace(
+    cluster: Cluster, secrets: KubernetesSecrets
+) -> None:
+    (
+        cluster.emulator["get", "/api/v1/namespaces/concourse-main/secrets/git"]
+        << 403
+        << {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "code": 403,
+            "reason": "Forbidden",
+            "message": 'secrets "git" is forbidden',
+        }
+    )
     with pytest.raises(Unavailable, match=r"'get secrets' in namespace 'concourse-main'"):
         secrets.lookup(Reference("git"), Build(team="main"))
 
@@ -89,10 +110,17 @@ def test_unreachable_api_is_unavailable(unused_port: int) -> None:
     api_client.close()
 
 
-def test_undecodable_values_are_refused_without_quoting_them(api: Any,
-                                                             secrets: KubernetesSecrets) -> None:
-    client.CoreV1Api(api).create_namespaced_secret("concourse-main", {
-        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "binary"},
-        "data": {"value": base64.b64encode(b"\xff\xfe").decode()}})
+def test_undecodable_values_are_refused_without_quoting_them(
+    api: Any, secrets: KubernetesSecrets
+) -> None:
+    client.CoreV1Api(api).create_namespaced_secret(
+        "concourse-main",
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "binary"},
+            "data": {"value": base64.b64encode(b"\xff\xfe").decode()},
+        },
+    )
     with pytest.raises(InvalidRequest, match=r"\(\(binary\)\).*not UTF-8"):
         secrets.lookup(Reference("binary"), Build(team="main"))

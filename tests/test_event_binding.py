@@ -1,4 +1,5 @@
 """CloudEvents over HTTP: both content modes in, binary mode out, clear 400 reasons."""
+
 import json
 
 import pytest
@@ -17,14 +18,20 @@ from functions.task.contract import reply_event
 
 
 def request(data, **attrs):
-    attributes = {"specversion": "1.0", "type": "dev.resourcefunctions.check.requested",
-                  "source": "/test", "id": "abc", "datacontenttype": "application/json"}
+    attributes = {
+        "specversion": "1.0",
+        "type": "dev.resourcefunctions.check.requested",
+        "source": "/test",
+        "id": "abc",
+        "datacontenttype": "application/json",
+    }
     attributes.update(attrs)
     return CloudEvent(attributes=attributes, data=data)
 
 
-@pytest.mark.parametrize("encode", [to_binary_event, to_structured_event],
-                         ids=["binary", "structured"])
+@pytest.mark.parametrize(
+    "encode", [to_binary_event, to_structured_event], ids=["binary", "structured"]
+)
 def test_both_content_modes_are_read(encode):
     message = encode(request({"type": "git", "source": {}}, subject="s1"))
     event = events.read_event(dict(message.headers), message.body)
@@ -35,14 +42,29 @@ def test_both_content_modes_are_read(encode):
 @pytest.mark.parametrize(
     "headers, body, message",
     [
-        pytest.param({"content-type": "application/json"}, b"{}", "not a CloudEvent",
-                     id="plain-json"),
-        pytest.param({"ce-specversion": "1.0", "ce-type": "t", "ce-id": "1",
-                      "content-type": "application/json"}, b"{}", "source", id="no-source"),
-        pytest.param({"content-type": "application/cloudevents+json"}, b"{", "invalid CloudEvent",
-                     id="broken-structured"),
-        pytest.param({"ce-specversion": "1.0"}, b"x" * (4 * 1024 * 1024 + 1), "larger than",
-                     id="too-large"),
+        pytest.param(
+            {"content-type": "application/json"}, b"{}", "not a CloudEvent", id="plain-json"
+        ),
+        pytest.param(
+            {
+                "ce-specversion": "1.0",
+                "ce-type": "t",
+                "ce-id": "1",
+                "content-type": "application/json",
+            },
+            b"{}",
+            "source",
+            id="no-source",
+        ),
+        pytest.param(
+            {"content-type": "application/cloudevents+json"},
+            b"{",
+            "invalid CloudEvent",
+            id="broken-structured",
+        ),
+        pytest.param(
+            {"ce-specversion": "1.0"}, b"x" * (4 * 1024 * 1024 + 1), "larger than", id="too-large"
+        ),
     ],
 )
 def test_malformed_events_are_rejected(headers, body, message):
@@ -64,8 +86,9 @@ def test_wrong_type_for_service_is_rejected():
 
 def test_success_reply_is_binary_json_with_requestid_and_subject():
     outcome = Outcome(action="check", data={"versions": [{"v": "1"}]})
-    event = reply_event(action="check", outcome=outcome, request_id="abc",
-                        subject="pipe", run_id="r1")
+    event = reply_event(
+        action="check", outcome=outcome, request_id="abc", subject="pipe", run_id="r1"
+    )
     headers, body = events.to_http(event)
     assert headers["ce-type"] == "dev.resourcefunctions.check.succeeded"
     assert headers["ce-requestid"] == "abc" and headers["ce-subject"] == "pipe"
@@ -77,19 +100,34 @@ def test_success_reply_is_binary_json_with_requestid_and_subject():
 
 def test_failure_reply_carries_error_kind_and_log_tail():
     failure = Failure(kind="resource_failed", message="exit 1", exit_code=1, log_tail="boom")
-    event = reply_event(action="get", outcome=Outcome(action="get", failure=failure),
-                        request_id="x", subject=None, run_id="r")
+    event = reply_event(
+        action="get",
+        outcome=Outcome(action="get", failure=failure),
+        request_id="x",
+        subject=None,
+        run_id="r",
+    )
     headers, body = events.to_http(event)
     assert headers["ce-type"] == "dev.resourcefunctions.get.failed"
     assert "ce-subject" not in headers
-    assert json.loads(body) == {"error": {"kind": "resource_failed", "message": "exit 1",
-                                          "exit_code": 1, "log_tail": "boom"}}
+    assert json.loads(body) == {
+        "error": {
+            "kind": "resource_failed",
+            "message": "exit 1",
+            "exit_code": 1,
+            "log_tail": "boom",
+        }
+    }
 
 
 def test_reply_id_is_stable_for_a_run():
     outcome = Outcome(action="check", data={"versions": []})
-    ids = {reply_event(action="check", outcome=outcome, request_id="a", subject=None,
-                       run_id="r").get_id() for _ in range(2)}
+    ids = {
+        reply_event(
+            action="check", outcome=outcome, request_id="a", subject=None, run_id="r"
+        ).get_id()
+        for _ in range(2)
+    }
     assert len(ids) == 1
 
 

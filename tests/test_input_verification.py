@@ -1,5 +1,6 @@
 """A put's inputs are verified against the digest recorded for them, even when the request
 names only the URL: a tampered artifact is refused, on every store backend."""
+
 import hashlib
 import io
 
@@ -19,8 +20,11 @@ def artifact(store, tmp_path):
     (tree / "version").write_text("1\n")
     key = "artifacts/" + "c" * 64 + ".tar.zst"
     info = upload_tree(store, key, tree)
-    put_json(store, "artifacts/" + "c" * 64 + ".json", {"artifact": {
-        "url": store.url_for(key), "digest": info.digest, "size": info.size}})
+    put_json(
+        store,
+        "artifacts/" + "c" * 64 + ".json",
+        {"artifact": {"url": store.url_for(key), "digest": info.digest, "size": info.size}},
+    )
     return key, info
 
 
@@ -28,8 +32,11 @@ def test_the_cache_record_supplies_the_digest(store):
     key = "artifacts/" + "f" * 64 + ".tar"
     store.put(key, io.BytesIO(b"bytes"))
     recorded = "sha256:" + "1" * 64  # not the bytes' digest: only the record can say it
-    put_json(store, "artifacts/" + "f" * 64 + ".json", {"artifact": {
-        "url": store.url_for(key), "digest": recorded, "size": 5}})
+    put_json(
+        store,
+        "artifacts/" + "f" * 64 + ".json",
+        {"artifact": {"url": store.url_for(key), "digest": recorded, "size": 5}},
+    )
     assert known_digest(store, key) == recorded
 
 
@@ -55,8 +62,11 @@ def test_a_record_naming_another_artifact_is_not_trusted(store, artifact):
     key, info = artifact
     other = "artifacts/" + "d" * 64 + ".tar.zst"
     stem = other.removesuffix(".tar.zst")
-    put_json(store, stem + ".json", {"artifact": {
-        "url": store.url_for(key), "digest": info.digest, "size": info.size}})
+    put_json(
+        store,
+        stem + ".json",
+        {"artifact": {"url": store.url_for(key), "digest": info.digest, "size": info.size}},
+    )
     store.put(other, io.BytesIO(b"not the recorded artifact"))
     expected = "sha256:" + hashlib.sha256(b"not the recorded artifact").hexdigest()
     assert known_digest(store, other) == expected != info.digest

@@ -1,4 +1,5 @@
 """Cache keys reveal nothing; run ids follow the request identity; logs lose secrets."""
+
 import json
 import re
 
@@ -22,10 +23,15 @@ def test_cache_key_is_stable_and_reveals_no_source():
 
 
 def test_cache_key_changes_with_every_input():
-    variants = [key(image="img2"), key(source={"password": "other"}), key(version={"v": "2"}),
-                key(params={"depth": 1}), keys.cache_key(b"k2", image="img",
-                                                          source={"password": SECRET},
-                                                          version={"v": "1"}, params={})]
+    variants = [
+        key(image="img2"),
+        key(source={"password": "other"}),
+        key(version={"v": "2"}),
+        key(params={"depth": 1}),
+        keys.cache_key(
+            b"k2", image="img", source={"password": SECRET}, version={"v": "1"}, params={}
+        ),
+    ]
     assert len({key(), *variants}) == 6
 
 
@@ -35,19 +41,28 @@ def test_cache_key_ignores_dict_order():
 
 def test_run_id_depends_on_event_source_id_and_action():
     assert keys.run_id("/a", "1", "get") == keys.run_id("/a", "1", "get")
-    ids = {keys.run_id("/a", "1", "get"), keys.run_id("/b", "1", "get"),
-           keys.run_id("/a", "2", "get"), keys.run_id("/a", "1", "check")}
+    ids = {
+        keys.run_id("/a", "1", "get"),
+        keys.run_id("/b", "1", "get"),
+        keys.run_id("/a", "2", "get"),
+        keys.run_id("/a", "1", "check"),
+    }
     assert len(ids) == 4
 
 
 def test_keys_accept_any_string_even_lone_surrogates():
-    assert len(keys.cache_key(b"k", image="i", source={"x": "\ud800"}, version=None,
-                              params={})) == 64
+    assert (
+        len(keys.cache_key(b"k", image="i", source={"x": "\ud800"}, version=None, params={})) == 64
+    )
 
 
 def test_secrets_in_source_and_params_are_redacted_from_logs():
-    stdin = stdin_payload("get", {"uri": "https://x", "private_key": f"-----\n{SECRET}\n-----"},
-                          {"v": "1"}, {"token": "tok-123456"})
+    stdin = stdin_payload(
+        "get",
+        {"uri": "https://x", "private_key": f"-----\n{SECRET}\n-----"},
+        {"v": "1"},
+        {"token": "tok-123456"},
+    )
     log = f"cloning with {SECRET} and tok-123456\n"
     cleaned = redact(log, secret_strings(stdin))
     assert SECRET not in cleaned and "tok-123456" not in cleaned
@@ -82,10 +97,15 @@ def test_invalid_output_never_quotes_stdout(tmp_path):
 
     store = open_store(tmp_path.as_uri())
     stdin = stdin_payload("check", {"password": SECRET}, None, {})
-    outcome = collect(store, CollectSpec(run_id="r" * 32, action="check", cache_key=None,
-                                         archive=ArchiveOptions()),
-                      exit_code=0, stdout=f"debug {SECRET} oops".encode(), stderr=b"",
-                      stdin=stdin, output_dir=None)
+    outcome = collect(
+        store,
+        CollectSpec(run_id="r" * 32, action="check", cache_key=None, archive=ArchiveOptions()),
+        exit_code=0,
+        stdout=f"debug {SECRET} oops".encode(),
+        stderr=b"",
+        stdin=stdin,
+        output_dir=None,
+    )
     assert outcome.failure.kind == "invalid_output"
     assert outcome.failure.message.endswith("at line 1 column 1")
     assert "canary" not in outcome.failure.message
@@ -101,27 +121,36 @@ def _upper_hex(text):
 
 def test_every_json_form_of_a_secret_is_redacted():
     secrets = secret_strings(stdin_payload("check", {"password": HOSTILE}, None, {}))
-    forms = [HOSTILE, json.dumps(HOSTILE, ensure_ascii=False)[1:-1],
-             json.dumps(HOSTILE)[1:-1], _upper_hex(json.dumps(HOSTILE))[1:-1],
-             json.dumps(json.dumps(HOSTILE)[1:-1])[1:-1]]
+    forms = [
+        HOSTILE,
+        json.dumps(HOSTILE, ensure_ascii=False)[1:-1],
+        json.dumps(HOSTILE)[1:-1],
+        _upper_hex(json.dumps(HOSTILE))[1:-1],
+        json.dumps(json.dumps(HOSTILE)[1:-1])[1:-1],
+    ]
     for form in forms:
         cleaned = redact(f"debug: {form} end", secrets)
         assert cleaned == "debug: [redacted] end", (form, cleaned)
 
 
 def test_an_echoed_stdin_payload_keeps_no_secret():
-    stdin = stdin_payload("get", {"password": HOSTILE, "pin": 1234567},
-                          {"ref": "v1"}, {"token": 987654.5})
-    for shown in (stdin.decode(), json.dumps(json.loads(stdin)),
-                  json.dumps(json.loads(stdin), indent=2)):
+    stdin = stdin_payload(
+        "get", {"password": HOSTILE, "pin": 1234567}, {"ref": "v1"}, {"token": 987654.5}
+    )
+    for shown in (
+        stdin.decode(),
+        json.dumps(json.loads(stdin)),
+        json.dumps(json.loads(stdin), indent=2),
+    ):
         cleaned = redact(shown, secret_strings(stdin))
         assert "ord-" not in cleaned and "1234567" not in cleaned and "987654" not in cleaned
         assert '"ref": "v1"' in cleaned or '"ref":"v1"' in cleaned
 
 
 def test_numbers_of_six_digits_or_more_are_secrets_shorter_ones_not():
-    stdin = stdin_payload("check", {"port": 8080, "pin": 123456, "neg": -7654321,
-                                    "on": True}, None, {})
+    stdin = stdin_payload(
+        "check", {"port": 8080, "pin": 123456, "neg": -7654321, "on": True}, None, {}
+    )
     assert set(secret_strings(stdin)) == {"123456", "-7654321"}
     assert redact("pin=123456 port=8080", secret_strings(stdin)) == "pin=[redacted] port=8080"
 
@@ -132,7 +161,8 @@ def test_redaction_survives_any_nesting():
 
 
 def test_stdin_is_utf8_like_go_encoding_json():
-    stdin = stdin_payload("check", {"name": "é日本𝄞", "html": "<a&b>", "bad": "x\ud800"},
-                          None, {})
-    assert stdin.decode("utf-8") == ('{"source":{"name":"é日本𝄞","html":"\\u003ca\\u0026b\\u003e",'
-                                     '"bad":"x\ufffd"},"version":null}')
+    stdin = stdin_payload("check", {"name": "é日本𝄞", "html": "<a&b>", "bad": "x\ud800"}, None, {})
+    assert stdin.decode("utf-8") == (
+        '{"source":{"name":"é日本𝄞","html":"\\u003ca\\u0026b\\u003e",'
+        '"bad":"x\ufffd"},"version":null}'
+    )

@@ -495,7 +495,7 @@ def _check_ping_trigger(trigger: dict, action: str) -> None:
     namespace = trigger["metadata"]["namespace"]
     prefix = f"/apis/v1/namespaces/{namespace}/pingsources/"
     assert set(attributes) == {"type", "source"} and attributes["source"].startswith(prefix)
-    _one("PingSource", attributes["source"][len(prefix):])
+    _one("PingSource", attributes["source"][len(prefix) :])
     assert not [t for t in REQUEST_TYPES.values() if _trigger_matches(trigger, t)]
 
 
@@ -580,14 +580,27 @@ def test_only_the_broker_may_deliver_to_the_functions() -> None:
     (to,) = policy["spec"]["to"]
     assert set(to) == {"selector"} and set(to["selector"]) == {"apiVersion", "kind", "matchLabels"}
     assert (to["selector"]["apiVersion"], to["selector"]["kind"]) == (
-        "serving.knative.dev/v1", "Service")
-    selected = {_name(svc) for svc in _knative_services()
-                if all((svc["metadata"].get("labels") or {}).get(k) == v
-                       for k, v in to["selector"]["matchLabels"].items())}
+        "serving.knative.dev/v1",
+        "Service",
+    )
+    selected = {
+        _name(svc)
+        for svc in _knative_services()
+        if all(
+            (svc["metadata"].get("labels") or {}).get(k) == v
+            for k, v in to["selector"]["matchLabels"].items()
+        )
+    }
     assert selected == set(ACTIONS)
     (sender,) = policy["spec"]["from"]
-    assert sender == {"ref": {"apiVersion": "eventing.knative.dev/v1", "kind": "Broker",
-                              "name": "default", "namespace": NAMESPACE}}
+    assert sender == {
+        "ref": {
+            "apiVersion": "eventing.knative.dev/v1",
+            "kind": "Broker",
+            "name": "default",
+            "namespace": NAMESPACE,
+        }
+    }
     _one("Broker", "default")
 
 
@@ -600,7 +613,9 @@ def test_function_services_get_the_broker_as_sink() -> None:
     assert "name" not in subject and "namespace" not in subject
     _broker_sink(binding)
     selected = {
-        _name(s) for s in _knative_services() if _selects(binding, s["metadata"].get("labels") or {})
+        _name(s)
+        for s in _knative_services()
+        if _selects(binding, s["metadata"].get("labels") or {})
     }
     assert selected == set(ACTIONS), "exactly the three functions (never dead-letter)"
     for other in _all("SinkBinding"):
@@ -645,9 +660,11 @@ def test_credentials_role_only_gets_secrets_and_is_bound_per_team() -> None:
     assert not _all("ClusterRoleBinding"), "never bound cluster-wide"
     team_bindings = [b for b in _all("RoleBinding") if b["roleRef"]["kind"] == "ClusterRole"]
     assert [(b["metadata"]["namespace"], b["roleRef"]["name"]) for b in team_bindings] == [
-        (TEAM_NAMESPACE, CREDENTIALS_ROLE)]
+        (TEAM_NAMESPACE, CREDENTIALS_ROLE)
+    ]
     assert team_bindings[0]["subjects"] == [
-        {"kind": "ServiceAccount", "name": FUNCTION_SA, "namespace": NAMESPACE}]
+        {"kind": "ServiceAccount", "name": FUNCTION_SA, "namespace": NAMESPACE}
+    ]
     from functions.credentials.kubernetes import DEFAULT_PREFIX
 
     prefix = _config_data()["CREDENTIALS_KUBERNETES_NAMESPACE_PREFIX"]
@@ -919,7 +936,8 @@ def test_kustomization_sets_the_project_image_everywhere() -> None:
     assert target["fieldPaths"] == ["data.TASK_IMAGE"]
     # Examples and credentials are applied on their own, never by the main kustomization.
     assert not {"examples", "credentials", "teams"} & {
-        Path(r).parts[0] for r in kustomization["resources"]}
+        Path(r).parts[0] for r in kustomization["resources"]
+    }
 
 
 def _kustomize_command() -> list[str] | None:

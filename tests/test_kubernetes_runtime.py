@@ -7,6 +7,7 @@ Job's own collect command, through the CLI, with the stdin read from the Secret 
 created) and marks the Job complete. kmock stores what it is sent without validation and
 ignores label selectors and watch timeouts; the Job it stores is checked against the schema.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -49,6 +50,7 @@ VERSION_OUT = b'{"version": {"ref": "abc123"}, "metadata": [{"name": "author", "
 
 # --- the API server -------------------------------------------------------------------------
 
+
 class Emulator(kmock.KubernetesEmulator):
     """kmock's emulator plus what an API server sets on create (uid, creationTimestamp), and
     watches that can be made to fail with 410 Gone (``gone_watches`` of them)."""
@@ -66,8 +68,16 @@ class Emulator(kmock.KubernetesEmulator):
         if self.gone_watches > 0:
             self.gone_watches -= 1
             yield b""
-            yield {"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "code": 410,
-                                               "reason": "Expired", "message": "too old"}}
+            yield {
+                "type": "ERROR",
+                "object": {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "code": 410,
+                    "reason": "Expired",
+                    "message": "too old",
+                },
+            }
             return
         async for item in super()._serve_watch(request):
             yield item
@@ -79,8 +89,13 @@ class Cluster:
     emulator: Emulator
 
     def requests(self, action: str, plural: str) -> list[Any]:
-        return [r for r in list(self.emulator) if r.action == enums.action[action.upper()]
-                and r.resource is not None and r.resource.plural == plural]
+        return [
+            r
+            for r in list(self.emulator)
+            if r.action == enums.action[action.upper()]
+            and r.resource is not None
+            and r.resource.plural == plural
+        ]
 
     def live(self, plural: str, name: str) -> dict[str, Any] | None:
         for (resource, _, obj_name), obj in list(self.emulator.objects.items()):
@@ -90,8 +105,11 @@ class Cluster:
 
     def ever(self, plural: str) -> list[dict[str, Any]]:
         """Every object of a kind ever created, by its first version."""
-        return [dict(obj.history[0].raw) for (resource, _, _), obj in
-                list(self.emulator.objects.items()) if resource.plural == plural]
+        return [
+            dict(obj.history[0].raw)
+            for (resource, _, _), obj in list(self.emulator.objects.items())
+            if resource.plural == plural
+        ]
 
 
 @pytest.fixture
@@ -104,8 +122,12 @@ def cluster() -> Iterator[Cluster]:
         async with Emulator() as emulator, kmock.Server(emulator) as server:
             for resource in ("v1/pods", "v1/secrets", "batch/v1/jobs"):
                 emulator.resources[resource] = {}  # so lists answer before the first object
-            state.update(emulator=emulator, url=str(server.url).rstrip("/"), stop=stop,
-                         loop=asyncio.get_running_loop())
+            state.update(
+                emulator=emulator,
+                url=str(server.url).rstrip("/"),
+                stop=stop,
+                loop=asyncio.get_running_loop(),
+            )
             ready.set()
             await stop.wait()
 
@@ -132,6 +154,7 @@ def api(cluster: Cluster) -> Iterator[Any]:
 
 # --- the store, the runtime and the node ----------------------------------------------------
 
+
 @pytest.fixture
 def store(s3_env: Any, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> Any:
     store = open_store(f"s3://{s3_bucket}/k8s-{uuid.uuid4().hex[:12]}", StoreOptions())
@@ -140,8 +163,14 @@ def store(s3_env: Any, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 CONFIG = KubernetesConfig(
-    namespace=NAMESPACE, service_account="resource-task", task_image="resource-functions:test",
-    margin_seconds=60, watch_seconds=1.0, deadline_slack_seconds=0.5, result_wait_seconds=2.0)
+    namespace=NAMESPACE,
+    service_account="resource-task",
+    task_image="resource-functions:test",
+    margin_seconds=60,
+    watch_seconds=1.0,
+    deadline_slack_seconds=0.5,
+    result_wait_seconds=2.0,
+)
 
 
 @pytest.fixture
@@ -158,24 +187,36 @@ def make_runtime(api: Any, store: Any) -> Iterator[Callable[..., KubernetesRunti
         runtime._closed.set()  # background followers stop; the fixture closes the client
 
 
-def make_task(action: str = "get", *, timeout: float = 600, request_id: str | None = None,
-              image: str = IMAGE) -> Task:
+def make_task(
+    action: str = "get", *, timeout: float = 600, request_id: str | None = None, image: str = IMAGE
+) -> Task:
     request_id = request_id or str(uuid.uuid4())
     source = {"uri": "https://git.example.com/r.git", "private_key": CANARY}
     version = {"ref": "abc123"} if action != "put" else None
     return Task(
-        run_id=keys.run_id("//ci.example.com", request_id), action=action,  # type: ignore[arg-type]
+        run_id=keys.run_id("//ci.example.com", request_id),
+        action=action,  # type: ignore[arg-type]
         resource_type=ResourceType(image=image),
         stdin=protocol.stdin_payload(action, source, version, {}),  # type: ignore[arg-type]
         env=protocol.build_env(action, Build(id="1")),  # type: ignore[arg-type]
-        inputs={}, cache_key=uuid.uuid4().hex * 2 if action == "get" else None,
-        timeout_seconds=timeout, request_id=request_id, request_source="//ci.example.com",
-        subject="pipelines/main")
+        inputs={},
+        cache_key=uuid.uuid4().hex * 2 if action == "get" else None,
+        timeout_seconds=timeout,
+        request_id=request_id,
+        request_source="//ci.example.com",
+        subject="pipelines/main",
+    )
 
 
 def container_status(name: str, state: dict[str, Any], image: str = IMAGE) -> dict[str, Any]:
-    return {"name": name, "image": image, "imageID": "", "ready": False, "restartCount": 0,
-            "state": state}
+    return {
+        "name": name,
+        "image": image,
+        "imageID": "",
+        "ready": False,
+        "restartCount": 0,
+        "state": state,
+    }
 
 
 RUNNING = {"running": {"startedAt": "2024-01-01T00:00:00Z"}}
@@ -218,8 +259,12 @@ class Node:
     def wait_job(self, timeout: float = 10) -> dict[str, Any]:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
-            items = json.loads(self.batch.list_namespaced_job(
-                NAMESPACE, _preload_content=False).data).get("items") or []
+            items = (
+                json.loads(
+                    self.batch.list_namespaced_job(NAMESPACE, _preload_content=False).data
+                ).get("items")
+                or []
+            )
             if items:
                 return items[0]
             time.sleep(0.05)
@@ -231,8 +276,9 @@ class Node:
         name = job["metadata"]["name"] + "-stdin"
         while time.monotonic() < end:
             try:
-                secret = json.loads(self.core.read_namespaced_secret(
-                    name, NAMESPACE, _preload_content=False).data)
+                secret = json.loads(
+                    self.core.read_namespaced_secret(name, NAMESPACE, _preload_content=False).data
+                )
                 owners = secret["metadata"].get("ownerReferences") or []
                 if any(o["uid"] == job["metadata"]["uid"] for o in owners):
                     return dict(secret)
@@ -246,33 +292,69 @@ class Node:
         job_name, uid = job["metadata"]["name"], job["metadata"]["uid"]
         name = job_name + "-" + uuid.uuid4().hex[:5]
         template = job["spec"]["template"]
-        labels = {**template["metadata"]["labels"], "job-name": job_name,
-                  "batch.kubernetes.io/job-name": job_name, "controller-uid": uid,
-                  "batch.kubernetes.io/controller-uid": uid}
-        owner = {"apiVersion": "batch/v1", "kind": "Job", "name": job_name, "uid": uid,
-                 "controller": True, "blockOwnerDeletion": True}
-        self.core.create_namespaced_pod(NAMESPACE, {
-            "apiVersion": "v1", "kind": "Pod", "spec": template["spec"],
-            "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels,
-                         "ownerReferences": [owner]},
-            "status": {"phase": "Pending"}})
+        labels = {
+            **template["metadata"]["labels"],
+            "job-name": job_name,
+            "batch.kubernetes.io/job-name": job_name,
+            "controller-uid": uid,
+            "batch.kubernetes.io/controller-uid": uid,
+        }
+        owner = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "name": job_name,
+            "uid": uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+        self.core.create_namespaced_pod(
+            NAMESPACE,
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "spec": template["spec"],
+                "metadata": {
+                    "name": name,
+                    "namespace": NAMESPACE,
+                    "labels": labels,
+                    "ownerReferences": [owner],
+                },
+                "status": {"phase": "Pending"},
+            },
+        )
         return name
 
-    def pod_status(self, pod: str, phase: str, init: list[dict[str, Any]],
-                   main: list[dict[str, Any]] | None = None, **extra: Any) -> None:
-        status = {"phase": phase, "initContainerStatuses": init,
-                  "containerStatuses": main or [container_status("collect", {"waiting": {
-                      "reason": "PodInitializing"}})], **extra}
+    def pod_status(
+        self,
+        pod: str,
+        phase: str,
+        init: list[dict[str, Any]],
+        main: list[dict[str, Any]] | None = None,
+        **extra: Any,
+    ) -> None:
+        status = {
+            "phase": phase,
+            "initContainerStatuses": init,
+            "containerStatuses": main
+            or [container_status("collect", {"waiting": {"reason": "PodInitializing"}})],
+            **extra,
+        }
         self.core.patch_namespaced_pod_status(pod, NAMESPACE, {"status": status})
 
     def job_condition(self, job: dict[str, Any], kind: str, reason: str = "") -> None:
         condition = {"type": kind, "status": "True", "reason": reason, "message": reason}
-        self.batch.patch_namespaced_job_status(job["metadata"]["name"], NAMESPACE,
-                                               {"status": {"conditions": [condition]}})
+        self.batch.patch_namespaced_job_status(
+            job["metadata"]["name"], NAMESPACE, {"status": {"conditions": [condition]}}
+        )
 
-    def run_step(self, job: dict[str, Any], step: str, secret: dict[str, Any] | None = None,
-                 task_files: dict[str, bytes] | None = None,
-                 output: dict[str, bytes] | None = None) -> int:
+    def run_step(
+        self,
+        job: dict[str, Any],
+        step: str,
+        secret: dict[str, Any] | None = None,
+        task_files: dict[str, bytes] | None = None,
+        output: dict[str, bytes] | None = None,
+    ) -> int:
         """Run a step container's command in this process, as the pod would."""
         build = self.workdir / job["metadata"]["name"] / "build"
         for name, body in {**(task_files or {})}.items():
@@ -284,12 +366,21 @@ class Node:
         stdin = build.parent / "stdin"
         if secret is not None:
             stdin.write_bytes(base64.b64decode(secret["data"]["stdin"]))
-        command = next(c for c in job["spec"]["template"]["spec"]["containers"] +
-                       job["spec"]["template"]["spec"].get("initContainers", [])
-                       if c["name"] == step)["command"]
+        command = next(
+            c
+            for c in job["spec"]["template"]["spec"]["containers"]
+            + job["spec"]["template"]["spec"].get("initContainers", [])
+            if c["name"] == step
+        )["command"]
         assert command[:3] == ["python", "-m", "functions"]
-        argv = [{"/tmp/build": str(build), "/secret/stdin": str(stdin),
-                 "/tmp/build/put": str(build / "put")}.get(a, a) for a in command[3:]]
+        argv = [
+            {
+                "/tmp/build": str(build),
+                "/secret/stdin": str(stdin),
+                "/tmp/build/put": str(build / "put"),
+            }.get(a, a)
+            for a in command[3:]
+        ]
         return cli.main(argv)
 
 
@@ -298,12 +389,20 @@ def node(api: Any, tmp_path: Path) -> Node:
     return Node(api, tmp_path)
 
 
-def finish(*, exit_code: int = 0, stdout: bytes = VERSION_OUT, stderr: bytes = b"fetched\n",
-           output: dict[str, bytes] | None = None, seen: dict[str, Any] | None = None,
-           delay: float = 0.0, files: dict[str, bytes] | None = None) -> Callable[[Node], None]:
+def finish(
+    *,
+    exit_code: int = 0,
+    stdout: bytes = VERSION_OUT,
+    stderr: bytes = b"fetched\n",
+    output: dict[str, bytes] | None = None,
+    seen: dict[str, Any] | None = None,
+    delay: float = 0.0,
+    files: dict[str, bytes] | None = None,
+) -> Callable[[Node], None]:
     """A node script: the pod runs, the resource step ends with ``exit_code``, collect runs
     for real and the Job completes. ``seen`` receives the Job and Secret as created;
     ``files`` are more files the resource step left in .task/."""
+
     def script(node: Node) -> None:
         job = node.wait_job()
         secret = node.wait_secret(job)
@@ -312,26 +411,41 @@ def finish(*, exit_code: int = 0, stdout: bytes = VERSION_OUT, stderr: bytes = b
         time.sleep(delay)
         pod = node.create_pod(job)
         node.pod_status(pod, "Pending", [container_status("resource", RUNNING)])
-        node.pod_status(pod, "Running", [container_status("resource", terminated())],
-                        [container_status("collect", RUNNING)])
-        task_files = {"exit-code": f"{exit_code}\n".encode(), "stdout": stdout,
-                      "stderr": stderr, **(files or {})}
+        node.pod_status(
+            pod,
+            "Running",
+            [container_status("resource", terminated())],
+            [container_status("collect", RUNNING)],
+        )
+        task_files = {
+            "exit-code": f"{exit_code}\n".encode(),
+            "stdout": stdout,
+            "stderr": stderr,
+            **(files or {}),
+        }
         assert node.run_step(job, "collect", secret, task_files, output) == 0
-        node.pod_status(pod, "Succeeded", [container_status("resource", terminated())],
-                        [container_status("collect", terminated())])
+        node.pod_status(
+            pod,
+            "Succeeded",
+            [container_status("resource", terminated())],
+            [container_status("collect", terminated())],
+        )
         node.job_condition(job, "Complete")
+
     return script
 
 
 # --- scenarios ------------------------------------------------------------------------------
 
-def test_get_succeeds_and_its_artifact_is_in_the_store(make_runtime: Any, node: Node,
-                                                        cluster: Cluster, store: Any,
-                                                        tmp_path: Path) -> None:
+
+def test_get_succeeds_and_its_artifact_is_in_the_store(
+    make_runtime: Any, node: Node, cluster: Cluster, store: Any, tmp_path: Path
+) -> None:
     seen: dict[str, Any] = {}
     task = make_task("get")
-    thread = node.play(finish(output={"README": b"hello\n", "src/main.py": b"print(1)\n"},
-                              seen=seen))
+    thread = node.play(
+        finish(output={"README": b"hello\n", "src/main.py": b"print(1)\n"}, seen=seen)
+    )
     outcome = make_runtime().run(task)
     node.check(thread)
     assert outcome.succeeded, outcome
@@ -349,7 +463,8 @@ def test_get_succeeds_and_its_artifact_is_in_the_store(make_runtime: Any, node: 
 
 
 def test_secret_is_owned_by_the_job_and_deleted_after_completion(
-        make_runtime: Any, node: Node, cluster: Cluster) -> None:
+    make_runtime: Any, node: Node, cluster: Cluster
+) -> None:
     seen: dict[str, Any] = {}
     task = make_task("check")
     thread = node.play(finish(stdout=b'[{"ref": "1"}]', seen=seen))
@@ -357,9 +472,14 @@ def test_secret_is_owned_by_the_job_and_deleted_after_completion(
     node.check(thread)
     assert outcome.data == {"versions": [{"ref": "1"}]}
     job, secret = seen["job"], seen["secret"]
-    assert secret["metadata"]["ownerReferences"] == [{
-        "apiVersion": "batch/v1", "kind": "Job", "name": job["metadata"]["name"],
-        "uid": job["metadata"]["uid"]}]  # no blockOwnerDeletion
+    assert secret["metadata"]["ownerReferences"] == [
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "name": job["metadata"]["name"],
+            "uid": job["metadata"]["uid"],
+        }
+    ]  # no blockOwnerDeletion
     assert base64.b64decode(secret["data"]["stdin"]) == task.stdin
     assert CANARY not in json.dumps(job)
     assert cluster.live("secrets", secret["metadata"]["name"]) is None
@@ -367,7 +487,8 @@ def test_secret_is_owned_by_the_job_and_deleted_after_completion(
 
 
 def test_resource_failure_is_recorded_by_collect_with_secrets_redacted(
-        make_runtime: Any, node: Node, store: Any) -> None:
+    make_runtime: Any, node: Node, store: Any
+) -> None:
     task = make_task("get")
     thread = node.play(finish(exit_code=3, stdout=b"", stderr=f"auth failed: {CANARY}\n".encode()))
     outcome = make_runtime().run(task)
@@ -381,11 +502,21 @@ def test_resource_failure_is_recorded_by_collect_with_secrets_redacted(
 
 
 def test_image_pull_failure_fails_fast_and_deletes_the_job(
-        make_runtime: Any, node: Node, cluster: Cluster, store: Any) -> None:
+    make_runtime: Any, node: Node, cluster: Cluster, store: Any
+) -> None:
     def script(node: Node) -> None:
         pod = node.create_pod(node.wait_job())
-        node.pod_status(pod, "Pending", [container_status("resource", {"waiting": {
-            "reason": "ErrImagePull", "message": "manifest unknown"}}, image="nope:1")])
+        node.pod_status(
+            pod,
+            "Pending",
+            [
+                container_status(
+                    "resource",
+                    {"waiting": {"reason": "ErrImagePull", "message": "manifest unknown"}},
+                    image="nope:1",
+                )
+            ],
+        )
 
     task = make_task("get", timeout=600, image="nope:1")
     thread = node.play(script)
@@ -402,8 +533,9 @@ def test_image_pull_failure_fails_fast_and_deletes_the_job(
     assert steps.read_outcome(store, task.run_id) == outcome  # a redelivery replays it
 
 
-def test_timeout_deletes_the_job(make_runtime: Any, node: Node, cluster: Cluster,
-                                 store: Any) -> None:
+def test_timeout_deletes_the_job(
+    make_runtime: Any, node: Node, cluster: Cluster, store: Any
+) -> None:
     def script(node: Node) -> None:
         pod = node.create_pod(node.wait_job())
         node.pod_status(pod, "Running", [container_status("resource", RUNNING)])
@@ -433,13 +565,16 @@ def test_deadline_exceeded_job_is_a_timeout(make_runtime: Any, node: Node) -> No
     assert outcome.failure is not None and outcome.failure.kind == "timeout"
 
 
-def test_failed_step_is_a_runtime_failure_with_its_message(make_runtime: Any,
-                                                           node: Node) -> None:
+def test_failed_step_is_a_runtime_failure_with_its_message(make_runtime: Any, node: Node) -> None:
     def script(node: Node) -> None:
         job = node.wait_job()
         pod = node.create_pod(job)
-        node.pod_status(pod, "Failed", [container_status("resource", terminated())], [
-            container_status("collect", terminated(1, "collect: cannot record: store down"))])
+        node.pod_status(
+            pod,
+            "Failed",
+            [container_status("resource", terminated())],
+            [container_status("collect", terminated(1, "collect: cannot record: store down"))],
+        )
         node.job_condition(job, "Failed", "BackoffLimitExceeded")
 
     thread = node.play(script)
@@ -453,23 +588,32 @@ def test_failed_step_is_a_runtime_failure_with_its_message(make_runtime: Any,
 def collect_without_store(termination: Path) -> Callable[[Node], None]:
     """A node script: the resource step succeeds, then the REAL collect step cannot reach
     the store (STORE_URL points at nothing) and the pod fails the way kubelet reports it."""
+
     def script(node: Node) -> None:
         job = node.wait_job()
         secret = node.wait_secret(job)
         pod = node.create_pod(job)
         code = node.run_step(job, "collect", secret, {"exit-code": b"0\n", "stdout": b"[]"})
         assert code == contract.EXIT_UNAVAILABLE
-        node.pod_status(pod, "Failed", [container_status("resource", terminated())], [
-            container_status("collect", terminated(code, termination.read_text()))])
+        node.pod_status(
+            pod,
+            "Failed",
+            [container_status("resource", terminated())],
+            [container_status("collect", terminated(code, termination.read_text()))],
+        )
         node.job_condition(job, "Failed", "BackoffLimitExceeded")
+
     return script
 
 
-
-
 def test_a_store_outage_in_a_step_is_retried_not_recorded(
-        make_runtime: Any, node: Node, cluster: Cluster, store: Any, termination: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    make_runtime: Any,
+    node: Node,
+    cluster: Cluster,
+    store: Any,
+    termination: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("STORE_URL", "file:///nonexistent-store-dir-for-test")  # collect's only
     task = make_task("check")
     name = f"rf-check-{task.run_id[:20]}"
@@ -491,8 +635,9 @@ def test_a_store_outage_in_a_step_is_retried_not_recorded(
     assert len(cluster.requests("create", "jobs")) == 2
 
 
-def test_a_store_outage_in_stage_is_retried(make_runtime: Any, node: Node, cluster: Cluster,
-                                            store: Any) -> None:
+def test_a_store_outage_in_stage_is_retried(
+    make_runtime: Any, node: Node, cluster: Cluster, store: Any
+) -> None:
     def script(node: Node) -> None:
         job = node.wait_job()
         pod = node.create_pod(job)
@@ -510,9 +655,15 @@ def test_a_store_outage_in_stage_is_retried(make_runtime: Any, node: Node, clust
 
 
 def test_async_store_outage_is_replied_as_storage_and_not_recorded(
-        make_runtime: Any, node: Node, cluster: Cluster, store: Any, sink: Any,
-        termination: Path, monkeypatch: pytest.MonkeyPatch,
-        caplog: pytest.LogCaptureFixture) -> None:
+    make_runtime: Any,
+    node: Node,
+    cluster: Cluster,
+    store: Any,
+    sink: Any,
+    termination: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     url, received = sink
     monkeypatch.setenv("STORE_URL", "file:///nonexistent-store-dir-for-test")
     monkeypatch.setenv("K_SINK", url)
@@ -531,16 +682,28 @@ def test_async_store_outage_is_replied_as_storage_and_not_recorded(
     assert steps.read_outcome(store, task.run_id) is None  # sending it again runs afresh
 
 
-def test_a_stale_secret_of_an_earlier_job_is_replaced(make_runtime: Any, node: Node,
-                                                     cluster: Cluster, api: Any) -> None:
+def test_a_stale_secret_of_an_earlier_job_is_replaced(
+    make_runtime: Any, node: Node, cluster: Cluster, api: Any
+) -> None:
     """A Secret left by a deleted Job of the same name would be garbage-collected under
     the new pod: the runtime replaces it rather than attach to it."""
     task = make_task("check")
     name = f"rf-check-{task.run_id[:20]}-stdin"
-    client.CoreV1Api(api).create_namespaced_secret(NAMESPACE, {
-        "apiVersion": "v1", "kind": "Secret", "data": {"stdin": "c3RhbGU="},
-        "metadata": {"name": name, "namespace": NAMESPACE, "ownerReferences": [{
-            "apiVersion": "batch/v1", "kind": "Job", "name": name[:-6], "uid": "old-uid"}]}})
+    client.CoreV1Api(api).create_namespaced_secret(
+        NAMESPACE,
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "data": {"stdin": "c3RhbGU="},
+            "metadata": {
+                "name": name,
+                "namespace": NAMESPACE,
+                "ownerReferences": [
+                    {"apiVersion": "batch/v1", "kind": "Job", "name": name[:-6], "uid": "old-uid"}
+                ],
+            },
+        },
+    )
     seen: dict[str, Any] = {}
     thread = node.play(finish(stdout=b"[]", seen=seen))
     outcome = make_runtime().run(task)
@@ -552,11 +715,20 @@ def test_a_stale_secret_of_an_earlier_job_is_replaced(make_runtime: Any, node: N
 
 def test_the_unavailable_verdict() -> None:
     def pod(name: str, code: int, message: str = "") -> dict[str, Any]:
-        return {"status": {"phase": "Failed", "initContainerStatuses": [
-            container_status(name, terminated(code, message or None))]}}
+        return {
+            "status": {
+                "phase": "Failed",
+                "initContainerStatuses": [
+                    container_status(name, terminated(code, message or None))
+                ],
+            }
+        }
 
-    failed_job = {"status": {"conditions": [
-        {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}}
+    failed_job = {
+        "status": {
+            "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]
+        }
+    }
     marked = "unavailable: collect: the store is unavailable: timed out"
     for job in (failed_job, {}, None):  # failed; pod failed first; deleted by another delivery
         verdict = judge(job, [pod("collect", 75, marked)], deadline_passed=False)
@@ -573,20 +745,24 @@ def test_the_unavailable_verdict() -> None:
 
 
 def test_pods_of_an_earlier_job_of_the_same_name_do_not_count() -> None:
-    pod = {"metadata": {"labels": {"job-name": "j", "controller-uid": "old"},
-                        "ownerReferences": [{"kind": "Job", "uid": "old"}]}}
+    pod = {
+        "metadata": {
+            "labels": {"job-name": "j", "controller-uid": "old"},
+            "ownerReferences": [{"kind": "Job", "uid": "old"}],
+        }
+    }
     assert belongs(pod, "j") and belongs(pod, "j", "old")
     assert not belongs(pod, "j", "new") and not belongs(pod, "other")
     assert belongs({"metadata": {"labels": {"job-name": "j"}}}, "j", "new")  # unknown owner
 
 
-def test_redelivery_attaches_to_the_running_job(make_runtime: Any, node: Node,
-                                                cluster: Cluster) -> None:
+def test_redelivery_attaches_to_the_running_job(
+    make_runtime: Any, node: Node, cluster: Cluster
+) -> None:
     task = make_task("get")
     runtime = make_runtime()
     outcomes: list[Any] = []
-    runs = [threading.Thread(target=lambda: outcomes.append(runtime.run(task)))
-            for _ in range(2)]
+    runs = [threading.Thread(target=lambda: outcomes.append(runtime.run(task))) for _ in range(2)]
     thread = node.play(finish(output={"f": b"x"}, delay=0.5))
     for run in runs:
         run.start()
@@ -598,8 +774,9 @@ def test_redelivery_attaches_to_the_running_job(make_runtime: Any, node: Node,
     assert len(cluster.requests("create", "jobs")) == 2  # the second got 409 and attached
 
 
-def test_redelivery_after_completion_creates_no_new_secret(make_runtime: Any, node: Node,
-                                                           cluster: Cluster) -> None:
+def test_redelivery_after_completion_creates_no_new_secret(
+    make_runtime: Any, node: Node, cluster: Cluster
+) -> None:
     task = make_task("check")
     thread = node.play(finish(stdout=b"[]"))
     first = make_runtime().run(task)
@@ -610,7 +787,8 @@ def test_redelivery_after_completion_creates_no_new_secret(make_runtime: Any, no
 
 
 def test_watch_expiry_and_410_gone_make_the_runtime_list_again(
-        make_runtime: Any, node: Node, cluster: Cluster) -> None:
+    make_runtime: Any, node: Node, cluster: Cluster
+) -> None:
     cluster.emulator.gone_watches = 1
     thread = node.play(finish(stdout=b"[]", delay=2.5))
     outcome = make_runtime(watch_seconds=0.5).run(make_task("check"))
@@ -631,18 +809,35 @@ def test_unreachable_api_is_unavailable(store: Any, unused_port: int) -> None:
 
 
 def test_forbidden_names_the_missing_verb(make_runtime: Any, cluster: Cluster) -> None:
-    cluster.emulator["post", "/apis/batch/v1/namespaces/tasks/jobs"] << 403 << {
-        "kind": "Status", "apiVersion": "v1", "code": 403, "reason": "Forbidden",
-        "message": 'jobs.batch is forbidden: User "system:serviceaccount:rf:rf" cannot create'}
+    (
+        cluster.emulator["post", "/apis/batch/v1/namespaces/tasks/jobs"]
+        << 403
+        << {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "code": 403,
+            "reason": "Forbidden",
+            "message": 'jobs.batch is forbidden: User "system:serviceaccount:rf:rf" cannot create',
+        }
+    )
     with pytest.raises(Unavailable, match=r"refused 'create jobs' in namespace 'tasks'.*rbac"):
         make_runtime().run(make_task("check"))
 
 
 def test_an_invalid_secret_is_a_recorded_failure_and_its_job_is_deleted(
-        make_runtime: Any, cluster: Cluster, store: Any) -> None:
-    cluster.emulator["post", "/api/v1/namespaces/tasks/secrets"] << 422 << {
-        "kind": "Status", "apiVersion": "v1", "code": 422, "reason": "Invalid",
-        "message": "Secret is invalid: data: Too long: must have at most 1048576 bytes"}
+    make_runtime: Any, cluster: Cluster, store: Any
+) -> None:
+    (
+        cluster.emulator["post", "/api/v1/namespaces/tasks/secrets"]
+        << 422
+        << {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "code": 422,
+            "reason": "Invalid",
+            "message": "Secret is invalid: data: Too long: must have at most 1048576 bytes",
+        }
+    )
     task = make_task("check")
     outcome = make_runtime().run(task)
     assert outcome.failure is not None and outcome.failure.kind == "runtime"
@@ -651,9 +846,17 @@ def test_an_invalid_secret_is_a_recorded_failure_and_its_job_is_deleted(
     assert steps.read_outcome(store, task.run_id) == outcome
 
 
-@pytest.mark.parametrize(("status", "expected"), [
-    (500, Unavailable), (503, Unavailable), (429, Unavailable), (401, Unavailable),
-    (400, Rejected), (422, Rejected)])
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        (500, Unavailable),
+        (503, Unavailable),
+        (429, Unavailable),
+        (401, Unavailable),
+        (400, Rejected),
+        (422, Rejected),
+    ],
+)
 def test_api_errors_are_classified(status: int, expected: type) -> None:
     err = client.ApiException(status=status, reason="x")
     err.body = json.dumps({"message": "the message"})
@@ -661,6 +864,7 @@ def test_api_errors_are_classified(status: int, expected: type) -> None:
 
 
 # --- asynchronous completion ----------------------------------------------------------------
+
 
 @pytest.fixture
 def sink() -> Iterator[tuple[str, list[dict[str, Any]]]]:
@@ -693,8 +897,8 @@ def wait_for(condition: Callable[[], Any], timeout: float = 10) -> Any:
 
 
 def test_async_start_returns_at_once_and_collect_replies(
-        make_runtime: Any, node: Node, cluster: Cluster, sink: Any,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    make_runtime: Any, node: Node, cluster: Cluster, sink: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     url, received = sink
     monkeypatch.setenv("K_SINK", url)  # what the SinkBinding injects into the task pod
     task = make_task("check")
@@ -719,13 +923,21 @@ def test_async_start_returns_at_once_and_collect_replies(
 
 
 def test_async_image_pull_failure_is_replied_by_the_function(
-        make_runtime: Any, node: Node, sink: Any) -> None:
+    make_runtime: Any, node: Node, sink: Any
+) -> None:
     url, received = sink
 
     def script(node: Node) -> None:
         pod = node.create_pod(node.wait_job())
-        node.pod_status(pod, "Pending", [container_status("resource", {"waiting": {
-            "reason": "ImagePullBackOff", "message": "back-off"}})])
+        node.pod_status(
+            pod,
+            "Pending",
+            [
+                container_status(
+                    "resource", {"waiting": {"reason": "ImagePullBackOff", "message": "back-off"}}
+                )
+            ],
+        )
 
     thread = node.play(script)
     make_runtime(sink=url).start(make_task("get"))
@@ -736,37 +948,57 @@ def test_async_image_pull_failure_is_replied_by_the_function(
 
 
 def test_async_timeout_enforced_in_the_pod_is_replied_by_collect(
-        make_runtime: Any, node: Node, sink: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    make_runtime: Any, node: Node, sink: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     url, received = sink
     monkeypatch.setenv("K_SINK", url)
     task = make_task("get", timeout=30)
     # What RESOURCE_SCRIPT leaves when its watchdog stopped the script (test_pod_spec).
-    thread = node.play(finish(exit_code=124, stdout=b"", stderr=b"cloning...\n",
-                              files={"timed-out": b"30\n"}))
+    thread = node.play(
+        finish(exit_code=124, stdout=b"", stderr=b"cloning...\n", files={"timed-out": b"30\n"})
+    )
     make_runtime(sink=url).start(task)
     node.check(thread)
     reply = wait_for(lambda: received)[0]
     assert reply["headers"]["ce-type"] == "dev.resourcefunctions.get.failed"
     error = reply["body"]["error"]
-    assert error == {"kind": "timeout", "message": "the resource script ran longer than 30s",
-                     "log_tail": "cloning...\n"}
+    assert error == {
+        "kind": "timeout",
+        "message": "the resource script ran longer than 30s",
+        "log_tail": "cloning...\n",
+    }
     time.sleep(1.5)  # the follower sees the Job complete and must not reply again
     assert len(received) == 1
 
 
 # --- configuration --------------------------------------------------------------------------
 
+
 def test_from_settings_uses_kubeconfig(cluster: Cluster, store: Any, tmp_path: Path) -> None:
     kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
-        "clusters": [{"name": "kmock", "cluster": {"server": cluster.url}}],
-        "users": [{"name": "u", "user": {"token": "t"}}],
-        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "u"}}]}))
-    settings = Settings.from_env({
-        "KUBECONFIG": str(kubeconfig), "TASK_NAMESPACE": NAMESPACE, "RUNTIME": "kubernetes",
-        "TASK_STORE_SECRET": "store-creds", "ARCHIVE_LEVEL": "7",
-        "TASK_NODE_SELECTOR": '{"pool": "ci"}', "TASK_IMAGE_PULL_SECRETS": "pull-a,pull-b"})
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "kmock",
+                "clusters": [{"name": "kmock", "cluster": {"server": cluster.url}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "u"}}],
+            }
+        )
+    )
+    settings = Settings.from_env(
+        {
+            "KUBECONFIG": str(kubeconfig),
+            "TASK_NAMESPACE": NAMESPACE,
+            "RUNTIME": "kubernetes",
+            "TASK_STORE_SECRET": "store-creds",
+            "ARCHIVE_LEVEL": "7",
+            "TASK_NODE_SELECTOR": '{"pool": "ci"}',
+            "TASK_IMAGE_PULL_SECRETS": "pull-a,pull-b",
+        }
+    )
     runtime = KubernetesRuntime.from_settings(settings, store)
     try:
         task = make_task("check")

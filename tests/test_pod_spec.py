@@ -1,5 +1,6 @@
 """The task Job and its stdin Secret, checked as data against the official schemas, and the
 fixed resource-step script run for real by a shell (busybox, in a chroot)."""
+
 from __future__ import annotations
 
 import base64
@@ -38,35 +39,60 @@ OWNER_UID = "0b6a4bd7-1f6c-4d9e-9f0e-3a1c2b3d4e5f"
 LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 DIGEST = "sha256:" + "ab" * 32
 CONFIG = KubernetesConfig(
-    namespace="resource-functions", service_account="resource-task",
+    namespace="resource-functions",
+    service_account="resource-task",
     task_image="registry.example.com/resource-functions@sha256:" + "cd" * 32,
-    ttl_seconds=600, margin_seconds=300, store_secret="resource-functions-store",
+    ttl_seconds=600,
+    margin_seconds=300,
+    store_secret="resource-functions-store",
     resources={"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
     node_selector={"kubernetes.io/os": "linux"},
     tolerations=({"key": "ci", "operator": "Exists", "effect": "NoSchedule"},),
     image_pull_secrets=("deploy-pull",),
-    step_env=(("ARCHIVE_FORMAT", "zstd"), ("ARCHIVE_LEVEL", "3"),
-              ("AWS_ENDPOINT_URL_S3", "http://minio:9000")),
+    step_env=(
+        ("ARCHIVE_FORMAT", "zstd"),
+        ("ARCHIVE_LEVEL", "3"),
+        ("AWS_ENDPOINT_URL_S3", "http://minio:9000"),
+    ),
 )
 STORE_URL = "s3://resource-functions/ci"
 
 
-def make_task(action: str = "get", *, request_id: str = "evt-1", secret: str = CANARY,
-              resource_type: ResourceType | None = None) -> Task:
-    source = {"uri": "https://git.example.com/repo.git", "private_key": secret,
-              "nested": [{"token": secret + "-2"}]}
+def make_task(
+    action: str = "get",
+    *,
+    request_id: str = "evt-1",
+    secret: str = CANARY,
+    resource_type: ResourceType | None = None,
+) -> Task:
+    source = {
+        "uri": "https://git.example.com/repo.git",
+        "private_key": secret,
+        "nested": [{"token": secret + "-2"}],
+    }
     version = {"ref": "abc123"} if action != "put" else None
     params = {"password": secret} if action != "check" else {}
-    inputs = {"repo": ArtifactRef(key=f"artifacts/{'1' * 64}.tar.zst", digest=DIGEST),
-              "notes": ArtifactRef(key="artifacts/notes.tar.gz")} if action == "put" else {}
+    inputs = (
+        {
+            "repo": ArtifactRef(key=f"artifacts/{'1' * 64}.tar.zst", digest=DIGEST),
+            "notes": ArtifactRef(key="artifacts/notes.tar.gz"),
+        }
+        if action == "put"
+        else {}
+    )
     build = Build(id="17", name="42", job="unit", pipeline="main", team="main")
     return Task(
-        run_id=keys.run_id("//ci.example.com", request_id), action=action,  # type: ignore[arg-type]
+        run_id=keys.run_id("//ci.example.com", request_id),
+        action=action,  # type: ignore[arg-type]
         resource_type=resource_type or ResourceType(image="docker.io/concourse/git-resource:1.17"),
         stdin=protocol.stdin_payload(action, source, version, params),  # type: ignore[arg-type]
-        env=protocol.build_env(action, build), inputs=inputs,  # type: ignore[arg-type]
-        cache_key="c" * 64 if action == "get" else None, timeout_seconds=1800,
-        request_id=request_id, request_source="//ci.example.com", subject="pipelines/main",
+        env=protocol.build_env(action, build),
+        inputs=inputs,  # type: ignore[arg-type]
+        cache_key="c" * 64 if action == "get" else None,
+        timeout_seconds=1800,
+        request_id=request_id,
+        request_source="//ci.example.com",
+        subject="pipelines/main",
     )
 
 
@@ -77,9 +103,12 @@ def make_plan(action: str = "get", *, reply: bool = False, **task_args: Any) -> 
 def pod_of(job: dict[str, Any]) -> dict[str, Any]:
     """The Pod the Job controller would create from the template."""
     template = job["spec"]["template"]
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": job["metadata"]["name"] + "-x7k2p", **template["metadata"]},
-            "spec": template["spec"]}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": job["metadata"]["name"] + "-x7k2p", **template["metadata"]},
+        "spec": template["spec"],
+    }
 
 
 def containers(job: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -121,15 +150,22 @@ def test_job_runs_once_within_its_deadline_and_is_cleaned_up(action: str) -> Non
 
 def test_deadline_rounds_up_fractional_timeouts() -> None:
     plan = make_plan()
-    assert JobPlan(**{**plan.__dict__, "timeout_seconds": 0.2,
-                      "margin_seconds": 1}).active_deadline_seconds == 2
+    assert (
+        JobPlan(
+            **{**plan.__dict__, "timeout_seconds": 0.2, "margin_seconds": 1}
+        ).active_deadline_seconds
+        == 2
+    )
 
 
-@pytest.mark.parametrize(("action", "order"), [
-    ("check", ["resource", "collect"]),
-    ("get", ["resource", "collect"]),
-    ("put", ["stage", "resource", "collect"]),
-])
+@pytest.mark.parametrize(
+    ("action", "order"),
+    [
+        ("check", ["resource", "collect"]),
+        ("get", ["resource", "collect"]),
+        ("put", ["stage", "resource", "collect"]),
+    ],
+)
 def test_steps_run_in_order_around_the_resource(action: str, order: list[str]) -> None:
     pod = job_manifest(make_plan(action))["spec"]["template"]["spec"]
     assert [c["name"] for c in pod["initContainers"]] == order[:-1]
@@ -143,7 +179,10 @@ def test_build_dir_is_shared_and_stdin_reaches_only_resource_and_collect(action:
     assert volumes["build"] == {"name": "build", "emptyDir": {}}
     assert volumes["stdin"]["secret"] == {
         "secretName": podspec.job_name(action, make_task(action).run_id) + "-stdin",
-        "optional": False, "defaultMode": 0o400, "items": [{"key": "stdin", "path": "stdin"}, {"key": "redact", "path": "redact"}]}
+        "optional": False,
+        "defaultMode": 0o400,
+        "items": [{"key": "stdin", "path": "stdin"}, {"key": "redact", "path": "redact"}],
+    }
     for name, container in containers(job).items():
         assert mounts(container)["build"] == "/tmp/build"
         assert ("stdin" in mounts(container)) == (name in ("resource", "collect")), name
@@ -176,8 +215,7 @@ def test_only_the_steps_get_store_credentials() -> None:
         assert env["ARCHIVE_FORMAT"] == "zstd" and env["ARCHIVE_LEVEL"] == "3"
         assert env["AWS_ENDPOINT_URL_S3"] == "http://minio:9000"
     assert "envFrom" not in cs["resource"]
-    assert {e["name"] for e in cs["resource"]["env"]} == set(protocol.build_env(
-        "get", Build()))
+    assert {e["name"] for e in cs["resource"]["env"]} == set(protocol.build_env("get", Build()))
 
 
 def test_no_store_secret_means_no_env_from() -> None:
@@ -195,14 +233,21 @@ def test_names_and_labels_are_valid(action: str) -> None:
     plan = make_plan(action)
     job = job_manifest(plan)
     secret = stdin_secret_manifest(plan, b"{}", OWNER_UID)
-    names = [job["metadata"]["name"], secret["metadata"]["name"],
-             pod_of(job)["metadata"]["name"], *containers(job)]
+    names = [
+        job["metadata"]["name"],
+        secret["metadata"]["name"],
+        pod_of(job)["metadata"]["name"],
+        *containers(job),
+    ]
     names += [v["name"] for v in job["spec"]["template"]["spec"]["volumes"]]
     for name in names:
         assert podspec.DNS_LABEL.match(name) and len(name) <= 63, name
     assert job["metadata"]["name"] == f"rf-{action}-{plan.run_id[:20]}"
-    for obj_labels in (job["metadata"]["labels"], job["spec"]["template"]["metadata"]["labels"],
-                       secret["metadata"]["labels"]):
+    for obj_labels in (
+        job["metadata"]["labels"],
+        job["spec"]["template"]["metadata"]["labels"],
+        secret["metadata"]["labels"],
+    ):
         assert obj_labels["app.kubernetes.io/managed-by"] == "resource-functions"
         assert obj_labels["resource-functions.dev/run-id"] == plan.run_id
         assert obj_labels["resource-functions.dev/action"] == action
@@ -218,20 +263,25 @@ def test_job_name_is_the_same_for_every_delivery_and_differs_between_requests() 
 
 
 def test_resource_script_is_the_same_text_for_every_request() -> None:
-    commands = [containers(job_manifest(make_plan(action, request_id=rid, secret=secret)))[
-        "resource"]["command"] for action in ACTIONS for rid in ("a", "b")
-        for secret in (CANARY, "other-secret-value")]
+    commands = [
+        containers(job_manifest(make_plan(action, request_id=rid, secret=secret)))["resource"][
+            "command"
+        ]
+        for action in ACTIONS
+        for rid in ("a", "b")
+        for secret in (CANARY, "other-secret-value")
+    ]
     assert {tuple(c[:3]) for c in commands} == {("sh", "-c", RESOURCE_SCRIPT)}
     assert {tuple(c[3:]) for c in commands} == {
         ("resource", "/opt/resource/check", "1800"),
         ("resource", "/opt/resource/in", "1800", "/tmp/build/get"),
-        ("resource", "/opt/resource/out", "1800", "/tmp/build/put")}
+        ("resource", "/opt/resource/out", "1800", "/tmp/build/put"),
+    }
 
 
 def test_the_script_timeout_is_whole_seconds_within_the_deadline() -> None:
     plan = replace(make_plan("check"), timeout_seconds=0.2)
-    assert containers(job_manifest(plan))["resource"]["command"][4:] == ["/opt/resource/check",
-                                                                          "1"]
+    assert containers(job_manifest(plan))["resource"]["command"][4:] == ["/opt/resource/check", "1"]
     assert replace(plan, timeout_seconds=59.5).script_timeout_seconds == 60
     assert plan.active_deadline_seconds > plan.script_timeout_seconds
 
@@ -265,9 +315,16 @@ def test_input_arguments_round_trip(value: str) -> None:
     assert contract.format_input(name, ref) == value
 
 
-@pytest.mark.parametrize("value", [f"repo=k.tar@{DIGEST.upper()}", "repo=k.tar@sha256:abc",
-                                   f"repo=k.tar@{DIGEST}\n", f"repo=k.tar@{DIGEST}x"],
-                         ids=["upper-case", "short", "newline", "trailing"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        f"repo=k.tar@{DIGEST.upper()}",
+        "repo=k.tar@sha256:abc",
+        f"repo=k.tar@{DIGEST}\n",
+        f"repo=k.tar@{DIGEST}x",
+    ],
+    ids=["upper-case", "short", "newline", "trailing"],
+)
 def test_an_input_without_an_exact_digest_is_a_plain_key(value: str) -> None:
     name, ref = parse_input(value)
     assert (name, ref.key, ref.digest) == ("repo", value.partition("=")[2], None)
@@ -287,8 +344,9 @@ def test_steps_are_unprivileged_non_root() -> None:
         assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]}
         assert cs[name]["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert cs["resource"]["securityContext"] == {"allowPrivilegeEscalation": False}
-    assert job_manifest(make_plan())["spec"]["template"]["spec"]["securityContext"][
-        "fsGroup"] == 65532
+    assert (
+        job_manifest(make_plan())["spec"]["template"]["spec"]["securityContext"]["fsGroup"] == 65532
+    )
 
 
 def test_deployment_pod_settings_apply_by_default() -> None:
@@ -303,10 +361,13 @@ def test_deployment_pod_settings_apply_by_default() -> None:
 
 def test_per_type_pod_settings_win() -> None:
     rt = ResourceType(
-        image="registry.example.com/docker-image@" + DIGEST, privileged=True,
-        resources={"limits": {"memory": "4Gi", "cpu": "2"}}, node_selector={"pool": "builders"},
+        image="registry.example.com/docker-image@" + DIGEST,
+        privileged=True,
+        resources={"limits": {"memory": "4Gi", "cpu": "2"}},
+        node_selector={"pool": "builders"},
         tolerations=[{"key": "builders", "operator": "Equal", "value": "yes"}],
-        image_pull_secrets=["type-pull"])
+        image_pull_secrets=["type-pull"],
+    )
     job = job_manifest(make_plan(resource_type=rt))
     pod = job["spec"]["template"]["spec"]
     cs = containers(job)
@@ -339,8 +400,9 @@ def test_secret_holds_stdin_and_is_owned_by_the_job() -> None:
     assert json.loads(base64.b64decode(resolved["data"]["redact"])) == ["pw", "token-1"]
     assert secret["immutable"] is True and secret["type"] == "Opaque"
     assert secret["metadata"]["name"] == plan.job_name + "-stdin"
-    assert secret["metadata"]["ownerReferences"] == [{
-        "apiVersion": "batch/v1", "kind": "Job", "name": plan.job_name, "uid": OWNER_UID}]
+    assert secret["metadata"]["ownerReferences"] == [
+        {"apiVersion": "batch/v1", "kind": "Job", "name": plan.job_name, "uid": OWNER_UID}
+    ]
     with pytest.raises(ValueError):
         stdin_secret_manifest(plan, task.stdin, "")
 
@@ -348,7 +410,8 @@ def test_secret_holds_stdin_and_is_owned_by_the_job() -> None:
 def test_request_source_is_an_annotation() -> None:
     job = job_manifest(make_plan())
     assert job["metadata"]["annotations"] == {
-        "resource-functions.dev/request-source": "//ci.example.com"}
+        "resource-functions.dev/request-source": "//ci.example.com"
+    }
 
 
 # --- the resource step's script, run by a real shell ----------------------------------------
@@ -401,15 +464,21 @@ def chroot(tmp_path: Path) -> Path:
     return root
 
 
-def run_resource_step(root: Path, action: str, env: dict[str, str] | None = None,
-                      timeout: float | None = None) -> int:
+def run_resource_step(
+    root: Path, action: str, env: dict[str, str] | None = None, timeout: float | None = None
+) -> int:
     plan = make_plan(action)
     if timeout is not None:
         plan = replace(plan, timeout_seconds=timeout)
     command = containers(job_manifest(plan))["resource"]["command"]
     chroot_bin = shutil.which("chroot") or "/usr/sbin/chroot"
-    result = subprocess.run([chroot_bin, str(root), "/bin/sh", *command[1:]], env={
-        "PATH": "/bin", **(env or {})}, capture_output=True, timeout=30, check=False)
+    result = subprocess.run(
+        [chroot_bin, str(root), "/bin/sh", *command[1:]],
+        env={"PATH": "/bin", **(env or {})},
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
     assert result.stdout == b"" and result.stderr == b"", result
     return result.returncode
 
@@ -455,8 +524,9 @@ def test_a_script_within_its_timeout_leaves_no_watchdog(chroot: Path) -> None:
 
 
 @pytest.mark.parametrize(("env", "killed_by"), [({}, "TERM"), ({"IGNORE_TERM": "1"}, "KILL")])
-def test_an_overrunning_script_is_stopped_and_marked(chroot: Path, env: dict[str, str],
-                                                     killed_by: str) -> None:
+def test_an_overrunning_script_is_stopped_and_marked(
+    chroot: Path, env: dict[str, str], killed_by: str
+) -> None:
     (chroot / "opt/resource/in").write_text(RESOURCE_SLOW)
     started = time.monotonic()
     assert run_resource_step(chroot, "get", env, timeout=1) == 0

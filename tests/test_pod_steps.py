@@ -1,5 +1,6 @@
 """The in-pod steps (``python -m functions stage|collect``) against a real S3 server: what
 each records, and its exit status (0 = outcome recorded, whatever it says)."""
+
 from __future__ import annotations
 
 import io
@@ -33,8 +34,6 @@ def store(s3_env: Any, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> Any:
     return store
 
 
-
-
 @pytest.fixture
 def build(tmp_path: Path) -> Path:
     (tmp_path / "build/.task").mkdir(parents=True)
@@ -43,8 +42,20 @@ def build(tmp_path: Path) -> Path:
 
 
 def collect(build: Path, action: str = "check", *extra: str) -> int:
-    return cli.main(["collect", "--run-id", RUN, "--action", action, "--dir", str(build),
-                     "--stdin-file", str(build.parent / "stdin"), *extra])
+    return cli.main(
+        [
+            "collect",
+            "--run-id",
+            RUN,
+            "--action",
+            action,
+            "--dir",
+            str(build),
+            "--stdin-file",
+            str(build.parent / "stdin"),
+            *extra,
+        ]
+    )
 
 
 def result(store: Any, run: str = RUN) -> dict[str, Any]:
@@ -57,8 +68,15 @@ def stage_as_input_repo(store: Any, source: Path, tmp_path: Path) -> Path:
     key = f"artifacts/{uuid.uuid4().hex}.tar.zst"
     info = upload_tree(store, key, source, ArchiveOptions())
     put = tmp_path / "build/put"
-    argv = ["stage", "--dir", str(put), "--task-dir", str(tmp_path / "build/.task"),
-            "--input", format_input("repo", ArtifactRef(key, info.digest))]
+    argv = [
+        "stage",
+        "--dir",
+        str(put),
+        "--task-dir",
+        str(tmp_path / "build/.task"),
+        "--input",
+        format_input("repo", ArtifactRef(key, info.digest)),
+    ]
     assert cli.main(argv) == 0
     return put
 
@@ -72,8 +90,7 @@ def test_stage_unpacks_inputs_and_checks_digests(store: Any, tmp_path: Path) -> 
     assert not (tmp_path / "build/.task/stage-error").exists()
 
 
-def test_stage_opens_a_tree_holding_symlinks_to_directories(store: Any,
-                                                             tmp_path: Path) -> None:
+def test_stage_opens_a_tree_holding_symlinks_to_directories(store: Any, tmp_path: Path) -> None:
     source = tmp_path / "src"
     (source / "dir/sub").mkdir(parents=True)
     (source / "dir/sub/file.txt").write_text("payload")
@@ -106,8 +123,15 @@ def test_make_writable_by_all_leaves_symlinks_and_their_targets_alone(tmp_path: 
 
 def test_a_missing_input_is_a_stage_error_not_a_failed_pod(store: Any, tmp_path: Path) -> None:
     task_dir = tmp_path / "build/.task"
-    argv = ["stage", "--dir", str(tmp_path / "build/put"), "--task-dir", str(task_dir),
-            "--input", "repo=artifacts/missing.tar.zst"]
+    argv = [
+        "stage",
+        "--dir",
+        str(tmp_path / "build/put"),
+        "--task-dir",
+        str(task_dir),
+        "--input",
+        "repo=artifacts/missing.tar.zst",
+    ]
     assert cli.main(argv) == 0
     assert "does not exist" in (task_dir / "stage-error").read_text()
     assert collect(tmp_path / "build", "put") == 0
@@ -116,8 +140,8 @@ def test_a_missing_input_is_a_stage_error_not_a_failed_pod(store: Any, tmp_path:
 
 
 def test_an_unreachable_store_fails_the_stage_step_as_retryable(
-        tmp_path: Path, unused_port: int, termination: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, unused_port: int, termination: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{unused_port}")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
@@ -125,9 +149,11 @@ def test_an_unreachable_store_fails_the_stage_step_as_retryable(
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
     monkeypatch.setenv("STORE_URL", "s3://bucket/prefix")
     status = in_pod.stage_main(
-        directory=tmp_path / "put", task_dir=tmp_path / ".task",
+        directory=tmp_path / "put",
+        task_dir=tmp_path / ".task",
         inputs={"repo": ArtifactRef("artifacts/x.tar.zst")},
-        settings=StepSettings.from_env({"STORE_URL": "s3://bucket/prefix"}))
+        settings=StepSettings.from_env({"STORE_URL": "s3://bucket/prefix"}),
+    )
     assert status == in_pod.EXIT_UNAVAILABLE == 75
     assert termination.read_text().startswith("unavailable: stage: the store is unavailable")
     assert not (tmp_path / ".task/stage-error").exists()
@@ -151,8 +177,9 @@ def test_a_missing_exit_code_is_a_runtime_failure(store: Any, build: Path) -> No
     assert "cannot open" in failure["log_tail"]
 
 
-def test_collect_keeps_the_tail_of_a_huge_log(store: Any, build: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_collect_keeps_the_tail_of_a_huge_log(
+    store: Any, build: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(in_pod, "MAX_STDERR_BYTES", 1000)
     (build / ".task/exit-code").write_text("1")
     (build / ".task/stderr").write_text("x" * 5000 + "\nthe real error\n")
@@ -171,8 +198,9 @@ def test_the_first_record_wins(store: Any, build: Path) -> None:
     assert result(store)["data"] == {"versions": []}
 
 
-def test_reply_without_k_sink_records_then_fails(store: Any, build: Path,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_reply_without_k_sink_records_then_fails(
+    store: Any, build: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (build / ".task/exit-code").write_text("0")
     (build / ".task/stdout").write_text("[]")
     assert collect(build, "check", "--reply-to-sink", "--request-id", "r1") != 0
@@ -181,7 +209,8 @@ def test_reply_without_k_sink_records_then_fails(store: Any, build: Path,
 
 
 def test_an_unreachable_store_fails_collect_as_retryable(
-        build: Path, termination: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    build: Path, termination: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("STORE_URL", "file:///nonexistent-store-dir-for-test")
     (build / ".task/exit-code").write_text("0")
     (build / ".task/stdout").write_text("[]")
@@ -189,8 +218,9 @@ def test_an_unreachable_store_fails_collect_as_retryable(
     assert termination.read_text().startswith("unavailable: collect: the store is unavailable")
 
 
-def test_a_misconfigured_store_fails_collect_for_good(build: Path, termination: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_misconfigured_store_fails_collect_for_good(
+    build: Path, termination: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("STORE_URL", "ftp://bucket/prefix")
     (build / ".task/exit-code").write_text("0")
     assert collect(build) == 1
@@ -205,15 +235,18 @@ def test_a_timed_out_script_is_a_timeout_with_its_log(store: Any, build: Path) -
     (build / ".task/stderr").write_text(f"cloning with {CANARY}...\n")
     assert collect(build, "get", "--cache-key", "c" * 64) == 0
     assert result(store)["error"] == {
-        "kind": "timeout", "message": "the resource script ran longer than 45s",
-        "log_tail": "cloning with [redacted]...\n"}
+        "kind": "timeout",
+        "message": "the resource script ran longer than 45s",
+        "log_tail": "cloning with [redacted]...\n",
+    }
     with store.open(keys.log_key(RUN)) as stream:
         assert stream.read() == b"cloning with [redacted]...\n"
     assert not list(store.list("artifacts/"))
 
 
-def test_termination_message_reports_the_failure(tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_termination_message_reports_the_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     log = tmp_path / "termination-log"
     log.write_text("")
     monkeypatch.setattr(in_pod, "TERMINATION_LOG", log)

@@ -6,6 +6,7 @@ The emptyDir is a host directory prepared as the kubelet prepares it (2777, grou
 stage and collect run as 65532 on a read-only root, as their securityContext says. Podman is
 required: without it these tests fail.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,8 +46,12 @@ pytestmark = [pytest.mark.server, pytest.mark.timeout(1800)]  # a cold image bui
 CANARY = "canary-7d3f9b2e-do-not-leak"
 BUILD = Build(id="42", name="7", job="unit", pipeline="pipeline", team="main")
 STORE_SECRET = "rf-store"
-CREDENTIALS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
-               "AWS_EC2_METADATA_DISABLED")
+CREDENTIALS = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_EC2_METADATA_DISABLED",
+)
 
 
 @pytest.fixture(scope="session")
@@ -94,29 +99,46 @@ class TaskPods:
     environ: Mapping[str, str]  # the function's environment (s3_env applied): the store
     root: Path
 
-    def run(self, action: Action, source: dict[str, Any], *, version: dict[str, str] | None = None,
-            params: dict[str, Any] | None = None, cache_key: str | None = None,
-            inputs: dict[str, ArtifactRef] | None = None) -> PodRun:
-        task = Task(run_id=uuid.uuid4().hex, action=action,
-                    resource_type=ResourceType(image=self.resource_image),
-                    stdin=stdin_payload(action, source, version, params or {}),
-                    env=build_env(action, BUILD), inputs=inputs or {}, cache_key=cache_key,
-                    timeout_seconds=60)
+    def run(
+        self,
+        action: Action,
+        source: dict[str, Any],
+        *,
+        version: dict[str, str] | None = None,
+        params: dict[str, Any] | None = None,
+        cache_key: str | None = None,
+        inputs: dict[str, ArtifactRef] | None = None,
+    ) -> PodRun:
+        task = Task(
+            run_id=uuid.uuid4().hex,
+            action=action,
+            resource_type=ResourceType(image=self.resource_image),
+            stdin=stdin_payload(action, source, version, params or {}),
+            env=build_env(action, BUILD),
+            inputs=inputs or {},
+            cache_key=cache_key,
+            timeout_seconds=60,
+        )
         plan = plan_for(task, self.config(), self.store.url, reply=False)
         spec = job_manifest(plan)["spec"]["template"]["spec"]
         stdin_secret = stdin_secret_manifest(plan, task.stdin, owner_uid=str(uuid.uuid4()))
-        secrets = {plan.secret_name: secret_data(stdin_secret),
-                   STORE_SECRET: {k: v.encode() for k, v in self.environ.items()
-                                  if k in CREDENTIALS}}
+        secrets = {
+            plan.secret_name: secret_data(stdin_secret),
+            STORE_SECRET: {k: v.encode() for k, v in self.environ.items() if k in CREDENTIALS},
+        }
         root = self.root / task.run_id
         steps = run_pod(spec, root, secrets)
         return PodRun(task.run_id, steps, volume_path(root, BUILD_VOLUME))
 
     def config(self) -> KubernetesConfig:
         step_env = tuple((k, self.environ[k]) for k in STEP_ENV if self.environ.get(k))
-        return KubernetesConfig(namespace="tasks", service_account="resource-task",
-                                task_image=self.project_image, store_secret=STORE_SECRET,
-                                step_env=step_env)
+        return KubernetesConfig(
+            namespace="tasks",
+            service_account="resource-task",
+            task_image=self.project_image,
+            store_secret=STORE_SECRET,
+            step_env=step_env,
+        )
 
     def result(self, run: PodRun) -> dict[str, Any]:
         return get_json(self.store, keys.result_key(run.run_id))
@@ -127,15 +149,17 @@ class TaskPods:
 
 
 @pytest.fixture
-def pods(project_image: str, resource_image: str, s3_env: Server, s3_bucket: str,
-         tmp_path: Path) -> TaskPods:
+def pods(
+    project_image: str, resource_image: str, s3_env: Server, s3_bucket: str, tmp_path: Path
+) -> TaskPods:
     store = open_store(f"s3://{s3_bucket}/pods-{uuid.uuid4().hex[:12]}", StoreOptions())
     return TaskPods(project_image, resource_image, store, dict(os.environ), tmp_path)
 
 
 def new_cache_key(source: dict[str, Any], version: dict[str, str]) -> str:
-    return keys.cache_key(b"test-secret", image="test-resource", source=source,
-                          version=version, params={})
+    return keys.cache_key(
+        b"test-secret", image="test-resource", source=source, version=version, params={}
+    )
 
 
 def assert_redacted(text: str) -> None:
@@ -145,8 +169,18 @@ def assert_redacted(text: str) -> None:
 
 def test_the_project_image_runs_the_cli_as_65532(project_image: str, podman: str) -> None:
     config = subprocess.run(
-        [podman, "image", "inspect", "--format", "{{.Config.User}} {{json .Config.Entrypoint}}",
-         project_image], capture_output=True, text=True, check=True).stdout.split(" ", 1)
+        [
+            podman,
+            "image",
+            "inspect",
+            "--format",
+            "{{.Config.User}} {{json .Config.Entrypoint}}",
+            project_image,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split(" ", 1)
     assert config[0] == f"{STEP_UID}:{STEP_UID}"
     assert json.loads(config[1]) == ["python", "-m", "functions"]
 
@@ -184,21 +218,28 @@ def test_check_records_the_versions(pods: TaskPods) -> None:
     run = pods.run("check", {"password": CANARY, "count": 2})
     assert run.names == ["resource", "collect"]
     run.assert_all_succeeded()
-    assert pods.result(run) == {"action": "check", "data": {"versions": [{"ref": "1"},
-                                                                         {"ref": "2"}]}}
+    assert pods.result(run) == {
+        "action": "check",
+        "data": {"versions": [{"ref": "1"}, {"ref": "2"}]},
+    }
     assert_redacted(pods.log(run))
 
 
-def test_put_stages_its_input_as_65532_and_records_the_version(pods: TaskPods,
-                                                              tmp_path: Path) -> None:
+def test_put_stages_its_input_as_65532_and_records_the_version(
+    pods: TaskPods, tmp_path: Path
+) -> None:
     source = tmp_path / "repo"
     (source / "a").mkdir(parents=True)
     (source / "version").write_text("v1")
     (source / "a/b.txt").write_text("content")
     key = f"artifacts/{uuid.uuid4().hex}.tar.zst"
     info = upload_tree(pods.store, key, source)
-    run = pods.run("put", {"password": CANARY}, params={"input": "repo"},
-                   inputs={"repo": ArtifactRef(key, info.digest)})
+    run = pods.run(
+        "put",
+        {"password": CANARY},
+        params={"input": "repo"},
+        inputs={"repo": ArtifactRef(key, info.digest)},
+    )
 
     assert run.names == ["stage", "resource", "collect"]
     run.assert_all_succeeded()
@@ -227,11 +268,11 @@ def test_a_failing_resource_is_a_recorded_result(pods: TaskPods) -> None:
     assert pods.store.stat(keys.artifact_key(cache_key, ".tar.zst")) is None
 
 
-def test_a_missing_input_is_a_storage_failure_and_the_script_does_not_run(
-        pods: TaskPods) -> None:
+def test_a_missing_input_is_a_storage_failure_and_the_script_does_not_run(pods: TaskPods) -> None:
     key = f"artifacts/missing-{uuid.uuid4().hex}.tar.zst"
-    run = pods.run("put", {"password": CANARY}, params={"input": "repo"},
-                   inputs={"repo": ArtifactRef(key)})
+    run = pods.run(
+        "put", {"password": CANARY}, params={"input": "repo"}, inputs={"repo": ArtifactRef(key)}
+    )
 
     assert run.names == ["stage", "resource", "collect"]
     run.assert_all_succeeded()
@@ -244,15 +285,16 @@ def test_a_missing_input_is_a_storage_failure_and_the_script_does_not_run(
 
 
 def test_an_unreachable_store_fails_the_stage_step_and_stops_the_pod(
-        pods: TaskPods, unused_port: int) -> None:
+    pods: TaskPods, unused_port: int
+) -> None:
     environ = {**pods.environ, "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{unused_port}"}
     broken = TaskPods(pods.project_image, pods.resource_image, pods.store, environ, pods.root)
-    run = broken.run("put", {}, params={"input": "repo"},
-                     inputs={"repo": ArtifactRef("artifacts/x.tar.zst")})
+    run = broken.run(
+        "put", {}, params={"input": "repo"}, inputs={"repo": ArtifactRef("artifacts/x.tar.zst")}
+    )
 
     assert run.names == ["stage"]  # a failed init container: the pod stops
     assert run.steps[0].returncode == 75  # EX_TEMPFAIL: the function answers 503, not a failure
     message = run.steps[0].termination_message
     assert message.startswith("unavailable: stage: the store is unavailable"), message
     assert not (run.build / ".task/stage-error").exists()
-

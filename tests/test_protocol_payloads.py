@@ -1,4 +1,5 @@
 """The resource protocol's inputs and outputs, exactly as Concourse defines them."""
+
 import json
 import re
 
@@ -18,15 +19,34 @@ from functions.protocol import (
     "action, version, params, expected",
     [
         pytest.param("check", None, {}, {"source": {"u": "x"}, "version": None}, id="first-check"),
-        pytest.param("check", {"ref": "a"}, {}, {"source": {"u": "x"}, "version": {"ref": "a"}},
-                     id="check-from-version"),
-        pytest.param("get", {"ref": "a"}, {}, {"source": {"u": "x"}, "version": {"ref": "a"}},
-                     id="get-params-omitted-when-empty"),
-        pytest.param("get", {"ref": "a"}, {"depth": 1},
-                     {"source": {"u": "x"}, "version": {"ref": "a"}, "params": {"depth": 1}},
-                     id="get-with-params"),
-        pytest.param("put", None, {"file": "x"}, {"source": {"u": "x"}, "params": {"file": "x"}},
-                     id="put-no-version-key"),
+        pytest.param(
+            "check",
+            {"ref": "a"},
+            {},
+            {"source": {"u": "x"}, "version": {"ref": "a"}},
+            id="check-from-version",
+        ),
+        pytest.param(
+            "get",
+            {"ref": "a"},
+            {},
+            {"source": {"u": "x"}, "version": {"ref": "a"}},
+            id="get-params-omitted-when-empty",
+        ),
+        pytest.param(
+            "get",
+            {"ref": "a"},
+            {"depth": 1},
+            {"source": {"u": "x"}, "version": {"ref": "a"}, "params": {"depth": 1}},
+            id="get-with-params",
+        ),
+        pytest.param(
+            "put",
+            None,
+            {"file": "x"},
+            {"source": {"u": "x"}, "params": {"file": "x"}},
+            id="put-no-version-key",
+        ),
         pytest.param("put", None, {}, {"source": {"u": "x"}}, id="put-without-params"),
     ],
 )
@@ -39,13 +59,25 @@ def test_check_gets_no_build_env():
 
 
 def test_in_and_out_get_every_build_variable():
-    build = Build(id="7", name="42", job="unit", pipeline="main", team="t",
-                  url="https://ci/b/7", external_url="https://ci", instance_vars='{"a":1}')
+    build = Build(
+        id="7",
+        name="42",
+        job="unit",
+        pipeline="main",
+        team="t",
+        url="https://ci/b/7",
+        external_url="https://ci",
+        instance_vars='{"a":1}',
+    )
     env = build_env("get", build)
     assert env == {
-        "BUILD_ID": "7", "BUILD_NAME": "42", "BUILD_JOB_NAME": "unit",
-        "BUILD_PIPELINE_NAME": "main", "BUILD_TEAM_NAME": "t",
-        "BUILD_PIPELINE_INSTANCE_VARS": '{"a":1}', "ATC_EXTERNAL_URL": "https://ci",
+        "BUILD_ID": "7",
+        "BUILD_NAME": "42",
+        "BUILD_JOB_NAME": "unit",
+        "BUILD_PIPELINE_NAME": "main",
+        "BUILD_TEAM_NAME": "t",
+        "BUILD_PIPELINE_INSTANCE_VARS": '{"a":1}',
+        "ATC_EXTERNAL_URL": "https://ci",
         "BUILD_URL": "https://ci/b/7",
     }
     assert build_env("put", build) == env
@@ -57,8 +89,9 @@ def test_in_and_out_get_every_build_variable():
         pytest.param(b'[{"ref":"a"},{"ref":"b"}]', [{"ref": "a"}, {"ref": "b"}], id="list"),
         pytest.param(b"null", [], id="null-is-empty"),
         pytest.param(b"[]", [], id="empty"),
-        pytest.param(b'  \n[{"n":"1"}] trailing noise {"x":1}', [{"n": "1"}],
-                     id="first-value-only"),
+        pytest.param(
+            b'  \n[{"n":"1"}] trailing noise {"x":1}', [{"n": "1"}], id="first-value-only"
+        ),
     ],
 )
 def test_check_output_is_parsed(stdout, versions):
@@ -98,8 +131,9 @@ def test_version_output_without_metadata():
         pytest.param(b'{"metadata":[]}', "no 'version'", id="no-version"),
         pytest.param(b'{"version":{"a":true}}', "version.a must be a string", id="bool"),
         pytest.param(b'{"version":{},"metadata":{}}', "metadata must be a list", id="meta-obj"),
-        pytest.param(b'{"version":{},"metadata":[{"value":"x"}]}', "metadata[0]",
-                     id="meta-no-name"),
+        pytest.param(
+            b'{"version":{},"metadata":[{"value":"x"}]}', "metadata[0]", id="meta-no-name"
+        ),
     ],
 )
 def test_malformed_version_output_is_rejected_with_reason(stdout, message):

@@ -1,4 +1,5 @@
 """Settings come from the environment once; each bad value is refused naming its variable."""
+
 import json
 
 import pytest
@@ -17,8 +18,10 @@ def test_defaults_are_local_and_safe():
 
 
 def test_resource_types_from_json_with_per_type_settings(tmp_path):
-    spec = {"git": "img/git:1", "slow": {"image": "img/slow:1", "timeout_seconds": 5,
-                                        "privileged": True}}
+    spec = {
+        "git": "img/git:1",
+        "slow": {"image": "img/slow:1", "timeout_seconds": 5, "privileged": True},
+    }
     path = tmp_path / "types.json"
     path.write_text(json.dumps(spec))
     for value in (json.dumps(spec), str(path)):
@@ -27,38 +30,57 @@ def test_resource_types_from_json_with_per_type_settings(tmp_path):
         assert types["slow"].timeout_seconds == 5 and types["slow"].privileged
 
 
-@pytest.mark.parametrize("env, variable", [
-    pytest.param({"RUNTIME": "lambda"}, "RUNTIME", id="runtime"),
-    pytest.param({"REPLY_MODE": "later"}, "REPLY_MODE", id="reply-mode"),
-    pytest.param({"TASK_TIMEOUT_SECONDS": "soon"}, "TASK_TIMEOUT_SECONDS", id="timeout-text"),
-    pytest.param({"TASK_TIMEOUT_SECONDS": "-1"}, "TASK_TIMEOUT_SECONDS", id="timeout-negative"),
-    pytest.param({"RESOURCE_TYPES": "{nope"}, "RESOURCE_TYPES", id="types-json"),
-    pytest.param({"RESOURCE_TYPES": "/no/such/file"}, "RESOURCE_TYPES", id="types-file"),
-    pytest.param({"RESOURCE_TYPES": '{"git": {"image": "x", "colour": 1}}'}, "colour",
-                 id="types-unknown-key"),
-    pytest.param({"RESOURCE_TYPES": '{"git": 3}'}, "RESOURCE_TYPES['git']", id="types-number"),
-    pytest.param({"RESOURCE_TYPES": '{"git": {"image": "x", "timeout_seconds": "abc"}}'},
-                 "timeout_seconds", id="types-timeout-text"),
-    pytest.param({"RESOURCE_TYPES": '{"git": {"image": "x", "timeout_seconds": 0}}'},
-                 "timeout_seconds", id="types-timeout-zero"),
-    pytest.param({"ARCHIVE_LEVEL": "99"}, "level", id="archive-level"),
-    pytest.param({"ARCHIVE_FORMAT": "rar"}, "rar", id="archive-format"),
-    pytest.param({"STORE_PART_SIZE": "1KiB"}, "STORE_PART_SIZE", id="part-size"),
-    pytest.param({"LOG_LEVEL": "loud"}, "LOG_LEVEL", id="log-level"),
-    pytest.param({"PORT": "http"}, "PORT='http': not an integer", id="port-word"),
-    pytest.param({"THREADS": "0"}, "THREADS=0: expected a positive", id="threads-zero"),
-    pytest.param({"ARCHIVE_THREADS": "two"}, "ARCHIVE_THREADS='two': not an integer",
-                 id="archive-threads-word"),
-    pytest.param({"STORE_CONCURRENCY": "2.5"}, "STORE_CONCURRENCY='2.5': not an integer",
-                 id="concurrency-fraction"),
-])
+@pytest.mark.parametrize(
+    "env, variable",
+    [
+        pytest.param({"RUNTIME": "lambda"}, "RUNTIME", id="runtime"),
+        pytest.param({"REPLY_MODE": "later"}, "REPLY_MODE", id="reply-mode"),
+        pytest.param({"TASK_TIMEOUT_SECONDS": "soon"}, "TASK_TIMEOUT_SECONDS", id="timeout-text"),
+        pytest.param({"TASK_TIMEOUT_SECONDS": "-1"}, "TASK_TIMEOUT_SECONDS", id="timeout-negative"),
+        pytest.param({"RESOURCE_TYPES": "{nope"}, "RESOURCE_TYPES", id="types-json"),
+        pytest.param({"RESOURCE_TYPES": "/no/such/file"}, "RESOURCE_TYPES", id="types-file"),
+        pytest.param(
+            {"RESOURCE_TYPES": '{"git": {"image": "x", "colour": 1}}'},
+            "colour",
+            id="types-unknown-key",
+        ),
+        pytest.param({"RESOURCE_TYPES": '{"git": 3}'}, "RESOURCE_TYPES['git']", id="types-number"),
+        pytest.param(
+            {"RESOURCE_TYPES": '{"git": {"image": "x", "timeout_seconds": "abc"}}'},
+            "timeout_seconds",
+            id="types-timeout-text",
+        ),
+        pytest.param(
+            {"RESOURCE_TYPES": '{"git": {"image": "x", "timeout_seconds": 0}}'},
+            "timeout_seconds",
+            id="types-timeout-zero",
+        ),
+        pytest.param({"ARCHIVE_LEVEL": "99"}, "level", id="archive-level"),
+        pytest.param({"ARCHIVE_FORMAT": "rar"}, "rar", id="archive-format"),
+        pytest.param({"STORE_PART_SIZE": "1KiB"}, "STORE_PART_SIZE", id="part-size"),
+        pytest.param({"LOG_LEVEL": "loud"}, "LOG_LEVEL", id="log-level"),
+        pytest.param({"PORT": "http"}, "PORT='http': not an integer", id="port-word"),
+        pytest.param({"THREADS": "0"}, "THREADS=0: expected a positive", id="threads-zero"),
+        pytest.param(
+            {"ARCHIVE_THREADS": "two"},
+            "ARCHIVE_THREADS='two': not an integer",
+            id="archive-threads-word",
+        ),
+        pytest.param(
+            {"STORE_CONCURRENCY": "2.5"},
+            "STORE_CONCURRENCY='2.5': not an integer",
+            id="concurrency-fraction",
+        ),
+    ],
+)
 def test_bad_values_name_the_variable(env, variable):
     with pytest.raises(ConfigError, match=variable.replace("[", r"\[").replace("]", r"\]")):
         Settings.from_env(env)
 
 
 def test_whole_numbers_from_the_environment():
-    settings = Settings.from_env({"PORT": " 9090 ", "THREADS": "4", "ARCHIVE_THREADS": "2",
-                                  "STORE_CONCURRENCY": "8"})
+    settings = Settings.from_env(
+        {"PORT": " 9090 ", "THREADS": "4", "ARCHIVE_THREADS": "2", "STORE_CONCURRENCY": "8"}
+    )
     assert (settings.port, settings.threads) == (9090, 4)
     assert settings.archive.threads == 2 and settings.store_options.concurrency == 8

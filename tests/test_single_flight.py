@@ -1,4 +1,5 @@
 """Callers naming the same key share one run; different keys run apart."""
+
 import threading
 import time
 

@@ -1,5 +1,6 @@
 """ARCHIVE_MAX_TOTAL_BYTES / ARCHIVE_MAX_ENTRIES bound a whole put, all its inputs together
 (the same artifact named three times must not extract three times the limit)."""
+
 from __future__ import annotations
 
 import pytest

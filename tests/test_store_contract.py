@@ -1,5 +1,6 @@
 """The object-store contract, run against every backend (file, s3 on versitygw, gcs on
 fake-gcs-server): write-once, atomic visibility, digests, listing, errors."""
+
 from __future__ import annotations
 
 import contextlib
@@ -139,13 +140,17 @@ def s3_etag(request: pytest.FixtureRequest, url: str, key: str) -> str:
 
 
 @pytest.mark.parametrize(
-    "payload", [b"", b"hello, object store\n", bytes(range(256)) * 4096], ids=["empty", "small", "1MiB"]
+    "payload",
+    [b"", b"hello, object store\n", bytes(range(256)) * 4096],
+    ids=["empty", "small", "1MiB"],
 )
 def test_put_then_open_returns_the_same_bytes(store: Store, payload: bytes) -> None:
     info = store.put("artifacts/one.tar.zst", io.BytesIO(payload))
 
     assert read_all(store, "artifacts/one.tar.zst") == payload
-    expected = ObjectInfo("artifacts/one.tar.zst", len(payload), f"sha256:{hashlib.sha256(payload).hexdigest()}")
+    expected = ObjectInfo(
+        "artifacts/one.tar.zst", len(payload), f"sha256:{hashlib.sha256(payload).hexdigest()}"
+    )
     assert info == expected
 
 
@@ -262,16 +267,16 @@ def test_upload_whose_stream_fails_leaves_nothing_behind(
     store = open_store(store_url, SMALL_PARTS)
 
     with pytest.raises(error, match="the producer failed midway"):
-        store.put("artifacts/broken", stream_of(GeneratedStream(size, fail_at=fail_at, error=error)))
+        store.put(
+            "artifacts/broken", stream_of(GeneratedStream(size, fail_at=fail_at, error=error))
+        )
 
     assert store.stat("artifacts/broken") is None
     assert list(store.list()) == []
     assert leftovers(backend, store_url, request) == []
 
 
-def test_upload_in_progress_is_invisible_until_complete(
-    backend: str, store_url: str
-) -> None:
+def test_upload_in_progress_is_invisible_until_complete(backend: str, store_url: str) -> None:
     store = open_store(store_url, SMALL_PARTS)
     stream = GeneratedStream(12 * MiB, pause_at=11 * MiB)  # two parts/chunks already sent
     with ThreadPoolExecutor(1) as pool:
@@ -281,7 +286,9 @@ def test_upload_in_progress_is_invisible_until_complete(
         assert store.stat("artifacts/slow") is None
         assert list(store.list()) == []
         if backend == "file":  # the temp file exists but is not listed
-            assert any(".partial-" in path.name for path in Path(urlsplit(store_url).path).rglob("*"))
+            assert any(
+                ".partial-" in path.name for path in Path(urlsplit(store_url).path).rglob("*")
+            )
 
         stream.resume.set()
         info = upload.result(60)
@@ -499,19 +506,30 @@ def unreachable_store(backend: str, port: int) -> Store:
         import boto3
         from botocore.config import Config
 
-        config = Config(connect_timeout=1, read_timeout=1, retries={"total_max_attempts": 1},
-                        s3={"addressing_style": "path"})
+        config = Config(
+            connect_timeout=1,
+            read_timeout=1,
+            retries={"total_max_attempts": 1},
+            s3={"addressing_style": "path"},
+        )
         client = boto3.session.Session().client(
-            "s3", endpoint_url=endpoint, region_name="us-east-1", config=config,
-            aws_access_key_id="testing", aws_secret_access_key="testing",
+            "s3",
+            endpoint_url=endpoint,
+            region_name="us-east-1",
+            config=config,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
         )
         return S3Store(client, "some-bucket", "p")
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage as gcs
     from google.cloud.storage.retry import DEFAULT_RETRY
 
-    client = gcs.Client(project="test", credentials=AnonymousCredentials(),
-                        client_options={"api_endpoint": endpoint})
+    client = gcs.Client(
+        project="test",
+        credentials=AnonymousCredentials(),
+        client_options={"api_endpoint": endpoint},
+    )
     return GCSStore(client, "some-bucket", "p", retry=DEFAULT_RETRY.with_timeout(1.0), timeout=1)
 
 
@@ -582,8 +600,12 @@ def test_open_store_rejects_unusable_urls(url: str, message: str) -> None:
         pytest.param("s3://bucket", S3Store, "s3://bucket", id="s3-no-prefix"),
         pytest.param("gs://bucket/p", GCSStore, "gs://bucket/p", id="gcs"),
         pytest.param("file:///srv/cache/", FileStore, "file:///srv/cache", id="file"),
-        pytest.param("file://localhost/srv/my%20cache", FileStore, "file:///srv/my%20cache",
-                     id="file-localhost-quoted"),
+        pytest.param(
+            "file://localhost/srv/my%20cache",
+            FileStore,
+            "file:///srv/my%20cache",
+            id="file-localhost-quoted",
+        ),
     ],
 )
 def test_open_store_dispatches_on_the_scheme(
@@ -609,14 +631,23 @@ def test_store_options_come_from_the_environment() -> None:
 @pytest.mark.parametrize(
     "environ, message",
     [
-        pytest.param({"STORE_PART_SIZE": "1MiB"}, "STORE_PART_SIZE='1MiB': must be between 5 MiB",
-                     id="part-below-s3-minimum"),
+        pytest.param(
+            {"STORE_PART_SIZE": "1MiB"},
+            "STORE_PART_SIZE='1MiB': must be between 5 MiB",
+            id="part-below-s3-minimum",
+        ),
         pytest.param({"STORE_PART_SIZE": "6GiB"}, "and 5 GiB", id="part-above-s3-maximum"),
         pytest.param({"STORE_PART_SIZE": "16MB"}, "not a size", id="part-decimal-unit"),
-        pytest.param({"STORE_CONCURRENCY": "0"}, "STORE_CONCURRENCY='0': must be between 1",
-                     id="no-concurrency"),
-        pytest.param({"STORE_CONCURRENCY": "four"}, "STORE_CONCURRENCY='four': not an integer",
-                     id="concurrency-word"),
+        pytest.param(
+            {"STORE_CONCURRENCY": "0"},
+            "STORE_CONCURRENCY='0': must be between 1",
+            id="no-concurrency",
+        ),
+        pytest.param(
+            {"STORE_CONCURRENCY": "four"},
+            "STORE_CONCURRENCY='four': not an integer",
+            id="concurrency-word",
+        ),
         pytest.param({"S3_ADDRESSING_STYLE": "dns"}, "one of auto, path, virtual", id="style"),
     ],
 )
@@ -653,8 +684,12 @@ def recording_s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, st
     RecordingS3.seen = []
     threading.Thread(target=server.serve_forever, daemon=True).start()
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://localhost:{server.server_port}")
-    for name, value in {"AWS_DEFAULT_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "testing",
-                        "AWS_SECRET_ACCESS_KEY": "testing", "AWS_MAX_ATTEMPTS": "1"}.items():
+    for name, value in {
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_MAX_ATTEMPTS": "1",
+    }.items():
         monkeypatch.setenv(name, value)
     yield RecordingS3.seen
     server.shutdown()
@@ -682,11 +717,18 @@ def test_s3_addressing_style_from_the_environment_is_honoured(
     assert not [path for _, path in recording_s3 if path.startswith("/bucket/")]
 
 
-@pytest.mark.parametrize(("environ", "parts"), [({}, 2), ({"STORE_PART_SIZE": "5MiB"}, 3)],
-                         ids=["default-8MiB-parts", "5MiB-parts-from-env"])
+@pytest.mark.parametrize(
+    ("environ", "parts"),
+    [({}, 2), ({"STORE_PART_SIZE": "5MiB"}, 3)],
+    ids=["default-8MiB-parts", "5MiB-parts-from-env"],
+)
 def test_open_store_without_options_uses_the_store_options_of_the_environment(
-    s3_env: Any, s3_bucket: str, request: pytest.FixtureRequest,
-    monkeypatch: pytest.MonkeyPatch, environ: dict[str, str], parts: int,
+    s3_env: Any,
+    s3_bucket: str,
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+    environ: dict[str, str],
+    parts: int,
 ) -> None:
     for name, value in environ.items():
         monkeypatch.setenv(name, value)

@@ -3,6 +3,7 @@
 Used by ``python -m functions demo`` and by the tests. The tag is a hash of the scripts, so
 an unchanged image is reused.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -1,10 +1,11 @@
 """The command line for people and for task pods.
 
-    serve ACTION            run one service (check, get, put or dead-letter) under gunicorn
-    run ACTION …            run one action locally and print the reply (progress on stderr)
-    demo [--serve]          start the three services locally and show a check/get/put round trip
-    stage …, collect …      the steps around the resource script inside a task pod
+serve ACTION            run one service (check, get, put or dead-letter) under gunicorn
+run ACTION …            run one action locally and print the reply (progress on stderr)
+demo [--serve]          start the three services locally and show a check/get/put round trip
+stage …, collect …      the steps around the resource script inside a task pod
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,11 @@ def main(argv: list[str]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m functions", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m functions",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(required=True, dest="command")
     serve = sub.add_parser("serve", help="serve one action over HTTP (CloudEvents)")
     serve.add_argument("action", choices=["check", "get", "put", "dead-letter"])
@@ -49,8 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--source", default="{}", help="source as JSON, or @file")
     run.add_argument("--version", help="version as JSON (check: optional, get: required)")
     run.add_argument("--params", help="params as JSON, or @file")
-    run.add_argument("--input", action="append", default=[], metavar="NAME=DIR|URL",
-                     help="put input: a local directory (uploaded first) or an artifact URL")
+    run.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="NAME=DIR|URL",
+        help="put input: a local directory (uploaded first) or an artifact URL",
+    )
     run.add_argument("--output", metavar="DIR", help="get: unpack the artifact into DIR")
     run.set_defaults(handler=cmd_run)
     demo = sub.add_parser("demo", help="start the services locally and show a round trip")
@@ -65,8 +74,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     try:
         from functions.cli.demo import run_demo
     except ImportError:  # .dockerignore keeps the demo out of the production image
-        raise SystemExit("error: demo is for development: run it from a source checkout") \
-            from None
+        raise SystemExit("error: demo is for development: run it from a source checkout") from None
     return run_demo(serve=args.serve, base_port=args.port)
 
 
@@ -100,8 +108,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
     settings = _step_settings("stage")
     if isinstance(settings, int):
         return settings
-    return stage_main(directory=args.dir, inputs=inputs, task_dir=args.task_dir,
-                      settings=settings)
+    return stage_main(directory=args.dir, inputs=inputs, task_dir=args.task_dir, settings=settings)
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
@@ -112,9 +119,17 @@ def cmd_collect(args: argparse.Namespace) -> int:
     settings = _step_settings("collect: cannot record the outcome")
     if isinstance(settings, int):
         return settings
-    return collect_main(CollectArgs(run_id=args.run_id, action=args.action, build_dir=args.dir,
-                                    stdin_file=args.stdin_file, cache_key=args.cache_key,
-                                    reply=reply), settings)
+    return collect_main(
+        CollectArgs(
+            run_id=args.run_id,
+            action=args.action,
+            build_dir=args.dir,
+            stdin_file=args.stdin_file,
+            cache_key=args.cache_key,
+            reply=reply,
+        ),
+        settings,
+    )
 
 
 def _step_settings(prefix: str) -> StepSettings | int:
@@ -144,8 +159,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from functions.http.app import create_app
 
         app = create_app(settings, args.action)
-    serve(app, host=args.host or settings.host, port=args.port or settings.port,
-          threads=args.threads or settings.threads)
+    serve(
+        app,
+        host=args.host or settings.host,
+        port=args.port or settings.port,
+        threads=args.threads or settings.threads,
+    )
     return 0
 
 
@@ -158,8 +177,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         data["version"] = _json_arg(args.version, "--version")
     if args.params:
         data["params"] = _json_arg(args.params, "--params")
-    reply = run_local(args.action, data, inputs=dict(_pair(i) for i in args.input),
-                      output=Path(args.output) if args.output else None)
+    reply = run_local(
+        args.action,
+        data,
+        inputs=dict(_pair(i) for i in args.input),
+        output=Path(args.output) if args.output else None,
+    )
     print(json.dumps(reply, indent=2))
     return 0 if "error" not in reply else 1
 
@@ -177,4 +200,3 @@ def _pair(value: str) -> tuple[str, str]:
     if not sep or not name or not where:
         raise SystemExit(f"--input {value!r}: expected NAME=DIR or NAME=URL")
     return name, where
-

@@ -4,6 +4,7 @@ Builds the example resource type in examples/hello-resource (busybox, no registr
 starts check/get/put under gunicorn on loopback with the embedded defaults (file store, local
 container engine), then sends check → get → put CloudEvents over HTTP and prints each reply.
 """
+
 from __future__ import annotations
 
 import json
@@ -59,21 +60,40 @@ def _engine(env: dict[str, str]) -> str:
     if found:
         return found
     Path(PODMAN_SOCKET).parent.mkdir(parents=True, exist_ok=True)
-    subprocess.Popen(["podman", "system", "service", "--time=0", f"unix://{PODMAN_SOCKET}"],
-                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    subprocess.Popen(
+        ["podman", "system", "service", "--time=0", f"unix://{PODMAN_SOCKET}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     _wait(lambda: Path(PODMAN_SOCKET).exists(), "podman system service")
     return f"unix://{PODMAN_SOCKET}"
 
 
-def _start(env: dict[str, str],
-           base_port: int) -> tuple[dict[str, str], list[subprocess.Popen[bytes]]]:
+def _start(
+    env: dict[str, str], base_port: int
+) -> tuple[dict[str, str], list[subprocess.Popen[bytes]]]:
     urls: dict[str, str] = {}
     procs: list[subprocess.Popen[bytes]] = []
     for offset, action in enumerate(("check", "get", "put")):
         port = _free(base_port + offset)
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "functions", "serve", action, "--host", "127.0.0.1",
-             "--port", str(port)], env={**env, "PYTHONPATH": str(REPO)}, cwd=REPO))
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "functions",
+                    "serve",
+                    action,
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                ],
+                env={**env, "PYTHONPATH": str(REPO)},
+                cwd=REPO,
+            )
+        )
         urls[action] = f"http://127.0.0.1:{port}"
     for action, url in urls.items():
         _wait(lambda url=url: _healthy(url), f"{action} service on {url}")
@@ -84,20 +104,45 @@ def _start(env: dict[str, str],
 def _round_trip(urls: dict[str, str]) -> None:
     source = {"latest": "3", "greeting": "hello"}
     versions = _send(urls["check"], "check", {"type": "hello", "source": source})["versions"]
-    got = _send(urls["get"], "get", {"type": "hello", "source": source, "version": versions[-1],
-                                     "build": {"id": "1", "name": "1", "job": "demo"}})
-    again = _send(urls["get"], "get", {"type": "hello", "source": source,
-                                       "version": versions[-1], "build": {"id": "2"}})
+    got = _send(
+        urls["get"],
+        "get",
+        {
+            "type": "hello",
+            "source": source,
+            "version": versions[-1],
+            "build": {"id": "1", "name": "1", "job": "demo"},
+        },
+    )
+    again = _send(
+        urls["get"],
+        "get",
+        {"type": "hello", "source": source, "version": versions[-1], "build": {"id": "2"}},
+    )
     say(f"second get of the same version: cached={again['cached']} (no container started)")
-    _send(urls["put"], "put", {"type": "hello", "source": source, "params": {"from": "greeting"},
-                               "inputs": {"greeting": got["artifact"]["url"]}})
+    _send(
+        urls["put"],
+        "put",
+        {
+            "type": "hello",
+            "source": source,
+            "params": {"from": "greeting"},
+            "inputs": {"greeting": got["artifact"]["url"]},
+        },
+    )
 
 
 def _send(url: str, action: str, data: dict[str, Any]) -> dict[str, Any]:
-    event = CloudEvent(attributes={
-        "specversion": "1.0", "type": f"dev.resourcefunctions.{action}.requested",
-        "source": "/demo", "id": str(uuid.uuid4()), "datacontenttype": "application/json"},
-        data=data)
+    event = CloudEvent(
+        attributes={
+            "specversion": "1.0",
+            "type": f"dev.resourcefunctions.{action}.requested",
+            "source": "/demo",
+            "id": str(uuid.uuid4()),
+            "datacontenttype": "application/json",
+        },
+        data=data,
+    )
     message = to_binary_event(event)
     say(f"→ {action}: {json.dumps(data)}")
     response = requests.post(url, headers=dict(message.headers), data=message.body, timeout=600)

@@ -1,4 +1,5 @@
 """``python -m functions run``: one action in this process, as the services would run it."""
+
 from __future__ import annotations
 
 import uuid
@@ -21,15 +22,17 @@ from storage.artifacts import download_tree, upload_tree
 from storage.base import key_for_url
 
 
-def run_local(action: Action, data: dict[str, Any], *, inputs: dict[str, str],
-              output: Path | None) -> dict[str, Any]:
+def run_local(
+    action: Action, data: dict[str, Any], *, inputs: dict[str, str], output: Path | None
+) -> dict[str, Any]:
     """Run ``action`` with request ``data``; local directories among ``inputs`` are uploaded
     first; a get's artifact is unpacked into ``output``. Returns the reply data."""
     settings = Settings.from_env()
     store = open_local_or_remote_store(settings)
     if inputs:
-        data["inputs"] = {name: _as_artifact(store, where, settings) for name, where in
-                          inputs.items()}
+        data["inputs"] = {
+            name: _as_artifact(store, where, settings) for name, where in inputs.items()
+        }
     runtime = make_runtime(settings, store)
     try:
         service = Service(action, settings, store, runtime, Metrics())
@@ -43,9 +46,16 @@ def run_local(action: Action, data: dict[str, Any], *, inputs: dict[str, str],
 
 
 def _event(action: Action, data: dict[str, Any]) -> CloudEvent:
-    return CloudEvent(attributes={
-        "specversion": "1.0", "type": events.request_type(action), "source": "/cli",
-        "id": str(uuid.uuid4()), "datacontenttype": "application/json"}, data=data)
+    return CloudEvent(
+        attributes={
+            "specversion": "1.0",
+            "type": events.request_type(action),
+            "source": "/cli",
+            "id": str(uuid.uuid4()),
+            "datacontenttype": "application/json",
+        },
+        data=data,
+    )
 
 
 def _as_artifact(store: Store, where: str, settings: Settings) -> str | dict[str, str]:
@@ -55,8 +65,13 @@ def _as_artifact(store: Store, where: str, settings: Settings) -> str | dict[str
     if not directory.is_dir():
         raise SystemExit(f"--input: {where} is neither a directory nor a URL")
     key = f"artifacts/inputs/{uuid.uuid4().hex}{suffix_for(settings.archive.format)}"
-    info = upload_tree(store, key, directory, settings.archive,
-                       wrap=lambda stream: cast(BinaryIO, ProgressReader(stream, f"upload {where}")))
+    info = upload_tree(
+        store,
+        key,
+        directory,
+        settings.archive,
+        wrap=lambda stream: cast(BinaryIO, ProgressReader(stream, f"upload {where}")),
+    )
     return {"url": store.url_for(key), "digest": info.digest or ""}
 
 
@@ -65,6 +80,11 @@ def _download(store: Store, artifact: dict[str, Any], output: Path, settings: Se
     if key is None:
         raise SystemExit(f"--output: {artifact['url']} is not in {store.url}")
     output.mkdir(parents=True, exist_ok=True)
-    download_tree(store, key, output, expected_digest=artifact["digest"], limits=settings.limits,
-                  wrap=lambda stream: cast(BinaryIO, ProgressReader(stream,
-                                                                    f"download to {output}")))
+    download_tree(
+        store,
+        key,
+        output,
+        expected_digest=artifact["digest"],
+        limits=settings.limits,
+        wrap=lambda stream: cast(BinaryIO, ProgressReader(stream, f"download to {output}")),
+    )

@@ -1,4 +1,5 @@
 """A stream wrapper that reports bytes moved on stderr, for people watching long transfers."""
+
 from __future__ import annotations
 
 import sys
@@ -10,8 +11,9 @@ class ProgressReader:
     """Reads through ``stream``; at most every ``interval`` seconds writes
     ``label: N MB (R MB/s)`` to ``out``, and a final line on ``close``/exhaustion."""
 
-    def __init__(self, stream: BinaryIO, label: str, *, out: TextIO = sys.stderr,
-                 interval: float = 0.5) -> None:
+    def __init__(
+        self, stream: BinaryIO, label: str, *, out: TextIO = sys.stderr, interval: float = 0.5
+    ) -> None:
         self._stream = stream
         self._label = label
         self._out = out

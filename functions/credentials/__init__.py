@@ -11,6 +11,7 @@ them so that every one is redacted, whatever its length. Providers: ``local.Cred
 (``CREDENTIALS_DIR``) and ``kubernetes.KubernetesSecrets`` (Secrets, Concourse's
 conventions); ``make_provider`` picks one from the settings.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
@@ -22,8 +23,16 @@ from functions.model import Build
 if TYPE_CHECKING:
     from functions.settings import Settings
 
-__all__ = ["NoProvider", "Provider", "Reference", "Resolved", "find_references", "interpolate",
-           "make_provider", "resolve"]
+__all__ = [
+    "NoProvider",
+    "Provider",
+    "Reference",
+    "Resolved",
+    "find_references",
+    "interpolate",
+    "make_provider",
+    "resolve",
+]
 
 
 class Provider(Protocol):
@@ -53,8 +62,14 @@ def make_provider(settings: Settings) -> Provider:
     return NoProvider()
 
 
-def resolve(provider: Provider, build: Build, *, source: dict[str, Any], params: dict[str, Any],
-            version: dict[str, str] | None) -> Resolved:
+def resolve(
+    provider: Provider,
+    build: Build,
+    *,
+    source: dict[str, Any],
+    params: dict[str, Any],
+    version: dict[str, str] | None,
+) -> Resolved:
     """Every reference in source/params/version looked up and replaced. Raises
     ``InvalidRequest`` naming each variable that cannot be resolved (never a value), or the
     provider's ``Unavailable``."""
@@ -71,6 +86,9 @@ def resolve(provider: Provider, build: Build, *, source: dict[str, Any], params:
             found[ref] = value
     if missing:
         raise InvalidRequest(*missing)
-    return Resolved(source=interpolate(source, found), params=interpolate(params, found),
-                    version=interpolate(version, found),
-                    values=tuple(sorted({v for v in found.values() if v}, key=len, reverse=True)))
+    return Resolved(
+        source=interpolate(source, found),
+        params=interpolate(params, found),
+        version=interpolate(version, found),
+        values=tuple(sorted({v for v in found.values() if v}, key=len, reverse=True)),
+    )

@@ -6,6 +6,7 @@ key of the credential. Only string *values* are interpolated, never object keys.
 sources (``((source:name))``), paths (``/``) and nested fields are refused, so a name can never
 walk out of a directory or name an unrelated object.
 """
+
 from __future__ import annotations
 
 import re
@@ -42,12 +43,16 @@ class Resolved:
 def parse_reference(text: str) -> Reference:
     """The reference inside ``((…))``; ``InvalidRequest`` if it is not one this service takes."""
     if ":" in text or "/" in text or '"' in text:
-        raise InvalidRequest(f"(({text})): var sources, paths and quoted names are not "
-                             "supported; use ((name)) or ((name.field))")
+        raise InvalidRequest(
+            f"(({text})): var sources, paths and quoted names are not "
+            "supported; use ((name)) or ((name.field))"
+        )
     name, _, field_name = text.partition(".")
     if not NAME.match(name) or (field_name and not NAME.match(field_name)):
-        raise InvalidRequest(f"(({text})) is not a valid reference: use ((name)) or "
-                             "((name.field)), names of letters, digits, '_' and '-'")
+        raise InvalidRequest(
+            f"(({text})) is not a valid reference: use ((name)) or "
+            "((name.field)), names of letters, digits, '_' and '-'"
+        )
     return Reference(name, field_name or None)
 
 
@@ -55,15 +60,16 @@ def find_references(*values: Any) -> list[Reference]:
     """Every distinct reference in ``values``, in order of appearance."""
     found: dict[Reference, None] = {}
     for value in values:
-        _walk(value, lambda s: found.update((parse_reference(m), None)
-                                            for m in REFERENCE.findall(s)) or s)
+        _walk(
+            value,
+            lambda s: found.update((parse_reference(m), None) for m in REFERENCE.findall(s)) or s,
+        )
     return list(found)
 
 
 def interpolate(value: Any, resolved: dict[Reference, str]) -> Any:
     """``value`` with each reference replaced by its resolved text (all must be resolved)."""
-    return _walk(value, lambda s: REFERENCE.sub(
-        lambda m: resolved[parse_reference(m.group(1))], s))
+    return _walk(value, lambda s: REFERENCE.sub(lambda m: resolved[parse_reference(m.group(1))], s))
 
 
 def _walk(value: Any, on_string: Callable[[str], Any]) -> Any:

@@ -9,6 +9,7 @@ ServiceAccount may not list Secrets). A request without ``build.team`` has no na
 references are unresolvable. API errors follow ``kube_api``: unreachable, 401/403, 429 and 5xx
 are ``Unavailable`` (503).
 """
+
 from __future__ import annotations
 
 import base64
@@ -44,8 +45,9 @@ class KubernetesSecrets:
     def from_settings(cls, settings: Settings) -> KubernetesSecrets:
         from functions.runtimes.kube_api import KubeApi, api_client_from_env
 
-        api = KubeApi(api_client_from_env(settings.kubeconfig), settings.task_namespace,
-                      (5.0, 30.0))
+        api = KubeApi(
+            api_client_from_env(settings.kubeconfig), settings.task_namespace, (5.0, 30.0)
+        )
         return cls(api, settings.credentials_kubernetes_namespace_prefix)
 
     def namespace(self, build: Build) -> str | None:
@@ -73,6 +75,7 @@ class KubernetesSecrets:
             try:
                 return base64.b64decode(encoded, validate=True).decode("utf-8")
             except (binascii.Error, UnicodeDecodeError):
-                raise InvalidRequest(f"{ref}: Secret {namespace}/{name} key {key!r} is not "
-                                     "UTF-8 text") from None
+                raise InvalidRequest(
+                    f"{ref}: Secret {namespace}/{name} key {key!r} is not UTF-8 text"
+                ) from None
         return None

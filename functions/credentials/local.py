@@ -3,6 +3,7 @@
 ``((name))`` is the file ``<dir>/<name>``, ``((name.field))`` the file ``<dir>/<name>/<field>``,
 without one trailing newline. With a ``build.team``, ``<dir>/<team>/…`` is tried first.
 """
+
 from __future__ import annotations
 
 import re
@@ -27,8 +28,9 @@ class CredentialsDir:
         scopes = []
         if build.team:
             if not TEAM.match(build.team):
-                raise InvalidRequest("build.team cannot name a credential scope (letters, "
-                                     "digits, '_', '-', '.')")
+                raise InvalidRequest(
+                    "build.team cannot name a credential scope (letters, digits, '_', '-', '.')"
+                )
             scopes.append(self.root / build.team)
         scopes.append(self.root)
         for scope in scopes:

@@ -4,6 +4,7 @@ Routes: ``POST /`` takes a request CloudEvent (binary or structured mode) and an
 event contract (200 + reply event, 202, 400 + JSON error, 503 + JSON error); ``GET /healthz``;
 ``GET /metrics`` (Prometheus text format).
 """
+
 from __future__ import annotations
 
 import logging
@@ -36,23 +37,28 @@ def create_app(
     store = store or open_local_or_remote_store(settings)
     runtime = runtime or make_runtime(settings, store)
     if settings.cache_secret_generated:
-        log.warning("CACHE_SECRET is not set: using a random key, so cache entries do not "
-                    "survive a restart and are not shared between replicas")
+        log.warning(
+            "CACHE_SECRET is not set: using a random key, so cache entries do not "
+            "survive a restart and are not shared between replicas"
+        )
     service = Service(action, settings, store, runtime, Metrics())
     app = Flask(f"resource-functions-{action}")
     app.config["MAX_CONTENT_LENGTH"] = events.MAX_BODY_BYTES  # refused before it is read
     app.extensions["service"] = service
     app.add_url_rule("/", "event", lambda: _handle(service), methods=["POST"])
     app.add_url_rule("/healthz", "healthz", lambda: {"status": "ok", "action": action})
-    app.add_url_rule("/metrics", "metrics", lambda: Response(
-        service.metrics.exposition(), mimetype="text/plain; version=0.0.4"))
+    app.add_url_rule(
+        "/metrics",
+        "metrics",
+        lambda: Response(service.metrics.exposition(), mimetype="text/plain; version=0.0.4"),
+    )
     return app
 
 
 def open_local_or_remote_store(settings: Settings) -> Store:
     """Open STORE_URL; a local directory store is created on first use (a bucket must exist)."""
     if settings.store_url.startswith("file://"):
-        Path(settings.store_url[len("file://"):]).mkdir(parents=True, exist_ok=True)
+        Path(settings.store_url[len("file://") :]).mkdir(parents=True, exist_ok=True)
     return open_store(settings.store_url, settings.store_options)
 
 

@@ -3,6 +3,7 @@
 Their data may hold credentials, so it is never logged or stored; the attributes (type, id,
 source, subject and Knative's knativeerror* extensions) are enough to find the request.
 """
+
 from __future__ import annotations
 
 import logging

@@ -3,6 +3,7 @@
 One worker process with many threads: runs in flight and the single-flight registry live in
 that process, and each request mostly waits on a container, a Job or the store.
 """
+
 from __future__ import annotations
 
 import io
@@ -26,8 +27,9 @@ class BoundedBody:
         self.app = app
         self.timeout = timeout
 
-    def __call__(self, environ: dict[str, Any],
-                 start_response: Callable[..., Any]) -> Iterable[bytes]:
+    def __call__(
+        self, environ: dict[str, Any], start_response: Callable[..., Any]
+    ) -> Iterable[bytes]:
         sock = environ.get("gunicorn.socket")
         length = environ.get("CONTENT_LENGTH") or ""
         chunked = "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower()
@@ -36,8 +38,10 @@ class BoundedBody:
         limit = min(int(length), MAX_BODY_BYTES + 1) if length.isdigit() else MAX_BODY_BYTES + 1
         body = self._read(environ["wsgi.input"], sock, limit)
         if body is None:
-            start_response("408 Request Timeout", [("Content-Type", "application/json"),
-                                                   ("Connection", "close")])
+            start_response(
+                "408 Request Timeout",
+                [("Content-Type", "application/json"), ("Connection", "close")],
+            )
             return [b'{"error": {"kind": "invalid_request", "message": "request body timed out"}}']
         environ["wsgi.input"] = io.BytesIO(body)
         environ["CONTENT_LENGTH"] = str(len(body))
@@ -81,15 +85,18 @@ class _Server(BaseApplication):  # type: ignore[misc]
 
 def serve(app: Any, *, host: str, port: int, threads: int) -> None:
     """Serve ``app`` until SIGTERM; in-flight requests get ``graceful_timeout`` to finish."""
-    _Server(app, {
-        "bind": f"{host}:{port}",
-        "workers": 1,
-        "worker_class": "gthread",
-        "threads": threads,
-        "timeout": 0,  # requests legitimately last as long as a resource script
-        "graceful_timeout": 30,
-        "accesslog": None,
-        "errorlog": "-",
-        "loglevel": "warning",
-        "control_socket_disable": True,  # gunicorn 27 would write it under $HOME (read-only)
-    }).run()
+    _Server(
+        app,
+        {
+            "bind": f"{host}:{port}",
+            "workers": 1,
+            "worker_class": "gthread",
+            "threads": threads,
+            "timeout": 0,  # requests legitimately last as long as a resource script
+            "graceful_timeout": 30,
+            "accesslog": None,
+            "errorlog": "-",
+            "loglevel": "warning",
+            "control_socket_disable": True,  # gunicorn 27 would write it under $HOME (read-only)
+        },
+    ).run()

@@ -11,6 +11,7 @@ timeout is an ``Outcome`` with a failure; only infrastructure trouble raises
 (``functions.errors.Unavailable``). ``make_runtime`` is the one place that picks a runtime,
 so only ``container.py`` imports docker and only ``kube_api.py`` imports kubernetes.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol

@@ -4,6 +4,7 @@ At most ``ASYNC_RUN_LIMIT`` runs proceed at once per runtime; later ones wait th
 order (each already has its 202, so none is dropped). ``close`` waits for all of them,
 queued ones included: each owes its requester a reply.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -5,6 +5,7 @@ engine must share this machine's filesystem (a local socket, as with DOCKER_HOST
 stdin goes through an attach socket, so the payload never touches disk or the container spec.
 Every engine call is wrapped: trouble with the engine is ``Unavailable`` (503), never a crash.
 """
+
 from __future__ import annotations
 
 import logging
@@ -71,13 +72,20 @@ class ContainerRuntime:
         # A fixed API version makes no call here: an engine that is down at start answers
         # 503 per request instead of keeping the service from starting.
         try:
-            client = docker.from_env(environment=engine_environment(settings.engine_env),
-                                     timeout=60, version=settings.docker_api_version)
+            client = docker.from_env(
+                environment=engine_environment(settings.engine_env),
+                timeout=60,
+                version=settings.docker_api_version,
+            )
         except docker.errors.DockerException as err:
             raise Unavailable(f"container engine unreachable (DOCKER_HOST): {err}") from err
-        config = ContainerConfig(archive=settings.archive, limits=settings.limits,
-                                 network=settings.container_network or None,
-                                 workroot=settings.work_dir or None, sink=settings.sink)
+        config = ContainerConfig(
+            archive=settings.archive,
+            limits=settings.limits,
+            network=settings.container_network or None,
+            workroot=settings.work_dir or None,
+            sink=settings.sink,
+        )
         return cls(client, store, config)
 
     def close(self) -> None:
@@ -122,8 +130,9 @@ class ContainerRuntime:
         try:
             outcome = self._outcome(task, workdir, container)
         except StorageError as err:  # a permanent store refusal; retryable ones raise here
-            outcome = steps.record_outcome(self._store, task.run_id,
-                                           final_failure(task.action, err))
+            outcome = steps.record_outcome(
+                self._store, task.run_id, final_failure(task.action, err)
+            )
         self._remove_run(task.run_id, root)  # the result is stored: nothing left to adopt
         return outcome
 
@@ -142,8 +151,10 @@ class ContainerRuntime:
         if container.status == "created":
             _remove(container)
             return None
-        log.info("adopting the container of an earlier delivery",
-                 extra=fields(run_id=run, status=container.status))
+        log.info(
+            "adopting the container of an earlier delivery",
+            extra=fields(run_id=run, status=container.status),
+        )
         return container
 
     def _outcome(self, task: Task, workdir: Path, container: Any) -> Outcome:
@@ -168,17 +179,27 @@ class ContainerRuntime:
     def _collect(self, container: Any, task: Task, workdir: Path, exit_code: int | None) -> Outcome:
         stderr = _read_logs(container, stdout=False)
         if exit_code is None:
-            log_text = redact(stderr.decode("utf-8", "replace"),
-                              secret_strings(task.stdin, task.secrets))
+            log_text = redact(
+                stderr.decode("utf-8", "replace"), secret_strings(task.stdin, task.secrets)
+            )
             steps.write_once(self._store, keys.log_key(task.run_id), log_text.encode())
-            return self._record(task, script_timeout(task.action, task.timeout_seconds,
-                                                     log_text))
-        spec = steps.CollectSpec(run_id=task.run_id, action=task.action,
-                                 cache_key=task.cache_key, archive=self._config.archive)
+            return self._record(task, script_timeout(task.action, task.timeout_seconds, log_text))
+        spec = steps.CollectSpec(
+            run_id=task.run_id,
+            action=task.action,
+            cache_key=task.cache_key,
+            archive=self._config.archive,
+        )
         return steps.collect(  # stores the result record
-            self._store, spec, exit_code=exit_code, stdout=_read_logs(container, stdout=True),
-            stderr=stderr, stdin=task.stdin, extra_secrets=task.secrets,
-            output_dir=workdir if task.action == "get" else None)
+            self._store,
+            spec,
+            exit_code=exit_code,
+            stdout=_read_logs(container, stdout=True),
+            stderr=stderr,
+            stdin=task.stdin,
+            extra_secrets=task.secrets,
+            output_dir=workdir if task.action == "get" else None,
+        )
 
     def _remove_run(self, run: str, root: Path) -> None:
         try:

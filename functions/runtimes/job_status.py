@@ -13,6 +13,7 @@
 
 ``None`` means "still running: keep watching".
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -22,10 +23,15 @@ from typing import Any
 
 from functions.task.contract import EXIT_UNAVAILABLE, UNAVAILABLE_MARKER
 
-PULL_FAILURES = frozenset({
-    "ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
-    "CreateContainerConfigError",
-})
+PULL_FAILURES = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "ErrImageNeverPull",
+        "CreateContainerConfigError",
+    }
+)
 STEP_CONTAINERS = ("stage", "collect")  # ours: their termination messages are safe to show
 
 
@@ -36,8 +42,9 @@ class Verdict:
     detail: str = ""  # a step's termination message, for the failure's log tail
 
 
-def judge(job: dict[str, Any] | None, pods: Iterable[dict[str, Any]], *,
-          deadline_passed: bool) -> Verdict | None:
+def judge(
+    job: dict[str, Any] | None, pods: Iterable[dict[str, Any]], *, deadline_passed: bool
+) -> Verdict | None:
     """The verdict on a task, or None while it runs. ``deadline_passed``: the Job's
     activeDeadlineSeconds has elapsed (a pod killed then failed of the timeout)."""
     pods = list(pods)
@@ -86,15 +93,19 @@ def pod_verdict(pod: dict[str, Any], *, deadline_passed: bool) -> Verdict | None
         if deadline_passed or status.get("reason") == "DeadlineExceeded":
             return Verdict("timeout")
         step = _failed_step([pod])
-        return step or Verdict("runtime", f"the task pod failed: {status.get('reason') or ''}"
-                                          f" {status.get('message') or ''}".rstrip())
+        return step or Verdict(
+            "runtime",
+            f"the task pod failed: {status.get('reason') or ''}"
+            f" {status.get('message') or ''}".rstrip(),
+        )
     return None
 
 
 def started_at(job: dict[str, Any]) -> datetime | None:
     """When the Job's deadline started counting (status.startTime, else creation)."""
     stamp = (job.get("status") or {}).get("startTime") or (job.get("metadata") or {}).get(
-        "creationTimestamp")
+        "creationTimestamp"
+    )
     if not isinstance(stamp, str):
         return None
     try:
@@ -119,8 +130,10 @@ def _container_statuses(status: dict[str, Any]) -> list[dict[str, Any]]:
 def _pull_message(container: dict[str, Any], waiting: dict[str, Any]) -> str:
     image = container.get("image") or "?"
     text = waiting.get("message") or "no details"
-    return f"container {container.get('name')!r} cannot start image {image}: " \
-           f"{waiting.get('reason')}: {text}"
+    return (
+        f"container {container.get('name')!r} cannot start image {image}: "
+        f"{waiting.get('reason')}: {text}"
+    )
 
 
 def _failed_step(pods: list[dict[str, Any]]) -> Verdict | None:
@@ -140,7 +153,11 @@ def _step_failure(name: str, ended: dict[str, Any]) -> Verdict:
     # A resource image may write anything into its termination message: show only ours.
     ours = name in STEP_CONTAINERS
     detail = (ended.get("message") or "").strip() if ours else ""
-    retry = ours and (ended.get("exitCode") == EXIT_UNAVAILABLE
-                      or detail.startswith(UNAVAILABLE_MARKER))
-    return Verdict("unavailable" if retry else "runtime",
-                   f"{message}: {detail.splitlines()[-1]}" if detail else message, detail)
+    retry = ours and (
+        ended.get("exitCode") == EXIT_UNAVAILABLE or detail.startswith(UNAVAILABLE_MARKER)
+    )
+    return Verdict(
+        "unavailable" if retry else "runtime",
+        f"{message}: {detail.splitlines()[-1]}" if detail else message,
+        detail,
+    )

@@ -6,6 +6,7 @@ unreachable API raise ``Unavailable`` (HTTP 503: Knative redelivers); 404, 409 a
 ``NotFound``/``Conflict``/``Gone``; any other 4xx is ``Rejected``. ``watch_pods`` streams pod
 events until the watch expires; ``belongs`` tells a Job's pods from others of the same name.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,8 +48,13 @@ class KubeApi:
 
     def delete_job(self, name: str) -> None:
         try:
-            self._json("delete", "jobs", self._batch.delete_namespaced_job, name,
-                       propagation_policy="Background")
+            self._json(
+                "delete",
+                "jobs",
+                self._batch.delete_namespaced_job,
+                name,
+                propagation_policy="Background",
+            )
         except NotFound:
             pass
 
@@ -64,9 +70,16 @@ class KubeApi:
     def read_secret_in(self, namespace: str, name: str) -> dict[str, Any] | None:
         """A Secret of another namespace (credentials): one ``get``, never a list."""
         try:
-            response = self._call("get", "secrets", self._core.read_namespaced_secret, name,
-                                  namespace, _preload_content=False,
-                                  _request_timeout=self._timeout, namespace_=namespace)
+            response = self._call(
+                "get",
+                "secrets",
+                self._core.read_namespaced_secret,
+                name,
+                namespace,
+                _preload_content=False,
+                _request_timeout=self._timeout,
+                namespace_=namespace,
+            )
         except NotFound:
             return None
         return cast(dict[str, Any], json.loads(response.data or b"{}"))
@@ -80,20 +93,30 @@ class KubeApi:
     def list_pods(self, job: str, uid: str = "") -> tuple[dict[str, dict[str, Any]], str]:
         """The pods of Job ``job`` (of that ``uid``, if given) by name, and the list's
         resourceVersion to watch from."""
-        body = self._json("list", "pods", self._core.list_namespaced_pod,
-                          label_selector=f"job-name={job}")
+        body = self._json(
+            "list", "pods", self._core.list_namespaced_pod, label_selector=f"job-name={job}"
+        )
         pods = {p["metadata"]["name"]: p for p in body.get("items") or [] if belongs(p, job, uid)}
         return pods, (body.get("metadata") or {}).get("resourceVersion") or ""
 
-    def watch_pods(self, job: str, version: str,
-                   seconds: float) -> Generator[dict[str, Any], None, None]:
+    def watch_pods(
+        self, job: str, version: str, seconds: float
+    ) -> Generator[dict[str, Any], None, None]:
         """Pod events until the watch expires (the server's timeout, or no data for a while
         longer: then it just ends). Raises ``Gone`` when ``version`` is too old."""
-        response = self._call("watch", "pods", self._core.list_namespaced_pod, self.namespace,
-                              label_selector=f"job-name={job}", watch=True,
-                              allow_watch_bookmarks=True, resource_version=version or None,
-                              timeout_seconds=max(1, int(seconds)), _preload_content=False,
-                              _request_timeout=(self._timeout[0], seconds + min(5, seconds)))
+        response = self._call(
+            "watch",
+            "pods",
+            self._core.list_namespaced_pod,
+            self.namespace,
+            label_selector=f"job-name={job}",
+            watch=True,
+            allow_watch_bookmarks=True,
+            resource_version=version or None,
+            timeout_seconds=max(1, int(seconds)),
+            _preload_content=False,
+            _request_timeout=(self._timeout[0], seconds + min(5, seconds)),
+        )
         try:
             for line in response:  # urllib3 splits the stream into lines
                 if not line.endswith(b"\n"):
@@ -112,17 +135,35 @@ class KubeApi:
         status = event.get("object") or {}
         if status.get("code") == 410:
             raise Gone(status.get("message"))
-        raise Unavailable(f"Kubernetes API: watch pods failed: {status.get('code')} "
-                          f"{status.get('reason')}: {status.get('message')}")
+        raise Unavailable(
+            f"Kubernetes API: watch pods failed: {status.get('code')} "
+            f"{status.get('reason')}: {status.get('message')}"
+        )
 
-    def _json(self, verb: str, resource: str, method: Callable[..., Any], *args: Any,
-              **kwargs: Any) -> dict[str, Any]:
-        response = self._call(verb, resource, method, *args, self.namespace, **kwargs,
-                              _preload_content=False, _request_timeout=self._timeout)
+    def _json(
+        self, verb: str, resource: str, method: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> dict[str, Any]:
+        response = self._call(
+            verb,
+            resource,
+            method,
+            *args,
+            self.namespace,
+            **kwargs,
+            _preload_content=False,
+            _request_timeout=self._timeout,
+        )
         return cast(dict[str, Any], json.loads(response.data or b"{}"))
 
-    def _call(self, verb: str, resource: str, method: Callable[..., Any], *args: Any,
-              namespace_: str = "", **kwargs: Any) -> Any:
+    def _call(
+        self,
+        verb: str,
+        resource: str,
+        method: Callable[..., Any],
+        *args: Any,
+        namespace_: str = "",
+        **kwargs: Any,
+    ) -> Any:
         """THE request path: every call, its errors translated (``raise … from``)."""
         try:
             return method(*args, **kwargs)
@@ -144,7 +185,8 @@ def translate(err: ApiException, verb: str, resource: str, namespace: str) -> Ex
     if status in (401, 403):
         return Unavailable(
             f"Kubernetes refused '{verb} {resource}' in namespace {namespace!r} ({status}: "
-            f"{message}): the function's service account needs that verb (knative/rbac.yaml)")
+            f"{message}): the function's service account needs that verb (knative/rbac.yaml)"
+        )
     if status == 0 or status == 429 or status >= 500:
         return Unavailable(f"Kubernetes API: {verb} {resource}: {status or ''} {message}")
     return Rejected(f"Kubernetes rejected '{verb} {resource}' ({status}): {message}")
@@ -165,8 +207,9 @@ def belongs(pod: dict[str, Any], job: str, uid: str = "") -> bool:
     pod_labels = metadata.get("labels") or {}
     if not any(pod_labels.get(label) == job for label in JOB_NAME_LABELS):
         return False
-    owners = owner_uids(pod) | {pod_labels[label] for label in CONTROLLER_UID_LABELS
-                                if label in pod_labels}
+    owners = owner_uids(pod) | {
+        pod_labels[label] for label in CONTROLLER_UID_LABELS if label in pod_labels
+    }
     return not uid or not owners or uid in owners
 
 
@@ -186,10 +229,12 @@ def api_client_from_env(kubeconfig: str = "") -> Any:
         config.load_incluster_config(client_configuration=configuration)
     except config.ConfigException:
         try:
-            config.load_kube_config(config_file=kubeconfig or None,
-                                    client_configuration=configuration)
+            config.load_kube_config(
+                config_file=kubeconfig or None, client_configuration=configuration
+            )
         except (config.ConfigException, OSError) as err:
             raise ConfigError(
                 "RUNTIME=kubernetes needs the API: run in a cluster (service account) or set "
-                f"KUBECONFIG ({err})") from err
+                f"KUBECONFIG ({err})"
+            ) from err
     return client.ApiClient(configuration)

@@ -17,6 +17,7 @@ API errors arrive translated by ``kube_api``: ``Unavailable`` for anything worth
 a ``KubeApiError`` (``NotFound``/``Conflict``/``Gone``, ``Rejected``: an invalid request)
 otherwise; ``functions.outcome.final_failure`` decides what a store error means.
 """
+
 from __future__ import annotations
 
 import logging
@@ -131,8 +132,7 @@ class KubernetesRuntime:
 
     # --- creating ------------------------------------------------------------------------
 
-    def _launch(self, plan: JobPlan, stdin: bytes,
-                secrets: tuple[str, ...] = ()) -> dict[str, Any]:
+    def _launch(self, plan: JobPlan, stdin: bytes, secrets: tuple[str, ...] = ()) -> dict[str, Any]:
         """Create the Job, or attach to the one a previous delivery created; then its Secret
         (unless that Job has finished already: no credentials for a pod that will not run)."""
         try:
@@ -168,8 +168,9 @@ class KubernetesRuntime:
             raise Unavailable(f"task Job {plan.job_name} is being deleted: try again")
         return job
 
-    def _create_secret(self, plan: JobPlan, stdin: bytes, job: dict[str, Any],
-                       secrets: tuple[str, ...] = ()) -> None:
+    def _create_secret(
+        self, plan: JobPlan, stdin: bytes, job: dict[str, Any], secrets: tuple[str, ...] = ()
+    ) -> None:
         uid = uid_of(job)
         if not uid:
             raise Unavailable(f"the Kubernetes API returned Job {plan.job_name} without a uid")
@@ -183,8 +184,7 @@ class KubernetesRuntime:
                 if existing is not None and uid in owner_uids(existing):
                     return  # a previous delivery created it
                 if attempt:
-                    raise Unavailable(f"Secret {plan.secret_name} exists for another Job") \
-                        from None
+                    raise Unavailable(f"Secret {plan.secret_name} exists for another Job") from None
                 # Left by an earlier Job of this name (deleted to run again): the garbage
                 # collector would delete it under the new pod.
                 self._api.delete_secret(plan.secret_name)
@@ -206,8 +206,9 @@ class KubernetesRuntime:
     def _follow(self, plan: JobPlan, job: dict[str, Any]) -> Verdict:
         """List Job and pods, judge, watch the pods; again on watch expiry or a pod ending."""
         budget_end = (started_at(job) or _now()).timestamp() + plan.active_deadline_seconds
-        deadline = time.monotonic() + (budget_end - _now().timestamp()
-                                       + self._config.deadline_slack_seconds)
+        deadline = time.monotonic() + (
+            budget_end - _now().timestamp() + self._config.deadline_slack_seconds
+        )
         uid = uid_of(job)
         while True:
             current = self._api.read_job(plan.job_name)
@@ -226,8 +227,15 @@ class KubernetesRuntime:
             if verdict is not None:
                 return verdict
 
-    def _watch(self, plan: JobPlan, job: dict[str, Any], pods: dict[str, dict[str, Any]],
-               version: str, deadline: float, uid: str) -> Verdict | None:
+    def _watch(
+        self,
+        plan: JobPlan,
+        job: dict[str, Any],
+        pods: dict[str, dict[str, Any]],
+        version: str,
+        deadline: float,
+        uid: str,
+    ) -> Verdict | None:
         """Apply pod events to ``pods`` until a verdict, or None to list again (expiry,
         410 Gone, a pod that failed or vanished: then the Job's state decides)."""
         seconds = max(0.5, min(self._config.watch_seconds, deadline - time.monotonic()))
@@ -261,7 +269,8 @@ class KubernetesRuntime:
             self._api.delete_secret(plan.secret_name)
             raise StoreUnavailableInTask(
                 f"the task could not reach the store, its Job {plan.job_name} was deleted to "
-                f"run again: {verdict.message}")
+                f"run again: {verdict.message}"
+            )
         if verdict.kind in ("complete", "gone"):
             wait = self._config.result_wait_seconds if verdict.kind == "complete" else 0
             stored = self._read_result(task.run_id, wait)
@@ -269,16 +278,16 @@ class KubernetesRuntime:
                 return Settled(stored, by_collect=True)
             if verdict.kind == "complete":
                 verdict = Verdict("runtime", "the task Job completed but stored no result")
-        outcome = steps.record_outcome(self._store, task.run_id, self._failure(task, plan,
-                                                                                verdict))
+        outcome = steps.record_outcome(self._store, task.run_id, self._failure(task, plan, verdict))
         if verdict.kind in ("image_pull", "timeout"):
             self._api.delete_job(plan.job_name)  # after recording: a redelivery replays it
         return Settled(outcome, by_collect=False)
 
     def _failure(self, task: Task, plan: JobPlan, verdict: Verdict) -> Outcome:
         if verdict.kind == "timeout":
-            return task_deadline(task.action, plan.active_deadline_seconds,
-                                 plan.timeout_seconds, plan.margin_seconds)
+            return task_deadline(
+                task.action, plan.active_deadline_seconds, plan.timeout_seconds, plan.margin_seconds
+            )
         kind = "image_pull" if verdict.kind == "image_pull" else "runtime"
         return failed(task.action, kind, verdict.message, verdict.detail)
 
@@ -296,8 +305,10 @@ class KubernetesRuntime:
         try:
             self._api.delete_secret(plan.secret_name)
         except (Unavailable, Rejected) as err:
-            log.warning("cannot delete the stdin Secret", extra=fields(
-                secret=plan.secret_name, error=str(err)))
+            log.warning(
+                "cannot delete the stdin Secret",
+                extra=fields(secret=plan.secret_name, error=str(err)),
+            )
 
     def _post_quietly(self, task: Task, outcome: Outcome) -> None:
         try:
@@ -313,19 +324,26 @@ class KubernetesRuntime:
             if not settled.by_collect:
                 post_outcome(self._config.sink, task, settled.outcome)
         except StoppedFollowing:
-            log.info("stopped following an asynchronous task at close; collect replies",
-                     extra=fields(run_id=task.run_id, job=plan.job_name))
+            log.info(
+                "stopped following an asynchronous task at close; collect replies",
+                extra=fields(run_id=task.run_id, job=plan.job_name),
+            )
         except StoreUnavailableInTask as err:
             # Answered 202 already, so Knative will not redeliver: tell the requester. Nothing
             # is recorded, so sending the same request again runs it afresh.
-            log.error("an asynchronous task could not reach the store; its Job was deleted",
-                      extra=fields(run_id=task.run_id, job=plan.job_name, error=str(err)))
+            log.error(
+                "an asynchronous task could not reach the store; its Job was deleted",
+                extra=fields(run_id=task.run_id, job=plan.job_name, error=str(err)),
+            )
             self._post_quietly(task, failed(task.action, failure_kind(err), str(err)))
         except Exception as err:
-            log.exception("following an asynchronous task failed",
-                          extra=fields(run_id=task.run_id, job=plan.job_name))
-            self._post_quietly(task, failed(task.action, "runtime",
-                                            f"following the task failed: {err}"))
+            log.exception(
+                "following an asynchronous task failed",
+                extra=fields(run_id=task.run_id, job=plan.job_name),
+            )
+            self._post_quietly(
+                task, failed(task.action, "runtime", f"following the task failed: {err}")
+            )
         finally:
             with self._lock:
                 self._following.discard(task.run_id)

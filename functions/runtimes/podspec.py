@@ -16,6 +16,7 @@ needs it to redact secrets from the log) and nowhere else; no env var, argument,
 annotation carries anything from it. Store credentials reach ``stage``/``collect`` only,
 through ``envFrom`` of the deployment's store Secret.
 """
+
 from __future__ import annotations
 
 import base64
@@ -187,13 +188,23 @@ def plan_for(task: Task, config: KubernetesConfig, store_url: str, *, reply: boo
     deployment's. ``reply``: collect posts the reply event (asynchronous completion)."""
     rt, c = task.resource_type, config
     return JobPlan(
-        run_id=task.run_id, action=task.action, namespace=c.namespace,
-        resource_image=rt.image, task_image=c.task_image, service_account=c.service_account,
-        timeout_seconds=task.timeout_seconds, margin_seconds=c.margin_seconds,
-        ttl_seconds=c.ttl_seconds, store_url=store_url,
-        inputs=tuple(sorted(task.inputs.items())), cache_key=task.cache_key,
-        env=tuple(task.env.items()), step_env=c.step_env, store_secret=c.store_secret,
-        privileged=rt.privileged, resources=rt.resources or c.resources,
+        run_id=task.run_id,
+        action=task.action,
+        namespace=c.namespace,
+        resource_image=rt.image,
+        task_image=c.task_image,
+        service_account=c.service_account,
+        timeout_seconds=task.timeout_seconds,
+        margin_seconds=c.margin_seconds,
+        ttl_seconds=c.ttl_seconds,
+        store_url=store_url,
+        inputs=tuple(sorted(task.inputs.items())),
+        cache_key=task.cache_key,
+        env=tuple(task.env.items()),
+        step_env=c.step_env,
+        store_secret=c.store_secret,
+        privileged=rt.privileged,
+        resources=rt.resources or c.resources,
         node_selector=rt.node_selector or c.node_selector,
         tolerations=tuple(rt.tolerations or c.tolerations),
         image_pull_secrets=tuple(rt.image_pull_secrets or c.image_pull_secrets),
@@ -226,8 +237,11 @@ def labels(plan: JobPlan) -> dict[str, str]:
 
 def job_manifest(plan: JobPlan) -> dict[str, Any]:
     """The batch/v1 Job of one task: one pod, never retried, deadline and TTL set."""
-    metadata: dict[str, Any] = {"name": plan.job_name, "namespace": plan.namespace,
-                                "labels": labels(plan)}
+    metadata: dict[str, Any] = {
+        "name": plan.job_name,
+        "namespace": plan.namespace,
+        "labels": labels(plan),
+    }
     if plan.request_source:
         metadata["annotations"] = {f"{LABEL_PREFIX}request-source": plan.request_source}
     return {
@@ -271,10 +285,18 @@ def pod_spec(plan: JobPlan) -> dict[str, Any]:
 def _volumes(plan: JobPlan) -> list[dict[str, Any]]:
     return [
         {"name": BUILD_VOLUME, "emptyDir": {}},
-        {"name": STDIN_VOLUME, "secret": {
-            "secretName": plan.secret_name, "optional": False, "defaultMode": 0o400,
-            "items": [{"key": STDIN_KEY, "path": STDIN_KEY},
-                      {"key": REDACT_KEY, "path": REDACT_KEY}]}},
+        {
+            "name": STDIN_VOLUME,
+            "secret": {
+                "secretName": plan.secret_name,
+                "optional": False,
+                "defaultMode": 0o400,
+                "items": [
+                    {"key": STDIN_KEY, "path": STDIN_KEY},
+                    {"key": REDACT_KEY, "path": REDACT_KEY},
+                ],
+            },
+        },
     ]
 
 
@@ -295,8 +317,17 @@ def _stage_containers(plan: JobPlan) -> list[dict[str, Any]]:
 
 
 def _collect_container(plan: JobPlan) -> dict[str, Any]:
-    args = ["collect", "--run-id", plan.run_id, "--action", plan.action, "--dir", BUILD_DIR,
-            "--stdin-file", STDIN_FILE]
+    args = [
+        "collect",
+        "--run-id",
+        plan.run_id,
+        "--action",
+        plan.action,
+        "--dir",
+        BUILD_DIR,
+        "--stdin-file",
+        STDIN_FILE,
+    ]
     if plan.cache_key:
         args += ["--cache-key", plan.cache_key]
     if plan.reply:
@@ -313,10 +344,8 @@ def _collect_container(plan: JobPlan) -> dict[str, Any]:
 
 def _step_container(plan: JobPlan, name: str, args: list[str], *, stdin: bool) -> dict[str, Any]:
     """stage/collect: the project image, non-root, no privileges, store access by envFrom."""
-    env = [{"name": STORE_URL_ENV, "value": plan.store_url},
-           {"name": "TMPDIR", "value": BUILD_DIR}]
-    env += [{"name": k, "value": v} for k, v in plan.step_env
-            if k not in (STORE_URL_ENV, "TMPDIR")]
+    env = [{"name": STORE_URL_ENV, "value": plan.store_url}, {"name": "TMPDIR", "value": BUILD_DIR}]
+    env += [{"name": k, "value": v} for k, v in plan.step_env if k not in (STORE_URL_ENV, "TMPDIR")]
     container: dict[str, Any] = {
         "name": name,
         "image": plan.task_image,
@@ -326,8 +355,11 @@ def _step_container(plan: JobPlan, name: str, args: list[str], *, stdin: bool) -
         # Without API rights to read logs, this is how the function learns why a step failed.
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {
-            "runAsNonRoot": True, "runAsUser": STEP_UID, "runAsGroup": STEP_UID,
-            "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "runAsUser": STEP_UID,
+            "runAsGroup": STEP_UID,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
             "capabilities": {"drop": ["ALL"]},
         },
     }
@@ -341,11 +373,19 @@ def _resource_container(plan: JobPlan) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": "resource",
         "image": plan.resource_image,
-        "command": ["sh", "-c", RESOURCE_SCRIPT, "resource", SCRIPTS[plan.action],
-                    str(plan.script_timeout_seconds), *([workdir] if workdir else [])],
+        "command": [
+            "sh",
+            "-c",
+            RESOURCE_SCRIPT,
+            "resource",
+            SCRIPTS[plan.action],
+            str(plan.script_timeout_seconds),
+            *([workdir] if workdir else []),
+        ],
         "volumeMounts": _mounts(stdin=True),
-        "securityContext": ({"privileged": True} if plan.privileged
-                            else {"allowPrivilegeEscalation": False}),
+        "securityContext": (
+            {"privileged": True} if plan.privileged else {"allowPrivilegeEscalation": False}
+        ),
     }
     if plan.env:
         container["env"] = [{"name": k, "value": v} for k, v in plan.env]
@@ -360,8 +400,9 @@ def _with_resources(container: dict[str, Any], plan: JobPlan) -> dict[str, Any]:
     return container
 
 
-def stdin_secret_manifest(plan: JobPlan, stdin: bytes, owner_uid: str,
-                          secrets: tuple[str, ...] = ()) -> dict[str, Any]:
+def stdin_secret_manifest(
+    plan: JobPlan, stdin: bytes, owner_uid: str, secrets: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """The Secret holding the script's stdin (and, for collect to redact, the resolved
     credential values ``secrets``), owned by the Job (garbage-collected with it).
     No ``blockOwnerDeletion``: that needs delete rights on the owner's finalizers."""
@@ -376,9 +417,12 @@ def stdin_secret_manifest(plan: JobPlan, stdin: bytes, owner_uid: str,
             "name": plan.secret_name,
             "namespace": plan.namespace,
             "labels": labels(plan),
-            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job",
-                                 "name": plan.job_name, "uid": owner_uid}],
+            "ownerReferences": [
+                {"apiVersion": "batch/v1", "kind": "Job", "name": plan.job_name, "uid": owner_uid}
+            ],
         },
-        "data": {STDIN_KEY: base64.b64encode(stdin).decode("ascii"),
-                 REDACT_KEY: base64.b64encode(json.dumps(list(secrets)).encode()).decode()},
+        "data": {
+            STDIN_KEY: base64.b64encode(stdin).decode("ascii"),
+            REDACT_KEY: base64.b64encode(json.dumps(list(secrets)).encode()).decode(),
+        },
     }

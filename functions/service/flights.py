@@ -3,6 +3,7 @@
 In-process only. Across replicas, redelivery is made idempotent by the stored result
 records and (on Kubernetes) by Job names derived from the request identity.
 """
+
 from __future__ import annotations
 
 import threading

@@ -1,4 +1,5 @@
 """Validation of request data into a ``Request``: every problem found is reported at once."""
+
 from __future__ import annotations
 
 import json
@@ -91,8 +92,9 @@ def _resource_type(
     return ResourceType(image=image), None
 
 
-def _object(data: dict[str, Any], key: str, problems: list[str], *,
-            required: bool) -> dict[str, Any]:
+def _object(
+    data: dict[str, Any], key: str, problems: list[str], *, required: bool
+) -> dict[str, Any]:
     value = data.get(key)
     if value is None:
         if required:
@@ -116,8 +118,9 @@ def _version(data: dict[str, Any], action: Action, problems: list[str]) -> dict[
     return value
 
 
-def _inputs(data: dict[str, Any], action: Action, prefix: str,
-            problems: list[str]) -> dict[str, ArtifactRef]:
+def _inputs(
+    data: dict[str, Any], action: Action, prefix: str, problems: list[str]
+) -> dict[str, ArtifactRef]:
     """put inputs: name -> artifact URL, or name -> {"url", "digest"} to verify the bytes."""
     value = data.get("inputs")
     if action != "put" or value is None:
@@ -134,25 +137,30 @@ def _inputs(data: dict[str, Any], action: Action, prefix: str,
             problems.append(f"input name {_clip(name)} must match {INPUT_NAME.pattern}")
         unknown = sorted(set(spec) - INPUT_FIELDS) if isinstance(spec, dict) else []
         if unknown:
-            problems.append(f"input {_clip(name)}: unknown field(s) "
-                            f"{', '.join(_clip(k) for k in unknown)} (known: digest, url)")
+            problems.append(
+                f"input {_clip(name)}: unknown field(s) "
+                f"{', '.join(_clip(k) for k in unknown)} (known: digest, url)"
+            )
             continue
-        url, digest = (spec.get("url"), spec.get("digest")) if isinstance(spec, dict) else (
-            spec, None)
+        url, digest = (
+            (spec.get("url"), spec.get("digest")) if isinstance(spec, dict) else (spec, None)
+        )
         if not isinstance(url, str) or not _is_artifact_url(url, prefix):
-            problems.append(f"input {_clip(name)}: URL must be an artifact in this store "
-                            f"({prefix}<name>{'|'.join(ARTIFACT_SUFFIXES)})")
+            problems.append(
+                f"input {_clip(name)}: URL must be an artifact in this store "
+                f"({prefix}<name>{'|'.join(ARTIFACT_SUFFIXES)})"
+            )
         elif digest is not None and not is_digest(digest):
             problems.append(f"input {name!r}: digest must be 'sha256:' and 64 hex digits")
         else:
-            refs[name] = ArtifactRef(key="artifacts/" + url[len(prefix):], digest=digest)
+            refs[name] = ArtifactRef(key="artifacts/" + url[len(prefix) :], digest=digest)
     return refs
 
 
 def _is_artifact_url(url: str, prefix: str) -> bool:
     if not url.startswith(prefix) or len(url) > MAX_TEXT:
         return False
-    name = url[len(prefix):]
+    name = url[len(prefix) :]
     return key_problem("artifacts/" + name) is None and name.endswith(ARTIFACT_SUFFIXES)
 
 
@@ -174,8 +182,9 @@ def _depth(value: Any) -> int:
     deepest, stack = 0, [(value, 1)]
     while stack:
         item, level = stack.pop()
-        children = (item.values() if isinstance(item, dict) else
-                    item if isinstance(item, list) else None)
+        children = (
+            item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        )
         if children is None:
             continue
         deepest = max(deepest, level)

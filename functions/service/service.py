@@ -1,5 +1,6 @@
 """One service = one action: validate a request, answer from stored results or the cache,
 otherwise run the resource once (however often the request is delivered)."""
+
 from __future__ import annotations
 
 import fnmatch
@@ -39,7 +40,12 @@ class Reply:
 
 class Service:
     def __init__(
-        self, action: Action, settings: Settings, store: Store, runtime: Runtime, metrics: Metrics,
+        self,
+        action: Action,
+        settings: Settings,
+        store: Store,
+        runtime: Runtime,
+        metrics: Metrics,
         provider: credentials.Provider | None = None,
     ) -> None:
         self.action = action
@@ -54,9 +60,17 @@ class Service:
         """Serve one request event. Raises ``InvalidRequest`` (400) or ``Unavailable`` (503)."""
         request = self.parse(event)
         run = keys.run_id(request.event_source, request.event_id, self.action)
-        log.info("request", extra=fields(action=self.action, id=request.event_id,
-                                         source=request.event_source, run_id=run,
-                                         type=request.type_name, image=request.resource_type.image))
+        log.info(
+            "request",
+            extra=fields(
+                action=self.action,
+                id=request.event_id,
+                source=request.event_source,
+                run_id=run,
+                type=request.type_name,
+                image=request.resource_type.image,
+            ),
+        )
         try:
             return self._serve(self.resolve(request), run)
         except StorageError as err:
@@ -76,21 +90,33 @@ class Service:
         )
         image = request.resource_type.image
         if request.type_name is None and not any(
-                fnmatch.fnmatchcase(image, pattern) for pattern in self.settings.allowed_images):
-            raise InvalidRequest(f"image {image!r} is not allowed here (ALLOWED_IMAGES); "
-                                 "use a catalogue type")
+            fnmatch.fnmatchcase(image, pattern) for pattern in self.settings.allowed_images
+        ):
+            raise InvalidRequest(
+                f"image {image!r} is not allowed here (ALLOWED_IMAGES); use a catalogue type"
+            )
         return request
 
     def resolve(self, request: Request) -> Request:
         """The request with its ((var)) references resolved (after validation, before the
         cache key and the run). ``InvalidRequest`` names a variable that cannot be resolved;
         an unreachable provider raises ``Unavailable``."""
-        resolved = credentials.resolve(self.provider, request.build, source=request.source,
-                                       params=request.params, version=request.version)
+        resolved = credentials.resolve(
+            self.provider,
+            request.build,
+            source=request.source,
+            params=request.params,
+            version=request.version,
+        )
         if not resolved.values:
             return request
-        return replace(request, source=resolved.source, params=resolved.params,
-                       version=resolved.version, secrets=resolved.values)
+        return replace(
+            request,
+            source=resolved.source,
+            params=resolved.params,
+            version=resolved.version,
+            secrets=resolved.values,
+        )
 
     def _wants_async(self, event: CloudEvent) -> bool:
         mode = event.get_extension("replymode") or self.settings.reply_mode
@@ -108,8 +134,10 @@ class Service:
                 return self._reply(request, run, stored)
             self.runtime.start(self._task(request, run, cache_key))  # idempotent per run id
             return Reply(status=202)
-        outcome, joined = self.flights.run(self._flight_keys(request, run, cache_key),
-                                           lambda: self._answer(request, run, cache_key))
+        outcome, joined = self.flights.run(
+            self._flight_keys(request, run, cache_key),
+            lambda: self._answer(request, run, cache_key),
+        )
         if joined:
             self.metrics.joined.labels(self.action).inc()
             # The run may have been another request's: record the answer under this request's
@@ -145,16 +173,27 @@ class Service:
         artifact = (outcome.data or {}).get("artifact")
         if artifact:
             self.metrics.bytes.labels(self.action).inc(artifact["size"])
-        log.info("run finished", extra=fields(action=self.action, run_id=task.run_id,
-                                              outcome=kind, seconds=time.monotonic() - started))
+        log.info(
+            "run finished",
+            extra=fields(
+                action=self.action,
+                run_id=task.run_id,
+                outcome=kind,
+                seconds=time.monotonic() - started,
+            ),
+        )
         return outcome
 
     def _cache_key(self, request: Request) -> str | None:
         if request.action != "get":
             return None
-        return keys.cache_key(self.settings.cache_secret, image=request.resource_type.image,
-                              source=request.source, version=request.version,
-                              params=request.params)
+        return keys.cache_key(
+            self.settings.cache_secret,
+            image=request.resource_type.image,
+            source=request.source,
+            version=request.version,
+            params=request.params,
+        )
 
     def _flight_keys(self, request: Request, run: str, cache_key: str | None) -> list[str]:
         """Identical checks and gets arriving together share one run."""
@@ -162,22 +201,32 @@ class Service:
         if cache_key:
             flight.append(f"get:{cache_key}")
         elif request.action == "check":
-            flight.append("check:" + keys.cache_key(
-                self.settings.cache_secret, image=request.resource_type.image,
-                source=request.source, version=request.version, params={}, action="check"))
+            flight.append(
+                "check:"
+                + keys.cache_key(
+                    self.settings.cache_secret,
+                    image=request.resource_type.image,
+                    source=request.source,
+                    version=request.version,
+                    params={},
+                    action="check",
+                )
+            )
         return flight
 
     def _task(self, request: Request, run: str, cache_key: str | None) -> Task:
         # TASK_TIMEOUT_SECONDS is this service's ceiling (it must fit its request timeout);
         # a resource type may only lower it.
-        timeout = min(request.resource_type.timeout_seconds or math.inf,
-                      self.settings.task_timeout_seconds)
+        timeout = min(
+            request.resource_type.timeout_seconds or math.inf, self.settings.task_timeout_seconds
+        )
         return Task(
             run_id=run,
             action=request.action,
             resource_type=request.resource_type,
-            stdin=protocol.stdin_payload(request.action, request.source, request.version,
-                                         request.params),
+            stdin=protocol.stdin_payload(
+                request.action, request.source, request.version, request.params
+            ),
             env=protocol.build_env(request.action, request.build),
             inputs=request.inputs,
             cache_key=cache_key,
@@ -189,8 +238,11 @@ class Service:
         )
 
     def _reply(self, request: Request, run: str, outcome: Outcome) -> Reply:
-        event = reply_event(action=self.action, outcome=outcome,
-                                   request_id=request.event_id, subject=request.subject,
-                                   run_id=run)
+        event = reply_event(
+            action=self.action,
+            outcome=outcome,
+            request_id=request.event_id,
+            subject=request.subject,
+            run_id=run,
+        )
         return Reply(status=200, event=event)
-

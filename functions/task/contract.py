@@ -15,6 +15,7 @@ Layout of the shared build volume (``BUILD_DIR``)::
     /secret/stdin               the stdin payload (a Secret), read by resource and collect
     /secret/redact              resolved credential values (JSON list), for collect to redact
 """
+
 from __future__ import annotations
 
 import uuid
@@ -96,9 +97,14 @@ def script_timeout(action: Action, seconds: float | None, log: str = "") -> Outc
 
 def task_deadline(action: Action, deadline: int, timeout: float, margin: float) -> Outcome:
     """The failure of a task pod that outlived its Job's deadline (the function saw it)."""
-    return failed(action, "timeout", (
-        f"the task ran longer than {deadline}s (the resource's {timeout:g}s + {margin:g}s to "
-        "stage and collect)"))
+    return failed(
+        action,
+        "timeout",
+        (
+            f"the task ran longer than {deadline}s (the resource's {timeout:g}s + {margin:g}s to "
+            "stage and collect)"
+        ),
+    )
 
 
 def reply_type(action: str, succeeded: bool) -> str:

@@ -18,6 +18,7 @@ so the request is delivered again. Any other step failure exits 1. Failures are 
 the termination message, which is how the function learns why a step failed (task pods
 cannot read logs).
 """
+
 from __future__ import annotations
 
 import json
@@ -68,8 +69,9 @@ class CollectArgs:
     reply: ReplyPlan | None = None
 
 
-def stage_main(*, directory: Path, inputs: dict[str, ArtifactRef], task_dir: Path,
-               settings: StepSettings) -> int:
+def stage_main(
+    *, directory: Path, inputs: dict[str, ArtifactRef], task_dir: Path, settings: StepSettings
+) -> int:
     """Unpack ``inputs`` into ``directory``; the exit status of the stage container."""
     try:
         store = open_store(settings.store_url, settings.store_options)
@@ -124,20 +126,30 @@ def record(store: Store, args: CollectArgs, archive: ArchiveOptions) -> Outcome:
     stderr = read_tail(task_dir / STDERR_FILE, MAX_STDERR_BYTES)
     if exit_code is None:
         log = redact(stderr.decode(errors="replace"), secret_strings(stdin, extra))
-        return _record_failure(store, args, "runtime", "the resource step recorded no exit "
-                               "code (does the image have /bin/sh?)", log)
+        return _record_failure(
+            store,
+            args,
+            "runtime",
+            "the resource step recorded no exit code (does the image have /bin/sh?)",
+            log,
+        )
     if (task_dir / TIMED_OUT_FILE).exists():  # the same failure as the container runtime's
         limit = _read_int(task_dir / TIMED_OUT_FILE)  # the watchdog wrote the timeout there
         log = redact(stderr.decode(errors="replace"), secret_strings(stdin, extra))
         outcome = script_timeout(args.action, limit, log)
         message = outcome.failure.message if outcome.failure else ""
         return _record_outcome(store, args, outcome, log or message)
-    spec = steps.CollectSpec(run_id=args.run_id, action=args.action, cache_key=args.cache_key,
-                             archive=archive)
+    spec = steps.CollectSpec(
+        run_id=args.run_id, action=args.action, cache_key=args.cache_key, archive=archive
+    )
     return steps.collect(
-        store, spec, exit_code=exit_code,
-        stdout=read_head(task_dir / STDOUT_FILE, MAX_STDOUT_BYTES + 1), stderr=stderr,
-        stdin=stdin, output_dir=args.build_dir / "get" if args.action == "get" else None,
+        store,
+        spec,
+        exit_code=exit_code,
+        stdout=read_head(task_dir / STDOUT_FILE, MAX_STDOUT_BYTES + 1),
+        stderr=stderr,
+        stdin=stdin,
+        output_dir=args.build_dir / "get" if args.action == "get" else None,
         extra_secrets=extra,
     )
 
@@ -151,10 +163,12 @@ def resolved_values(path: Path) -> list[str]:
     return [v for v in values if isinstance(v, str)] if isinstance(values, list) else []
 
 
-def _record_failure(store: Store, args: CollectArgs, kind: str, message: str,
-                    log: str = "") -> Outcome:
-    return _record_outcome(store, args, failed(args.action, kind, message.strip(), log),
-                           log or message)
+def _record_failure(
+    store: Store, args: CollectArgs, kind: str, message: str, log: str = ""
+) -> Outcome:
+    return _record_outcome(
+        store, args, failed(args.action, kind, message.strip(), log), log or message
+    )
 
 
 def _record_outcome(store: Store, args: CollectArgs, outcome: Outcome, log: str) -> Outcome:
@@ -165,10 +179,17 @@ def _record_outcome(store: Store, args: CollectArgs, outcome: Outcome, log: str)
 def _post(args: CollectArgs, outcome: Outcome, sink: str) -> int:
     assert args.reply is not None
     if not sink:
-        return fail("collect: the outcome is stored but --reply-to-sink needs K_SINK, which is "
-                    "not set (is the SinkBinding ready?)")
-    event = reply_event(action=args.action, outcome=outcome, request_id=args.reply.request_id,
-                        subject=args.reply.subject, run_id=args.run_id)
+        return fail(
+            "collect: the outcome is stored but --reply-to-sink needs K_SINK, which is "
+            "not set (is the SinkBinding ready?)"
+        )
+    event = reply_event(
+        action=args.action,
+        outcome=outcome,
+        request_id=args.reply.request_id,
+        subject=args.reply.subject,
+        run_id=args.run_id,
+    )
     try:
         post_reply(sink, event)
     except SinkRefused as err:

@@ -1,4 +1,5 @@
 """Posting a reply event to K_SINK (asynchronous completion), with bounded retries."""
+
 from __future__ import annotations
 
 import requests
@@ -18,8 +19,13 @@ def _session(attempts: int) -> requests.Session:
     """A session that retries connection errors and RETRYABLE answers with exponential
     backoff (0.5 s, 1 s, 2 s, …), honouring Retry-After. POST is retried: the reply event
     carries its id, and sinks (the Broker) de-duplicate or tolerate redelivery."""
-    retry = Retry(total=attempts - 1, backoff_factor=0.5, status_forcelist=RETRYABLE,
-                  allowed_methods=frozenset({"POST"}), raise_on_status=False)
+    retry = Retry(
+        total=attempts - 1,
+        backoff_factor=0.5,
+        status_forcelist=RETRYABLE,
+        allowed_methods=frozenset({"POST"}),
+        raise_on_status=False,
+    )
     session = requests.Session()
     adapter = HTTPAdapter(max_retries=retry)
     session.mount("http://", adapter)
@@ -42,6 +48,11 @@ def post_reply(sink: str, event: CloudEvent, *, attempts: int = 5, timeout: floa
 
 def post_outcome(sink: str, task: Task, outcome: Outcome) -> None:
     """Send the reply event of an asynchronous task to ``sink``."""
-    event = reply_event(action=task.action, outcome=outcome, request_id=task.request_id,
-                        subject=task.subject, run_id=task.run_id)
+    event = reply_event(
+        action=task.action,
+        outcome=outcome,
+        request_id=task.request_id,
+        subject=task.subject,
+        run_id=task.run_id,
+    )
     post_reply(sink, event)

@@ -1,5 +1,6 @@
 """The settings of the in-pod steps (``stage``, ``collect``), read once from the environment
 the task pod gets (see ``functions.settings.STEP_ENV``): the store, the sink and the archive options."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -26,9 +27,12 @@ class StepSettings:
         if not url:
             raise ConfigError(f"{STORE_URL_ENV} is not set")
         try:
-            return cls(store_url=url, sink=environ.get(SINK_ENV, ""),
-                       archive=ArchiveOptions.from_env(environ),
-                       limits=Limits.from_env(environ),
-                       store_options=StoreOptions.from_env(environ))
+            return cls(
+                store_url=url,
+                sink=environ.get(SINK_ENV, ""),
+                archive=ArchiveOptions.from_env(environ),
+                limits=Limits.from_env(environ),
+                store_options=StoreOptions.from_env(environ),
+            )
         except ValueError as err:
             raise ConfigError(str(err)) from None

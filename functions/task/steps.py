@@ -6,6 +6,7 @@ get as an artifact (plus its cache record), the log and the result record. The c
 runtime calls them in-process; on Kubernetes they run in the task pod
 (``python -m functions stage|collect``).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -51,22 +52,34 @@ def stage(store: Store, inputs: dict[str, ArtifactRef], workdir: Path, limits: L
         target = workdir / name
         target.mkdir(parents=True, exist_ok=True)
         try:
-            stats = download_tree(store, ref.key, target, expected_digest=ref.digest or
-                                  known_digest(store, ref.key), limits=budget)
+            stats = download_tree(
+                store,
+                ref.key,
+                target,
+                expected_digest=ref.digest or known_digest(store, ref.key),
+                limits=budget,
+            )
         except ObjectNotFound:
             raise StageFailed(f"input {name!r}: artifact {ref.key} does not exist") from None
         except (ArchiveError, ValueError) as err:  # ValueError: not an artifact's suffix
-            raise StageFailed(f"input {name!r}: {err} (limits apply to all inputs of a put "
-                              "together)") from None
+            raise StageFailed(
+                f"input {name!r}: {err} (limits apply to all inputs of a put together)"
+            ) from None
         left_bytes = budget.max_total_bytes - stats.bytes
         left_entries = budget.max_entries - stats.entries
         if left_bytes <= 0 or left_entries <= 0:
             if name != max(inputs):
-                raise StageFailed(f"the inputs of this put exceed {limits.max_total_bytes} "
-                                  f"bytes or {limits.max_entries} entries together")
+                raise StageFailed(
+                    f"the inputs of this put exceed {limits.max_total_bytes} "
+                    f"bytes or {limits.max_entries} entries together"
+                )
             break
-        budget = replace(budget, max_total_bytes=left_bytes, max_entries=left_entries,
-                         max_entry_bytes=min(budget.max_entry_bytes, left_bytes))
+        budget = replace(
+            budget,
+            max_total_bytes=left_bytes,
+            max_entries=left_entries,
+            max_entry_bytes=min(budget.max_entry_bytes, left_bytes),
+        )
 
 
 def known_digest(store: Store, key: str) -> str | None:
@@ -120,8 +133,12 @@ def store_artifact(
         digest, size = describe_existing(store, key)
     except (ArchiveError, OSError) as err:  # OSError: e.g. a file the script left unreadable
         return failed(spec.action, "invalid_output", f"output directory: {err}", log)
-    artifact = {"url": store.url_for(key), "digest": digest, "size": size,
-                "format": FORMAT_NAMES[spec.archive.format]}
+    artifact = {
+        "url": store.url_for(key),
+        "digest": digest,
+        "size": size,
+        "format": FORMAT_NAMES[spec.archive.format],
+    }
     data = {**outcome.data, "artifact": artifact}
     record = {"version": data["version"], "metadata": data["metadata"], "artifact": artifact}
     try:
@@ -189,4 +206,3 @@ def write_once(store: Store, key: str, body: bytes) -> None:
         store.put(key, io.BytesIO(body))
     except ObjectExists:
         pass  # a redelivered run already stored it
-

@@ -1,14 +1,23 @@
 """Streaming tar archives of directories (zstd, gzip or plain), packed and unpacked safely.
 
-    options   formats, key suffixes, ArchiveOptions, Limits (imports no other module here)
-    safety    checks on names, links, kinds and sizes of entries (hostile input assumed)
-    pipe      a background producer thread feeding a pipe, read as a stream
-    pack      a directory as a tar stream
-    extract   writing checked entries below a directory, never following links out of it
-    stream    pack() and unpack(): compression, digests, the two ends put together
+options   formats, key suffixes, ArchiveOptions, Limits (imports no other module here)
+safety    checks on names, links, kinds and sizes of entries (hostile input assumed)
+pipe      a background producer thread feeding a pipe, read as a stream
+pack      a directory as a tar stream
+extract   writing checked entries below a directory, never following links out of it
+stream    pack() and unpack(): compression, digests, the two ends put together
 """
+
 from storage.archive.options import FORMATS, ArchiveOptions, Limits, format_for_key, suffix_for
 from storage.archive.stream import UnpackStats, pack, unpack
 
-__all__ = ["FORMATS", "ArchiveOptions", "Limits", "UnpackStats", "format_for_key", "pack",
-           "suffix_for", "unpack"]
+__all__ = [
+    "FORMATS",
+    "ArchiveOptions",
+    "Limits",
+    "UnpackStats",
+    "format_for_key",
+    "pack",
+    "suffix_for",
+    "unpack",
+]

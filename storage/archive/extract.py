@@ -6,6 +6,7 @@ with exclusive-create flags. So nothing is written through a symlink, whether ex
 earlier or already present, nothing existing is replaced, and path length is not limited
 by ``PATH_MAX``. Names and link targets are vetted by ``archive_safety`` first.
 """
+
 from __future__ import annotations
 
 import errno
@@ -79,8 +80,9 @@ class SafeWriter:
             finally:
                 os.close(fd)
 
-    def _create(self, member: tarfile.TarInfo, parts: tuple[str, ...], parent: int,
-                tar: tarfile.TarFile) -> None:
+    def _create(
+        self, member: tarfile.TarInfo, parts: tuple[str, ...], parent: int, tar: tarfile.TarFile
+    ) -> None:
         leaf = parts[-1]
         if member.isdir():
             self._mkdir(leaf, parent, member.name)
@@ -104,8 +106,9 @@ class SafeWriter:
             if not stat.S_ISDIR(os.stat(leaf, dir_fd=parent, follow_symlinks=False).st_mode):
                 raise rejected(name, "already exists and is not a directory") from None
 
-    def _write_file(self, member: tarfile.TarInfo, leaf: str, parent: int,
-                    source: IO[bytes]) -> None:
+    def _write_file(
+        self, member: tarfile.TarInfo, leaf: str, parent: int, source: IO[bytes]
+    ) -> None:
         fd = os.open(leaf, _FILE_FLAGS, 0o600, dir_fd=parent)
         try:
             remaining = member.size
@@ -128,8 +131,9 @@ class SafeWriter:
             )
         source_dir = self._walk(target[:-1], create=False, name=member.linkname)
         try:
-            os.link(target[-1], leaf, src_dir_fd=source_dir, dst_dir_fd=parent,
-                    follow_symlinks=False)
+            os.link(
+                target[-1], leaf, src_dir_fd=source_dir, dst_dir_fd=parent, follow_symlinks=False
+            )
         finally:
             if source_dir != self._root:
                 os.close(source_dir)
@@ -175,8 +179,9 @@ def _open_dir(part: str, parent: int, create: bool) -> int:
     return os.open(part, _DIR_FLAGS, dir_fd=parent)
 
 
-def _walk_error(err: OSError, part: str, parent: int, name: str,
-                prefix: tuple[str, ...]) -> Exception:
+def _walk_error(
+    err: OSError, part: str, parent: int, name: str, prefix: tuple[str, ...]
+) -> Exception:
     """Explain why ``prefix`` could not be entered: a symlink or a non-directory is hostile."""
     if err.errno not in (errno.ELOOP, errno.ENOTDIR):
         return err
@@ -191,4 +196,3 @@ def _walk_error(err: OSError, part: str, parent: int, name: str,
 
 def _permissions(member: tarfile.TarInfo) -> int:
     return member.mode & 0o777
-

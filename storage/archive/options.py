@@ -1,6 +1,7 @@
 """What the archive code is told: the formats and their key suffixes, ``ArchiveOptions``
 (how ``pack`` compresses) and ``Limits`` (what ``unpack`` will extract). Below every other
 archive module: it imports none of them."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -55,8 +56,11 @@ class ArchiveOptions:
         """Read ``ARCHIVE_FORMAT`` (zstd), ``ARCHIVE_LEVEL`` (3), ``ARCHIVE_THREADS`` (0)."""
         format = environ.get("ARCHIVE_FORMAT", "").strip().lower() or cls.format
         try:
-            return cls(format=format, level=env_int(environ, "ARCHIVE_LEVEL", cls.level),
-                       threads=env_int(environ, "ARCHIVE_THREADS", cls.threads))
+            return cls(
+                format=format,
+                level=env_int(environ, "ARCHIVE_LEVEL", cls.level),
+                threads=env_int(environ, "ARCHIVE_THREADS", cls.threads),
+            )
         except ValueError as err:
             raise ValueError(f"archive settings from the environment: {err}") from None
 

@@ -4,6 +4,7 @@ Entries are the directory's contents, depth first and sorted by name, named rela
 with uid/gid 0, no owner names and whole-second mtimes: nothing but the tree's content
 decides the bytes. Hard links within the tree become LNKTYPE entries to the first name.
 """
+
 from __future__ import annotations
 
 import os
@@ -34,8 +35,9 @@ def write_tar(root: str, out: Any) -> None:
     buffer = memoryview(bytearray(CHUNK))  # reused: no allocation per chunk of file data
     for name, path, info in _walk(root):
         member = _member(name, path, info, first_link)
-        header = ustar_header(member) or member.tobuf(tarfile.PAX_FORMAT, "utf-8",
-                                                      "surrogateescape")
+        header = ustar_header(member) or member.tobuf(
+            tarfile.PAX_FORMAT, "utf-8", "surrogateescape"
+        )
         out.write(header)
         written += len(header) + (_copy_file(path, member, out, buffer) if member.isreg() else 0)
     end = tarfile.NUL * (2 * tarfile.BLOCKSIZE)  # the end marker, then pad the last record
@@ -48,7 +50,7 @@ def _copy_file(path: str, member: tarfile.TarInfo, out: Any, buffer: memoryview)
     remaining = member.size
     with open(path, "rb", buffering=0) as source:
         while remaining:
-            count = source.readinto(buffer[:min(remaining, len(buffer))])
+            count = source.readinto(buffer[: min(remaining, len(buffer))])
             if not count:
                 raise ArchiveError(f"cannot pack {member.name!r}: the file shrank while packing")
             out.write(buffer[:count])
@@ -64,13 +66,34 @@ def ustar_header(member: tarfile.TarInfo) -> bytes | None:
     ``None``. Only regular files, directories and links, as ``pack`` writes them."""
     name = member.name + "/" if member.isdir() else member.name
     link = member.linkname
-    if not (len(name) <= 100 and len(link) <= 100 and name.isascii() and link.isascii()
-            and member.size < 8 ** 11 and 0 <= member.mtime < 8 ** 11):
+    if not (
+        len(name) <= 100
+        and len(link) <= 100
+        and name.isascii()
+        and link.isascii()
+        and member.size < 8**11
+        and 0 <= member.mtime < 8**11
+    ):
         return None
-    block = bytearray(_USTAR.pack(
-        name.encode(), b"%07o\0" % (member.mode & 0o7777), b"0000000\0", b"0000000\0",
-        b"%011o\0" % member.size, b"%011o\0" % int(member.mtime), b" " * 8, member.type,
-        link.encode(), tarfile.POSIX_MAGIC, b"", b"", b"", b"", b""))
+    block = bytearray(
+        _USTAR.pack(
+            name.encode(),
+            b"%07o\0" % (member.mode & 0o7777),
+            b"0000000\0",
+            b"0000000\0",
+            b"%011o\0" % member.size,
+            b"%011o\0" % int(member.mtime),
+            b" " * 8,
+            member.type,
+            link.encode(),
+            tarfile.POSIX_MAGIC,
+            b"",
+            b"",
+            b"",
+            b"",
+            b"",
+        )
+    )
     block[148:155] = b"%06o\0" % sum(block)  # checksum: sum of the header, itself as spaces
     return bytes(block)
 
@@ -92,8 +115,9 @@ def _walk(root: str) -> Iterator[tuple[str, str, os.stat_result]]:
             stack.append((name + "/", iter(sorted(os.listdir(path)))))
 
 
-def _member(name: str, path: str, info: os.stat_result,
-            first_link: dict[tuple[int, int], str]) -> tarfile.TarInfo:
+def _member(
+    name: str, path: str, info: os.stat_result, first_link: dict[tuple[int, int], str]
+) -> tarfile.TarInfo:
     """The tar header of one entry: only what the tree's content determines."""
     member = tarfile.TarInfo(name)  # uid/gid 0, no uname/gname
     member.mode = stat.S_IMODE(info.st_mode)
@@ -116,6 +140,10 @@ def _member(name: str, path: str, info: os.stat_result,
 
 
 def _kind(mode: int) -> str:
-    kinds = {stat.S_ISSOCK: "a socket", stat.S_ISFIFO: "a FIFO",
-             stat.S_ISCHR: "a character device", stat.S_ISBLK: "a block device"}
+    kinds = {
+        stat.S_ISSOCK: "a socket",
+        stat.S_ISFIFO: "a FIFO",
+        stat.S_ISCHR: "a character device",
+        stat.S_ISBLK: "a block device",
+    }
     return next((kind for test, kind in kinds.items() if test(mode)), "a special file")

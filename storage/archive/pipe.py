@@ -6,6 +6,7 @@ flight) and gives the two threads the hand-off they need: the reader blocks unti
 the writer until there is room, closing the read end makes the writer fail with EPIPE at
 once (so stopping early never deadlocks), and closing the write end is the end of stream.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -129,4 +130,4 @@ def write_all(fd: int, data: Any) -> None:
     """Write all of ``data`` to ``fd`` (``os.write`` may write less)."""
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]

@@ -11,6 +11,7 @@ never climb again after descending; it may not be absolute and may not climb abo
 extraction directory. Because every entry's parent directories are real directories (the
 extractor never creates anything through a symlink), every symlink then resolves inside.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,8 +29,13 @@ MAX_HEADER_BYTES = 1 << 20  # pax / GNU long-name headers are read into memory w
 _MAX_MTIME = 1 << 40  # far beyond any real clock; rejects NaN/inf/overflow tricks
 
 _EXTENDED_HEADER_TYPES = frozenset(
-    {tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE,
-     tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK}
+    {
+        tarfile.XHDTYPE,
+        tarfile.XGLTYPE,
+        tarfile.SOLARIS_XHDTYPE,
+        tarfile.GNUTYPE_LONGNAME,
+        tarfile.GNUTYPE_LONGLINK,
+    }
 )
 # tarfile's header errors (public names in tarfile, missing from typeshed)
 _END_MARKER = tarfile.EOFHeaderError  # type: ignore[attr-defined]
@@ -55,6 +61,7 @@ def member_parts(name: str, *, entry: str | None = None) -> tuple[str, ...]:
     names the extraction directory itself. With ``entry``, ``name`` is that entry's hard
     link target and errors name the entry.
     """
+
     def refuse(reason: str) -> ArchiveRejected:
         if entry is None:
             return rejected(name, reason)
@@ -149,7 +156,8 @@ class StrictTarInfo(tarfile.TarInfo):
             raise  # the end-of-archive marker: tarfile ends the archive here
         except _CUT_SHORT as err:
             raise ArchiveError(
-                "truncated archive: the stream ends before the tar end marker") from err
+                "truncated archive: the stream ends before the tar end marker"
+            ) from err
         except tarfile.HeaderError as err:
             raise ArchiveError(f"corrupt archive: invalid tar header ({err})") from err
 

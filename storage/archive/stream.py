@@ -5,6 +5,7 @@ background thread into a pipe, so memory stays bounded whatever the tree's size.
 ``unpack`` extracts such a stream (from anyone: hostile input is assumed) and reports the
 size and sha256 of the raw bytes it read. Nothing here knows about object stores.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -47,8 +48,9 @@ class UnpackStats:
 # --- pack ----------------------------------------------------------------------------------
 
 
-def pack(directory: str | os.PathLike[str],
-         options: ArchiveOptions = ArchiveOptions()) -> AbstractContextManager[BinaryIO]:
+def pack(
+    directory: str | os.PathLike[str], options: ArchiveOptions = ArchiveOptions()
+) -> AbstractContextManager[BinaryIO]:
     """A context manager yielding a readable stream of the compressed tar of ``directory``.
 
     Entries are ``directory``'s contents named relative to it, sorted, with uid/gid 0, no
@@ -78,21 +80,28 @@ def _compressor(sink: PipeSink, options: ArchiveOptions) -> Any:
     if options.format == "zstd":
         threads = options.threads or len(os.sched_getaffinity(0))
         params = zstandard.ZstdCompressionParameters.from_level(
-            options.level, threads=threads, job_size=_ZSTD_JOB_SIZE, write_checksum=True)
+            options.level, threads=threads, job_size=_ZSTD_JOB_SIZE, write_checksum=True
+        )
         compressor = zstandard.ZstdCompressor(compression_params=params)
-        return compressor.stream_writer(sink, write_size=CHUNK,  # type: ignore[arg-type]
-                                        closefd=False)
+        return compressor.stream_writer(sink, write_size=CHUNK, closefd=False)  # type: ignore[arg-type]
     if options.format == "gzip":  # fixed mtime and no file name: deterministic header
-        return gzip.GzipFile(filename="", mode="wb", fileobj=sink,
-                             compresslevel=options.level, mtime=0)
+        return gzip.GzipFile(
+            filename="", mode="wb", fileobj=sink, compresslevel=options.level, mtime=0
+        )
     return sink
 
 
 # --- unpack --------------------------------------------------------------------------------
 
 
-def unpack(stream: BinaryIO, directory: str | os.PathLike[str], *, format: str,
-           expected_digest: str | None = None, limits: Limits = Limits()) -> UnpackStats:
+def unpack(
+    stream: BinaryIO,
+    directory: str | os.PathLike[str],
+    *,
+    format: str,
+    expected_digest: str | None = None,
+    limits: Limits = Limits(),
+) -> UnpackStats:
     """Extract the compressed tar ``stream`` into ``directory`` (created if missing).
 
     The stream is untrusted: entries that are absolute, contain ``..``, pass through a
@@ -140,12 +149,19 @@ def _decode(raw: HashingReader, format: str, sink: PipeSink) -> None:
     _drain(raw.read)
 
 
-def _extract(source: BinaryIO, directory: str | os.PathLike[str],
-             limits: Limits) -> tuple[int, int]:
+def _extract(
+    source: BinaryIO, directory: str | os.PathLike[str], limits: Limits
+) -> tuple[int, int]:
     budget = Budget(limits)
     try:
-        with tarfile.open(fileobj=source, mode="r|", bufsize=_TAR_BUFSIZE, tarinfo=StrictTarInfo,
-                          encoding="utf-8", errors="surrogateescape") as tar:
+        with tarfile.open(
+            fileobj=source,
+            mode="r|",
+            bufsize=_TAR_BUFSIZE,
+            tarinfo=StrictTarInfo,
+            encoding="utf-8",
+            errors="surrogateescape",
+        ) as tar:
             _extract_members(tar, directory, budget)
     except tarfile.TarError as err:
         raise ArchiveError(f"corrupt archive: {err}") from err
@@ -154,8 +170,9 @@ def _extract(source: BinaryIO, directory: str | os.PathLike[str],
     return budget.entries, budget.bytes
 
 
-def _extract_members(tar: tarfile.TarFile, directory: str | os.PathLike[str],
-                     budget: Budget) -> None:
+def _extract_members(
+    tar: tarfile.TarFile, directory: str | os.PathLike[str], budget: Budget
+) -> None:
     with SafeWriter(directory) as writer:
         while (member := tar.next()) is not None:
             # TarFile.members is not public, but tarfile has no mode that forgets the members
@@ -171,7 +188,10 @@ def _decoder(raw: HashingReader, format: str) -> Callable[[int], bytes]:
     if format == "zstd":
         decoder = zstandard.ZstdDecompressor().stream_reader(
             raw,  # type: ignore[arg-type]  # any object with read() will do
-            read_size=CHUNK, read_across_frames=True, closefd=False)
+            read_size=CHUNK,
+            read_across_frames=True,
+            closefd=False,
+        )
         return decoder.read
     if format == "gzip":  # gzip reads 8 KiB at a time: buffer the raw side
         buffered = io.BufferedReader(_RawReader(raw.read), CHUNK)
@@ -204,8 +224,9 @@ def _drain(read: Callable[[int], bytes], limit: int | None = None) -> int:
     return total
 
 
-def _raise_if_mismatch(raw: HashingReader, expected: str | None,
-                       cause: Exception | None = None) -> None:
+def _raise_if_mismatch(
+    raw: HashingReader, expected: str | None, cause: Exception | None = None
+) -> None:
     if cause is not None:  # read what is left so the digest covers the whole object
         try:
             _drain(raw.read)

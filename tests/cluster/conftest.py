@@ -10,6 +10,7 @@ ServiceAccount: the functions act with exactly the rights of the shipped Role.
 
 Set ``RF_CLUSTER_KEEP=1`` to keep the cluster directory (component logs) after the session.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,11 @@ FUNCTIONS_ACCOUNT = "resource-functions"
 CORE_KINDS = {"Namespace", "ServiceAccount", "Role", "RoleBinding"}
 TASK_MARGIN_SECONDS = 30  # stage + collect budget on top of a type's timeout
 SLOW_TIMEOUT_SECONDS = 5
-MOTO_KEYS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-             "AWS_DEFAULT_REGION": "us-east-1"}
+MOTO_KEYS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
 
 
 @pytest.fixture(scope="session")
@@ -87,8 +91,11 @@ def gateway_s3(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> It
     endpoint = f"http://{GATEWAY}:{port}"
     log = tmp_path_factory.mktemp("gateway-moto") / "server.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", GATEWAY, "-p",
-                                 str(port)], stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", GATEWAY, "-p", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -100,9 +107,13 @@ def gateway_s3(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> It
                     pytest.fail(f"moto on {endpoint} did not start:\n{log.read_text()[-3000:]}")
                 time.sleep(0.1)
         client = boto3.session.Session().client(
-            "s3", endpoint_url=endpoint, region_name="us-east-1",
-            aws_access_key_id="testing", aws_secret_access_key="testing",
-            config=Config(s3={"addressing_style": "path"}))
+            "s3",
+            endpoint_url=endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            config=Config(s3={"addressing_style": "path"}),
+        )
         bucket = f"rf-cluster-{uuid.uuid4().hex[:10]}"
         client.create_bucket(Bucket=bucket)
         yield GatewayS3(endpoint, bucket, client)
@@ -129,16 +140,22 @@ def namespace(cluster: Cluster, gateway_s3: GatewayS3) -> str:
     manifests = {"apiVersion": "v1", "kind": "List", "items": core_manifests()}
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(manifests))
     secret = {
-        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
         "metadata": {"name": STORE_SECRET, "namespace": NAMESPACE},
-        "stringData": {**MOTO_KEYS, "AWS_ENDPOINT_URL_S3": gateway_s3.endpoint,
-                       "AWS_EC2_METADATA_DISABLED": "true"},
+        "stringData": {
+            **MOTO_KEYS,
+            "AWS_ENDPOINT_URL_S3": gateway_s3.endpoint,
+            "AWS_EC2_METADATA_DISABLED": "true",
+        },
     }
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(secret))
     # The ServiceAccount admission needs the task pods' account to exist before any Job.
     deadline = time.monotonic() + 30
-    while not cluster.kubectl("-n", NAMESPACE, "get", "serviceaccount", "resource-task",
-                              "-o", "name", check=False):
+    while not cluster.kubectl(
+        "-n", NAMESPACE, "get", "serviceaccount", "resource-task", "-o", "name", check=False
+    ):
         if time.monotonic() > deadline:
             pytest.fail("ServiceAccount resource-task did not appear")
         time.sleep(0.2)
@@ -146,19 +163,22 @@ def namespace(cluster: Cluster, gateway_s3: GatewayS3) -> str:
 
 
 @pytest.fixture(scope="session")
-def functions_kubeconfig(cluster: Cluster, namespace: str,
-                         tmp_path_factory: pytest.TempPathFactory) -> Path:
+def functions_kubeconfig(
+    cluster: Cluster, namespace: str, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
     """A kubeconfig with a token of the functions' ServiceAccount (not an admin)."""
     path = tmp_path_factory.mktemp("functions-kubeconfig") / "kubeconfig"
     return cluster.token_kubeconfig(path, namespace, FUNCTIONS_ACCOUNT)
 
 
 def resource_types(image: str) -> str:
-    return json.dumps({
-        "test": image,
-        "slow": {"image": image, "timeout_seconds": SLOW_TIMEOUT_SECONDS},
-        "missing": "localhost/rf-no-such-image:1",
-    })
+    return json.dumps(
+        {
+            "test": image,
+            "slow": {"image": image, "timeout_seconds": SLOW_TIMEOUT_SECONDS},
+            "missing": "localhost/rf-no-such-image:1",
+        }
+    )
 
 
 @dataclass
@@ -179,38 +199,60 @@ class ClusterDeployment:
 
     def job_if(self, name: str, condition) -> dict | None:
         """The Job ``name`` if ``condition(job)`` holds, else None."""
-        out = self.cluster.kubectl("-n", self.namespace, "get", "job", name, "-o", "json",
-                                   check=False)
+        out = self.cluster.kubectl(
+            "-n", self.namespace, "get", "job", name, "-o", "json", check=False
+        )
         job = json.loads(out) if out else None
         return job if job is not None and condition(job) else None
 
     def pods(self, job: str) -> list[dict]:
-        return json.loads(self.cluster.kubectl("-n", self.namespace, "get", "pods", "-o", "json",
-                                               "-l", f"job-name={job}"))["items"]
+        return json.loads(
+            self.cluster.kubectl(
+                "-n", self.namespace, "get", "pods", "-o", "json", "-l", f"job-name={job}"
+            )
+        )["items"]
 
 
 @pytest.fixture(scope="module")  # module: its environment must not outlive the cluster tests
-def deployment(cluster: Cluster, cluster_images: dict[str, str], gateway_s3: GatewayS3,
-               namespace: str, functions_kubeconfig: Path,
-               tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterDeployment]:
+def deployment(
+    cluster: Cluster,
+    cluster_images: dict[str, str],
+    gateway_s3: GatewayS3,
+    namespace: str,
+    functions_kubeconfig: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[ClusterDeployment]:
     """check/get/put services on this machine, running their tasks as Jobs in the cluster."""
     from storage import open_store
     from tests.e2e.conftest import start_services
 
     tmp = tmp_path_factory.mktemp("cluster-deployment")
     env = {
-        "RUNTIME": "kubernetes", "KUBECONFIG": str(functions_kubeconfig),
-        "TASK_NAMESPACE": namespace, "TASK_IMAGE": cluster_images["task"],
-        "TASK_STORE_SECRET": STORE_SECRET, "TASK_MARGIN_SECONDS": str(TASK_MARGIN_SECONDS),
+        "RUNTIME": "kubernetes",
+        "KUBECONFIG": str(functions_kubeconfig),
+        "TASK_NAMESPACE": namespace,
+        "TASK_IMAGE": cluster_images["task"],
+        "TASK_STORE_SECRET": STORE_SECRET,
+        "TASK_MARGIN_SECONDS": str(TASK_MARGIN_SECONDS),
         "STORE_URL": f"s3://{gateway_s3.bucket}/cluster-{uuid.uuid4().hex[:8]}",
         "RESOURCE_TYPES": resource_types(cluster_images["resource"]),
-        "CACHE_SECRET": "cluster-e2e-cache-secret", "LOG_LEVEL": "debug", "WORK_DIR": str(tmp),
-        "AWS_ENDPOINT_URL_S3": gateway_s3.endpoint, **MOTO_KEYS,
-        "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+        "CACHE_SECRET": "cluster-e2e-cache-secret",
+        "LOG_LEVEL": "debug",
+        "WORK_DIR": str(tmp),
+        "AWS_ENDPOINT_URL_S3": gateway_s3.endpoint,
+        **MOTO_KEYS,
+        "AWS_CONFIG_FILE": os.devnull,
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
         "AWS_EC2_METADATA_DISABLED": "true",
     }
-    unset = ("AWS_REGION", "AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL",
-             "DOCKER_HOST", "K_SINK")
+    unset = (
+        "AWS_REGION",
+        "AWS_PROFILE",
+        "AWS_SESSION_TOKEN",
+        "AWS_ENDPOINT_URL",
+        "DOCKER_HOST",
+        "K_SINK",
+    )
     with pytest.MonkeyPatch.context() as patch:
         for name in unset:
             patch.delenv(name, raising=False)
@@ -219,8 +261,9 @@ def deployment(cluster: Cluster, cluster_images: dict[str, str], gateway_s3: Gat
         store = open_store(env["STORE_URL"])
         services = start_services(env, tmp / "services.log")
         try:
-            yield ClusterDeployment(cluster, services, store, gateway_s3, namespace,
-                                    functions_kubeconfig)
+            yield ClusterDeployment(
+                cluster, services, store, gateway_s3, namespace, functions_kubeconfig
+            )
         finally:
             services.stop()
 
@@ -237,6 +280,7 @@ def pytest_runtest_makereport(item, call):
 
 
 # --- the production path: Knative Eventing and Serving --------------------------------------
+
 
 @pytest.fixture(scope="session")
 def knative(cluster: Cluster):
@@ -259,45 +303,76 @@ def event_sink(cluster: Cluster) -> Iterator[EventSink]:
 
 
 @pytest.fixture(scope="module")
-def knative_deployment(cluster: Cluster, knative, cluster_images: dict[str, str],
-                       gateway_s3: GatewayS3, event_sink: EventSink,
-                       tmp_path_factory: pytest.TempPathFactory) -> Iterator[KnativeDeployment]:
+def knative_deployment(
+    cluster: Cluster,
+    knative,
+    cluster_images: dict[str, str],
+    gateway_s3: GatewayS3,
+    event_sink: EventSink,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[KnativeDeployment]:
     """``knative/`` applied as users apply it (``kubectl apply -k``, image and config
     overrides only), plus a Trigger that sends every event of the Broker to the sink."""
     tmp = tmp_path_factory.mktemp("knative-deployment")
     prefix = f"knative-{uuid.uuid4().hex[:8]}"
     from tests.cluster.knative import dev_local
 
-    overlay = write_overlay(tmp, image=dev_local(cluster, cluster_images["task"]), config={
-        "STORE_URL": f"s3://{gateway_s3.bucket}/{prefix}",
-        "RESOURCE_TYPES": resource_types(cluster_images["resource"]),
-        "LOG_LEVEL": "debug",
-    }, store_env={**MOTO_KEYS, "AWS_ENDPOINT_URL_S3": gateway_s3.endpoint},
-        cache_secret="knative-e2e-cache-secret")
+    overlay = write_overlay(
+        tmp,
+        image=dev_local(cluster, cluster_images["task"]),
+        config={
+            "STORE_URL": f"s3://{gateway_s3.bucket}/{prefix}",
+            "RESOURCE_TYPES": resource_types(cluster_images["resource"]),
+            "LOG_LEVEL": "debug",
+        },
+        store_env={**MOTO_KEYS, "AWS_ENDPOINT_URL_S3": gateway_s3.endpoint},
+        cache_secret="knative-e2e-cache-secret",
+    )
     cluster.kubectl("apply", "-k", str(overlay))
     sink_trigger = {
-        "apiVersion": "eventing.knative.dev/v1", "kind": "Trigger",
+        "apiVersion": "eventing.knative.dev/v1",
+        "kind": "Trigger",
         "metadata": {"name": "test-sink", "namespace": NAMESPACE},
-        "spec": {"broker": "default",
-                 "subscriber": {"uri": event_sink.url},
-                 # The sink is ours: no retries to hide a failure.
-                 "delivery": {"retry": 0, "timeout": "PT10S"}},
+        "spec": {
+            "broker": "default",
+            "subscriber": {"uri": event_sink.url},
+            # The sink is ours: no retries to hide a failure.
+            "delivery": {"retry": 0, "timeout": "PT10S"},
+        },
     }
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(sink_trigger))
-    wait_ready(cluster, NAMESPACE, ["ksvc/check", "ksvc/get", "ksvc/put", "ksvc/dead-letter",
-                                    "broker/default", "trigger --all", "sinkbinding --all"])
+    wait_ready(
+        cluster,
+        NAMESPACE,
+        [
+            "ksvc/check",
+            "ksvc/get",
+            "ksvc/put",
+            "ksvc/dead-letter",
+            "broker/default",
+            "trigger --all",
+            "sinkbinding --all",
+        ],
+    )
     from storage import open_store
 
     with pytest.MonkeyPatch.context() as patch:
         for name, value in {**MOTO_KEYS, "AWS_ENDPOINT_URL_S3": gateway_s3.endpoint}.items():
             patch.setenv(name, value)
         store = open_store(f"s3://{gateway_s3.bucket}/{prefix}")
-        yield KnativeDeployment(cluster, knative, event_sink, store, NAMESPACE,
-                                int(gateway_s3.endpoint.rsplit(":", 1)[1]))
+        yield KnativeDeployment(
+            cluster,
+            knative,
+            event_sink,
+            store,
+            NAMESPACE,
+            int(gateway_s3.endpoint.rsplit(":", 1)[1]),
+        )
 
 
-def write_overlay(tmp: Path, *, image: str, config: dict[str, str], store_env: dict[str, str],
-                  cache_secret: str) -> Path:
+def write_overlay(
+    tmp: Path, *, image: str, config: dict[str, str], store_env: dict[str, str], cache_secret: str
+) -> Path:
     """A copy of knative/ with its image set (as ``kustomize edit set image`` does), and an
     overlay that sets configuration values and the two Secrets."""
     import shutil
@@ -310,32 +385,71 @@ def write_overlay(tmp: Path, *, image: str, config: dict[str, str], store_env: d
     (base / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
     overlay = tmp / "overlay"
     overlay.mkdir()
-    (overlay / "config.yaml").write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": "resource-functions-config", "namespace": NAMESPACE},
-        "data": config}))
-    (overlay / "secrets.yaml").write_text(yaml.safe_dump_all([
-        {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-         "metadata": {"name": STORE_SECRET, "namespace": NAMESPACE}, "stringData": store_env},
-        {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-         "metadata": {"name": "resource-functions-cache", "namespace": NAMESPACE},
-         "stringData": {"CACHE_SECRET": cache_secret}}]))
-    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
-        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-        "resources": ["../knative", "secrets.yaml"],
-        "patches": [{"path": "config.yaml"}]}))
+    (overlay / "config.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": "resource-functions-config", "namespace": NAMESPACE},
+                "data": config,
+            }
+        )
+    )
+    (overlay / "secrets.yaml").write_text(
+        yaml.safe_dump_all(
+            [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Secret",
+                    "type": "Opaque",
+                    "metadata": {"name": STORE_SECRET, "namespace": NAMESPACE},
+                    "stringData": store_env,
+                },
+                {
+                    "apiVersion": "v1",
+                    "kind": "Secret",
+                    "type": "Opaque",
+                    "metadata": {"name": "resource-functions-cache", "namespace": NAMESPACE},
+                    "stringData": {"CACHE_SECRET": cache_secret},
+                },
+            ]
+        )
+    )
+    (overlay / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": ["../knative", "secrets.yaml"],
+                "patches": [{"path": "config.yaml"}],
+            }
+        )
+    )
     return overlay
 
 
 def wait_ready(cluster: Cluster, namespace: str, objects: list[str], timeout: int = 300) -> None:
     for target in objects:
         done = subprocess.run(
-            [str(cluster.bin_dir / "kubectl"), "--kubeconfig", str(cluster.admin_kubeconfig),
-             "-n", namespace, "wait", "--for=condition=Ready", *target.split(),
-             f"--timeout={timeout}s"], capture_output=True, text=True, check=False)
+            [
+                str(cluster.bin_dir / "kubectl"),
+                "--kubeconfig",
+                str(cluster.admin_kubeconfig),
+                "-n",
+                namespace,
+                "wait",
+                "--for=condition=Ready",
+                *target.split(),
+                f"--timeout={timeout}s",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if done.returncode != 0:
-            shown = cluster.kubectl("-n", namespace, "get", target.split()[0], "-o", "yaml",
-                                    check=False)
+            shown = cluster.kubectl(
+                "-n", namespace, "get", target.split()[0], "-o", "yaml", check=False
+            )
             pytest.fail(f"{target} not Ready: {done.stderr.strip()}\n{shown[-4000:]}")
 
 
@@ -394,24 +508,33 @@ class EventSink:
 
     def matching(self, **attributes: str) -> list:
         with self._cond:
-            return [e for _, e in self.events
-                    if all(e.get_attributes().get(k) == v for k, v in attributes.items())]
+            return [
+                e
+                for _, e in self.events
+                if all(e.get_attributes().get(k) == v for k, v in attributes.items())
+            ]
 
     def wait(self, timeout: float = 120, count: int = 1, **attributes: str) -> list:
         """The events whose attributes have these values, once there are ``count`` of them."""
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
-                found = [e for _, e in self.events
-                         if all(e.get_attributes().get(k) == v for k, v in attributes.items())]
+                found = [
+                    e
+                    for _, e in self.events
+                    if all(e.get_attributes().get(k) == v for k, v in attributes.items())
+                ]
                 if len(found) >= count:
                     return found
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    seen = [(e.get_attributes().get("type"), e.get_attributes().get("requestid"))
-                            for _, e in self.events[-20:]]
-                    raise AssertionError(f"no {count} event(s) with {attributes} after "
-                                         f"{timeout}s; last seen: {seen}")
+                    seen = [
+                        (e.get_attributes().get("type"), e.get_attributes().get("requestid"))
+                        for _, e in self.events[-20:]
+                    ]
+                    raise AssertionError(
+                        f"no {count} event(s) with {attributes} after {timeout}s; last seen: {seen}"
+                    )
                 self._cond.wait(left)
 
     def arrival(self, event) -> float:

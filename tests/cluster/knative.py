@@ -23,6 +23,7 @@ The networking layer is ``kingress`` (``tests/cluster/kingress/``), the one non-
 it runs on this machine, and a selector-less Service ``kingress`` in ``knative-serving`` (an
 EndpointSlice to the gateway) is the load balancer that Routes' placeholder Services name.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,7 +49,9 @@ SETTINGS = {
     ("knative-serving", "config-network"): {"ingress-class": INGRESS_CLASS},
     ("knative-serving", "config-defaults"): {"max-revision-timeout-seconds": "3600"},
     ("knative-serving", "config-autoscaler"): {
-        "stable-window": "6s", "scale-to-zero-grace-period": "6s"},
+        "stable-window": "6s",
+        "scale-to-zero-grace-period": "6s",
+    },
 }
 
 
@@ -69,11 +72,33 @@ def component_image(binary: Path, repo: str, version: str) -> str:
         return ref
     container = run(["buildah", "from", "scratch"])
     try:
-        run(["buildah", "copy", "--chmod", "0755", container, str(binary), f"/ko-app/{binary.name}"])
-        run(["buildah", "copy", container, "/etc/ssl/certs/ca-certificates.crt",
-             "/etc/ssl/certs/ca-certificates.crt"])
-        run(["buildah", "config", "--entrypoint", json.dumps([f"/ko-app/{binary.name}"]),
-             "--cmd", "", "--user", IMAGE_USER, "--env", "KO_DATA_PATH=/var/run/ko", container])
+        run(
+            ["buildah", "copy", "--chmod", "0755", container, str(binary), f"/ko-app/{binary.name}"]
+        )
+        run(
+            [
+                "buildah",
+                "copy",
+                container,
+                "/etc/ssl/certs/ca-certificates.crt",
+                "/etc/ssl/certs/ca-certificates.crt",
+            ]
+        )
+        run(
+            [
+                "buildah",
+                "config",
+                "--entrypoint",
+                json.dumps([f"/ko-app/{binary.name}"]),
+                "--cmd",
+                "",
+                "--user",
+                IMAGE_USER,
+                "--env",
+                "KO_DATA_PATH=/var/run/ko",
+                container,
+            ]
+        )
         run(["buildah", "commit", "--quiet", container, ref])
     finally:
         subprocess.run(["buildah", "rm", container], capture_output=True, check=False)
@@ -87,8 +112,11 @@ def component_images(tools: dict[str, Path]) -> dict[str, str]:
         config = tools[repo].parent / "config"
         refs = set()
         for path in config.rglob("*.yaml"):
-            refs.update(w.strip('"\'') for w in path.read_text().split()
-                        if w.strip('"\'').startswith(f"ko://knative.dev/{repo}/cmd/"))
+            refs.update(
+                w.strip("\"'")
+                for w in path.read_text().split()
+                if w.strip("\"'").startswith(f"ko://knative.dev/{repo}/cmd/")
+            )
         for ref in sorted(refs):
             binary = tools[repo] / ref.rsplit("/", 1)[1]
             if binary.is_file():
@@ -123,10 +151,22 @@ def apply(cluster: Cluster, docs: list[dict], attempts: int = 30) -> None:
     """``kubectl apply`` of a list, retried while webhooks are not serving yet."""
     payload = json.dumps({"apiVersion": "v1", "kind": "List", "items": docs})
     for attempt in range(attempts):
-        done = subprocess.run([str(cluster.bin_dir / "kubectl"), "--kubeconfig",
-                               str(cluster.admin_kubeconfig), "apply", "--server-side",
-                               "--force-conflicts", "-f", "-"],
-                              input=payload, capture_output=True, text=True, check=False)
+        done = subprocess.run(
+            [
+                str(cluster.bin_dir / "kubectl"),
+                "--kubeconfig",
+                str(cluster.admin_kubeconfig),
+                "apply",
+                "--server-side",
+                "--force-conflicts",
+                "-f",
+                "-",
+            ],
+            input=payload,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if done.returncode == 0:
             return
         if attempt == attempts - 1:
@@ -135,15 +175,29 @@ def apply(cluster: Cluster, docs: list[dict], attempts: int = 30) -> None:
 
 
 def wait_deployments(cluster: Cluster, namespace: str, timeout: float = 300) -> None:
-    done = subprocess.run([str(cluster.bin_dir / "kubectl"), "--kubeconfig",
-                           str(cluster.admin_kubeconfig), "-n", namespace, "wait",
-                           "--for=condition=Available", "deployment", "--all",
-                           f"--timeout={int(timeout)}s"],
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [
+            str(cluster.bin_dir / "kubectl"),
+            "--kubeconfig",
+            str(cluster.admin_kubeconfig),
+            "-n",
+            namespace,
+            "wait",
+            "--for=condition=Available",
+            "deployment",
+            "--all",
+            f"--timeout={int(timeout)}s",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if done.returncode != 0:
         pods = cluster.kubectl("-n", namespace, "get", "pods", "-o", "wide", check=False)
-        raise ClusterError(f"Deployments in {namespace} not Available: {done.stderr.strip()}\n"
-                           f"{pods}\n{cluster.diagnostics(15)}")
+        raise ClusterError(
+            f"Deployments in {namespace} not Available: {done.stderr.strip()}\n"
+            f"{pods}\n{cluster.diagnostics(15)}"
+        )
 
 
 def install_knative(cluster: Cluster, tools: dict[str, Path]) -> Knative:
@@ -164,8 +218,15 @@ def install_knative(cluster: Cluster, tools: dict[str, Path]) -> Knative:
     lb_port = start_kingress(cluster, tools["kingress"])
     wait_deployments(cluster, "knative-eventing")
     wait_deployments(cluster, "knative-serving")
-    ip = cluster.kubectl("-n", "knative-eventing", "get", "service", "broker-ingress", "-o",
-                         "jsonpath={.spec.clusterIP}").strip()
+    ip = cluster.kubectl(
+        "-n",
+        "knative-eventing",
+        "get",
+        "service",
+        "broker-ingress",
+        "-o",
+        "jsonpath={.spec.clusterIP}",
+    ).strip()
     cluster.note(f"knative installed in {time.monotonic() - started:.1f}s")
     return Knative(cluster, lb_port, f"http://{ip}")
 
@@ -174,22 +235,45 @@ def start_kingress(cluster: Cluster, bin_dir: Path) -> int:
     """The KIngress proxy on the gateway, and the Service that makes it the load balancer."""
     port = free_port(GATEWAY)
     admin = json.loads(cluster.admin_kubeconfig.read_text())["users"][0]["user"]
-    cluster.spawn("kingress", [
-        str(bin_dir / "kingress"), "--server", cluster.server, "--ca", str(cluster.ca.cert),
-        "--cert", admin["client-certificate"], "--key", admin["client-key"],
-        "--listen", f"{GATEWAY}:{port}", "--dns", f"{GATEWAY}:53", "--class", INGRESS_CLASS,
-        "--lb-host", f"{LB_SERVICE}.{LB_NAMESPACE}.svc.{CLUSTER_DOMAIN}",
-    ])
+    cluster.spawn(
+        "kingress",
+        [
+            str(bin_dir / "kingress"),
+            "--server",
+            cluster.server,
+            "--ca",
+            str(cluster.ca.cert),
+            "--cert",
+            admin["client-certificate"],
+            "--key",
+            admin["client-key"],
+            "--listen",
+            f"{GATEWAY}:{port}",
+            "--dns",
+            f"{GATEWAY}:53",
+            "--class",
+            INGRESS_CLASS,
+            "--lb-host",
+            f"{LB_SERVICE}.{LB_NAMESPACE}.svc.{CLUSTER_DOMAIN}",
+        ],
+    )
     service = {
-        "apiVersion": "v1", "kind": "Service",
+        "apiVersion": "v1",
+        "kind": "Service",
         "metadata": {"name": LB_SERVICE, "namespace": LB_NAMESPACE},
         "spec": {"ports": [{"name": "http", "port": 80, "targetPort": port, "protocol": "TCP"}]},
     }
     endpoints = {
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": f"{LB_SERVICE}-gateway", "namespace": LB_NAMESPACE,
-                     "labels": {"kubernetes.io/service-name": LB_SERVICE,
-                                "endpointslice.kubernetes.io/managed-by": "rf-tests"}},
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": f"{LB_SERVICE}-gateway",
+            "namespace": LB_NAMESPACE,
+            "labels": {
+                "kubernetes.io/service-name": LB_SERVICE,
+                "endpointslice.kubernetes.io/managed-by": "rf-tests",
+            },
+        },
         "addressType": "IPv4",
         "endpoints": [{"addresses": [GATEWAY], "conditions": {"ready": True}}],
         "ports": [{"name": "http", "port": port, "protocol": "TCP"}],

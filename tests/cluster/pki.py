@@ -5,6 +5,7 @@ and the first service IP), the client certificates of the admin, the controller-
 scheduler, the kubelet (``system:node:<name>``) and the apiserver's kubelet client, and the
 kubelet's serving certificate. A separate RSA key pair signs service-account tokens.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -27,9 +28,13 @@ class Pair:
 
 
 def _write_key(path: Path, key) -> None:
-    path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                       serialization.PrivateFormat.PKCS8,
-                                       serialization.NoEncryption()))
+    path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
     path.chmod(0o600)
 
 
@@ -46,43 +51,83 @@ class Authority:
         now = datetime.datetime.now(datetime.UTC)
         subject = _name("rf-test-cluster-ca")
         self._cert = (
-            x509.CertificateBuilder().subject_name(subject).issuer_name(subject)
-            .public_key(self._key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + VALIDITY)
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(subject)
+            .public_key(self._key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + VALIDITY)
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True,
-                                         crl_sign=True, content_commitment=False,
-                                         key_encipherment=False, data_encipherment=False,
-                                         key_agreement=False, encipher_only=False,
-                                         decipher_only=False), critical=True)
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(self._key.public_key()),
-                           critical=False)
-            .sign(self._key, hashes.SHA256()))
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .add_extension(
+                x509.SubjectKeyIdentifier.from_public_key(self._key.public_key()), critical=False
+            )
+            .sign(self._key, hashes.SHA256())
+        )
         self.cert = directory / "ca.crt"
         self.key = directory / "ca.key"
         self.cert.write_bytes(self._cert.public_bytes(serialization.Encoding.PEM))
         _write_key(self.key, self._key)
 
-    def issue(self, name: str, cn: str, *, orgs: tuple[str, ...] = (), server: bool = False,
-              client: bool = False, ips: tuple[str, ...] = (), dns: tuple[str, ...] = ()) -> Pair:
+    def issue(
+        self,
+        name: str,
+        cn: str,
+        *,
+        orgs: tuple[str, ...] = (),
+        server: bool = False,
+        client: bool = False,
+        ips: tuple[str, ...] = (),
+        dns: tuple[str, ...] = (),
+    ) -> Pair:
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.UTC)
         usages = ([ExtendedKeyUsageOID.SERVER_AUTH] if server else []) + (
-            [ExtendedKeyUsageOID.CLIENT_AUTH] if client else [])
+            [ExtendedKeyUsageOID.CLIENT_AUTH] if client else []
+        )
         builder = (
-            x509.CertificateBuilder().subject_name(_name(cn, orgs))
-            .issuer_name(self._cert.subject).public_key(key.public_key())
+            x509.CertificateBuilder()
+            .subject_name(_name(cn, orgs))
+            .issuer_name(self._cert.subject)
+            .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + VALIDITY)
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + VALIDITY)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=True, key_encipherment=True,
-                                         key_cert_sign=False, crl_sign=False,
-                                         content_commitment=False, data_encipherment=False,
-                                         key_agreement=False, encipher_only=False,
-                                         decipher_only=False), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    key_encipherment=True,
+                    key_cert_sign=False,
+                    crl_sign=False,
+                    content_commitment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
             .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
-                self._key.public_key()), critical=False))
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(self._key.public_key()),
+                critical=False,
+            )
+        )
         sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
         sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
         if sans:
@@ -97,7 +142,10 @@ class Authority:
         """RSA key pair for service-account tokens (``cert`` holds the public key)."""
         key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         pair = Pair(self.dir / "sa.pub", self.dir / "sa.key")
-        pair.cert.write_bytes(key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+        pair.cert.write_bytes(
+            key.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+        )
         _write_key(pair.key, key)
         return pair

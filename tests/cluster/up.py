@@ -33,6 +33,7 @@ container shims killed (by pid), mounts under the cluster dir unmounted, the bri
 iptables rules removed, the kubelet's cgroups removed, the kernel settings the kubelet changed
 restored, the directory deleted.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,12 +67,25 @@ CLUSTER_DOMAIN = "cluster.local"
 SERVICE_IP = "10.96.0.1"
 CNI_BIN = Path(os.environ.get("RF_CLUSTER_CNI_BIN", "/usr/lib/cni"))
 # Kernel settings the kubelet sets when protectKernelDefaults is false; restored on stop.
-KUBELET_SYSCTLS = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic",
-                   "kernel/panic_on_oops", "kernel/keys/root_maxkeys",
-                   "kernel/keys/root_maxbytes")
+KUBELET_SYSCTLS = (
+    "vm/overcommit_memory",
+    "vm/panic_on_oom",
+    "kernel/panic",
+    "kernel/panic_on_oops",
+    "kernel/keys/root_maxkeys",
+    "kernel/keys/root_maxbytes",
+)
 RUN_DIR = Path("/run/containerd")
-CORE_PROCS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
-              "containerd", "kube-proxy", "coredns", "kubelet")
+CORE_PROCS = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "containerd",
+    "kube-proxy",
+    "coredns",
+    "kubelet",
+)
 START_TIMEOUT = float(os.environ.get("RF_CLUSTER_START_TIMEOUT", "180"))
 
 
@@ -87,8 +101,13 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def build_binaries() -> Path:
     """The directory of the four Kubernetes binaries (built on first use: minutes)."""
-    done = subprocess.run(["bash", str(HERE / "build.sh")], stdout=subprocess.PIPE, text=True,
-                          env={**os.environ, "K8S_VERSION": K8S_VERSION}, check=False)
+    done = subprocess.run(
+        ["bash", str(HERE / "build.sh")],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "K8S_VERSION": K8S_VERSION},
+        check=False,
+    )
     if done.returncode != 0:
         raise ClusterError(f"tests/cluster/build.sh exited with status {done.returncode}")
     return Path(done.stdout.strip().splitlines()[-1])
@@ -97,8 +116,10 @@ def build_binaries() -> Path:
 def _need(*tools: str) -> None:
     missing = [t for t in tools if not shutil.which(t)]
     if missing:
-        raise ClusterError(f"missing {', '.join(missing)}: run .ci/cluster (installs "
-                           "containerd, etcd-server, containernetworking-plugins, iptables)")
+        raise ClusterError(
+            f"missing {', '.join(missing)}: run .ci/cluster (installs "
+            "containerd, etcd-server, containernetworking-plugins, iptables)"
+        )
 
 
 @dataclass
@@ -178,8 +199,17 @@ class Cluster:
     def start(self, images: tuple[str, ...] = ()) -> None:
         """Start every piece, import ``images`` (local Podman images) into containerd, and
         wait until the node is Ready and schedulable. On failure, tear down and raise."""
-        _need("etcd", "containerd", "containerd-shim-runc-v2", "runc", "ctr", "iptables",
-              "ip", "podman", "buildah")
+        _need(
+            "etcd",
+            "containerd",
+            "containerd-shim-runc-v2",
+            "runc",
+            "ctr",
+            "iptables",
+            "ip",
+            "podman",
+            "buildah",
+        )
         for plugin in ("bridge", "host-local", "loopback", "portmap"):
             if not (CNI_BIN / plugin).is_file():
                 raise ClusterError(f"CNI plugin {CNI_BIN / plugin} missing: run .ci/cluster")
@@ -217,14 +247,27 @@ class Cluster:
         ca = pki.Authority(self.pki_dir)
         self.ca = ca
         self.apiserver_cert = ca.issue(
-            "apiserver", "kube-apiserver", server=True,
+            "apiserver",
+            "kube-apiserver",
+            server=True,
             ips=("127.0.0.1", SERVICE_IP, GATEWAY),
-            dns=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
-                 "kubernetes.default.svc.cluster.local"))
-        self.apiserver_kubelet = ca.issue("apiserver-kubelet-client", "kube-apiserver-kubelet",
-                                          orgs=("system:masters",), client=True)
-        self.kubelet_serving = ca.issue("kubelet-serving", NODE_NAME, server=True,
-                                        ips=(GATEWAY,), dns=(NODE_NAME,))
+            dns=(
+                "localhost",
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            ),
+        )
+        self.apiserver_kubelet = ca.issue(
+            "apiserver-kubelet-client",
+            "kube-apiserver-kubelet",
+            orgs=("system:masters",),
+            client=True,
+        )
+        self.kubelet_serving = ca.issue(
+            "kubelet-serving", NODE_NAME, server=True, ips=(GATEWAY,), dns=(NODE_NAME,)
+        )
         self.sa_keys = ca.service_account_keys()
         clients = {
             "admin": ("rf-admin", ("system:masters",)),
@@ -236,30 +279,39 @@ class Cluster:
         }
         for name, (cn, orgs) in clients.items():
             pair = ca.issue(f"{name}-client", cn, orgs=orgs, client=True)
-            self._write_kubeconfig(self.root / f"{name}.kubeconfig",
-                                   {"client-certificate": str(pair.cert),
-                                    "client-key": str(pair.key)})
+            self._write_kubeconfig(
+                self.root / f"{name}.kubeconfig",
+                {"client-certificate": str(pair.cert), "client-key": str(pair.key)},
+            )
 
     def _write_kubeconfig(self, path: Path, user: dict[str, str]) -> None:
         # api_port is chosen here, before the apiserver starts: every kubeconfig names it.
         if not self.api_port:
             self.api_port = free_port()
         config = {
-            "apiVersion": "v1", "kind": "Config", "current-context": "rf",
-            "clusters": [{"name": "rf", "cluster": {
-                "server": self.server, "certificate-authority": str(self.ca.cert)}}],
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "rf",
+            "clusters": [
+                {
+                    "name": "rf",
+                    "cluster": {"server": self.server, "certificate-authority": str(self.ca.cert)},
+                }
+            ],
             "users": [{"name": "rf", "user": user}],
             "contexts": [{"name": "rf", "context": {"cluster": "rf", "user": "rf"}}],
         }
         path.write_text(json.dumps(config, indent=1))
         path.chmod(0o600)
 
-    def token_kubeconfig(self, path: Path, namespace: str, service_account: str,
-                         duration: str = "24h") -> Path:
+    def token_kubeconfig(
+        self, path: Path, namespace: str, service_account: str, duration: str = "24h"
+    ) -> Path:
         """A kubeconfig that authenticates with a token of ``service_account`` (TokenRequest
         API), so whoever uses it has exactly the rights RBAC gives that account."""
-        token = self.kubectl("-n", namespace, "create", "token", service_account,
-                             f"--duration={duration}").strip()
+        token = self.kubectl(
+            "-n", namespace, "create", "token", service_account, f"--duration={duration}"
+        ).strip()
         self._write_kubeconfig(path, {"token": token})
         return path
 
@@ -271,8 +323,10 @@ class Cluster:
         prefix = POD_SUBNET.split("/")[1]
         shown = subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True, check=False)
         if shown.returncode == 0:
-            raise ClusterError(f"bridge {BRIDGE} exists already: another test cluster is "
-                               f"running, or one was not torn down (ip link delete {BRIDGE})")
+            raise ClusterError(
+                f"bridge {BRIDGE} exists already: another test cluster is "
+                f"running, or one was not torn down (ip link delete {BRIDGE})"
+            )
         _run(["ip", "link", "add", BRIDGE, "type", "bridge"])
         self.bridge_created = True
         self._save_state()
@@ -280,23 +334,34 @@ class Cluster:
         _run(["ip", "link", "set", BRIDGE, "up"])
         # Pods may talk to this machine (and to each other) only: drop anything the host
         # would forward between the bridge and another interface.
-        for rule in (["FORWARD", "-i", BRIDGE, "!", "-o", BRIDGE, "-j", "DROP"],
-                     ["FORWARD", "-o", BRIDGE, "!", "-i", BRIDGE, "-j", "DROP"]):
+        for rule in (
+            ["FORWARD", "-i", BRIDGE, "!", "-o", BRIDGE, "-j", "DROP"],
+            ["FORWARD", "-o", BRIDGE, "!", "-i", BRIDGE, "-j", "DROP"],
+        ):
             _run(["iptables", "-w", "-I", *rule])
             self.iptables_rules.append(rule)
             self._save_state()
         cni_dir = self.root / "cni" / "net.d"
         cni_dir.mkdir(parents=True, exist_ok=True)
         conf = {
-            "cniVersion": "0.4.0", "name": "rf-pods",
+            "cniVersion": "0.4.0",
+            "name": "rf-pods",
             "plugins": [
-                {"type": "bridge", "bridge": BRIDGE, "isGateway": True, "ipMasq": False,
-                 "hairpinMode": True,
-                 # The subnet's route and the Service range's (kube-proxy DNATs it on this
-                 # machine), no default route.
-                 "ipam": {"type": "host-local", "dataDir": str(self.root / "cni" / "ipam"),
-                          "ranges": [[{"subnet": POD_SUBNET, "gateway": GATEWAY}]],
-                          "routes": [{"dst": SERVICE_RANGE}]}},
+                {
+                    "type": "bridge",
+                    "bridge": BRIDGE,
+                    "isGateway": True,
+                    "ipMasq": False,
+                    "hairpinMode": True,
+                    # The subnet's route and the Service range's (kube-proxy DNATs it on this
+                    # machine), no default route.
+                    "ipam": {
+                        "type": "host-local",
+                        "dataDir": str(self.root / "cni" / "ipam"),
+                        "ranges": [[{"subnet": POD_SUBNET, "gateway": GATEWAY}]],
+                        "routes": [{"dst": SERVICE_RANGE}],
+                    },
+                },
                 {"type": "portmap", "capabilities": {"portMappings": True}},
             ],
         }
@@ -307,9 +372,14 @@ class Cluster:
     def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
         log = self.logs / f"{name}.log"
         with open(log, "ab") as out:
-            popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True,
-                                     env={**os.environ, **(env or {})})
+            popen = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env={**os.environ, **(env or {})},
+            )
         proc = Proc(name, popen.pid, log, popen)
         self.procs.append(proc)
         self._save_state()
@@ -318,9 +388,13 @@ class Cluster:
     def _save_state(self) -> None:
         """What ``stop`` needs, for ``cleanup_stale`` after the owner died without stopping."""
         state = {
-            "owner": os.getpid(), "bin_dir": str(self.bin_dir), "api_port": self.api_port,
-            "procs": [[p.name, p.pid] for p in self.procs], "sysctls": self.sysctls,
-            "iptables_rules": self.iptables_rules, "bridge_created": self.bridge_created,
+            "owner": os.getpid(),
+            "bin_dir": str(self.bin_dir),
+            "api_port": self.api_port,
+            "procs": [[p.name, p.pid] for p in self.procs],
+            "sysctls": self.sysctls,
+            "iptables_rules": self.iptables_rules,
+            "bridge_created": self.bridge_created,
             "preexisting_chains": sorted(self.preexisting_chains),
             "made_run_dir": self.made_run_dir,
         }
@@ -329,13 +403,19 @@ class Cluster:
     @classmethod
     def from_state(cls, root: Path) -> Cluster:
         state = json.loads((root / "state.json").read_text())
-        cluster = cls(root=root, bin_dir=Path(state["bin_dir"]), api_port=state["api_port"],
-                      sysctls=state["sysctls"], iptables_rules=state["iptables_rules"],
-                      bridge_created=state["bridge_created"],
-                      preexisting_chains={tuple(c) for c in state["preexisting_chains"]},
-                      made_run_dir=state["made_run_dir"])
-        cluster.procs = [Proc(name, pid, root / "logs" / f"{name}.log")
-                         for name, pid in state["procs"]]
+        cluster = cls(
+            root=root,
+            bin_dir=Path(state["bin_dir"]),
+            api_port=state["api_port"],
+            sysctls=state["sysctls"],
+            iptables_rules=state["iptables_rules"],
+            bridge_created=state["bridge_created"],
+            preexisting_chains={tuple(c) for c in state["preexisting_chains"]},
+            made_run_dir=state["made_run_dir"],
+        )
+        cluster.procs = [
+            Proc(name, pid, root / "logs" / f"{name}.log") for name, pid in state["procs"]
+        ]
         cluster.owner = state["owner"]
         return cluster
 
@@ -344,113 +424,212 @@ class Cluster:
         last_error: Exception | None = None
         while time.monotonic() < deadline:
             if not proc.alive():
-                raise ClusterError(f"{proc.name} exited with {proc.returncode} before "
-                                   f"{what}:\n{_tail(proc.log)}")
+                raise ClusterError(
+                    f"{proc.name} exited with {proc.returncode} before {what}:\n{_tail(proc.log)}"
+                )
             try:
                 if ready():
                     return
             except Exception as err:  # noqa: BLE001 (not ready yet: keep polling)
                 last_error = err
             time.sleep(0.2)
-        raise ClusterError(f"{proc.name}: not {what} after {timeout}s (last probe error: "
-                           f"{last_error!r}):\n{_tail(proc.log)}")
+        raise ClusterError(
+            f"{proc.name}: not {what} after {timeout}s (last probe error: "
+            f"{last_error!r}):\n{_tail(proc.log)}"
+        )
 
     def _etcd(self) -> None:
         client, peer = free_port(), free_port()
         self.etcd_url = f"http://127.0.0.1:{client}"
-        proc = self.spawn("etcd", [
-            "etcd", "--name", "rf", "--data-dir", str(self.root / "etcd"),
-            "--listen-client-urls", self.etcd_url, "--advertise-client-urls", self.etcd_url,
-            "--listen-peer-urls", f"http://127.0.0.1:{peer}",
-            "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-            "--initial-cluster", f"rf=http://127.0.0.1:{peer}",
-            "--listen-metrics-urls", f"http://127.0.0.1:{free_port()}",
-            "--unsafe-no-fsync", "--snapshot-count", "10000", "--log-level", "warn",
-        ])
-        self._wait(proc, lambda: requests.get(self.etcd_url + "/health", timeout=1).ok,
-                   "healthy")
+        proc = self.spawn(
+            "etcd",
+            [
+                "etcd",
+                "--name",
+                "rf",
+                "--data-dir",
+                str(self.root / "etcd"),
+                "--listen-client-urls",
+                self.etcd_url,
+                "--advertise-client-urls",
+                self.etcd_url,
+                "--listen-peer-urls",
+                f"http://127.0.0.1:{peer}",
+                "--initial-advertise-peer-urls",
+                f"http://127.0.0.1:{peer}",
+                "--initial-cluster",
+                f"rf=http://127.0.0.1:{peer}",
+                "--listen-metrics-urls",
+                f"http://127.0.0.1:{free_port()}",
+                "--unsafe-no-fsync",
+                "--snapshot-count",
+                "10000",
+                "--log-level",
+                "warn",
+            ],
+        )
+        self._wait(proc, lambda: requests.get(self.etcd_url + "/health", timeout=1).ok, "healthy")
 
     def _apiserver(self) -> None:
         p = self.pki_dir
-        proc = self.spawn("kube-apiserver", [
-            str(self.bin_dir / "kube-apiserver"),
-            "--etcd-servers", self.etcd_url,
-            # On the gateway only: pods reach it there (the lease reconciler makes that the
-            # endpoint of the kubernetes Service), and nothing outside this machine does.
-            "--bind-address", GATEWAY, "--secure-port", str(self.api_port),
-            "--advertise-address", GATEWAY, "--endpoint-reconciler-type", "lease",
-            "--tls-cert-file", str(self.apiserver_cert.cert),
-            "--tls-private-key-file", str(self.apiserver_cert.key),
-            "--client-ca-file", str(self.ca.cert),
-            "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
-            "--service-account-key-file", str(self.sa_keys.cert),
-            "--service-account-signing-key-file", str(self.sa_keys.key),
-            "--service-cluster-ip-range", SERVICE_RANGE,
-            "--authorization-mode", "Node,RBAC",
-            "--enable-admission-plugins", "NodeRestriction",
-            "--allow-privileged=true",
-            "--kubelet-client-certificate", str(self.apiserver_kubelet.cert),
-            "--kubelet-client-key", str(self.apiserver_kubelet.key),
-            "--kubelet-certificate-authority", str(self.ca.cert),
-            "--kubelet-preferred-address-types", "InternalIP",
-            "--profiling=false", "--v=1",
-            # Its key-count refresher polls the watch cache at etcd's newest revision; etcd
-            # 3.4 sends no watch progress notifications, so that fails every second or so
-            # ("Error getting keys ... Too large resource version"): noise, turned off.
-            "--feature-gates", "SizeBasedListCostEstimate=false",
-            "--cert-dir", str(p / "apiserver-generated"),
-        ])
+        proc = self.spawn(
+            "kube-apiserver",
+            [
+                str(self.bin_dir / "kube-apiserver"),
+                "--etcd-servers",
+                self.etcd_url,
+                # On the gateway only: pods reach it there (the lease reconciler makes that the
+                # endpoint of the kubernetes Service), and nothing outside this machine does.
+                "--bind-address",
+                GATEWAY,
+                "--secure-port",
+                str(self.api_port),
+                "--advertise-address",
+                GATEWAY,
+                "--endpoint-reconciler-type",
+                "lease",
+                "--tls-cert-file",
+                str(self.apiserver_cert.cert),
+                "--tls-private-key-file",
+                str(self.apiserver_cert.key),
+                "--client-ca-file",
+                str(self.ca.cert),
+                "--service-account-issuer",
+                "https://kubernetes.default.svc.cluster.local",
+                "--service-account-key-file",
+                str(self.sa_keys.cert),
+                "--service-account-signing-key-file",
+                str(self.sa_keys.key),
+                "--service-cluster-ip-range",
+                SERVICE_RANGE,
+                "--authorization-mode",
+                "Node,RBAC",
+                "--enable-admission-plugins",
+                "NodeRestriction",
+                "--allow-privileged=true",
+                "--kubelet-client-certificate",
+                str(self.apiserver_kubelet.cert),
+                "--kubelet-client-key",
+                str(self.apiserver_kubelet.key),
+                "--kubelet-certificate-authority",
+                str(self.ca.cert),
+                "--kubelet-preferred-address-types",
+                "InternalIP",
+                "--profiling=false",
+                "--v=1",
+                # Its key-count refresher polls the watch cache at etcd's newest revision; etcd
+                # 3.4 sends no watch progress notifications, so that fails every second or so
+                # ("Error getting keys ... Too large resource version"): noise, turned off.
+                "--feature-gates",
+                "SizeBasedListCostEstimate=false",
+                "--cert-dir",
+                str(p / "apiserver-generated"),
+            ],
+        )
         admin = self.ca.issue("probe-client", "rf-probe", orgs=("system:masters",), client=True)
         # verify= per request: a Session's verify loses to REQUESTS_CA_BUNDLE in the env.
-        self._wait(proc, lambda: requests.get(
-            self.server + "/readyz", timeout=2, cert=(str(admin.cert), str(admin.key)),
-            verify=str(self.ca.cert)).ok, "ready", timeout=90)
+        self._wait(
+            proc,
+            lambda: (
+                requests.get(
+                    self.server + "/readyz",
+                    timeout=2,
+                    cert=(str(admin.cert), str(admin.key)),
+                    verify=str(self.ca.cert),
+                ).ok
+            ),
+            "ready",
+            timeout=90,
+        )
 
     def _controller_manager(self) -> None:
         kubeconfig = str(self.root / "controller-manager.kubeconfig")
-        self.spawn("kube-controller-manager", [
-            str(self.bin_dir / "kube-controller-manager"),
-            "--kubeconfig", kubeconfig, "--authentication-kubeconfig", kubeconfig,
-            "--authorization-kubeconfig", kubeconfig,
-            "--bind-address", "127.0.0.1", "--secure-port", str(free_port()),
-            "--leader-elect=false", "--use-service-account-credentials=true",
-            "--service-account-private-key-file", str(self.sa_keys.key),
-            "--root-ca-file", str(self.ca.cert),
-            "--cluster-signing-cert-file", str(self.ca.cert),
-            "--cluster-signing-key-file", str(self.ca.key),
-            "--allocate-node-cidrs=false", "--cluster-name", "rf-test",
-            "--cert-dir", str(self.pki_dir / "controller-manager-generated"),
-            "--v=1",
-        ])
+        self.spawn(
+            "kube-controller-manager",
+            [
+                str(self.bin_dir / "kube-controller-manager"),
+                "--kubeconfig",
+                kubeconfig,
+                "--authentication-kubeconfig",
+                kubeconfig,
+                "--authorization-kubeconfig",
+                kubeconfig,
+                "--bind-address",
+                "127.0.0.1",
+                "--secure-port",
+                str(free_port()),
+                "--leader-elect=false",
+                "--use-service-account-credentials=true",
+                "--service-account-private-key-file",
+                str(self.sa_keys.key),
+                "--root-ca-file",
+                str(self.ca.cert),
+                "--cluster-signing-cert-file",
+                str(self.ca.cert),
+                "--cluster-signing-key-file",
+                str(self.ca.key),
+                "--allocate-node-cidrs=false",
+                "--cluster-name",
+                "rf-test",
+                "--cert-dir",
+                str(self.pki_dir / "controller-manager-generated"),
+                "--v=1",
+            ],
+        )
 
     def _scheduler(self) -> None:
         kubeconfig = str(self.root / "scheduler.kubeconfig")
-        self.spawn("kube-scheduler", [
-            str(self.bin_dir / "kube-scheduler"),
-            "--kubeconfig", kubeconfig, "--authentication-kubeconfig", kubeconfig,
-            "--authorization-kubeconfig", kubeconfig,
-            "--bind-address", "127.0.0.1", "--secure-port", str(free_port()),
-            "--leader-elect=false",
-            "--cert-dir", str(self.pki_dir / "scheduler-generated"), "--v=1",
-        ])
+        self.spawn(
+            "kube-scheduler",
+            [
+                str(self.bin_dir / "kube-scheduler"),
+                "--kubeconfig",
+                kubeconfig,
+                "--authentication-kubeconfig",
+                kubeconfig,
+                "--authorization-kubeconfig",
+                kubeconfig,
+                "--bind-address",
+                "127.0.0.1",
+                "--secure-port",
+                str(free_port()),
+                "--leader-elect=false",
+                "--cert-dir",
+                str(self.pki_dir / "scheduler-generated"),
+                "--v=1",
+            ],
+        )
 
     def _kube_proxy(self) -> None:
         # KUBE-* chains made from here on (kube-proxy's, the kubelet's) are removed on stop.
         self.preexisting_chains = _kube_chains()
         health = free_port()
-        proc = self.spawn("kube-proxy", [
-            str(self.bin_dir / "kube-proxy"),
-            "--kubeconfig", str(self.root / "kube-proxy.kubeconfig"),
-            "--hostname-override", NODE_NAME, "--proxy-mode", "iptables",
-            "--cluster-cidr", POD_SUBNET,
-            # Root here may not change the conntrack sysctls; leave them as they are.
-            "--conntrack-max-per-core", "0",
-            "--iptables-localhost-nodeports=false",
-            "--healthz-bind-address", f"127.0.0.1:{health}",
-            "--metrics-bind-address", f"127.0.0.1:{free_port()}", "--v=1",
-        ])
-        self._wait(proc, lambda: requests.get(f"http://127.0.0.1:{health}/livez", timeout=1).ok,
-                   "serving")
+        proc = self.spawn(
+            "kube-proxy",
+            [
+                str(self.bin_dir / "kube-proxy"),
+                "--kubeconfig",
+                str(self.root / "kube-proxy.kubeconfig"),
+                "--hostname-override",
+                NODE_NAME,
+                "--proxy-mode",
+                "iptables",
+                "--cluster-cidr",
+                POD_SUBNET,
+                # Root here may not change the conntrack sysctls; leave them as they are.
+                "--conntrack-max-per-core",
+                "0",
+                "--iptables-localhost-nodeports=false",
+                "--healthz-bind-address",
+                f"127.0.0.1:{health}",
+                "--metrics-bind-address",
+                f"127.0.0.1:{free_port()}",
+                "--v=1",
+            ],
+        )
+        self._wait(
+            proc, lambda: requests.get(f"http://127.0.0.1:{health}/livez", timeout=1).ok, "serving"
+        )
 
     def _coredns(self) -> None:
         """Cluster DNS on the gateway's port 53: ``cluster.local`` and reverse lookups from the
@@ -473,8 +652,9 @@ class Cluster:
 }}
 """)
         proc = self.spawn("coredns", [str(self.coredns_bin / "coredns"), "-conf", str(corefile)])
-        self._wait(proc, lambda: requests.get(f"http://127.0.0.1:{ready}/ready", timeout=1).ok,
-                   "ready")
+        self._wait(
+            proc, lambda: requests.get(f"http://127.0.0.1:{ready}/ready", timeout=1).ok, "ready"
+        )
 
     # --- node -----------------------------------------------------------------------------
 
@@ -484,8 +664,8 @@ class Cluster:
         cri = 'plugins."io.containerd.grpc.v1.cri"'
         config = f"""\
 version = 2
-root = "{base / 'root'}"
-state = "{base / 'state'}"
+root = "{base / "root"}"
+state = "{base / "state"}"
 disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
                     "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.devmapper"]
 
@@ -493,10 +673,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   address = "{self.containerd_socket}"
 
 [ttrpc]
-  address = "{base / 'containerd.sock.ttrpc'}"
+  address = "{base / "containerd.sock.ttrpc"}"
 
 [plugins."io.containerd.internal.v1.opt"]
-  path = "{base / 'opt'}"
+  path = "{base / "opt"}"
 
 [{cri}]
   sandbox_image = "{sandbox_image}"
@@ -517,24 +697,30 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 
 [{cri}.containerd.runtimes.runc.options]
   SystemdCgroup = false
-  BinaryName = "{os.environ.get('RF_CLUSTER_RUNC') or shutil.which('runc')}"
+  BinaryName = "{os.environ.get("RF_CLUSTER_RUNC") or shutil.which("runc")}"
 
 [{cri}.cni]
   bin_dir = "{CNI_BIN}"
-  conf_dir = "{self.root / 'cni' / 'net.d'}"
+  conf_dir = "{self.root / "cni" / "net.d"}"
 """
         (base / "config.toml").write_text(config)
         # containerd 1.6 keeps runc's state and the shims' sockets under /run/containerd
         # whatever its own state directory is; remove what we made there on stop.
         self.made_run_dir = not RUN_DIR.exists()
         self._save_state()
-        proc = self.spawn("containerd", ["containerd", "--config", str(base / "config.toml"),
-                                          "--log-level", "info"])
+        proc = self.spawn(
+            "containerd",
+            ["containerd", "--config", str(base / "config.toml"), "--log-level", "info"],
+        )
         self._wait(proc, lambda: self.ctr("version", check=False).returncode == 0, "serving")
 
     def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        return subprocess.run(["ctr", "--address", str(self.containerd_socket), "-n", "k8s.io",
-                               *args], capture_output=True, text=True, check=check)
+        return subprocess.run(
+            ["ctr", "--address", str(self.containerd_socket), "-n", "k8s.io", *args],
+            capture_output=True,
+            text=True,
+            check=check,
+        )
 
     def import_images(self, refs: tuple[str, ...]) -> None:
         """Copy local Podman images into containerd's k8s.io namespace."""
@@ -556,35 +742,65 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         resolv.write_text(f"nameserver {GATEWAY}\noptions ndots:1\n")
         socket_url = f"unix://{self.containerd_socket}"
         config = {
-            "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
-            "address": GATEWAY, "port": self.kubelet_port, "readOnlyPort": 0, "healthzPort": 0,
-            "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
-                               "x509": {"clientCAFile": str(self.ca.cert)}},
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
+            "address": GATEWAY,
+            "port": self.kubelet_port,
+            "readOnlyPort": 0,
+            "healthzPort": 0,
+            "authentication": {
+                "anonymous": {"enabled": False},
+                "webhook": {"enabled": True},
+                "x509": {"clientCAFile": str(self.ca.cert)},
+            },
             "authorization": {"mode": "Webhook"},
             "tlsCertFile": str(self.kubelet_serving.cert),
             "tlsPrivateKeyFile": str(self.kubelet_serving.key),
-            "cgroupDriver": "cgroupfs", "failCgroupV1": False, "failSwapOn": False,
-            "containerRuntimeEndpoint": socket_url, "imageServiceEndpoint": socket_url,
-            "resolvConf": str(resolv), "clusterDomain": CLUSTER_DOMAIN,
+            "cgroupDriver": "cgroupfs",
+            "failCgroupV1": False,
+            "failSwapOn": False,
+            "containerRuntimeEndpoint": socket_url,
+            "imageServiceEndpoint": socket_url,
+            "resolvConf": str(resolv),
+            "clusterDomain": CLUSTER_DOMAIN,
             "clusterDNS": [GATEWAY],
             "podLogsDir": str(self.root / "pod-logs"),
-            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%",
-                             "imagefs.available": "1%", "nodefs.inodesFree": "1%"},
-            "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
-            "serializeImagePulls": False, "maxPods": 50,
-            "syncFrequency": "10s", "fileCheckFrequency": "20s",
+            "evictionHard": {
+                "memory.available": "100Mi",
+                "nodefs.available": "1%",
+                "imagefs.available": "1%",
+                "nodefs.inodesFree": "1%",
+            },
+            "imageGCHighThresholdPercent": 100,
+            "imageGCLowThresholdPercent": 99,
+            "serializeImagePulls": False,
+            "maxPods": 50,
+            "syncFrequency": "10s",
+            "fileCheckFrequency": "20s",
             "nodeStatusUpdateFrequency": "5s",
-            "rotateCertificates": False, "serverTLSBootstrap": False,
+            "rotateCertificates": False,
+            "serverTLSBootstrap": False,
         }
         (kubelet_dir / "config.json").write_text(json.dumps(config, indent=1))
         self._save_sysctls()
         self._save_state()
-        self.spawn("kubelet", [
-            str(self.bin_dir / "kubelet"), "--config", str(kubelet_dir / "config.json"),
-            "--kubeconfig", str(self.root / "kubelet.kubeconfig"),
-            "--root-dir", str(kubelet_dir), "--hostname-override", NODE_NAME,
-            "--node-ip", GATEWAY, "--v=2",
-        ])
+        self.spawn(
+            "kubelet",
+            [
+                str(self.bin_dir / "kubelet"),
+                "--config",
+                str(kubelet_dir / "config.json"),
+                "--kubeconfig",
+                str(self.root / "kubelet.kubeconfig"),
+                "--root-dir",
+                str(kubelet_dir),
+                "--hostname-override",
+                NODE_NAME,
+                "--node-ip",
+                GATEWAY,
+                "--v=2",
+            ],
+        )
 
     def _save_sysctls(self) -> None:
         for name in KUBELET_SYSCTLS:
@@ -605,11 +821,25 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 
         self._wait(kubelet, ready, "Ready (node)", timeout=max(5.0, deadline - time.monotonic()))
 
-    def kubectl(self, *args: str, check: bool = True, stdin: str | None = None,
-                kubeconfig: Path | None = None) -> str:
-        done = subprocess.run([str(self.bin_dir / "kubectl"), "--kubeconfig",
-                               str(kubeconfig or self.admin_kubeconfig), *args],
-                              capture_output=True, text=True, input=stdin, check=False)
+    def kubectl(
+        self,
+        *args: str,
+        check: bool = True,
+        stdin: str | None = None,
+        kubeconfig: Path | None = None,
+    ) -> str:
+        done = subprocess.run(
+            [
+                str(self.bin_dir / "kubectl"),
+                "--kubeconfig",
+                str(kubeconfig or self.admin_kubeconfig),
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            input=stdin,
+            check=False,
+        )
         if check and done.returncode != 0:
             raise ClusterError(f"kubectl {' '.join(args)}: {done.stderr.strip()}")
         return done.stdout if done.returncode == 0 else ""
@@ -636,13 +866,20 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             _terminate(by_name["containerd"])
         self._kill_shims()
         self._unmount()
-        for name in ("coredns", "kube-proxy", "kube-scheduler", "kube-controller-manager",
-                     "kube-apiserver", "etcd"):
+        for name in (
+            "coredns",
+            "kube-proxy",
+            "kube-scheduler",
+            "kube-controller-manager",
+            "kube-apiserver",
+            "etcd",
+        ):
             if name in by_name:
                 _terminate(by_name[name])
         if "kube-proxy" in by_name:  # its iptables chains and rules
-            subprocess.run([str(self.bin_dir / "kube-proxy"), "--cleanup"], capture_output=True,
-                           check=False)
+            subprocess.run(
+                [str(self.bin_dir / "kube-proxy"), "--cleanup"], capture_output=True, check=False
+            )
         self.procs.clear()
         self._remove_cgroups()
         if self.made_run_dir:
@@ -665,8 +902,16 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     def _delete_pods(self) -> None:
         """Let the kubelet stop every pod (CNI DEL releases its address and veth)."""
         with contextlib.suppress(Exception):
-            self.kubectl("delete", "pods", "--all-namespaces", "--all", "--grace-period=0",
-                         "--force", "--wait=false", check=False)
+            self.kubectl(
+                "delete",
+                "pods",
+                "--all-namespaces",
+                "--all",
+                "--grace-period=0",
+                "--force",
+                "--wait=false",
+                check=False,
+            )
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline:
                 listed = self.ctr("tasks", "ls", "-q", check=False).stdout.split()
@@ -701,10 +946,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         """Unmount everything under the cluster directory, deepest first."""
         root = str(self.root)
         for _ in range(3):
-            mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text()
-                      .splitlines()]
-            ours = sorted({m for m in mounts if m == root or m.startswith(root + "/")},
-                          key=len, reverse=True)
+            mounts = [
+                line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
+            ]
+            ours = sorted(
+                {m for m in mounts if m == root or m.startswith(root + "/")}, key=len, reverse=True
+            )
             if not ours:
                 return
             for mount in ours:
@@ -718,8 +965,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             top = hierarchy / "kubepods"
             if not top.is_dir():
                 continue
-            for path in sorted((p for p in top.rglob("*") if p.is_dir()),
-                               key=lambda p: len(p.parts), reverse=True):
+            for path in sorted(
+                (p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True
+            ):
                 with contextlib.suppress(OSError):
                     path.rmdir()
             with contextlib.suppress(OSError):
@@ -732,8 +980,14 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         for tool, table, chain in sorted(_kube_chains() - self.preexisting_chains):
             if (tool, table, chain) == (tool, "filter", "KUBE-FIREWALL"):
                 for hook in ("INPUT", "OUTPUT"):
-                    while subprocess.run([tool, "-w", "-t", table, "-D", hook, "-j", chain],
-                                         capture_output=True, check=False).returncode == 0:
+                    while (
+                        subprocess.run(
+                            [tool, "-w", "-t", table, "-D", hook, "-j", chain],
+                            capture_output=True,
+                            check=False,
+                        ).returncode
+                        == 0
+                    ):
                         pass
             subprocess.run([tool, "-w", "-t", table, "-F", chain], capture_output=True, check=False)
             subprocess.run([tool, "-w", "-t", table, "-X", chain], capture_output=True, check=False)
@@ -749,8 +1003,9 @@ def _remove_empty_dirs(top: Path) -> None:
     """``top`` and the directories below it, if (once emptied of empty directories) empty."""
     if not top.is_dir():
         return
-    for path in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts),
-                       reverse=True):
+    for path in sorted(
+        (p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True
+    ):
         with contextlib.suppress(OSError):
             path.rmdir()
     with contextlib.suppress(OSError):
@@ -762,8 +1017,9 @@ def _kube_chains() -> set[tuple[str, str, str]]:
     found = set()
     for tool in ("iptables", "ip6tables"):
         for table in ("filter", "nat", "mangle"):
-            done = subprocess.run([tool, "-w", "-t", table, "-S"], capture_output=True,
-                                  text=True, check=False)
+            done = subprocess.run(
+                [tool, "-w", "-t", table, "-S"], capture_output=True, text=True, check=False
+            )
             for line in done.stdout.splitlines():
                 parts = line.split()
                 if len(parts) == 2 and parts[0] == "-N" and parts[1].startswith("KUBE-"):
@@ -842,12 +1098,17 @@ def _tail(path: Path, lines: int = 40) -> str:
 def build_knative() -> dict[str, Path]:
     """Directories of the Knative binaries and manifests (``eventing``, ``serving``), of
     ``coredns`` and of ``kingress`` (built on first use: minutes)."""
-    done = subprocess.run(["bash", str(HERE / "build_knative.sh")], stdout=subprocess.PIPE,
-                          text=True, check=False)
+    done = subprocess.run(
+        ["bash", str(HERE / "build_knative.sh")], stdout=subprocess.PIPE, text=True, check=False
+    )
     if done.returncode != 0:
         raise ClusterError(f"tests/cluster/build_knative.sh exited with status {done.returncode}")
-    return {name: Path(path) for name, _, path in
-            (line.partition("=") for line in done.stdout.splitlines() if "=" in line)}
+    return {
+        name: Path(path)
+        for name, _, path in (
+            line.partition("=") for line in done.stdout.splitlines() if "=" in line
+        )
+    }
 
 
 def new_cluster(keep: bool = False) -> Cluster:
@@ -863,18 +1124,35 @@ def new_cluster(keep: bool = False) -> Cluster:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.cluster.up", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true",
-                        help="start, wait for the node to be Ready, tear down and exit")
-    parser.add_argument("--keep", action="store_true",
-                        help="keep the cluster directory (logs) after tear-down")
-    parser.add_argument("--image", action="append", default=[],
-                        help="a local Podman image to import into containerd (repeatable)")
-    parser.add_argument("--knative", action="store_true",
-                        help="also install Knative Eventing and Serving (tests/cluster/knative.py)")
-    parser.add_argument("--cleanup", action="store_true",
-                        help="only tear down clusters left behind by dead owners, and exit")
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.cluster.up",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="start, wait for the node to be Ready, tear down and exit",
+    )
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the cluster directory (logs) after tear-down"
+    )
+    parser.add_argument(
+        "--image",
+        action="append",
+        default=[],
+        help="a local Podman image to import into containerd (repeatable)",
+    )
+    parser.add_argument(
+        "--knative",
+        action="store_true",
+        help="also install Knative Eventing and Serving (tests/cluster/knative.py)",
+    )
+    parser.add_argument(
+        "--cleanup",
+        action="store_true",
+        help="only tear down clusters left behind by dead owners, and exit",
+    )
     args = parser.parse_args(argv)
     if args.cleanup:
         for root in cleanup_stale():
@@ -894,17 +1172,19 @@ def main(argv: list[str] | None = None) -> int:
 
             knative = install_knative(cluster, build_knative())
             print(f"broker ingress: {knative.broker_ingress}", flush=True)
-        print(f"cluster directory: {cluster.root}\n"
-              f"export KUBECONFIG={cluster.admin_kubeconfig}\n"
-              f"pods reach this machine at {GATEWAY}", flush=True)
+        print(
+            f"cluster directory: {cluster.root}\n"
+            f"export KUBECONFIG={cluster.admin_kubeconfig}\n"
+            f"pods reach this machine at {GATEWAY}",
+            flush=True,
+        )
         if not args.check:
             print("Ctrl-C (or SIGTERM) tears it down.", flush=True)
             while all(p.alive() for p in cluster.procs):
                 time.sleep(1)
             for p in cluster.procs:
                 if not p.alive():
-                    print(f"{p.name} exited with {p.returncode}:\n{_tail(p.log)}",
-                          file=sys.stderr)
+                    print(f"{p.name} exited with {p.returncode}:\n{_tail(p.log)}", file=sys.stderr)
             return 1
         print(cluster.kubectl("get", "nodes", "-o", "wide"), end="")
         return 0

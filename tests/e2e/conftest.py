@@ -1,5 +1,6 @@
 """Real services for end-to-end tests: Podman's Docker-compatible API, the test resource
 image, and the check/get/put services under gunicorn on loopback."""
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,11 @@ def docker_host(tmp_path_factory):
         pytest.fail("podman is not installed and DOCKER_HOST is not set (run .ci/setup)")
     sock = tmp_path_factory.mktemp("podman") / "podman.sock"
     host = f"unix://{sock}"
-    proc = subprocess.Popen(["podman", "system", "service", "--time=0", host],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        ["podman", "system", "service", "--time=0", host],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     _wait_for(lambda: sock.exists(), proc, "podman system service")
     yield host
     proc.terminate()
@@ -80,8 +84,9 @@ class Services:
                 proc.kill()
 
 
-def start_services(env_overrides: dict[str, str], log_path: Path,
-                   actions=("check", "get", "put")) -> Services:
+def start_services(
+    env_overrides: dict[str, str], log_path: Path, actions=("check", "get", "put")
+) -> Services:
     env = {k: v for k, v in os.environ.items() if not k.startswith("K_")}
     env.update({"RUNTIME": "container"})  # the local runtime unless a test says otherwise
     env.update(env_overrides)
@@ -91,8 +96,22 @@ def start_services(env_overrides: dict[str, str], log_path: Path,
     for action in actions:
         port = free_port()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "functions", "serve", action, "--host", "127.0.0.1",
-             "--port", str(port)], env=env, cwd=REPO, stdout=log, stderr=log)
+            [
+                sys.executable,
+                "-m",
+                "functions",
+                "serve",
+                action,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+            env=env,
+            cwd=REPO,
+            stdout=log,
+            stderr=log,
+        )
         services.procs.append(proc)
         services.urls[action] = f"http://127.0.0.1:{port}"
     for action, proc in zip(actions, services.procs, strict=True):
@@ -121,11 +140,13 @@ def _wait_for(ready, proc, what, log_path: Path | None = None, timeout: float = 
 
 
 def resource_types(image: str) -> str:
-    return json.dumps({
-        "test": image,
-        "slow": {"image": image, "timeout_seconds": 3},
-        "missing": "localhost/rf-no-such-image:1",
-    })
+    return json.dumps(
+        {
+            "test": image,
+            "slow": {"image": image, "timeout_seconds": 3},
+            "missing": "localhost/rf-no-such-image:1",
+        }
+    )
 
 
 @dataclass
@@ -145,8 +166,13 @@ def deployment(request, docker_host, resource_image, tmp_path_factory):
 
     backend = request.param
     tmp = tmp_path_factory.mktemp(f"deploy-{backend}")
-    env = {"DOCKER_HOST": docker_host, "RESOURCE_TYPES": resource_types(resource_image),
-           "CACHE_SECRET": "e2e-cache-secret", "LOG_LEVEL": "debug", "WORK_DIR": str(tmp)}
+    env = {
+        "DOCKER_HOST": docker_host,
+        "RESOURCE_TYPES": resource_types(resource_image),
+        "CACHE_SECRET": "e2e-cache-secret",
+        "LOG_LEVEL": "debug",
+        "WORK_DIR": str(tmp),
+    }
     if backend == "file":
         (tmp / "store").mkdir()
         env["STORE_URL"] = (tmp / "store").as_uri()

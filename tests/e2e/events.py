@@ -1,4 +1,5 @@
 """Building and sending request events with the cloudevents SDK, as a pipeline engine would."""
+
 from __future__ import annotations
 
 import uuid
@@ -15,12 +16,23 @@ from cloudevents.core.v1.event import CloudEvent
 ENCODERS = {"binary": to_binary_event, "structured": to_structured_event}
 
 
-def request_event(action: str, data: dict, *, event_id: str | None = None,
-                  source: str = "/tests/pipeline", subject: str | None = None,
-                  **extensions: str) -> CloudEvent:
-    attributes = {"specversion": "1.0", "type": f"dev.resourcefunctions.{action}.requested",
-                  "source": source, "id": event_id or str(uuid.uuid4()),
-                  "datacontenttype": "application/json", **extensions}
+def request_event(
+    action: str,
+    data: dict,
+    *,
+    event_id: str | None = None,
+    source: str = "/tests/pipeline",
+    subject: str | None = None,
+    **extensions: str,
+) -> CloudEvent:
+    attributes = {
+        "specversion": "1.0",
+        "type": f"dev.resourcefunctions.{action}.requested",
+        "source": source,
+        "id": event_id or str(uuid.uuid4()),
+        "datacontenttype": "application/json",
+        **extensions,
+    }
     if subject:
         attributes["subject"] = subject
     return CloudEvent(attributes=attributes, data=data)
@@ -29,10 +41,8 @@ def request_event(action: str, data: dict, *, event_id: str | None = None,
 def send(url: str, event: CloudEvent, mode: str = "binary", timeout: float = 120):
     """POST the event; returns (status, reply CloudEvent or None, raw response)."""
     message = ENCODERS[mode](event)
-    response = requests.post(url, headers=dict(message.headers), data=message.body,
-                             timeout=timeout)
+    response = requests.post(url, headers=dict(message.headers), data=message.body, timeout=timeout)
     reply = None
     if response.status_code == 200:
-        reply = from_http_event(HTTPMessage(headers=dict(response.headers),
-                                            body=response.content))
+        reply = from_http_event(HTTPMessage(headers=dict(response.headers), body=response.content))
     return response.status_code, reply, response

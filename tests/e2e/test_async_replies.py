@@ -1,4 +1,5 @@
 """Asynchronous completion: 202 at once, then the reply event is POSTed to K_SINK."""
+
 from __future__ import annotations
 
 import queue
@@ -37,17 +38,24 @@ def sink():
 def async_services(sink, docker_host, resource_image, tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("async")
     (tmp_path / "store").mkdir()
-    services = start_services({
-        "DOCKER_HOST": docker_host, "RESOURCE_TYPES": resource_types(resource_image),
-        "STORE_URL": (tmp_path / "store").as_uri(), "K_SINK": sink[0],
-    }, tmp_path / "services.log", actions=("check",))
+    services = start_services(
+        {
+            "DOCKER_HOST": docker_host,
+            "RESOURCE_TYPES": resource_types(resource_image),
+            "STORE_URL": (tmp_path / "store").as_uri(),
+            "K_SINK": sink[0],
+        },
+        tmp_path / "services.log",
+        actions=("check",),
+    )
     yield services
     services.stop()
 
 
 def test_async_request_is_accepted_then_replied_to_the_sink(async_services, sink):
-    event = request_event("check", {"type": "test", "source": {"count": 2}},
-                          subject="async/one", replymode="async")
+    event = request_event(
+        "check", {"type": "test", "source": {"count": 2}}, subject="async/one", replymode="async"
+    )
     status, _, response = send(async_services.urls["check"], event)
     assert status == 202 and response.content == b""
     reply = sink[1].get(timeout=60)
@@ -58,8 +66,7 @@ def test_async_request_is_accepted_then_replied_to_the_sink(async_services, sink
 
 
 def test_async_failure_is_replied_as_failed_event(async_services, sink):
-    event = request_event("check", {"type": "test", "source": {"mode": "fail"}},
-                          replymode="async")
+    event = request_event("check", {"type": "test", "source": {"mode": "fail"}}, replymode="async")
     assert send(async_services.urls["check"], event)[0] == 202
     reply = sink[1].get(timeout=60)
     assert reply.get_type() == "dev.resourcefunctions.check.failed"
@@ -74,10 +81,15 @@ def test_bad_replymode_is_rejected(async_services):
 
 def test_async_without_sink_is_rejected(docker_host, resource_image, tmp_path):
     (tmp_path / "store").mkdir()
-    services = start_services({"DOCKER_HOST": docker_host,
-                               "RESOURCE_TYPES": resource_types(resource_image),
-                               "STORE_URL": (tmp_path / "store").as_uri()},
-                              tmp_path / "log", actions=("check",))
+    services = start_services(
+        {
+            "DOCKER_HOST": docker_host,
+            "RESOURCE_TYPES": resource_types(resource_image),
+            "STORE_URL": (tmp_path / "store").as_uri(),
+        },
+        tmp_path / "log",
+        actions=("check",),
+    )
     try:
         event = request_event("check", {"type": "test", "source": {}}, replymode="async")
         status, _, response = send(services.urls["check"], event)

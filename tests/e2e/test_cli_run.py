@@ -1,4 +1,5 @@
 """``python -m functions run``: one action from the command line, with progress on stderr."""
+
 from __future__ import annotations
 
 import json
@@ -13,20 +14,43 @@ from tests.e2e.conftest import REPO, resource_types
 
 @pytest.fixture
 def cli(docker_host, resource_image, tmp_path):
-    env = {**os.environ, "DOCKER_HOST": docker_host, "PYTHONPATH": str(REPO),
-           "RESOURCE_TYPES": resource_types(resource_image),
-           "STORE_URL": (tmp_path / "store").as_uri(), "CACHE_SECRET": "cli"}
+    env = {
+        **os.environ,
+        "DOCKER_HOST": docker_host,
+        "PYTHONPATH": str(REPO),
+        "RESOURCE_TYPES": resource_types(resource_image),
+        "STORE_URL": (tmp_path / "store").as_uri(),
+        "CACHE_SECRET": "cli",
+    }
 
     def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "functions", "run", *args], env=env,
-                              capture_output=True, text=True, timeout=120, check=False)
+        return subprocess.run(
+            [sys.executable, "-m", "functions", "run", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
     return run
 
 
 def test_get_unpacks_the_artifact_with_progress(cli, tmp_path):
     out = tmp_path / "fetched"
-    done = cli("get", "--type", "test", "--source", '{"x": "1"}', "--version", '{"ref": "9"}',
-               "--params", '{"kib": 64}', "--output", str(out))
+    done = cli(
+        "get",
+        "--type",
+        "test",
+        "--source",
+        '{"x": "1"}',
+        "--version",
+        '{"ref": "9"}',
+        "--params",
+        '{"kib": 64}',
+        "--output",
+        str(out),
+    )
     assert done.returncode == 0, done.stderr
     reply = json.loads(done.stdout)
     assert reply["version"] == {"ref": "9"} and reply["cached"] is False
@@ -40,8 +64,7 @@ def test_put_uploads_a_local_directory_as_input(cli, tmp_path):
     (repo / "docs").mkdir(parents=True)
     (repo / "version").write_text("local\n")
     (repo / "docs" / "a.txt").write_text("a")
-    done = cli("put", "--type", "test", "--params", '{"input": "repo"}',
-               "--input", f"repo={repo}")
+    done = cli("put", "--type", "test", "--params", '{"input": "repo"}', "--input", f"repo={repo}")
     assert done.returncode == 0, done.stderr
     reply = json.loads(done.stdout)
     assert reply["version"] == {"ref": "pushed-local"}

@@ -2,6 +2,7 @@
 containers under Podman, CREDENTIALS_DIR as the provider. The script runs with the resolved
 values, and the values appear nowhere else: not in the event, the replies, the services' log
 or the store (short values included: resolved values are redacted whatever their length)."""
+
 from __future__ import annotations
 
 import json
@@ -23,10 +24,16 @@ def deployment(docker_host, resource_image, tmp_path_factory):
     (creds / "main" / "git" / "password").write_text(CANARY + "\n")
     (creds / "mode").write_text(SHORT + "\n")
     (tmp / "store").mkdir()
-    env = {"DOCKER_HOST": docker_host, "RESOURCE_TYPES": resource_types(resource_image),
-           "CACHE_SECRET": "e2e-cache-secret", "LOG_LEVEL": "debug", "WORK_DIR": str(tmp),
-           "STORE_URL": (tmp / "store").as_uri(), "CREDENTIALS_DIR": str(creds),
-           "ALLOWED_IMAGES": ""}
+    env = {
+        "DOCKER_HOST": docker_host,
+        "RESOURCE_TYPES": resource_types(resource_image),
+        "CACHE_SECRET": "e2e-cache-secret",
+        "LOG_LEVEL": "debug",
+        "WORK_DIR": str(tmp),
+        "STORE_URL": (tmp / "store").as_uri(),
+        "CREDENTIALS_DIR": str(creds),
+        "ALLOWED_IMAGES": "",
+    }
     services = start_services(env, tmp / "services.log", actions=("check", "get"))
     try:
         yield services, tmp / "store"
@@ -39,8 +46,14 @@ BUILD = {"team": "main", "pipeline": "p", "id": "1"}
 
 def test_a_check_runs_with_the_resolved_values_which_are_redacted(deployment):
     services, _ = deployment
-    event = request_event("check", {"type": "test", "build": BUILD, "source": {
-        "mode": "((mode))", "password": "((git.password))"}})
+    event = request_event(
+        "check",
+        {
+            "type": "test",
+            "build": BUILD,
+            "source": {"mode": "((mode))", "password": "((git.password))"},
+        },
+    )
     assert CANARY not in json.dumps(event.get_data())
     status, reply, response = send(services.urls["check"], event)
     assert status == 200, response.text
@@ -67,11 +80,16 @@ def test_a_get_by_reference_and_by_the_same_literal_value_share_the_cache(deploy
 
 def test_unresolvable_references_and_disallowed_images_are_400(deployment, resource_image):
     services, _ = deployment
-    status, _, response = send(services.urls["check"], request_event("check", {
-        "type": "test", "build": {"team": "other"}, "source": {"p": "((nope.key))"}}))
+    status, _, response = send(
+        services.urls["check"],
+        request_event(
+            "check", {"type": "test", "build": {"team": "other"}, "source": {"p": "((nope.key))"}}
+        ),
+    )
     assert status == 400 and "((nope.key)) cannot be resolved" in response.text
-    status, _, response = send(services.urls["check"], request_event("check", {
-        "image": resource_image, "source": {}}))
+    status, _, response = send(
+        services.urls["check"], request_event("check", {"image": resource_image, "source": {}})
+    )
     assert status == 400 and "ALLOWED_IMAGES" in response.text
 
 

@@ -1,6 +1,7 @@
 """Exactly once with the local runtime, also when the service or the container engine dies
 mid-run: the container is named after the run id, a redelivery adopts it (running or exited)
 and reads its result; it is removed once the result is stored. Real services, real Podman."""
+
 from __future__ import annotations
 
 import json
@@ -26,25 +27,48 @@ from tests.e2e.events import request_event, send
 
 def service_env(docker_host: str, image: str, tmp_path) -> dict[str, str]:
     (tmp_path / "store").mkdir(exist_ok=True)
-    return {"DOCKER_HOST": docker_host, "RESOURCE_TYPES": resource_types(image),
-            "CACHE_SECRET": "e2e", "STORE_URL": (tmp_path / "store").as_uri(),
-            "WORK_DIR": str(tmp_path)}
+    return {
+        "DOCKER_HOST": docker_host,
+        "RESOURCE_TYPES": resource_types(image),
+        "CACHE_SECRET": "e2e",
+        "STORE_URL": (tmp_path / "store").as_uri(),
+        "WORK_DIR": str(tmp_path),
+    }
 
 
 def starts(docker_host: str, run: str, since: float) -> int:
-    """Containers the engine started for this run (its event log)."""
+    """Containers the engine started for this run (its event log). Podman's file event log
+    can lag a busy engine by a moment: an empty answer is asked again for a few seconds."""
+    deadline = time.monotonic() + 15
+    while True:
+        count = _logged_starts(docker_host, run, since)
+        if count or time.monotonic() > deadline:
+            return count
+        time.sleep(0.5)
+
+
+def _logged_starts(docker_host: str, run: str, since: float) -> int:
     client = docker.DockerClient(base_url=docker_host).api
     filters = {"event": ["start"], "label": [f"run-id={run}"]}
-    response = client.get(client._url("/events"), stream=True, timeout=30, params={
-        "since": str(int(since)), "until": str(int(time.time()) + 1), "stream": "false",
-        "filters": json.dumps(filters)})
+    response = client.get(
+        client._url("/events"),
+        stream=True,
+        timeout=30,
+        params={
+            "since": str(int(since)),
+            "until": str(int(time.time()) + 1),
+            "stream": "false",
+            "filters": json.dumps(filters),
+        },
+    )
     response.raise_for_status()
     return b"".join(response.iter_content(65536)).decode().count('"status":"start"')
 
 
 def containers_of(docker_host: str, run: str, **filters: str) -> list[Any]:
     return docker.DockerClient(base_url=docker_host).containers.list(
-        all=True, filters={"label": f"run-id={run}", **filters})
+        all=True, filters={"label": f"run-id={run}", **filters}
+    )
 
 
 def wait_running(docker_host: str, run: str) -> None:
@@ -73,8 +97,10 @@ def send_in_background(url: str, event: Any) -> threading.Thread:
 
 
 def slow_check(seconds: int = 5) -> Any:
-    return request_event("check", {"type": "test", "source": {
-        "delay": seconds, "count": 2, "nonce": uuid.uuid4().hex}})
+    return request_event(
+        "check",
+        {"type": "test", "source": {"delay": seconds, "count": 2, "nonce": uuid.uuid4().hex}},
+    )
 
 
 def test_a_service_killed_mid_run_is_not_run_twice(docker_host, resource_image, tmp_path):
@@ -104,8 +130,11 @@ def test_a_service_killed_mid_run_is_not_run_twice(docker_host, resource_image, 
 
 def podman_service(sock) -> subprocess.Popen:
     sock.unlink(missing_ok=True)
-    proc = subprocess.Popen(["podman", "system", "service", "--time=0", f"unix://{sock}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        ["podman", "system", "service", "--time=0", f"unix://{sock}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     _wait_for(sock.exists, proc, "podman system service")
     return proc
 
@@ -120,8 +149,9 @@ def test_a_restarted_engine_does_not_run_it_twice(docker_host, resource_image, t
     run = run_id(event.get_source(), event.get_id(), "check")
     try:
         status: list[int] = []
-        thread = threading.Thread(target=lambda: status.append(
-            send(services.urls["check"], event)[0]), daemon=True)
+        thread = threading.Thread(
+            target=lambda: status.append(send(services.urls["check"], event)[0]), daemon=True
+        )
         thread.start()
         wait_running(docker_host, run)
         engine.kill()  # the API goes away; the container (conmon) keeps running
@@ -141,10 +171,11 @@ def test_a_restarted_engine_does_not_run_it_twice(docker_host, resource_image, t
 
 def test_an_exited_container_left_behind_is_adopted(docker_host, resource_image, tmp_path):
     """The container finished while nobody watched (service down): its result is read."""
-    runtime = ContainerRuntime(docker.DockerClient(base_url=docker_host),
-                               open_store(tmp_path.as_uri()),
-                               ContainerConfig(archive=ArchiveOptions(), limits=Limits(),
-                                               workroot=str(tmp_path)))
+    runtime = ContainerRuntime(
+        docker.DockerClient(base_url=docker_host),
+        open_store(tmp_path.as_uri()),
+        ContainerConfig(archive=ArchiveOptions(), limits=Limits(), workroot=str(tmp_path)),
+    )
     task = check_task(resource_image, {"count": 1, "nonce": uuid.uuid4().hex})
     since = time.time() - 1
     leftover = runtime._create(task, tmp_path)
@@ -171,16 +202,25 @@ class CountingStore:
 
 
 def check_task(image: str, source: dict[str, Any]) -> Task:
-    return Task(run_id=uuid.uuid4().hex, action="check", resource_type=ResourceType(image=image),
-                stdin=stdin_payload("check", source, None, {}), env={}, inputs={},
-                cache_key=None, timeout_seconds=60)
+    return Task(
+        run_id=uuid.uuid4().hex,
+        action="check",
+        resource_type=ResourceType(image=image),
+        stdin=stdin_payload("check", source, None, {}),
+        env={},
+        inputs={},
+        cache_key=None,
+        timeout_seconds=60,
+    )
 
 
 def test_a_run_writes_its_result_once(docker_host, resource_image, tmp_path):
     store = CountingStore(open_store(tmp_path.as_uri()))
-    runtime = ContainerRuntime(docker.DockerClient(base_url=docker_host), store,
-                               ContainerConfig(archive=ArchiveOptions(), limits=Limits(),
-                                               workroot=str(tmp_path)))
+    runtime = ContainerRuntime(
+        docker.DockerClient(base_url=docker_host),
+        store,
+        ContainerConfig(archive=ArchiveOptions(), limits=Limits(), workroot=str(tmp_path)),
+    )
     for source in ({"count": 1}, {"mode": "fail"}, {"mode": "malformed"}):
         task = check_task(resource_image, source)
         runtime.run(task)

@@ -1,5 +1,6 @@
 """check, get and put end to end: real services under gunicorn, real CloudEvents over HTTP,
 real containers under Podman, artifacts in the real S3 server / GCS emulator / a directory."""
+
 from __future__ import annotations
 
 import io
@@ -45,27 +46,37 @@ def test_check_returns_versions_in_both_content_modes(deployment, mode):
 
 def test_check_from_a_version_and_null_output(deployment):
     url = deployment.services.urls["check"]
-    _, reply, _ = send(url, request_event("check", {"type": "test", "source": SOURCE,
-                                                    "version": {"ref": "2"}}))
+    _, reply, _ = send(
+        url, request_event("check", {"type": "test", "source": SOURCE, "version": {"ref": "2"}})
+    )
     assert reply.get_data() == {"versions": [{"ref": "2"}, {"ref": "3"}]}
-    _, reply, _ = send(url, request_event("check", {"type": "test",
-                                                    "source": {"mode": "empty"}}))
+    _, reply, _ = send(url, request_event("check", {"type": "test", "source": {"mode": "empty"}}))
     assert reply.get_data() == {"versions": []}
 
 
 def test_pingsource_tick_runs_a_check(deployment):
-    event = request_event("check", {"type": "test", "source": {"count": 1}},
-                          source="/apis/v1/namespaces/ci/pingsources/every-5m")
-    tick = type(event)(attributes={**event.get_attributes(), "type": "dev.knative.sources.ping"},
-                       data=event.get_data())
+    event = request_event(
+        "check",
+        {"type": "test", "source": {"count": 1}},
+        source="/apis/v1/namespaces/ci/pingsources/every-5m",
+    )
+    tick = type(event)(
+        attributes={**event.get_attributes(), "type": "dev.knative.sources.ping"},
+        data=event.get_data(),
+    )
     status, reply, _ = send(deployment.services.urls["check"], tick)
     assert status == 200 and reply.get_type() == "dev.resourcefunctions.check.succeeded"
     assert reply.get_data() == {"versions": [{"ref": "1"}]}
 
 
 def test_get_stores_the_directory_and_a_repeat_is_a_cache_hit(deployment, tmp_path):
-    data = {"type": "test", "source": SOURCE, "version": {"ref": f"v-{uuid.uuid4().hex[:8]}"},
-            "params": {"kib": 300}, "build": {"id": "77", "pipeline": "main", "job": "unit"}}
+    data = {
+        "type": "test",
+        "source": SOURCE,
+        "version": {"ref": f"v-{uuid.uuid4().hex[:8]}"},
+        "params": {"kib": 300},
+        "build": {"id": "77", "pipeline": "main", "job": "unit"},
+    }
     before, first = runs(deployment, "get"), request_event("get", data)
     status, reply, _ = send(deployment.services.urls["get"], first)
     assert status == 200, reply and reply.get_data()
@@ -78,8 +89,9 @@ def test_get_stores_the_directory_and_a_repeat_is_a_cache_hit(deployment, tmp_pa
     raw = read_object(deployment.store, key)
     assert artifact["size"] == len(raw)
     assert artifact["digest"] == "sha256:" + __import__("hashlib").sha256(raw).hexdigest()
-    unpack(io.BytesIO(raw), tmp_path, format=format_for_key(key),
-           expected_digest=artifact["digest"])
+    unpack(
+        io.BytesIO(raw), tmp_path, format=format_for_key(key), expected_digest=artifact["digest"]
+    )
     assert (tmp_path / "version").read_text() == data["version"]["ref"] + "\n"
     assert (tmp_path / "sub/build.txt").read_text() == "build 77 of main/unit\n"
     assert os.readlink(tmp_path / "sub/version-link") == "../version"
@@ -109,12 +121,18 @@ def test_get_output_linking_outside_its_directory_is_refused(deployment):
 
 def test_put_receives_the_artifact_of_a_get(deployment):
     ref = f"p-{uuid.uuid4().hex[:8]}"
-    _, got, _ = send(deployment.services.urls["get"], request_event(
-        "get", {"type": "test", "source": SOURCE, "version": {"ref": ref}}))
+    _, got, _ = send(
+        deployment.services.urls["get"],
+        request_event("get", {"type": "test", "source": SOURCE, "version": {"ref": ref}}),
+    )
     artifact = got.get_data()["artifact"]
-    data = {"type": "test", "source": SOURCE, "params": {"input": "repo"},
-            "inputs": {"repo": {"url": artifact["url"], "digest": artifact["digest"]}},
-            "build": {"id": "78"}}
+    data = {
+        "type": "test",
+        "source": SOURCE,
+        "params": {"input": "repo"},
+        "inputs": {"repo": {"url": artifact["url"], "digest": artifact["digest"]}},
+        "build": {"id": "78"},
+    }
     status, reply, _ = send(deployment.services.urls["put"], request_event("put", data))
     assert status == 200
     assert reply.get_type() == "dev.resourcefunctions.put.succeeded", reply.get_data()
@@ -124,8 +142,12 @@ def test_put_receives_the_artifact_of_a_get(deployment):
 
 
 def test_put_with_a_missing_input_fails_as_storage(deployment):
-    data = {"type": "test", "source": SOURCE, "params": {"input": "repo"},
-            "inputs": {"repo": deployment.store.url_for("artifacts/nope.tar.zst")}}
+    data = {
+        "type": "test",
+        "source": SOURCE,
+        "params": {"input": "repo"},
+        "inputs": {"repo": deployment.store.url_for("artifacts/nope.tar.zst")},
+    }
     status, reply, _ = send(deployment.services.urls["put"], request_event("put", data))
     assert status == 200
     assert reply.get_data()["error"]["kind"] == "storage"
@@ -135,17 +157,28 @@ def test_put_with_a_missing_input_fails_as_storage(deployment):
 @pytest.mark.parametrize(
     "source, kind, detail",
     [
-        pytest.param({"mode": "fail", "password": CANARY}, "resource_failed", "exited with code 3",
-                     id="exit-3"),
-        pytest.param({"mode": "malformed"}, "invalid_output", "stdout is not JSON",
-                     id="malformed-stdout"),
-        pytest.param({"mode": "badversion"}, "invalid_output", "versions[0].ref must be a string",
-                     id="non-string-version"),
+        pytest.param(
+            {"mode": "fail", "password": CANARY},
+            "resource_failed",
+            "exited with code 3",
+            id="exit-3",
+        ),
+        pytest.param(
+            {"mode": "malformed"}, "invalid_output", "stdout is not JSON", id="malformed-stdout"
+        ),
+        pytest.param(
+            {"mode": "badversion"},
+            "invalid_output",
+            "versions[0].ref must be a string",
+            id="non-string-version",
+        ),
     ],
 )
 def test_resource_failures_are_failed_events(deployment, source, kind, detail):
-    status, reply, _ = send(deployment.services.urls["check"],
-                            request_event("check", {"type": "test", "source": source}))
+    status, reply, _ = send(
+        deployment.services.urls["check"],
+        request_event("check", {"type": "test", "source": source}),
+    )
     assert status == 200
     assert reply.get_type() == "dev.resourcefunctions.check.failed"
     error = reply.get_data()["error"]
@@ -165,8 +198,9 @@ def test_timeout_kills_the_container(deployment):
 
 
 def test_missing_image_is_an_image_pull_failure(deployment):
-    status, reply, _ = send(deployment.services.urls["check"],
-                            request_event("check", {"type": "missing", "source": {}}))
+    status, reply, _ = send(
+        deployment.services.urls["check"], request_event("check", {"type": "missing", "source": {}})
+    )
     assert status == 200
     assert reply.get_data()["error"]["kind"] == "image_pull"
 
@@ -175,12 +209,18 @@ def test_missing_image_is_an_image_pull_failure(deployment):
     "action, data, problem",
     [
         pytest.param("check", {"source": {}}, "exactly one of 'type'", id="no-type"),
-        pytest.param("get", {"type": "test", "source": {}}, "'version' is required",
-                     id="get-without-version"),
-        pytest.param("check", {"type": "nope", "source": {}}, "not in the catalogue",
-                     id="unknown-type"),
-        pytest.param("put", {"type": "test", "source": {}, "inputs": {"a": "s3://elsewhere/x"}},
-                     "must be an artifact in this store", id="foreign-input"),
+        pytest.param(
+            "get", {"type": "test", "source": {}}, "'version' is required", id="get-without-version"
+        ),
+        pytest.param(
+            "check", {"type": "nope", "source": {}}, "not in the catalogue", id="unknown-type"
+        ),
+        pytest.param(
+            "put",
+            {"type": "test", "source": {}, "inputs": {"a": "s3://elsewhere/x"}},
+            "must be an artifact in this store",
+            id="foreign-input",
+        ),
     ],
 )
 def test_bad_requests_get_400_and_start_nothing(deployment, action, data, problem):
@@ -191,19 +231,33 @@ def test_bad_requests_get_400_and_start_nothing(deployment, action, data, proble
     assert runs(deployment, action) == before
 
 
-@pytest.mark.parametrize("body", [
-    "[]", "17", "null",
-    ('{"specversion": "1.0", "type": "dev.resourcefunctions.check.requested", "source": "/t",'
-    ' "id": "bad\\ud800id", "subject": "s\\udfff", "data": {"type": "test", "source": {}}}'),
-    '{"specversion": "1.0", "type": "dev.resourcefunctions.check.requested", "source": "/t",'
-    ' "id": "deep-1", "data": {"type": "test", "source": ' + '{"a":' * 200 + "1" + "}" * 200
-    + "}}",
-], ids=["list", "number", "null", "lone-surrogate", "deep"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        "[]",
+        "17",
+        "null",
+        (
+            '{"specversion": "1.0", "type": "dev.resourcefunctions.check.requested", "source": "/t",'
+            ' "id": "bad\\ud800id", "subject": "s\\udfff", "data": {"type": "test", "source": {}}}'
+        ),
+        '{"specversion": "1.0", "type": "dev.resourcefunctions.check.requested", "source": "/t",'
+        ' "id": "deep-1", "data": {"type": "test", "source": '
+        + '{"a":' * 200
+        + "1"
+        + "}" * 200
+        + "}}",
+    ],
+    ids=["list", "number", "null", "lone-surrogate", "deep"],
+)
 def test_structured_bodies_refused_before_running(deployment, body):
     before = runs(deployment, "check")
     response = __import__("requests").post(
-        deployment.services.urls["check"], data=body.encode(), timeout=30,
-        headers={"content-type": "application/cloudevents+json"})
+        deployment.services.urls["check"],
+        data=body.encode(),
+        timeout=30,
+        headers={"content-type": "application/cloudevents+json"},
+    )
     assert response.status_code == 400, response.text
     assert response.json()["error"]["kind"] == "invalid_request"
     assert runs(deployment, "check") == before
@@ -213,13 +267,16 @@ def test_non_cloudevent_and_wrong_type_get_400(deployment):
     url = deployment.services.urls["check"]
     response = __import__("requests").post(url, json={"type": "test"}, timeout=10)
     assert response.status_code == 400 and "not a CloudEvent" in response.text
-    status, _, response = send(url, request_event("get", {"type": "test", "source": {},
-                                                          "version": {"ref": "1"}}))
+    status, _, response = send(
+        url, request_event("get", {"type": "test", "source": {}, "version": {"ref": "1"}})
+    )
     assert status == 400 and "this is the check service" in response.json()["error"]["message"]
 
 
 def test_redelivery_attaches_to_the_run_under_way_and_replays_the_result(deployment):
-    event = request_event("check", {"type": "test", "source": {"count": 4, "nonce": uuid.uuid4().hex}})
+    event = request_event(
+        "check", {"type": "test", "source": {"count": 4, "nonce": uuid.uuid4().hex}}
+    )
     before = runs(deployment, "check")
     replies = parallel(lambda i: send(deployment.services.urls["check"], event), 3)
     assert [r[0] for r in replies] == [200, 200, 200]
@@ -259,8 +316,13 @@ PIN = 7654321
 
 
 def secret_forms():
-    return [HOSTILE, json.dumps(HOSTILE, ensure_ascii=False)[1:-1], json.dumps(HOSTILE)[1:-1],
-            "ord-", str(PIN)]
+    return [
+        HOSTILE,
+        json.dumps(HOSTILE, ensure_ascii=False)[1:-1],
+        json.dumps(HOSTILE)[1:-1],
+        "ord-",
+        str(PIN),
+    ]
 
 
 def test_a_script_echoing_its_stdin_leaks_no_secret_in_any_encoding(deployment):
@@ -281,8 +343,10 @@ def test_a_script_echoing_its_stdin_leaks_no_secret_in_any_encoding(deployment):
 
 def test_canary_secret_never_leaks(deployment):
     # Runs after the others in this module: scan everything they left behind.
-    send(deployment.services.urls["check"], request_event(
-        "check", {"type": "test", "source": {"mode": "fail", "password": CANARY}}))
+    send(
+        deployment.services.urls["check"],
+        request_event("check", {"type": "test", "source": {"mode": "fail", "password": CANARY}}),
+    )
     assert CANARY not in deployment.services.log_path.read_text()
     for key in deployment.store.list(""):
         assert CANARY.encode() not in read_object(deployment.store, key), key
@@ -313,9 +377,17 @@ def container_starts(deployment, event) -> int:
     log (``stream=false`` makes Podman answer at once; Docker ignores it)."""
     client = engine(deployment).api
     filters = {"event": ["start"], "label": [f"run-id={run_of(event)}"]}
-    response = client.get(client._url("/events"), stream=True, timeout=30, params={
-        "since": str(int(deployment.started)), "until": str(int(time.time()) + 1),
-        "stream": "false", "filters": json.dumps(filters)})
+    response = client.get(
+        client._url("/events"),
+        stream=True,
+        timeout=30,
+        params={
+            "since": str(int(deployment.started)),
+            "until": str(int(time.time()) + 1),
+            "stream": "false",
+            "filters": json.dumps(filters),
+        },
+    )
     response.raise_for_status()
     body = b"".join(response.iter_content(65536)).decode()
     return body.count('"status":"start"')

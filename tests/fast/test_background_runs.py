@@ -1,4 +1,5 @@
 """Asynchronous runs are bounded, and closing waits for every one, queued ones included."""
+
 from __future__ import annotations
 
 import threading

@@ -1,5 +1,6 @@
 """((var)) references and the image allowlist through the HTTP layer and the Service, with the
 fake runtime and the file store: what runs, what is refused (400/503) and the cache key."""
+
 from __future__ import annotations
 
 import json
@@ -28,13 +29,17 @@ def creds(tmp_path: Path) -> Path:
 
 
 def client(store: Store, action: str, runtime: FakeRuntime, creds: Path, **kw: Any) -> Any:
-    return make_client(store, action, runtime, credentials_provider="dir",
-                       credentials_dir=str(creds), **kw)
+    return make_client(
+        store, action, runtime, credentials_provider="dir", credentials_dir=str(creds), **kw
+    )
 
 
 def get_event(source: dict[str, Any], team: str = "main", **attrs: Any) -> Any:
-    return event("get", {"type": "mock", "source": source, "version": {"ref": "v1"},
-                         "build": {"team": team}}, **attrs)
+    return event(
+        "get",
+        {"type": "mock", "source": source, "version": {"ref": "v1"}, "build": {"team": team}},
+        **attrs,
+    )
 
 
 def test_references_reach_the_run_resolved_and_nothing_else(store: Store, creds: Path) -> None:
@@ -43,31 +48,39 @@ def test_references_reach_the_run_resolved_and_nothing_else(store: Store, creds:
     response = post(client(store, "get", runtime, creds), get_event(source))
     assert response.status_code == 200
     (task,) = runtime.ran
-    assert json.loads(task.stdin)["source"] == {"uri": "https://git.example.com/r.git",
-                                                "password": "x-" + SECRET}
+    assert json.loads(task.stdin)["source"] == {
+        "uri": "https://git.example.com/r.git",
+        "password": "x-" + SECRET,
+    }
     assert SECRET in task.secrets and SECRET not in repr(task)
     assert SECRET not in response.get_data(as_text=True)
-    assert SECRET.encode() not in b"".join(p.read_bytes() for p in Path(
-        store.url[len("file://"):]).rglob("*") if p.is_file())
+    assert SECRET.encode() not in b"".join(
+        p.read_bytes() for p in Path(store.url[len("file://") :]).rglob("*") if p.is_file()
+    )
 
 
-def test_an_unresolvable_variable_is_400_naming_it_and_nothing_runs(store: Store,
-                                                                    creds: Path) -> None:
+def test_an_unresolvable_variable_is_400_naming_it_and_nothing_runs(
+    store: Store, creds: Path
+) -> None:
     runtime = FakeRuntime(store)
-    response = post(client(store, "get", runtime, creds),
-                    get_event({"password": "((git.password))", "x": "((missing.field))"},
-                              team="other"))
+    response = post(
+        client(store, "get", runtime, creds),
+        get_event({"password": "((git.password))", "x": "((missing.field))"}, team="other"),
+    )
     assert response.status_code == 400
     body = response.get_json()["error"]
-    assert body["problems"] == ["((git.password)) cannot be resolved",
-                                "((missing.field)) cannot be resolved"]
+    assert body["problems"] == [
+        "((git.password)) cannot be resolved",
+        "((missing.field)) cannot be resolved",
+    ]
     assert not runtime.ran and not runtime.started
 
 
 def test_no_provider_configured_is_400(store: Store) -> None:
     runtime = FakeRuntime(store)
-    response = post(make_client(store, "check", runtime),
-                    event(data={"type": "mock", "source": {"p": "((p))"}}))
+    response = post(
+        make_client(store, "check", runtime), event(data={"type": "mock", "source": {"p": "((p))"}})
+    )
     assert response.status_code == 400 and "((p))" in response.get_json()["error"]["message"]
     assert not runtime.ran
 
@@ -114,18 +127,21 @@ def test_cache_key_follows_the_resolved_source(store: Store, creds: Path) -> Non
     assert key({"password": "((git.password))"}, "e", team="other") != by_reference
 
 
-@pytest.mark.parametrize(("allowed", "image", "status"), [
-    (("*",), "example.org/anything:1", 200),
-    ((), "example.org/anything:1", 400),
-    (("docker.io/concourse/*",), "docker.io/concourse/git-resource:1.17", 200),
-    (("docker.io/concourse/*",), "docker.io/evil/git-resource:1", 400),
-])
-def test_explicit_images_must_match_allowed_images(store: Store, allowed: tuple[str, ...],
-                                                   image: str, status: int) -> None:
+@pytest.mark.parametrize(
+    ("allowed", "image", "status"),
+    [
+        (("*",), "example.org/anything:1", 200),
+        ((), "example.org/anything:1", 400),
+        (("docker.io/concourse/*",), "docker.io/concourse/git-resource:1.17", 200),
+        (("docker.io/concourse/*",), "docker.io/evil/git-resource:1", 400),
+    ],
+)
+def test_explicit_images_must_match_allowed_images(
+    store: Store, allowed: tuple[str, ...], image: str, status: int
+) -> None:
     runtime = FakeRuntime(store)
     data = {"image": image, "source": {}}
-    response = post(make_client(store, "check", runtime, allowed_images=allowed),
-                    event(data=data))
+    response = post(make_client(store, "check", runtime, allowed_images=allowed), event(data=data))
     assert response.status_code == status
     assert len(runtime.ran) == (status == 200)
     if status == 400:

@@ -1,5 +1,6 @@
 """The HTTP layer and the Service in-process: ``create_app(...).test_client()`` with a plain
 fake runtime and the file store. No container engine, no cluster, no server: seconds."""
+
 from __future__ import annotations
 
 import json
@@ -63,17 +64,27 @@ def store(tmp_path: Path) -> Store:
 
 
 def make_client(store: Store, action: str, runtime: FakeRuntime, **settings: Any) -> Any:
-    config = Settings(store_url=store.url, resource_types={"mock": ResourceType(image=IMAGE)},
-                      cache_secret=b"k" * 32, **settings)
+    config = Settings(
+        store_url=store.url,
+        resource_types={"mock": ResourceType(image=IMAGE)},
+        cache_secret=b"k" * 32,
+        **settings,
+    )
     return create_app(config, action, store=store, runtime=runtime).test_client()  # type: ignore[arg-type]
 
 
 def event(action: str = "check", data: Any = None, **attributes: Any) -> CloudEvent:
-    attrs = {"specversion": "1.0", "type": f"dev.resourcefunctions.{action}.requested",
-             "source": "/ci/pipeline", "id": "evt-1", "datacontenttype": "application/json"}
+    attrs = {
+        "specversion": "1.0",
+        "type": f"dev.resourcefunctions.{action}.requested",
+        "source": "/ci/pipeline",
+        "id": "evt-1",
+        "datacontenttype": "application/json",
+    }
     attrs.update(attributes)
-    return CloudEvent(attributes=attrs,
-                      data={"type": "mock", "source": {"uri": "x"}} if data is None else data)
+    return CloudEvent(
+        attributes=attrs, data={"type": "mock", "source": {"uri": "x"}} if data is None else data
+    )
 
 
 def post(client: Any, request: CloudEvent, encode: Any = to_binary_event) -> Any:
@@ -85,8 +96,9 @@ def reply_of(response: Any) -> CloudEvent:
     return from_http_event(HTTPMessage(headers=dict(response.headers), body=response.data))
 
 
-@pytest.mark.parametrize("encode", [to_binary_event, to_structured_event],
-                         ids=["binary", "structured"])
+@pytest.mark.parametrize(
+    "encode", [to_binary_event, to_structured_event], ids=["binary", "structured"]
+)
 def test_a_check_is_answered_with_a_succeeded_event(store: Store, encode: Any) -> None:
     runtime = FakeRuntime(store)
     response = post(make_client(store, "check", runtime), event(subject="main"), encode)
@@ -116,14 +128,19 @@ def test_infrastructure_trouble_is_503(store: Store) -> None:
     assert response.get_json()["error"]["kind"] == "unavailable"
 
 
-@pytest.mark.parametrize(("data", "attributes", "problem"), [
-    ({"type": "nope", "source": {}}, {}, "nope"),
-    ({"type": "mock", "source": "not an object"}, {}, "source"),
-    ({"type": "mock", "source": {}}, {"type": "dev.resourcefunctions.get.requested"}, "type"),
-    ({"type": "mock", "source": {}}, {"replymode": "later"}, "replymode"),
-], ids=["unknown-type", "source-not-object", "wrong-event-type", "bad-replymode"])
+@pytest.mark.parametrize(
+    ("data", "attributes", "problem"),
+    [
+        ({"type": "nope", "source": {}}, {}, "nope"),
+        ({"type": "mock", "source": "not an object"}, {}, "source"),
+        ({"type": "mock", "source": {}}, {"type": "dev.resourcefunctions.get.requested"}, "type"),
+        ({"type": "mock", "source": {}}, {"replymode": "later"}, "replymode"),
+    ],
+    ids=["unknown-type", "source-not-object", "wrong-event-type", "bad-replymode"],
+)
 def test_an_invalid_request_is_400_with_its_problems_and_runs_nothing(
-        store: Store, data: Any, attributes: dict[str, str], problem: str) -> None:
+    store: Store, data: Any, attributes: dict[str, str], problem: str
+) -> None:
     runtime = FakeRuntime(store)
     response = post(make_client(store, "check", runtime), event(data=data, **attributes))
     assert response.status_code == 400
@@ -134,10 +151,17 @@ def test_an_invalid_request_is_400_with_its_problems_and_runs_nothing(
 
 
 def test_an_event_without_id_is_400(store: Store) -> None:
-    body = json.dumps({"specversion": "1.0", "type": "dev.resourcefunctions.check.requested",
-                       "source": "/x", "data": {"type": "mock", "source": {}}})
+    body = json.dumps(
+        {
+            "specversion": "1.0",
+            "type": "dev.resourcefunctions.check.requested",
+            "source": "/x",
+            "data": {"type": "mock", "source": {}},
+        }
+    )
     response = make_client(store, "check", FakeRuntime(store)).post(
-        "/", data=body, headers={"content-type": "application/cloudevents+json"})
+        "/", data=body, headers={"content-type": "application/cloudevents+json"}
+    )
     assert response.status_code == 400
 
 
@@ -161,9 +185,16 @@ def test_a_get_of_a_cached_version_answers_without_a_run(store: Store) -> None:
     assert task.cache_key
     artifact_key = f"artifacts/{task.cache_key}.tar.zst"
     steps.write_once(store, artifact_key, b"bytes")
-    record = {"version": {"ref": "v1"}, "metadata": [],
-              "artifact": {"url": store.url_for(artifact_key), "digest": "sha256:" + "0" * 64,
-                           "size": 5, "format": "tar+zstd"}}
+    record = {
+        "version": {"ref": "v1"},
+        "metadata": [],
+        "artifact": {
+            "url": store.url_for(artifact_key),
+            "digest": "sha256:" + "0" * 64,
+            "size": 5,
+            "format": "tar+zstd",
+        },
+    }
     store_json(store, f"artifacts/{task.cache_key}.json", record)
     hit = post(client, event("get", get, id="evt-2"))
     assert hit.status_code == 200
@@ -202,9 +233,14 @@ def structured(body: str) -> dict[str, Any]:
 
 
 def attributes_json(**overrides: Any) -> dict[str, Any]:
-    attrs: dict[str, Any] = {"specversion": "1.0", "type": "dev.resourcefunctions.check.requested",
-                             "source": "/x", "id": "evt-9", "datacontenttype": "application/json",
-                             "data": {"type": "mock", "source": {}}}
+    attrs: dict[str, Any] = {
+        "specversion": "1.0",
+        "type": "dev.resourcefunctions.check.requested",
+        "source": "/x",
+        "id": "evt-9",
+        "datacontenttype": "application/json",
+        "data": {"type": "mock", "source": {}},
+    }
     attrs.update(overrides)
     return {k: v for k, v in attrs.items() if v is not None}
 
@@ -213,8 +249,7 @@ def test_a_binary_event_without_id_is_400(store: Store) -> None:
     runtime = FakeRuntime(store)
     message = to_binary_event(event())
     headers = {k: v for k, v in message.headers.items() if k.lower() != "ce-id"}
-    response = make_client(store, "check", runtime).post("/", headers=headers,
-                                                         data=message.body)
+    response = make_client(store, "check", runtime).post("/", headers=headers, data=message.body)
     assert response.status_code == 400 and "no id" in response.get_json()["error"]["message"]
     assert runtime.ran == []
 
@@ -240,19 +275,22 @@ def test_nesting_deeper_than_64_levels_is_400(store: Store, levels: int, field: 
     deep = '{"a":' * levels + '"leaf"' + "}" * levels  # too deep for the SDK's encoder
     body = json.dumps(data).replace('"DEEP"', deep)
     message = to_binary_event(event("get"))
-    response = make_client(store, "get", runtime).post("/", headers=dict(message.headers),
-                                                      data=body)
+    response = make_client(store, "get", runtime).post(
+        "/", headers=dict(message.headers), data=body
+    )
     assert response.status_code == 400
     problems = response.get_json()["error"]["problems"]
-    assert any(f"'{field}' is nested deeper than 64" in p or "nested too deeply" in p
-               for p in problems), problems
+    assert any(
+        f"'{field}' is nested deeper than 64" in p or "nested too deeply" in p for p in problems
+    ), problems
     assert runtime.ran == []
 
 
 def test_nesting_of_64_levels_runs(store: Store) -> None:
     runtime = FakeRuntime(store)
-    response = post(make_client(store, "check", runtime),
-                    event(data={"type": "mock", "source": nested(64)}))
+    response = post(
+        make_client(store, "check", runtime), event(data={"type": "mock", "source": nested(64)})
+    )
     assert response.status_code == 200 and len(runtime.ran) == 1
 
 

@@ -1,5 +1,6 @@
 """A watch stream is read line by line (one JSON event each), whatever its chunking; a line
 cut by the end of the stream is not an event."""
+
 from __future__ import annotations
 
 import io

@@ -16,6 +16,7 @@ The binary is built once by ``tests/servers/build_versitygw.sh`` (``go install``
 version, cached under ``~/.cache/resource-functions/versitygw-<version>/bin``); ``.ci/setup``
 runs it. ``VERSITYGW_BIN`` names another binary.
 """
+
 from __future__ import annotations
 
 import os
@@ -71,17 +72,20 @@ class S3Server:
         from botocore.config import Config
 
         return boto3.session.Session().client(
-            "s3", endpoint_url=self.endpoint, region_name=self.region,
-            aws_access_key_id=self.access_key, aws_secret_access_key=self.secret_key,
-            config=Config(s3={"addressing_style": "path"}))
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name=self.region,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            config=Config(s3={"addressing_style": "path"}),
+        )
 
 
 def versitygw_binary() -> Path:
     """``VERSITYGW_BIN``, or the cached build (built now if missing: about a minute)."""
     if configured := os.environ.get("VERSITYGW_BIN"):
         return Path(configured)
-    done = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True,
-                          check=False)
+    done = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise ServerError(f"building versitygw failed:\n{done.stderr[-4000:]}")
     return Path(done.stdout.strip().splitlines()[-1])
@@ -95,9 +99,15 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 @contextmanager
-def start_versitygw(host: str = "127.0.0.1", port: int | None = None, *, root: Path,
-                    log: Path | None = None, access_key: str = "rf-test-access-key",
-                    secret_key: str | None = None) -> Iterator[S3Server]:
+def start_versitygw(
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    *,
+    root: Path,
+    log: Path | None = None,
+    access_key: str = "rf-test-access-key",
+    secret_key: str | None = None,
+) -> Iterator[S3Server]:
     """Run versitygw on ``host:port`` (a free port if ``None``) for the duration of the block,
     its buckets in subdirectories of ``root`` (created), its output in ``log`` (default
     ``root/../versitygw.log``). Yields once the server answers; raises ``ServerError`` with its
@@ -133,7 +143,9 @@ def _wait_until_ready(process: subprocess.Popen[bytes], endpoint: str, log: Path
         else:
             time.sleep(0.05)
             continue
-        raise ServerError(f"versitygw {why}; its output:\n{log.read_text(errors='replace')[-4000:]}")
+        raise ServerError(
+            f"versitygw {why}; its output:\n{log.read_text(errors='replace')[-4000:]}"
+        )
 
 
 def _answers(url: str) -> bool:
