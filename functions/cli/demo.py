@@ -25,7 +25,7 @@ from functions.cli.busybox_image import build_resource_image
 from functions.runtimes.container import engine_environment
 from functions.settings import Settings
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "hello-resource"
 PODMAN_SOCKET = "/run/podman/podman.sock"
 
