@@ -27,8 +27,23 @@ def redact_failure(outcome: Outcome, secrets: Iterable[str]) -> Outcome:
 
 
 def log_tail(log: str, limit: int = LOG_TAIL_BYTES) -> str:
+    """The end of a log for a reply, progress bars collapsed so the error line shows."""
+    log = last_states(log)
     tail = log[-limit:]
     return tail if len(log) <= limit else "…" + tail.split("\n", 1)[-1]
+
+
+def last_states(log: str) -> str:
+    """Each line as a terminal would leave it: a carriage return (``git clone --progress``,
+    curl, pip) redraws its line, so only the last non-empty state counts. Stored logs keep
+    every state; tails are short and must show the error, not 90% of redraws."""
+    if "\r" not in log:
+        return log
+    lines = []
+    for line in log.split("\n"):
+        states = [state for state in line.split("\r") if state]
+        lines.append(states[-1] if states else "")
+    return "\n".join(lines)
 
 
 def script_failure(exit_code: int, log: str) -> Failure:

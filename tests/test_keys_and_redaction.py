@@ -166,3 +166,13 @@ def test_stdin_is_utf8_like_go_encoding_json():
         '{"source":{"name":"é日本𝄞","html":"\\u003ca\\u0026b\\u003e",'
         '"bad":"x\ufffd"},"version":null}'
     )
+
+
+def test_a_log_tail_keeps_the_last_state_of_each_redrawn_line():
+    progress = "".join(f"Receiving objects: {n}% ({n}/100)\r" for n in range(101))
+    log = f"Cloning into 'repo'...\n{progress}\nfatal: could not read Username\n"
+    tail = log_tail(log * 20, limit=300)
+    assert "fatal: could not read Username" in tail
+    assert "Receiving objects: 100% (100/100)" in tail
+    assert "Receiving objects: 99%" not in tail
+    assert "\r" not in tail

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -33,12 +34,15 @@ PODMAN_SOCKET = "/run/podman/podman.sock"
 def run_demo(*, serve: bool = False, base_port: int = 8081) -> int:
     env = dict(os.environ)
     env.setdefault("LOG_LEVEL", "warning")
+    started_engine = "DOCKER_HOST" not in env and not engine_environment(env).get("DOCKER_HOST")
     env.setdefault("DOCKER_HOST", _engine(env))
     image = build_resource_image("localhost/hello-resource", EXAMPLE)
     env["RESOURCE_TYPES"] = json.dumps({"hello": image})
     store = Settings.from_env(env).store_url
     say(f"engine {env['DOCKER_HOST']}, store {store}, resource type hello = {image}")
     urls, procs = _start(env, base_port)
+    # SIGTERM stops the demo as Ctrl-C does, so the services never outlive it.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         _round_trip(urls)
         if serve:
@@ -47,11 +51,22 @@ def run_demo(*, serve: bool = False, base_port: int = 8081) -> int:
     except KeyboardInterrupt:
         pass
     finally:
+        signal.signal(signal.SIGTERM, previous)
         for proc in procs:
             proc.terminate()
         for proc in procs:
             proc.wait(15)
+        say("the check, get and put services are stopped")
+        if started_engine:
+            say(
+                f"still running: the Podman API service this demo started on {env['DOCKER_HOST']}"
+                " (stop it with: pkill -f 'podman system service')"
+            )
     return 0
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 def _engine(env: dict[str, str]) -> str:
