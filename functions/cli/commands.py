@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from functions.errors import ConfigError, FunctionError
 from functions.task import contract
+from storage.errors import StorageError
 
 if TYPE_CHECKING:
     from functions.task.step_settings import StepSettings
@@ -27,7 +28,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args) or 0)
-    except FunctionError as err:
+    except (FunctionError, StorageError) as err:  # hostile trees and artifacts included
         print(f"error: {err}", file=sys.stderr)
         return 2
 

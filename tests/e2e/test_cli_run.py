@@ -81,3 +81,30 @@ def test_failure_exits_non_zero_with_the_error(cli):
 def test_bad_json_argument_is_reported(cli):
     done = cli("check", "--type", "test", "--source", "{nope")
     assert done.returncode != 0 and "--source: not valid JSON" in done.stderr
+
+
+@pytest.mark.parametrize("hostile", ["fifo", "absolute-symlink"])
+def test_a_hostile_input_tree_is_one_clear_line_not_a_traceback(cli, tmp_path, hostile):
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "ok.txt").write_text("fine\n")
+    if hostile == "fifo":
+        os.mkfifo(tree / "pipe")
+    else:
+        (tree / "link").symlink_to("/etc/passwd")
+    done = cli(
+        "put",
+        "--type",
+        "test",
+        "--source",
+        "{}",
+        "--params",
+        '{"input": "in"}',
+        "--input",
+        f"in={tree}",
+    )
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, done.stderr
+    assert ("'pipe'" if hostile == "fifo" else "'link'") in errors[0]
