@@ -23,14 +23,9 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,9 +33,8 @@ from typing import Any
 import pytest
 
 from storage import Store, StoreOptions, open_store
-from tests.servers.versitygw import ServerError, start_versitygw
-
-SERVER_START_TIMEOUT = 30.0
+from tests.servers.process import ServerError, running
+from tests.servers.versitygw import start_versitygw
 
 
 @dataclass(frozen=True)
@@ -93,8 +87,11 @@ def gcs_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         *("-backend", "filesystem", "-filesystem-root", str(root / "data")),
         *("-external-url", endpoint, "-log-level", "warn"),
     ]
-    with _running("fake-gcs-server", command, f"{endpoint}/storage/v1/b", root / "server.log"):
-        yield Server(endpoint, {"STORAGE_EMULATOR_HOST": endpoint})
+    try:
+        with running("fake-gcs-server", command, f"{endpoint}/storage/v1/b", root / "server.log"):
+            yield Server(endpoint, {"STORAGE_EMULATOR_HOST": endpoint})
+    except ServerError as err:
+        pytest.fail(str(err), pytrace=False)
 
 
 def _fake_gcs_binary() -> Path:
@@ -106,50 +103,6 @@ def _fake_gcs_binary() -> Path:
     if not (binary / name).is_file():
         pytest.fail(f"fake-gcs-server binary {name} not found in {binary}")
     return binary / name
-
-
-@contextmanager
-def _running(name: str, command: list[str], ready_url: str, log: Path) -> Iterator[None]:
-    """Run ``command`` (output to ``log``) for the duration of the context, once ``ready_url``
-    answers; fail with the server's output if it exits or does not answer in time."""
-    with log.open("wb") as out:  # a file, not a pipe: a full pipe would block the server
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        _wait_until_ready(name, process, ready_url, log)
-        yield
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def _wait_until_ready(
-    name: str, process: subprocess.Popen[bytes], ready_url: str, log: Path
-) -> None:
-    deadline = time.monotonic() + SERVER_START_TIMEOUT
-    while not _answers(ready_url):
-        if process.poll() is not None:
-            why = f"exited with status {process.returncode}"
-        elif time.monotonic() > deadline:
-            why = f"did not answer {ready_url} within {SERVER_START_TIMEOUT} s"
-        else:
-            time.sleep(0.1)
-            continue
-        output = log.read_text(errors="replace")[-4000:]
-        pytest.fail(f"{name} {why}; its output:\n{output}", pytrace=False)
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2):
-            return True
-    except urllib.error.HTTPError:
-        return True  # any HTTP answer means the server is up
-    except OSError:
-        return False
 
 
 def _apply(monkeypatch: pytest.MonkeyPatch, env: Mapping[str, str | None]) -> None:

@@ -366,7 +366,6 @@ def knative_deployment(
             event_sink,
             store,
             NAMESPACE,
-            int(gateway_s3.endpoint.rsplit(":", 1)[1]),
         )
 
 
@@ -430,21 +429,13 @@ def write_overlay(
 
 def wait_ready(cluster: Cluster, namespace: str, objects: list[str], timeout: int = 300) -> None:
     for target in objects:
-        done = subprocess.run(
-            [
-                str(cluster.bin_dir / "kubectl"),
-                "--kubeconfig",
-                str(cluster.admin_kubeconfig),
-                "-n",
-                namespace,
-                "wait",
-                "--for=condition=Ready",
-                *target.split(),
-                f"--timeout={timeout}s",
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
+        done = cluster.run_kubectl(
+            "-n",
+            namespace,
+            "wait",
+            "--for=condition=Ready",
+            *target.split(),
+            f"--timeout={timeout}s",
         )
         if done.returncode != 0:
             shown = cluster.kubectl(
@@ -460,7 +451,6 @@ class KnativeDeployment:
     sink: EventSink
     store: object
     namespace: str
-    store_port: int
 
     @property
     def broker(self) -> str:

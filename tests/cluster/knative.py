@@ -58,7 +58,6 @@ SETTINGS = {
 @dataclass
 class Knative:
     cluster: Cluster
-    lb_port: int
     broker_ingress: str  # http://<cluster IP> of broker-ingress, reachable from this machine
 
     def broker_url(self, namespace: str, broker: str = "default") -> str:
@@ -151,21 +150,8 @@ def apply(cluster: Cluster, docs: list[dict], attempts: int = 30) -> None:
     """``kubectl apply`` of a list, retried while webhooks are not serving yet."""
     payload = json.dumps({"apiVersion": "v1", "kind": "List", "items": docs})
     for attempt in range(attempts):
-        done = subprocess.run(
-            [
-                str(cluster.bin_dir / "kubectl"),
-                "--kubeconfig",
-                str(cluster.admin_kubeconfig),
-                "apply",
-                "--server-side",
-                "--force-conflicts",
-                "-f",
-                "-",
-            ],
-            input=payload,
-            capture_output=True,
-            text=True,
-            check=False,
+        done = cluster.run_kubectl(
+            "apply", "--server-side", "--force-conflicts", "-f", "-", stdin=payload
         )
         if done.returncode == 0:
             return
@@ -175,22 +161,14 @@ def apply(cluster: Cluster, docs: list[dict], attempts: int = 30) -> None:
 
 
 def wait_deployments(cluster: Cluster, namespace: str, timeout: float = 300) -> None:
-    done = subprocess.run(
-        [
-            str(cluster.bin_dir / "kubectl"),
-            "--kubeconfig",
-            str(cluster.admin_kubeconfig),
-            "-n",
-            namespace,
-            "wait",
-            "--for=condition=Available",
-            "deployment",
-            "--all",
-            f"--timeout={int(timeout)}s",
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
+    done = cluster.run_kubectl(
+        "-n",
+        namespace,
+        "wait",
+        "--for=condition=Available",
+        "deployment",
+        "--all",
+        f"--timeout={int(timeout)}s",
     )
     if done.returncode != 0:
         pods = cluster.kubectl("-n", namespace, "get", "pods", "-o", "wide", check=False)
@@ -215,7 +193,7 @@ def install_knative(cluster: Cluster, tools: dict[str, Path]) -> Knative:
     apply(cluster, crds)
     cluster.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
     apply(cluster, [d for d in render(core, images) if d["kind"] != "CustomResourceDefinition"])
-    lb_port = start_kingress(cluster, tools["kingress"])
+    start_kingress(cluster, tools["kingress"])
     wait_deployments(cluster, "knative-eventing")
     wait_deployments(cluster, "knative-serving")
     ip = cluster.kubectl(
@@ -228,10 +206,10 @@ def install_knative(cluster: Cluster, tools: dict[str, Path]) -> Knative:
         "jsonpath={.spec.clusterIP}",
     ).strip()
     cluster.note(f"knative installed in {time.monotonic() - started:.1f}s")
-    return Knative(cluster, lb_port, f"http://{ip}")
+    return Knative(cluster, f"http://{ip}")
 
 
-def start_kingress(cluster: Cluster, bin_dir: Path) -> int:
+def start_kingress(cluster: Cluster, bin_dir: Path) -> None:
     """The KIngress proxy on the gateway, and the Service that makes it the load balancer."""
     port = free_port(GATEWAY)
     admin = json.loads(cluster.admin_kubeconfig.read_text())["users"][0]["user"]
@@ -279,7 +257,6 @@ def start_kingress(cluster: Cluster, bin_dir: Path) -> int:
         "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
     }
     apply(cluster, [service, endpoints])
-    return port
 
 
 def dev_local(cluster: Cluster, image: str) -> str:

@@ -291,17 +291,8 @@ def test_the_functions_token_has_only_the_shipped_role(deployment):
     assert not can("create", "pods", *ns)
     assert not can("update", "jobs.batch", *ns)
     assert not can("create", "jobs.batch", "-n", "default")
-    denied = __import__("subprocess").run(
-        [
-            str(deployment.cluster.bin_dir / "kubectl"),
-            "--kubeconfig",
-            str(deployment.kubeconfig),
-            "get",
-            "secrets",
-            "-A",
-        ],
-        capture_output=True,
-        text=True,
+    denied = deployment.cluster.run_kubectl(
+        "get", "secrets", "-A", kubeconfig=deployment.kubeconfig
     )
     assert denied.returncode != 0 and "forbidden" in denied.stderr.lower()
     whoami = deployment.cluster.kubectl(

@@ -828,7 +828,18 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         stdin: str | None = None,
         kubeconfig: Path | None = None,
     ) -> str:
-        done = subprocess.run(
+        """kubectl's stdout; on failure ``ClusterError`` (or "" when ``check`` is false)."""
+        done = self.run_kubectl(*args, stdin=stdin, kubeconfig=kubeconfig)
+        if check and done.returncode != 0:
+            raise ClusterError(f"kubectl {' '.join(args)}: {done.stderr.strip()}")
+        return done.stdout if done.returncode == 0 else ""
+
+    def run_kubectl(
+        self, *args: str, stdin: str | None = None, kubeconfig: Path | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """kubectl as the admin (or ``kubeconfig``'s user), its whole result: for callers
+        that report its stderr or retry on failure."""
+        return subprocess.run(
             [
                 str(self.bin_dir / "kubectl"),
                 "--kubeconfig",
@@ -840,9 +851,6 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             input=stdin,
             check=False,
         )
-        if check and done.returncode != 0:
-            raise ClusterError(f"kubectl {' '.join(args)}: {done.stderr.strip()}")
-        return done.stdout if done.returncode == 0 else ""
 
     def diagnostics(self, lines: int = 40) -> str:
         """The tail of every component's log, for a failing test's report."""

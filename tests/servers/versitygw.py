@@ -23,21 +23,15 @@ import os
 import secrets
 import socket
 import subprocess
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.servers.process import ServerError, running
+
 BUILD_SCRIPT = Path(__file__).with_name("build_versitygw.sh")
-START_TIMEOUT = 30.0
-
-
-class ServerError(RuntimeError):
-    """The server could not be built or did not start; the message holds its output."""
 
 
 @dataclass(frozen=True)
@@ -111,7 +105,7 @@ def start_versitygw(
     """Run versitygw on ``host:port`` (a free port if ``None``) for the duration of the block,
     its buckets in subdirectories of ``root`` (created), its output in ``log`` (default
     ``root/../versitygw.log``). Yields once the server answers; raises ``ServerError`` with its
-    output if it exits or does not answer within ``START_TIMEOUT``. Stops it on leaving."""
+    output if it exits or does not answer in time (``process.START_TIMEOUT``). Stops it on leaving."""
     port = port or free_port(host)
     secret_key = secret_key or secrets.token_hex(16)
     root.mkdir(parents=True, exist_ok=True)
@@ -119,40 +113,5 @@ def start_versitygw(
     endpoint = f"http://{host}:{port}"
     environ = {**os.environ, "ROOT_ACCESS_KEY": access_key, "ROOT_SECRET_KEY": secret_key}
     command = [str(versitygw_binary()), "--port", f"{host}:{port}", "posix", str(root)]
-    with log.open("wb") as out:  # a file, not a pipe: a full pipe would block the server
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=environ)
-    try:
-        _wait_until_ready(process, endpoint, log)
+    with running("versitygw", command, endpoint + "/", log, env=environ):
         yield S3Server(endpoint, access_key, secret_key)
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def _wait_until_ready(process: subprocess.Popen[bytes], endpoint: str, log: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT
-    while not _answers(endpoint + "/"):
-        if process.poll() is not None:
-            why = f"exited with status {process.returncode}"
-        elif time.monotonic() > deadline:
-            why = f"did not answer {endpoint} within {START_TIMEOUT} s"
-        else:
-            time.sleep(0.05)
-            continue
-        raise ServerError(
-            f"versitygw {why}; its output:\n{log.read_text(errors='replace')[-4000:]}"
-        )
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2):
-            return True
-    except urllib.error.HTTPError:
-        return True  # any HTTP answer (403 to an anonymous request) means the server is up
-    except OSError:
-        return False

@@ -1,0 +1,67 @@
+"""A test server as a child process: started, waited for, stopped (one helper for all)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+START_TIMEOUT = 30.0
+
+
+class ServerError(RuntimeError):
+    """A test server could not be built or started; the message ends with its output."""
+
+
+@contextmanager
+def running(
+    name: str,
+    command: list[str],
+    ready_url: str,
+    log: Path,
+    env: Mapping[str, str] | None = None,
+) -> Iterator[None]:
+    """Run ``command`` (output to ``log``) for the duration of the block, once ``ready_url``
+    answers; ``ServerError`` with the output if it exits or does not answer in time."""
+    with log.open("wb") as out:  # a file, not a pipe: a full pipe would block the server
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        _wait_until_ready(name, process, ready_url, log)
+        yield
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _wait_until_ready(
+    name: str, process: subprocess.Popen[bytes], ready_url: str, log: Path
+) -> None:
+    deadline = time.monotonic() + START_TIMEOUT
+    while not _answers(ready_url):
+        if process.poll() is not None:
+            why = f"exited with status {process.returncode}"
+        elif time.monotonic() > deadline:
+            why = f"did not answer {ready_url} within {START_TIMEOUT} s"
+        else:
+            time.sleep(0.05)
+            continue
+        output = log.read_text(errors="replace")[-4000:]
+        raise ServerError(f"{name} {why}; its output:\n{output}")
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2):
+            return True
+    except urllib.error.HTTPError:
+        return True  # any HTTP answer (even 403 to an anonymous request) means it is up
+    except OSError:
+        return False
