@@ -72,7 +72,16 @@ class Service:
             ),
         )
         try:
-            return self._serve(self.resolve(request), run)
+            resolved = self.resolve(request)
+        except InvalidRequest:
+            # A redelivery of a finished run replays its answer, even if a credential it
+            # used has been deleted since; only a request that would run is refused.
+            stored = steps.read_outcome(self.store, run)
+            if stored is None:
+                raise
+            return self._reply(request, run, stored)
+        try:
+            return self._serve(resolved, run)
         except StorageError as err:
             # A permanent store refusal (e.g. a key the store will not take): final, not retried.
             return self._reply(request, run, final_failure(self.action, err))
@@ -119,12 +128,17 @@ class Service:
         )
 
     def _wants_async(self, event: CloudEvent) -> bool:
-        mode = event.get_extension("replymode") or self.settings.reply_mode
-        if mode not in ("sync", "async"):
-            raise InvalidRequest(f"replymode must be 'sync' or 'async', got {mode!r}")
-        if mode == "async" and not self.settings.sink:
+        asked: object = event.get_extension("replymode")
+        if asked is None:
+            # REPLY_MODE=async before the SinkBinding has injected K_SINK (the first revision
+            # of a fresh install serves for a few seconds without it): reply in the HTTP
+            # response, which a Trigger forwards to the Broker all the same.
+            return self.settings.reply_mode == "async" and bool(self.settings.sink)
+        if asked not in ("sync", "async"):
+            raise InvalidRequest(f"replymode must be 'sync' or 'async', got {asked!r}")
+        if asked == "async" and not self.settings.sink:
             raise InvalidRequest("replymode async needs K_SINK, which this service lacks")
-        return mode == "async"
+        return asked == "async"
 
     def _serve(self, request: Request, run: str) -> Reply:
         cache_key = self._cache_key(request)

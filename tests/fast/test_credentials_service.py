@@ -152,3 +152,19 @@ def test_catalogue_types_are_allowed_whatever_allowed_images_says(store: Store) 
     runtime = FakeRuntime(store)
     response = post(make_client(store, "check", runtime, allowed_images=()), event())
     assert response.status_code == 200 and reply_of(response).get_data()["versions"]
+
+
+def test_a_redelivery_replays_its_answer_after_its_credential_is_deleted(
+    store: Store, creds: Path
+) -> None:
+    runtime = FakeRuntime(store)
+    app = client(store, "get", runtime, creds)
+    request = get_event({"password": "((git.password))"})
+    first = post(app, request)
+    assert first.status_code == 200
+    (creds / "main" / "git" / "password").unlink()
+    again = post(app, request)
+    assert again.status_code == 200 and len(runtime.ran) == 1
+    assert reply_of(again).get_data() == reply_of(first).get_data()
+    fresh = post(app, get_event({"password": "((git.password))"}, id="evt-2"))
+    assert fresh.status_code == 400 and "((git.password))" in fresh.get_data(as_text=True)

@@ -221,6 +221,23 @@ def test_async_mode_without_a_sink_is_400(store: Store) -> None:
     assert response.status_code == 400
 
 
+def test_configured_async_without_a_sink_yet_replies_in_the_response(store: Store) -> None:
+    """A fresh Knative install serves its first revision before the SinkBinding injects
+    K_SINK: REPLY_MODE=async then answers synchronously instead of losing the request."""
+    runtime = FakeRuntime(store)
+    response = post(make_client(store, "check", runtime, reply_mode="async"), event())
+    assert response.status_code == 200
+    assert reply_of(response).get_data()["versions"] == [{"ref": "v1"}]
+    assert len(runtime.ran) == 1 and runtime.started == []
+
+
+def test_configured_async_with_a_sink_is_202(store: Store) -> None:
+    runtime = FakeRuntime(store)
+    client = make_client(store, "check", runtime, reply_mode="async", sink="http://sink.example")
+    assert post(client, event()).status_code == 202
+    assert len(runtime.started) == 1 and runtime.ran == []
+
+
 def test_healthz_and_metrics(store: Store) -> None:
     client = make_client(store, "check", FakeRuntime(store))
     assert client.get("/healthz").get_json() == {"status": "ok", "action": "check"}
