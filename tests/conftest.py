@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import sys
 import uuid
 from collections.abc import Iterator, Mapping
@@ -33,7 +32,7 @@ from typing import Any
 import pytest
 
 from storage import Store, StoreOptions, open_store
-from tests.servers.process import ServerError, running
+from tests.servers.process import ServerError, free_port, running
 from tests.servers.versitygw import start_versitygw
 
 
@@ -43,13 +42,6 @@ class Server:
 
     endpoint: str
     env: Mapping[str, str | None] = field(default_factory=dict)
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on (at the time of the call)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture

@@ -42,7 +42,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -55,6 +54,7 @@ from typing import Self
 import requests
 
 from tests.cluster import containerd_images, pki
+from tests.servers.process import free_port
 
 HERE = Path(__file__).resolve().parent
 K8S_VERSION = os.environ.get("K8S_VERSION", "v1.34.4")
@@ -91,12 +91,6 @@ START_TIMEOUT = float(os.environ.get("RF_CLUSTER_START_TIMEOUT", "180"))
 
 class ClusterError(RuntimeError):
     """A piece of the cluster failed to start; the message ends with its log."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def build_binaries() -> Path:

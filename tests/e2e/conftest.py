@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import pytest
 import requests
 
 from tests.images import build_test_resource
+from tests.servers.process import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CANARY = "canary-7d3f9b2e-do-not-leak"
@@ -47,12 +47,6 @@ def docker_host(tmp_path_factory):
 @pytest.fixture(scope="session")
 def resource_image():
     return build_test_resource()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -85,7 +79,10 @@ class Services:
 
 
 def start_services(
-    env_overrides: dict[str, str], log_path: Path, actions=("check", "get", "put")
+    env_overrides: dict[str, str],
+    log_path: Path,
+    actions=("check", "get", "put"),
+    host: str = "127.0.0.1",
 ) -> Services:
     env = {k: v for k, v in os.environ.items() if not k.startswith("K_")}
     env.update({"RUNTIME": "container"})  # the local runtime unless a test says otherwise
@@ -94,7 +91,7 @@ def start_services(
     services = Services(urls={}, log_path=log_path, env=env)
     log = open(log_path, "ab")  # noqa: SIM115 (the children write to it until stop())
     for action in actions:
-        port = free_port()
+        port = free_port(host)
         proc = subprocess.Popen(
             [
                 sys.executable,
@@ -103,7 +100,7 @@ def start_services(
                 "serve",
                 action,
                 "--host",
-                "127.0.0.1",
+                host,
                 "--port",
                 str(port),
             ],
@@ -113,7 +110,7 @@ def start_services(
             stderr=log,
         )
         services.procs.append(proc)
-        services.urls[action] = f"http://127.0.0.1:{port}"
+        services.urls[action] = f"http://{host}:{port}"
     for action, proc in zip(actions, services.procs, strict=True):
         url = services.urls[action]
         _wait_for(lambda url=url: _healthy(url), proc, f"{action} service", log_path)

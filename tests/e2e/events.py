@@ -38,10 +38,18 @@ def request_event(
     return CloudEvent(attributes=attributes, data=data)
 
 
-def send(url: str, event: CloudEvent, mode: str = "binary", timeout: float = 120):
+def send(
+    url: str,
+    event: CloudEvent,
+    mode: str = "binary",
+    timeout: float = 120,
+    headers: dict[str, str] | None = None,
+):
     """POST the event; returns (status, reply CloudEvent or None, raw response)."""
     message = ENCODERS[mode](event)
-    response = requests.post(url, headers=dict(message.headers), data=message.body, timeout=timeout)
+    response = requests.post(
+        url, headers={**message.headers, **(headers or {})}, data=message.body, timeout=timeout
+    )
     reply = None
     if response.status_code == 200:
         reply = from_http_event(HTTPMessage(headers=dict(response.headers), body=response.content))

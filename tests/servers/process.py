@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import time
 import urllib.error
@@ -11,6 +12,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 START_TIMEOUT = 30.0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that nothing listens on (at the time of the call)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
 
 
 class ServerError(RuntimeError):

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.servers.process import ServerError, running
+from tests.servers.process import ServerError, free_port, running
 
 BUILD_SCRIPT = Path(__file__).with_name("build_versitygw.sh")
 
@@ -83,13 +82,6 @@ def versitygw_binary() -> Path:
     if done.returncode != 0:
         raise ServerError(f"building versitygw failed:\n{done.stderr[-4000:]}")
     return Path(done.stdout.strip().splitlines()[-1])
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port on ``host`` that nothing listens on (at the time of the call)."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 @contextmanager
