@@ -2,6 +2,8 @@
 
     FunctionError             retryable = False
     ├── InvalidRequest        the event or its data is wrong: HTTP 400, nothing started
+    ├── NotAuthenticated      SENDER_AUDIENCE is set and the request has no valid token: 401
+    ├── SenderNotAllowed      the token's identity is not in ALLOWED_SENDERS: 403
     ├── Unavailable           retryable = True: infrastructure trouble (store, engine or
     │   │                     cluster unreachable): HTTP 503, so Knative redelivers
     │   └── SinkRefused       K_SINK did not take a reply event (requests' error is the cause)
@@ -36,6 +38,14 @@ class InvalidRequest(FunctionError):
     def __init__(self, *problems: str) -> None:
         super().__init__("; ".join(problems))
         self.problems = list(problems)
+
+
+class NotAuthenticated(FunctionError):
+    """The request carries no bearer token valid for this service's audience."""
+
+
+class SenderNotAllowed(FunctionError):
+    """The request's token is valid, for an identity this service does not accept."""
 
 
 class Unavailable(FunctionError):

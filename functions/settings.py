@@ -90,6 +90,8 @@ class Settings:
     credentials_dir: str = ""  # CREDENTIALS_DIR
     credentials_kubernetes_namespace_prefix: str = "concourse-"
     allowed_images: tuple[str, ...] = ("*",)  # ALLOWED_IMAGES: globs for an explicit image
+    sender_audience: str = ""  # SENDER_AUDIENCE: require a Kubernetes token for it
+    allowed_senders: tuple[str, ...] = ("*",)  # ALLOWED_SENDERS: globs of token usernames
     docker_api_version: str = "1.41"
     container_network: str = ""
     work_dir: str = ""
@@ -140,7 +142,9 @@ class Settings:
             credentials_kubernetes_namespace_prefix=env.get(
                 "CREDENTIALS_KUBERNETES_NAMESPACE_PREFIX", "concourse-"
             ).strip(),
-            allowed_images=allowed_images(env.get("ALLOWED_IMAGES")),
+            allowed_images=patterns(env.get("ALLOWED_IMAGES")),
+            sender_audience=env.get("SENDER_AUDIENCE", "").strip(),
+            allowed_senders=patterns(env.get("ALLOWED_SENDERS")),
             docker_api_version=env.get("DOCKER_API_VERSION") or "1.41",
             container_network=env.get("CONTAINER_NETWORK", ""),
             work_dir=env.get("WORK_DIR", ""),
@@ -158,13 +162,13 @@ class Settings:
         )
 
 
-def allowed_images(value: str | None) -> tuple[str, ...]:
-    """ALLOWED_IMAGES: glob patterns (comma or whitespace separated) an explicit ``image`` in
-    a request must match. Unset: every image; empty or ``none``: only catalogue types."""
+def patterns(value: str | None) -> tuple[str, ...]:
+    """A list of glob patterns (comma or whitespace separated): ALLOWED_IMAGES, ALLOWED_SENDERS.
+    Unset: ``*`` (everything); empty or ``none``: nothing (for images: catalogue types only)."""
     if value is None:
         return ("*",)
-    patterns = tuple(p for p in re.split(r"[,\s]+", value.strip()) if p)
-    return () if patterns == ("none",) else patterns
+    found = tuple(p for p in re.split(r"[,\s]+", value.strip()) if p)
+    return () if found == ("none",) else found
 
 
 def _storage_setting(read: Callable[[Mapping[str, str]], T], env: Mapping[str, str]) -> T:

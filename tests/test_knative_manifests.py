@@ -53,7 +53,7 @@ NAMESPACE = "resource-functions"
 TEAMS = KNATIVE / "teams"  # a team's credential namespace (applied per team)
 TEAM_NAMESPACE = "concourse-main"
 CREDENTIALS_ROLE = "resource-functions-credentials"
-CLUSTER_SCOPED = {"Namespace", "ClusterRole"}
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
 # Knative kinds whose CRD schema is not in KNATIVE_SCHEMAS_DIR: checked as data only.
 NO_CRD_KINDS = {"EventPolicy"}
 ACTIONS = ("check", "get", "put")
@@ -115,10 +115,24 @@ def _load(path: Path) -> list[Any]:
     return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
 
 
+def _patch_files() -> set[Path]:
+    """Files that kustomizations name as patches: partial documents, checked once applied
+    (test_sender_auth_component_renders_a_consistent_deployment)."""
+    found = set()
+    for path in YAML_FILES:
+        if path.name == KUSTOMIZATION:
+            kustomization = yaml.safe_load(path.read_text()) or {}
+            found |= {path.parent / p["path"] for p in kustomization.get("patches", [])}
+    return found
+
+
+PATCH_FILES = _patch_files()
+
+
 def _collect() -> list[tuple[Path, Any]]:
     docs = []
     for path in YAML_FILES:
-        if path.name == KUSTOMIZATION:
+        if path.name == KUSTOMIZATION or path in PATCH_FILES:
             continue
         try:
             docs.extend((path, doc) for doc in _load(path))
@@ -654,10 +668,11 @@ def test_role_grants_exactly_the_task_verbs() -> None:
 
 
 def test_credentials_role_only_gets_secrets_and_is_bound_per_team() -> None:
-    (role,) = _all("ClusterRole")
-    assert _name(role) == CREDENTIALS_ROLE and "namespace" not in role["metadata"]
+    role = _one("ClusterRole", CREDENTIALS_ROLE)
+    assert "namespace" not in role["metadata"]
     assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]
-    assert not _all("ClusterRoleBinding"), "never bound cluster-wide"
+    bound = [b["roleRef"]["name"] for b in _all("ClusterRoleBinding")]
+    assert CREDENTIALS_ROLE not in bound, "never bound cluster-wide"
     team_bindings = [b for b in _all("RoleBinding") if b["roleRef"]["kind"] == "ClusterRole"]
     assert [(b["metadata"]["namespace"], b["roleRef"]["name"]) for b in team_bindings] == [
         (TEAM_NAMESPACE, CREDENTIALS_ROLE)
@@ -904,12 +919,18 @@ def test_kustomization_lists_every_file(directory: Path) -> None:
     kustomization_path = directory / KUSTOMIZATION
     assert kustomization_path.is_file(), f"{directory} has YAML files but no {KUSTOMIZATION}"
     kustomization = yaml.safe_load(kustomization_path.read_text())
-    assert kustomization["apiVersion"] == "kustomize.config.k8s.io/v1beta1"
-    assert kustomization["kind"] == "Kustomization"
-    assert kustomization.get("namespace") == (TEAM_NAMESPACE if directory == TEAMS else NAMESPACE)
+    if kustomization["kind"] == "Component":  # namespaced by the kustomization using it
+        assert kustomization["apiVersion"] == "kustomize.config.k8s.io/v1alpha1"
+    else:
+        assert kustomization["apiVersion"] == "kustomize.config.k8s.io/v1beta1"
+        assert kustomization["kind"] == "Kustomization"
+        namespace = TEAM_NAMESPACE if directory == TEAMS else NAMESPACE
+        assert kustomization.get("namespace") == namespace
     assert "configMapGenerator" not in kustomization
     assert "secretGenerator" not in kustomization
-    listed = kustomization.get("resources", [])
+    listed = kustomization.get("resources", []) + [
+        p["path"] for p in kustomization.get("patches", [])
+    ]
     assert len(listed) == len(set(listed)), "a resource is listed twice"
     for entry in listed:
         assert (directory / entry).exists(), f"listed but missing: {entry}"
@@ -976,3 +997,79 @@ def test_kustomize_build_renders_the_image_into_services_and_task_image() -> Non
     assert selectors == {
         "function-replies": {"resource-functions.dev/role": "function"},
     }, "common labels must not leak into selectors"
+
+
+# --- the sender-auth component -------------------------------------------------------------
+
+SENDER_AUTH = KNATIVE / "sender-auth"
+
+
+def _merged(base: Any, patch: Any) -> Any:
+    """A strategic-merge patch as kustomize applies ours: maps merge, anything else replaces."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        return {k: _merged(base.get(k), v) for k, v in patch.items()} | {
+            k: v for k, v in base.items() if k not in patch
+        }
+    return patch
+
+
+def _with_sender_auth() -> list[dict]:
+    """The main deployment with the component applied (resources added, patches merged)."""
+    component = yaml.safe_load((SENDER_AUTH / KUSTOMIZATION).read_text())
+    docs = [doc for path in _kustomize_resources(KNATIVE) for doc in _load(path)]
+    docs += [doc for entry in component["resources"] for doc in _load(SENDER_AUTH / entry)]
+    for entry in component["patches"]:
+        for patch in _load(SENDER_AUTH / entry["path"]):
+            matches = [
+                i
+                for i, doc in enumerate(docs)
+                if (_kind(doc), _name(doc)) == (_kind(patch), _name(patch))
+            ]
+            assert len(matches) == 1, (
+                f"{entry['path']}: {_kind(patch)}/{_name(patch)} patches nothing"
+            )
+            docs[matches[0]] = _merged(docs[matches[0]], patch)
+    return docs
+
+
+def test_sender_auth_component_renders_a_consistent_deployment() -> None:
+    """Only the three Triggers' own identities may deliver, each delivery carries a token for
+    the functions' audience, the functions may review tokens, and replies go back in the
+    response (the Broker takes none from a task without a token)."""
+    from functions.settings import Settings
+
+    docs = _with_sender_auth()
+    for doc in docs:
+        if _group(doc) in KNATIVE_GROUPS and _kind(doc) not in NO_CRD_KINDS:
+            assert not _crd_errors(doc), (_kind(doc), _name(doc), _crd_errors(doc))
+    (config,) = [d for d in docs if _kind(d) == "ConfigMap"]
+    settings = Settings.from_env({**config["data"], "CACHE_SECRET": "x" * 32})
+    assert settings.reply_mode == "sync" and settings.sender_audience
+    triggers = [d for d in docs if _kind(d) == "Trigger"]
+    assert {t["spec"]["subscriber"]["audience"] for t in triggers} == {settings.sender_audience}
+    identities = {
+        f"system:serviceaccount:{NAMESPACE}:{_name(t)}-oidc-eventing.knative.dev-trigger"
+        for t in triggers
+    }
+    assert set(settings.allowed_senders) == identities
+    (binding,) = [d for d in docs if _kind(d) == "ClusterRoleBinding"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": FUNCTION_SA, "namespace": NAMESPACE}
+    ]
+    (role,) = [
+        d for d in docs if _kind(d) == "ClusterRole" and _name(d) == binding["roleRef"]["name"]
+    ]
+    assert role["rules"] == [
+        {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]}
+    ]
+    (broker,) = [d for d in docs if _kind(d) == "Broker"]
+    timeout = broker["spec"]["delivery"]["timeout"]
+    assert timeout.startswith("PT") and timeout.endswith("S")
+    longest = max(
+        d["spec"]["template"]["spec"]["timeoutSeconds"]
+        for d in docs
+        if _kind(d) == "Service" and _name(d) in ACTIONS
+    )
+    assert int(timeout[2:-1]) >= longest, "a sync delivery is cut by the Service, not the Broker"
+    main = yaml.safe_load((KNATIVE / KUSTOMIZATION).read_text())
+    assert "components" not in main, "opt-in: it needs authentication-oidc"

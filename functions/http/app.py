@@ -1,7 +1,8 @@
 """The Flask application of one service: ``create_app(settings, action)``.
 
 Routes: ``POST /`` takes a request CloudEvent (binary or structured mode) and answers per the
-event contract (200 + reply event, 202, 400 + JSON error, 503 + JSON error); ``GET /healthz``;
+event contract (200 + reply event, 202, 400 + JSON error, 503 + JSON error; 401/403 when
+``SENDER_AUDIENCE`` is set and the sender is unknown or not allowed); ``GET /healthz``;
 ``GET /metrics`` (Prometheus text format).
 """
 
@@ -15,7 +16,8 @@ from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from functions import events
-from functions.errors import InvalidRequest, Unavailable
+from functions.errors import InvalidRequest, NotAuthenticated, SenderNotAllowed, Unavailable
+from functions.http.senders import SenderCheck, sender_check_from
 from functions.logs import fields
 from functions.metrics import Metrics
 from functions.model import Action
@@ -33,7 +35,9 @@ def create_app(
     *,
     store: Store | None = None,
     runtime: Runtime | None = None,
+    senders: SenderCheck | None = None,
 ) -> Flask:
+    senders = senders or sender_check_from(settings)
     store = store or open_local_or_remote_store(settings)
     runtime = runtime or make_runtime(settings, store)
     if settings.cache_secret_generated:
@@ -45,7 +49,7 @@ def create_app(
     app = Flask(f"resource-functions-{action}")
     app.config["MAX_CONTENT_LENGTH"] = events.MAX_BODY_BYTES  # refused before it is read
     app.extensions["service"] = service
-    app.add_url_rule("/", "event", lambda: _handle(service), methods=["POST"])
+    app.add_url_rule("/", "event", lambda: _handle(service, senders), methods=["POST"])
     app.add_url_rule("/healthz", "healthz", lambda: {"status": "ok", "action": action})
     app.add_url_rule(
         "/metrics",
@@ -62,19 +66,29 @@ def open_local_or_remote_store(settings: Settings) -> Store:
     return open_store(settings.store_url, settings.store_options)
 
 
-def _handle(service: Service) -> Response:
-    status, response = _respond(service)
+def _handle(service: Service, senders: SenderCheck | None) -> Response:
+    status, response = _respond(service, senders)
     service.metrics.requests.labels(service.action, str(status)).inc()
     return response
 
 
-def _respond(service: Service) -> tuple[int, Response]:
+def _respond(service: Service, senders: SenderCheck | None) -> tuple[int, Response]:
     try:
+        if senders is not None:  # before the body is read
+            senders.sender(request.headers.get("Authorization"))
         event = events.read_event(dict(request.headers), request.get_data())
         reply = service.handle(event)
     except InvalidRequest as err:
         log.info("invalid request", extra=fields(action=service.action, problems=err.problems))
         return 400, _error(400, "invalid_request", err, problems=err.problems)
+    except NotAuthenticated as err:
+        log.info("sender refused", extra=fields(action=service.action, error=str(err)))
+        response = _error(401, "not_authenticated", err)
+        response.headers["WWW-Authenticate"] = f'Bearer realm="{senders and senders.audience}"'
+        return 401, response
+    except SenderNotAllowed as err:
+        log.info("sender refused", extra=fields(action=service.action, error=str(err)))
+        return 403, _error(403, "sender_not_allowed", err)
     except Unavailable as err:
         log.warning("unavailable", extra=fields(action=service.action, error=str(err)))
         return 503, _error(503, "unavailable", err)

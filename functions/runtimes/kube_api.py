@@ -30,6 +30,7 @@ class KubeApi:
     def __init__(self, api_client: Any, namespace: str, timeout: tuple[float, float]) -> None:
         self._batch = client.BatchV1Api(api_client)
         self._core = client.CoreV1Api(api_client)
+        self._auth = client.AuthenticationV1Api(api_client)
         self._client = api_client
         self.namespace = namespace
         self._timeout = timeout
@@ -83,6 +84,29 @@ class KubeApi:
         except NotFound:
             return None
         return cast(dict[str, Any], json.loads(response.data or b"{}"))
+
+    def review_token(self, token: str, audience: str) -> str | None:
+        """The user a bearer token authenticates as for ``audience`` (a TokenReview: the API
+        server checks signature, expiry, audience and that its ServiceAccount still exists),
+        or None when it does not."""
+        review = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenReview",
+            "spec": {"token": token, "audiences": [audience]},
+        }
+        response = self._call(
+            "create",
+            "tokenreviews",
+            self._auth.create_token_review,
+            body=review,
+            _preload_content=False,
+            _request_timeout=self._timeout,
+        )
+        status = json.loads(response.data or b"{}").get("status", {})
+        if not status.get("authenticated") or audience not in status.get("audiences", []):
+            return None
+        username = status.get("user", {}).get("username")
+        return username if isinstance(username, str) and username else None
 
     def delete_secret(self, name: str) -> None:
         try:

@@ -63,14 +63,17 @@ def store(tmp_path: Path) -> Store:
     return open_store((tmp_path / "store").as_uri())
 
 
-def make_client(store: Store, action: str, runtime: FakeRuntime, **settings: Any) -> Any:
+def make_client(
+    store: Store, action: str, runtime: FakeRuntime, senders: Any = None, **settings: Any
+) -> Any:
     config = Settings(
         store_url=store.url,
         resource_types={"mock": ResourceType(image=IMAGE)},
         cache_secret=b"k" * 32,
         **settings,
     )
-    return create_app(config, action, store=store, runtime=runtime).test_client()  # type: ignore[arg-type]
+    app = create_app(config, action, store=store, runtime=runtime, senders=senders)  # type: ignore[arg-type]
+    return app.test_client()
 
 
 def event(action: str = "check", data: Any = None, **attributes: Any) -> CloudEvent:
@@ -87,9 +90,11 @@ def event(action: str = "check", data: Any = None, **attributes: Any) -> CloudEv
     )
 
 
-def post(client: Any, request: CloudEvent, encode: Any = to_binary_event) -> Any:
+def post(
+    client: Any, request: CloudEvent, encode: Any = to_binary_event, headers: Any = None
+) -> Any:
     message = encode(request)
-    return client.post("/", headers=dict(message.headers), data=message.body)
+    return client.post("/", headers={**message.headers, **(headers or {})}, data=message.body)
 
 
 def reply_of(response: Any) -> CloudEvent:

@@ -1,0 +1,81 @@
+"""Who may deliver events: with ``SENDER_AUDIENCE`` set, every request must carry a Kubernetes
+bearer token issued for that audience (Knative Eventing sends one to a Trigger subscriber that
+names an ``audience``, once its ``authentication-oidc`` feature is on), for an identity that
+matches ``ALLOWED_SENDERS``.
+
+Knative Serving 1.22 does not enforce EventPolicies for a Knative Service, so the function checks
+the token itself, through the API server's TokenReview (signature, expiry, audience, and that
+the ServiceAccount still exists). A decision is kept for a minute per token, so a busy Trigger
+costs one review a minute, not one per event.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from functions.errors import NotAuthenticated, SenderNotAllowed
+
+if TYPE_CHECKING:
+    from functions.settings import Settings
+
+Review = Callable[[str, str], "str | None"]  # (token, audience) -> username or None
+REMEMBER_SECONDS = 60.0
+REMEMBER_AT_MOST = 1024
+
+
+class SenderCheck:
+    def __init__(
+        self,
+        review: Review,
+        audience: str,
+        allowed: tuple[str, ...],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._review = review
+        self.audience = audience
+        self.allowed = allowed
+        self._clock = clock
+        self._known: dict[str, tuple[str, float]] = {}  # sha256(token) -> (user, until)
+
+    def sender(self, authorization: str | None) -> str:
+        """The identity behind an ``Authorization`` header. Raises ``NotAuthenticated`` (no
+        or invalid token), ``SenderNotAllowed``, or ``Unavailable`` (API unreachable)."""
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise NotAuthenticated(
+                f"this service takes events only with a bearer token for audience "
+                f"{self.audience!r} (SENDER_AUDIENCE)"
+            )
+        user = self._user(token.strip())
+        if user is None:
+            raise NotAuthenticated(f"the bearer token is not valid for audience {self.audience!r}")
+        if not any(fnmatch.fnmatchcase(user, pattern) for pattern in self.allowed):
+            raise SenderNotAllowed(f"sender {user!r} is not allowed here (ALLOWED_SENDERS)")
+        return user
+
+    def _user(self, token: str) -> str | None:
+        key = hashlib.sha256(token.encode()).hexdigest()
+        now = self._clock()
+        known = self._known.get(key)
+        if known is not None and known[1] > now:
+            return known[0]
+        user = self._review(token, self.audience)
+        if user is not None:
+            if len(self._known) >= REMEMBER_AT_MOST:
+                self._known.clear()
+            self._known[key] = (user, now + REMEMBER_SECONDS)
+        return user
+
+
+def sender_check_from(settings: Settings) -> SenderCheck | None:
+    """The check the settings ask for, or None without ``SENDER_AUDIENCE``."""
+    if not settings.sender_audience:
+        return None
+    from functions.runtimes.kube_api import KubeApi, api_client_from_env
+
+    api = KubeApi(api_client_from_env(settings.kubeconfig), "", (5.0, 10.0))
+    return SenderCheck(api.review_token, settings.sender_audience, settings.allowed_senders)
