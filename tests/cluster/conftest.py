@@ -1,7 +1,7 @@
 """Fixtures of the end-to-end tests on a real single-node Kubernetes (``tests/cluster/up.py``).
 
 Session-wide, in this order: the project image and the test resource image (built with Podman,
-imported into the cluster's containerd), the cluster itself, an S3 server (moto) bound to the
+imported into the cluster's containerd), the cluster itself, an S3 server (versitygw) bound to the
 CNI bridge's host-side address only (the pods' only way out, and an address of this machine),
 the namespace, ServiceAccounts, Role and RoleBinding of ``knative/`` applied as they ship, the
 store credentials Secret the task pods read, and the three services (``python -m functions
@@ -16,8 +16,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -25,10 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import requests
 import yaml
 
-from tests.cluster.up import GATEWAY, Cluster, free_port, new_cluster
+from tests.cluster.up import GATEWAY, Cluster, new_cluster
 
 REPO = Path(__file__).resolve().parents[2]
 NAMESPACE = "resource-functions"  # knative/namespace.yaml, knative/rbac.yaml
@@ -37,11 +34,6 @@ FUNCTIONS_ACCOUNT = "resource-functions"
 CORE_KINDS = {"Namespace", "ServiceAccount", "Role", "RoleBinding"}
 TASK_MARGIN_SECONDS = 30  # stage + collect budget on top of a type's timeout
 SLOW_TIMEOUT_SECONDS = 5
-MOTO_KEYS = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
 
 
 @pytest.fixture(scope="session")
@@ -78,51 +70,31 @@ class GatewayS3:
     endpoint: str
     bucket: str
     client: object
+    keys: dict[str, str]  # AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What a process (or a task pod, through a Secret) needs to reach this server."""
+        return {**self.keys, "AWS_ENDPOINT_URL_S3": self.endpoint}
 
 
 @pytest.fixture(scope="session")
 def gateway_s3(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayS3]:
-    """moto on the bridge's host-side address only: reachable from this machine and from the
-    pods on the bridge, from nowhere else."""
-    import boto3
-    from botocore.config import Config
+    """versitygw (a real S3 server) on the bridge's host-side address only: reachable from
+    this machine and from the pods on the bridge, from nowhere else."""
+    from tests.servers.versitygw import start_versitygw
 
-    port = free_port(GATEWAY)
-    endpoint = f"http://{GATEWAY}:{port}"
-    log = tmp_path_factory.mktemp("gateway-moto") / "server.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", GATEWAY, "-p", str(port)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                requests.get(endpoint + "/", timeout=1)
-                break
-            except requests.ConnectionError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"moto on {endpoint} did not start:\n{log.read_text()[-3000:]}")
-                time.sleep(0.1)
-        client = boto3.session.Session().client(
-            "s3",
-            endpoint_url=endpoint,
-            region_name="us-east-1",
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
-            config=Config(s3={"addressing_style": "path"}),
-        )
+    root = tmp_path_factory.mktemp("gateway-s3")
+    with start_versitygw(GATEWAY, root=root / "buckets", log=root / "server.log") as s3:
+        client = s3.client()
         bucket = f"rf-cluster-{uuid.uuid4().hex[:10]}"
         client.create_bucket(Bucket=bucket)
-        yield GatewayS3(endpoint, bucket, client)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        keys = {
+            "AWS_ACCESS_KEY_ID": s3.access_key,
+            "AWS_SECRET_ACCESS_KEY": s3.secret_key,
+            "AWS_DEFAULT_REGION": s3.region,
+        }
+        yield GatewayS3(s3.endpoint, bucket, client, keys)
 
 
 def core_manifests() -> list[dict]:
@@ -144,11 +116,7 @@ def namespace(cluster: Cluster, gateway_s3: GatewayS3) -> str:
         "kind": "Secret",
         "type": "Opaque",
         "metadata": {"name": STORE_SECRET, "namespace": NAMESPACE},
-        "stringData": {
-            **MOTO_KEYS,
-            "AWS_ENDPOINT_URL_S3": gateway_s3.endpoint,
-            "AWS_EC2_METADATA_DISABLED": "true",
-        },
+        "stringData": {**gateway_s3.env, "AWS_EC2_METADATA_DISABLED": "true"},
     }
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(secret))
     # The ServiceAccount admission needs the task pods' account to exist before any Job.
@@ -239,8 +207,7 @@ def deployment(
         "CACHE_SECRET": "cluster-e2e-cache-secret",
         "LOG_LEVEL": "debug",
         "WORK_DIR": str(tmp),
-        "AWS_ENDPOINT_URL_S3": gateway_s3.endpoint,
-        **MOTO_KEYS,
+        **gateway_s3.env,
         "AWS_CONFIG_FILE": os.devnull,
         "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
         "AWS_EC2_METADATA_DISABLED": "true",
@@ -276,7 +243,29 @@ def pytest_runtest_makereport(item, call):
     if report.when == "call" and report.failed and "cluster" in item.fixturenames:
         instance = item.funcargs.get("cluster")
         if instance is not None:
+            if "knative_deployment" in item.fixturenames:
+                report.sections.append(("knative", knative_diagnostics(instance, NAMESPACE)))
             report.sections.append(("cluster logs", instance.diagnostics(25)))
+
+
+def knative_diagnostics(cluster: Cluster, namespace: str, lines: int = 30) -> str:
+    """What a failing production-path test needs first: the functions' objects and the tail
+    of their logs and of the Broker's."""
+    parts = [
+        cluster.kubectl("-n", namespace, "get", "ksvc,revision,job,pod", "-o", "wide", check=False)
+    ]
+    for selector, ns, container in [
+        ("serving.knative.dev/service=check", namespace, "function"),
+        ("serving.knative.dev/service=get", namespace, "function"),
+        ("serving.knative.dev/service=put", namespace, "function"),
+        ("serving.knative.dev/service=dead-letter", namespace, "function"),
+        ("eventing.knative.dev/brokerRole=filter", "knative-eventing", ""),
+        ("eventing.knative.dev/brokerRole=ingress", "knative-eventing", ""),
+    ]:
+        args = ["-n", ns, "logs", "-l", selector, f"--tail={lines}", "--prefix"]
+        shown = cluster.kubectl(*args, *(["-c", container] if container else []), check=False)
+        parts.append(f"--- logs {ns} {selector} ---\n{shown}")
+    return "\n".join(parts)
 
 
 # --- the production path: Knative Eventing and Serving --------------------------------------
@@ -325,7 +314,7 @@ def knative_deployment(
             "RESOURCE_TYPES": resource_types(cluster_images["resource"]),
             "LOG_LEVEL": "debug",
         },
-        store_env={**MOTO_KEYS, "AWS_ENDPOINT_URL_S3": gateway_s3.endpoint},
+        store_env=gateway_s3.env,
         cache_secret="knative-e2e-cache-secret",
     )
     cluster.kubectl("apply", "-k", str(overlay))
@@ -354,10 +343,11 @@ def knative_deployment(
             "sinkbinding --all",
         ],
     )
+    wait_sink_bound(cluster, NAMESPACE)
     from storage import open_store
 
     with pytest.MonkeyPatch.context() as patch:
-        for name, value in {**MOTO_KEYS, "AWS_ENDPOINT_URL_S3": gateway_s3.endpoint}.items():
+        for name, value in gateway_s3.env.items():
             patch.setenv(name, value)
         store = open_store(f"s3://{gateway_s3.bucket}/{prefix}")
         yield KnativeDeployment(
@@ -366,6 +356,7 @@ def knative_deployment(
             event_sink,
             store,
             NAMESPACE,
+            gateway_s3,
         )
 
 
@@ -444,6 +435,46 @@ def wait_ready(cluster: Cluster, namespace: str, objects: list[str], timeout: in
             pytest.fail(f"{target} not Ready: {done.stderr.strip()}\n{shown[-4000:]}")
 
 
+def wait_sink_bound(cluster: Cluster, namespace: str, timeout: float = 300) -> None:
+    """Until every function serves a Ready revision that has K_SINK. The SinkBinding injects
+    it after the Services first become Ready, which rolls out a second revision; the tests
+    exercise the shipped REPLY_MODE=async, so they wait for it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        listed = json.loads(
+            cluster.kubectl(
+                "-n",
+                namespace,
+                "get",
+                "ksvc",
+                "-l",
+                "resource-functions.dev/role=function",
+                "-o",
+                "json",
+            )
+        )["items"]
+        pending = [ksvc["metadata"]["name"] for ksvc in listed if not _serves_sink(ksvc)]
+        if listed and not pending:
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"functions without a Ready K_SINK revision after {timeout}s: {pending}")
+        time.sleep(1)
+
+
+def _serves_sink(ksvc: dict) -> bool:
+    status = ksvc.get("status", {})
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions", [])
+    )
+    env = ksvc["spec"]["template"]["spec"]["containers"][0].get("env", [])
+    return (
+        ready
+        and status.get("observedGeneration") == ksvc["metadata"]["generation"]
+        and status.get("latestReadyRevisionName") == status.get("latestCreatedRevisionName")
+        and any(e.get("name") == "K_SINK" for e in env)
+    )
+
+
 @dataclass
 class KnativeDeployment:
     cluster: Cluster
@@ -451,6 +482,7 @@ class KnativeDeployment:
     sink: EventSink
     store: object
     namespace: str
+    s3: GatewayS3
 
     @property
     def broker(self) -> str:

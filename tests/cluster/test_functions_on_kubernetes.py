@@ -313,39 +313,9 @@ def test_task_pods_reach_nothing_but_this_machine(deployment):
     """The pods' network: the subnet's and the Service range's routes, no default route, and
     the only name server is this machine's bridge address (CoreDNS), which resolves cluster
     names and nothing else."""
-    from tests.cluster.conftest import NAMESPACE
     from tests.cluster.up import GATEWAY
 
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": f"net-{uuid.uuid4().hex[:6]}", "namespace": NAMESPACE},
-        "spec": {
-            "restartPolicy": "Never",
-            "automountServiceAccountToken": False,
-            "containers": [
-                {
-                    "name": "probe",
-                    "image": deployment_image(deployment),
-                    "command": ["sh", "-c", PROBE_NETWORK],
-                    "securityContext": {"allowPrivilegeEscalation": False},
-                }
-            ],
-        },
-    }
-    cluster = deployment.cluster
-    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
-    name = pod["metadata"]["name"]
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        phase = cluster.kubectl(
-            "-n", NAMESPACE, "get", "pod", name, "-o", "jsonpath={.status.phase}", check=False
-        )
-        if phase in ("Succeeded", "Failed"):
-            break
-        time.sleep(0.5)
-    logs = cluster.kubectl("-n", NAMESPACE, "logs", name)
-    cluster.kubectl("-n", NAMESPACE, "delete", "pod", name, "--wait=false")
+    logs = pod_output(deployment, PROBE_NETWORK)
     assert not any(line.startswith("default") for line in logs.splitlines()), logs
     assert "10.244.0.0/24" in logs
     assert "10.96.0.0/24 via 10.244.0.1" in logs
@@ -359,3 +329,123 @@ def test_task_pods_reach_nothing_but_this_machine(deployment):
 def deployment_image(deployment) -> str:
     types = json.loads(deployment.services.env["RESOURCE_TYPES"])
     return types["test"]
+
+
+def pod_output(deployment, script: str, token: bool = False) -> str:
+    """Run ``script`` (sh) in a pod of the test resource image; its output. ``token``: with
+    the namespace's default ServiceAccount token mounted."""
+    from tests.cluster.conftest import NAMESPACE
+
+    name = f"probe-{uuid.uuid4().hex[:6]}"
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": token,
+            "containers": [
+                {
+                    "name": "probe",
+                    "image": deployment_image(deployment),
+                    "command": ["sh", "-c", script],
+                    "securityContext": {"allowPrivilegeEscalation": False},
+                }
+            ],
+        },
+    }
+    cluster = deployment.cluster
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        phase = cluster.kubectl(
+            "-n", NAMESPACE, "get", "pod", name, "-o", "jsonpath={.status.phase}", check=False
+        )
+        if phase in ("Succeeded", "Failed"):
+            break
+        time.sleep(0.5)
+    logs = cluster.kubectl("-n", NAMESPACE, "logs", name)
+    cluster.kubectl("-n", NAMESPACE, "delete", "pod", name, "--wait=false")
+    return logs
+
+
+TRIGGER_IDENTITY = "check-requested-oidc-eventing.knative.dev-trigger"  # as Knative names it
+AUDIENCE = "resource-functions"
+
+
+def post_from_pod(url: str, token: str = "") -> str:
+    """A shell script posting a check request to ``url`` (busybox wget), optionally with a
+    bearer token read from a file; prints the answer's status line."""
+    headers = " ".join(
+        f"--header '{h}'"
+        for h in (
+            "Ce-Specversion: 1.0",
+            f"Ce-Id: pod-{uuid.uuid4().hex[:8]}",
+            "Ce-Type: dev.resourcefunctions.check.requested",
+            "Ce-Source: /a/pod",
+            "Content-Type: application/json",
+        )
+    )
+    auth = f'--header "Authorization: Bearer $(cat {token})"' if token else ""
+    body = json.dumps({"type": "test", "source": {"from": "a pod"}})
+    return f"wget -S -O- {headers} {auth} --post-data '{body}' {url}/ 2>&1 | grep HTTP/"
+
+
+def test_with_a_sender_audience_only_allowed_identities_may_send(deployment, tmp_path):
+    """SENDER_AUDIENCE against the real API server, under knative/sender-auth/'s RBAC: a token
+    of an allowed identity for the audience is accepted (TokenReview), a pod posting straight
+    to the function is refused, with or without its own token, and so are other identities
+    and other audiences; nothing runs for a refused request."""
+    from tests.cluster.conftest import NAMESPACE, REPO
+    from tests.cluster.up import GATEWAY
+    from tests.e2e.conftest import start_services
+
+    cluster = deployment.cluster
+    cluster.kubectl("apply", "-f", str(REPO / "knative/sender-auth/tokenreview-rbac.yaml"))
+    for account in (TRIGGER_IDENTITY, "intruder"):
+        cluster.kubectl("-n", NAMESPACE, "create", "serviceaccount", account, check=False)
+    env = {
+        **deployment.services.env,
+        "SENDER_AUDIENCE": AUDIENCE,
+        "ALLOWED_SENDERS": f"system:serviceaccount:{NAMESPACE}:{TRIGGER_IDENTITY}",
+    }
+    services = start_services(env, tmp_path / "services.log", ("check",), host=GATEWAY)
+    url = services.urls["check"]
+
+    def token(account: str, audience: str = AUDIENCE) -> dict[str, str]:
+        minted = cluster.kubectl(
+            "-n", NAMESPACE, "create", "token", account, f"--audience={audience}"
+        )
+        return {"Authorization": f"Bearer {minted.strip()}"}
+
+    def check(headers: dict[str, str]) -> tuple[int, object]:
+        event = request_event("check", {"type": "test", "source": {"n": uuid.uuid4().hex}})
+        status, reply, response = send(url, event, headers=headers)
+        return status, reply or response.json()
+
+    before = job_names(deployment, "check")
+    try:
+        allowed = token(TRIGGER_IDENTITY)
+
+        # The ClusterRoleBinding reaches the API server's authorizer within moments.
+        def reviewed() -> tuple[int, object] | None:
+            answer = check(allowed)
+            return None if answer[0] == 503 else answer
+
+        status, reply = wait_for(reviewed, 30)
+        assert status == 200 and reply.get_type() == "dev.resourcefunctions.check.succeeded"
+        assert check({})[0] == 401
+        assert check(token(TRIGGER_IDENTITY, audience="somebody-else"))[0] == 401
+        status, refused = check(token("intruder"))
+        assert status == 403 and "intruder" in refused["error"]["message"]
+        assert check({"Authorization": "Bearer not-a-token"})[0] == 401
+        # A pod on the cluster network, straight to the function: refused, also with its own
+        # ServiceAccount token (issued for the API server, not for the functions).
+        assert "401" in pod_output(deployment, post_from_pod(url))
+        mounted = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+        assert "401" in pod_output(deployment, post_from_pod(url, mounted), token=True)
+        assert len(new_jobs(deployment, before, "check")) == 1  # the allowed request's alone
+        log = services.log_path.read_text()
+        assert "Bearer" not in log and allowed["Authorization"][7:] not in log
+    finally:
+        services.stop()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
 import time
 import uuid
 
@@ -170,6 +171,51 @@ def test_a_twice_delivered_event_runs_once_and_gives_one_result(knative_deployme
     assert len(jobs_of(d, get)) == 1
 
 
+def block_store(deployment, on: bool) -> None:
+    """Make the S3 server unreachable from the pods (a store outage), or reachable again."""
+    from urllib.parse import urlsplit
+
+    from tests.cluster.up import BRIDGE
+
+    address = urlsplit(deployment.s3.endpoint)
+    rule = ["INPUT", "-i", BRIDGE, "-d", address.hostname, "-p", "tcp"]
+    rule += ["--dport", str(address.port), "-j", "REJECT", "--reject-with", "tcp-reset"]
+    subprocess.run(["iptables", "-w", "-I" if on else "-D", *rule], check=True)
+
+
+def test_a_store_outage_answers_503_and_the_broker_retry_runs_once(knative_deployment):
+    d = knative_deployment
+    get = request_event("get", {"type": "test", "source": source(), "version": {"ref": "1"}})
+    seen = {"logs": ""}
+
+    def unavailable() -> int:
+        seen["logs"] = function_logs(d, "get") or seen["logs"]
+        return seen["logs"].count('"unavailable"')
+
+    before = unavailable()
+    times = {"blocked": time.strftime("%H:%M:%S")}
+    block_store(d, True)
+    try:
+        assert post(d.broker, get)[0] == 202
+        # The first delivery meets the outage: the function answers 503 and starts nothing.
+        wait_for(lambda: unavailable() > before, 60, "answered 503")
+        times["503 seen"] = time.strftime("%H:%M:%S")
+        assert jobs_of(d, get) == []
+    finally:
+        block_store(d, False)
+        times["unblocked"] = time.strftime("%H:%M:%S")
+    # The Broker retries (backoff from PT1S) and the retry after the outage runs once.
+    try:
+        reply = reply_to(d, get, "get", timeout=120)
+    except AssertionError as err:
+        unavailable()
+        raise AssertionError(f"{err}\n{times}\nget function:\n{seen['logs'][-6000:]}") from err
+    data = assert_reply(reply, get, "get")
+    assert data["cached"] is False
+    assert len(d.sink.matching(requestid=attributes(get)["id"])) == 1
+    assert len(jobs_of(d, get)) == 1
+
+
 def test_async_reply_is_posted_by_the_task_to_the_sink_binding_address(knative_deployment):
     d = knative_deployment
     check = request_event(
@@ -251,6 +297,79 @@ def test_an_undeliverable_event_reaches_the_dead_letter_service(knative_deployme
         assert "undeliverable event" in line and kind in line
     finally:
         d.cluster.kubectl("-n", d.namespace, "delete", "trigger", "undeliverable", check=False)
+
+
+TEAM_NAMESPACE = "concourse-main"  # CREDENTIALS_KUBERNETES_NAMESPACE_PREFIX + team
+FUNCTIONS = "system:serviceaccount:resource-functions:resource-functions"
+
+
+def can_i(deployment, verb: str, namespace: str) -> str:
+    done = deployment.cluster.run_kubectl(
+        "auth", "can-i", verb, "secrets", "-n", namespace, "--as", FUNCTIONS
+    )
+    return done.stdout.strip()
+
+
+def test_credentials_by_reference_come_from_team_secrets_and_appear_nowhere(knative_deployment):
+    """((var)) resolved by the function from Secrets in the team's namespace, under the
+    shipped RBAC (knative/teams/ binds get, never list); the values reach the script and
+    nothing else a user or operator can read."""
+    from tests.e2e.conftest import CANARY
+
+    d = knative_deployment
+    d.cluster.kubectl("create", "namespace", TEAM_NAMESPACE, check=False)
+    d.cluster.kubectl("apply", "-k", str(REPO / "knative" / "teams"))
+    for name, data in {"git": {"password": CANARY}, "mode": {"value": "fail"}}.items():
+        secret = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": name, "namespace": TEAM_NAMESPACE},
+            "stringData": data,
+        }
+        d.cluster.kubectl("apply", "-f", "-", stdin=json.dumps(secret))
+    assert can_i(d, "get", TEAM_NAMESPACE) == "yes"
+    assert can_i(d, "list", TEAM_NAMESPACE) == "no"
+    assert can_i(d, "watch", TEAM_NAMESPACE) == "no"
+    assert can_i(d, "get", "concourse-other") == "no"
+
+    check = request_event(
+        "check",
+        {
+            "type": "test",
+            "build": {"team": "main", "pipeline": "p", "id": "1"},
+            "source": source(mode="((mode))", password="((git.password))"),
+        },
+    )
+    assert CANARY not in json.dumps(check.get_data())
+    assert post(d.broker, check)[0] == 202
+    data = assert_reply(reply_to(d, check, "check"), check, "check", "failed")
+    # mode=fail reached the script (it fails as that mode does) and the values were redacted
+    assert data["error"]["kind"] == "resource_failed" and data["error"]["exit_code"] == 3
+    assert "mode=[redacted] password=[redacted]" in data["error"]["log_tail"]
+
+    (job,) = jobs_of(d, check)
+    name = job["metadata"]["name"]
+    readable = {
+        "events at the sink": "\n".join(json.dumps(e.get_data()) for _, e in d.sink.events),
+        "function logs": function_logs(d, "check"),
+        "task logs": d.cluster.kubectl(
+            "-n", d.namespace, "logs", f"job/{name}", "--all-containers", check=False
+        ),
+        "Job": d.cluster.kubectl("-n", d.namespace, "get", "job", name, "-o", "json"),
+        "pods": d.cluster.kubectl(
+            "-n", d.namespace, "get", "pods", "-l", f"job-name={name}", "-o", "json"
+        ),
+        "Kubernetes events": d.cluster.kubectl(
+            "-n", d.namespace, "get", "events", "-o", "json", check=False
+        ),
+        "store": "\n".join(
+            d.store.open(key).read().decode(errors="replace") for key in d.store.list("")
+        ),
+    }
+    assert readable["task logs"] and readable["store"]
+    for where, text in readable.items():
+        assert CANARY not in text, where
+        assert "mode=fail" not in text, where
 
 
 def revision_pods(deployment, service: str) -> list[str]:
