@@ -36,6 +36,17 @@ def cache_key(
     return hmac.new(secret, message, hashlib.sha256).hexdigest()
 
 
+def resource_key(secret: bytes, *, image: str, source: Any) -> str:
+    """Keyed hash naming a resource (image + source, as Concourse's resource config): the key
+    of its version history."""
+    return cache_key(secret, image=image, source=source, version=None, params={}, action="history")
+
+
+def history_record_key(key: str) -> str:
+    """The record holding a resource's version history (``functions.history``)."""
+    return f"history/{key}.json"
+
+
 def artifact_key(key: str, suffix: str) -> str:
     return f"artifacts/{key}{suffix}"
 

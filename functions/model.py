@@ -42,6 +42,9 @@ class ResourceType:
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: list[dict[str, Any]] = field(default_factory=list)
     image_pull_secrets: list[str] = field(default_factory=list)
+    # Like Concourse's check_every: a check within this many seconds of the last one is
+    # answered from the version history without a run (None or 0: every check runs).
+    check_every: float | None = None
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,9 @@ class Request:
     inputs: dict[str, ArtifactRef]  # put only: input name -> artifact in the store
     build: Build
     reply_async: bool = False
+    # check: "version": "latest-known", i.e. continue from the last version in the history
+    latest_known: bool = False
+    check_every: float | None = None  # check: this request's interval (overrides the type's)
     # Resolved credential values (``((var))`` references): redacted exactly, whatever their length.
     secrets: tuple[str, ...] = field(default=(), repr=False)
 
@@ -88,6 +94,16 @@ class Task:
     request_source: str = ""
     subject: str | None = None
     secrets: tuple[str, ...] = field(default=(), repr=False)  # resolved credential values
+    history: HistoryPlan | None = None  # check: where the versions found are recorded
+
+
+@dataclass(frozen=True)
+class HistoryPlan:
+    """Where a check's findings go: the resource's key (``keys.resource_key``, an HMAC: no
+    secret in it) and the bound on the versions kept (``HISTORY_LIMIT``)."""
+
+    resource_key: str
+    limit: int
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,7 @@ class Settings:
     cache_secret_generated: bool = False
     task_timeout_seconds: float = 3600.0
     reply_mode: str = "sync"
+    history_limit: int = 1000  # HISTORY_LIMIT: versions kept per resource, the oldest dropped
     log_level: str = "info"
     task_namespace: str = "default"
     task_service_account: str = "resource-task"
@@ -118,6 +119,7 @@ class Settings:
             cache_secret_generated=not secret,
             task_timeout_seconds=_number(env, "TASK_TIMEOUT_SECONDS", 3600.0),
             reply_mode=_choice(env, "REPLY_MODE", REPLY_MODES, "sync"),
+            history_limit=_whole(env, "HISTORY_LIMIT", 1000),
             log_level=_choice(env, "LOG_LEVEL", ("debug", "info", "warning", "error"), "info"),
             task_namespace=env.get("TASK_NAMESPACE") or _own_namespace(),
             task_service_account=env.get("TASK_SERVICE_ACCOUNT") or "resource-task",
@@ -182,7 +184,7 @@ def _storage_setting(read: Callable[[Mapping[str, str]], T], env: Mapping[str, s
 def parse_resource_types(value: str) -> dict[str, ResourceType]:
     """RESOURCE_TYPES: a JSON object (or a path to a file holding one) mapping a type name to
     an image, or to {"image", "privileged", "timeout_seconds", "resources", "node_selector",
-    "tolerations", "image_pull_secrets"}. Unset: the embedded catalogue."""
+    "tolerations", "image_pull_secrets", "check_every"}. Unset: the embedded catalogue."""
     if not value.strip():
         raw: Any = DEFAULT_RESOURCE_TYPES
     else:
@@ -222,11 +224,22 @@ def _check_pod_settings(spec: ResourceType, where: str) -> None:
         isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0
     ):
         raise ConfigError(f"{where}.timeout_seconds must be a positive number of seconds")
+    if spec.check_every is not None and not is_seconds(spec.check_every):
+        raise ConfigError(f"{where}.check_every must be a number of seconds, 0 or more")
     pull = spec.image_pull_secrets
     if not isinstance(pull, list) or not all(
         isinstance(n, str) and _DNS_SUBDOMAIN.match(n) for n in pull
     ):
         raise ConfigError(f"{where}.image_pull_secrets must be a list of Secret names")
+
+
+def is_seconds(value: Any) -> bool:
+    """Whether ``value`` is a JSON number of seconds, 0 or more (not a bool, not NaN/inf)."""
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and 0 <= value < float("inf")
+    )
 
 
 RESOURCE_KEYS = ("requests", "limits", "claims")

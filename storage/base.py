@@ -12,6 +12,19 @@ A store holds immutable objects under string keys (``artifacts/…``, ``results/
 * ``stat`` returns size (and digest where the backend recorded it) or ``None``.
 * ``delete`` is idempotent; ``list`` yields keys (relative to the store prefix) in
   lexical order.
+* Records: small objects that may change, under compare-and-swap. ``read_record`` returns
+  the bytes with an opaque ``token`` naming that state (S3: the ETag; GCS: the generation;
+  file store: the sha256 of the bytes), or ``None``. ``write_record(key, data, token)``
+  creates the record when ``token`` is ``None`` and only if the key is free, else replaces
+  it only if it still holds the state ``token`` names; it returns the new token, or raises
+  ``PreconditionFailed`` and changes nothing. The write is atomic: readers see the old
+  bytes or the new, never a mix. Tokens are only for ``write_record`` of the same key and
+  store; ETag and sha256 tokens name the *bytes*, so a record rewritten with identical bytes
+  still matches (a change computed from those bytes is still right). A write the client
+  library retried may take effect and still report ``PreconditionFailed`` (the retry saw
+  the first attempt's result): callers re-read and redo, so changes must be idempotent
+  (``storage.records.update_record`` does that loop). Records and write-once objects share
+  the key space: ``put`` refuses a record's key and creating a record refuses an object's.
 * Backends retry transient faults themselves (via their client library) and raise
   ``storage.errors`` types, never the library's own.
 """
@@ -27,7 +40,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Protocol
 
-from storage.errors import InvalidKey
+from storage.errors import InvalidKey, StorageError
 
 
 @dataclass(frozen=True)
@@ -35,6 +48,17 @@ class ObjectInfo:
     key: str
     size: int
     digest: str | None = None  # "sha256:<hex>" when known
+
+
+MAX_RECORD_BYTES = 4 * 1024 * 1024  # records are small; a larger one is refused when read
+
+
+@dataclass(frozen=True)
+class Record:
+    """A record's bytes and the opaque token of that state (for ``write_record``)."""
+
+    data: bytes
+    token: str
 
 
 class Store(Protocol):
@@ -51,6 +75,10 @@ class Store(Protocol):
     def list(self, prefix: str = "") -> Iterator[str]: ...
 
     def url_for(self, key: str) -> str: ...
+
+    def read_record(self, key: str) -> Record | None: ...
+
+    def write_record(self, key: str, data: bytes, token: str | None) -> str: ...
 
 
 def readinto_via_read(read: Callable[[int], bytes], buffer: Any) -> int:
@@ -107,6 +135,11 @@ def key_for_url(store: Store, url: str) -> str | None:
     if not url.startswith(prefix) or key_problem(url[len(prefix) :]) is not None:
         return None
     return url[len(prefix) :]
+
+
+def record_too_large(key: str) -> StorageError:
+    """The error of a record over ``MAX_RECORD_BYTES`` (read or written), for every backend."""
+    return StorageError(f"record {key} is larger than {MAX_RECORD_BYTES} bytes")
 
 
 def put_json(store: Store, key: str, value: Any) -> ObjectInfo:

@@ -3,6 +3,8 @@
     StorageError                 base of everything below
     ├── ObjectNotFound           the key does not exist (permanent)
     ├── ObjectExists             write-once refused: the key already exists (permanent)
+    ├── PreconditionFailed       a record's conditional write refused: it exists (create) or
+    │                            changed or vanished since it was read (replace); re-read, redo
     ├── StoreUnavailable         endpoint, bucket or credentials trouble; retryable by the caller
     ├── InvalidStoreURL          STORE_URL is malformed or names an unknown scheme (configuration)
     ├── InvalidKey               an object key breaks the key rules (a caller bug)
@@ -29,6 +31,15 @@ class ObjectNotFound(StorageError):
 
 class ObjectExists(StorageError):
     """The object already exists and objects are written once."""
+
+
+class PreconditionFailed(StorageError):
+    """A conditional record write was refused: the record was not as the caller read it.
+
+    Creating (no token): a record or object already exists under the key. Replacing (a
+    token): the record changed or was deleted since ``read_record`` returned that token.
+    Not retryable as is: the caller reads the record again and redoes its change.
+    """
 
 
 class StoreUnavailable(StorageError):

@@ -6,11 +6,21 @@ and only once, even with writers racing in other processes; the temp file is alw
 The sha256 goes into the ``user.sha256`` extended attribute where the filesystem supports it
 (then ``stat`` reports it). The root must exist (as a bucket must): a missing root raises
 ``StoreUnavailable``. A key cannot name an object and also be a "directory" of other keys.
+
+Records (``read_record``/``write_record``): the token is the sha256 of the bytes. A write
+holds an exclusive ``flock`` on the record's lock file ``.<name>.partial-lock`` (a reserved
+name: never a key, never listed), compares the record's current bytes with the token, then
+moves a complete, fsynced temp file into place (``link`` to create, so a racing ``put``
+cannot be overwritten; ``rename`` to replace): readers take no lock and see old bytes or
+new. ``flock`` excludes threads and processes alike (also over NFS, where Linux maps it to
+POSIX locks). ``delete`` takes no lock: a delete racing a replace may be undone by it.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
+import hashlib
 import os
 import stat as stat_mode
 import tempfile
@@ -20,11 +30,14 @@ from pathlib import Path
 from typing import BinaryIO
 
 from storage.base import (
+    MAX_RECORD_BYTES,
     PARTIAL_MARKER,
     HashingReader,
     ObjectInfo,
+    Record,
     digest_from_hex,
     download_stream,
+    record_too_large,
     validate_key,
     validate_prefix,
 )
@@ -32,6 +45,7 @@ from storage.errors import (
     InvalidKey,
     ObjectExists,
     ObjectNotFound,
+    PreconditionFailed,
     StorageError,
     StoreUnavailable,
 )
@@ -116,6 +130,76 @@ class FileStore:
     def url_for(self, key: str) -> str:
         return self._path(key).as_uri()
 
+    def read_record(self, key: str) -> Record | None:
+        data = self._read_record_bytes(key)
+        return None if data is None else Record(data, _token(data))
+
+    def write_record(self, key: str, data: bytes, token: str | None) -> str:
+        path = self._path(key)
+        if len(data) > MAX_RECORD_BYTES:
+            raise record_too_large(self.url_for(key))
+        with self._errors(key):
+            self._check_root()
+            path.parent.mkdir(parents=True, exist_ok=True)
+        with self._record_lock(path, key):
+            current = self._read_record_bytes(key)
+            if (current is None) != (token is None) or (
+                current is not None and _token(current) != token
+            ):
+                state = "exists" if token is None else "changed since it was read"
+                raise PreconditionFailed(f"{path.as_uri()} {state}")
+            self._replace(path, data, key, create=token is None)
+        return _token(data)
+
+    def _read_record_bytes(self, key: str) -> bytes | None:
+        path = self._path(key)
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read(MAX_RECORD_BYTES + 1)
+        except _ABSENT:
+            self._check_root()
+            return None
+        except OSError as err:
+            raise translate_error(err, root=self._root, key=key) from err
+        if len(data) > MAX_RECORD_BYTES:
+            raise record_too_large(self.url_for(key))
+        return data
+
+    @contextmanager
+    def _record_lock(self, path: Path, key: str) -> Iterator[None]:
+        lock_path = path.with_name(f".{path.name}{PARTIAL_MARKER}lock")
+        with self._errors(key):
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            with self._errors(key):
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _replace(self, path: Path, data: bytes, key: str, *, create: bool) -> None:
+        """Put ``data`` at ``path`` whole: a fsynced temp file linked (``create``: only if the
+        name is free) or renamed over the record."""
+        with self._errors(key):
+            fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}{PARTIAL_MARKER}")
+        try:
+            with os.fdopen(fd, "wb") as out, self._errors(key):
+                out.write(data)
+                out.flush()
+                os.fchmod(out.fileno(), 0o644)
+                os.fsync(out.fileno())
+            if create:
+                self._link(temp, path, key)
+            else:
+                with self._errors(key):
+                    os.replace(temp, path)
+                    _fsync_directory(path.parent)
+        except ObjectExists as err:  # a racing put took the name
+            raise PreconditionFailed(f"{path.as_uri()} exists") from err
+        finally:
+            with suppress(FileNotFoundError):
+                os.unlink(temp)
+
     def _path(self, key: str) -> Path:
         return self._root / validate_key(key)
 
@@ -171,6 +255,10 @@ class FileStore:
             yield
         except OSError as err:
             raise translate_error(err, root=self._root, key=key) from err
+
+
+def _token(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def _is_partial(name: str) -> bool:

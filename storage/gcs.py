@@ -10,6 +10,11 @@ is the only write-once check on emulators that ignore preconditions on resumable
 (fake-gcs-server ≤ 1.54: there two concurrent large uploads of one key can both "win").
 After it, the sha256 is added with a metadata patch conditional on the generation written.
 
+Records (``read_record``/``write_record``) are single-request uploads conditional on
+``if_generation_match`` (0 to create, else the generation read); the token is the
+generation. A record is read as metadata first, then the bytes of that very generation, so
+bytes and token always belong together.
+
 Retries of transient faults are the library's (``retry``, default ``DEFAULT_RETRY``: up to
 120 s); every failure is translated by ``translate_error``.
 """
@@ -29,15 +34,24 @@ from google.cloud.storage.exceptions import DataCorruption, InvalidResponse
 from google.cloud.storage.retry import DEFAULT_RETRY
 
 from storage.base import (
+    MAX_RECORD_BYTES,
     HashingReader,
     ObjectInfo,
+    Record,
     digest_from_hex,
     download_stream,
     read_full,
+    record_too_large,
     validate_key,
     validate_prefix,
 )
-from storage.errors import ObjectExists, ObjectNotFound, StorageError, StoreUnavailable
+from storage.errors import (
+    ObjectExists,
+    ObjectNotFound,
+    PreconditionFailed,
+    StorageError,
+    StoreUnavailable,
+)
 from storage.options import StoreOptions
 
 log = logging.getLogger(__name__)
@@ -156,6 +170,42 @@ class GCSStore:
 
     def url_for(self, key: str) -> str:
         return f"gs://{self._bucket.name}/{self._name(key)}"
+
+    def read_record(self, key: str) -> Record | None:
+        name = self._name(key)
+        while True:
+            blob = self._get_blob(name)
+            if blob is None:
+                return None
+            if int(blob.size or 0) > MAX_RECORD_BYTES:
+                raise record_too_large(self.url_for(key))
+            try:
+                with self._errors(name):
+                    # The blob names its generation: these are the bytes of that state.
+                    data = blob.download_as_bytes(if_generation_match=blob.generation, **self._call)
+            except (ObjectNotFound, ObjectExists):
+                continue  # replaced or deleted between the two requests: read again
+            return Record(data, str(blob.generation))
+
+    def write_record(self, key: str, data: bytes, token: str | None) -> str:
+        name = self._name(key)
+        if len(data) > MAX_RECORD_BYTES:
+            raise record_too_large(self.url_for(key))
+        if token is not None and not token.isdigit():  # not a generation: matches no state
+            raise PreconditionFailed(f"gs://{self._bucket.name}/{name}: {token!r} is no token here")
+        blob = self._bucket.blob(name)
+        try:
+            with self._errors(name, missing_bucket=True):
+                blob.upload_from_string(
+                    data,
+                    content_type="application/octet-stream",
+                    if_generation_match=0 if token is None else int(token),
+                    **self._call,
+                )
+        except ObjectExists as err:  # 412, whichever way the precondition failed
+            state = "exists" if token is None else "changed since it was read"
+            raise PreconditionFailed(f"gs://{self._bucket.name}/{name} {state}") from err
+        return str(blob.generation)
 
     def _name(self, key: str) -> str:
         validate_key(key)

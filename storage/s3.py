@@ -10,6 +10,11 @@ exception propagates, so no parts linger. The sha256 of single-request objects i
 ``x-amz-meta-sha256`` and reported by ``stat``; multipart objects cannot get it (metadata is
 fixed when the upload starts, before the digest is known), so their ``stat`` digest is ``None``.
 
+Records (``read_record``/``write_record``) are single ``PutObject`` requests conditional on
+``If-None-Match: *`` (create) or ``If-Match: <ETag>`` (replace); S3, MinIO and versitygw
+answer 412 (or 409 for a concurrent conditional write, 404 for a vanished key), all
+``PreconditionFailed`` here. The ETag of a single-request object is the MD5 of its bytes.
+
 Emulator gap: moto 5.2 checks ``If-None-Match`` on ``CompleteMultipartUpload`` without a lock,
 so two *simultaneous* completions of one key can both succeed there; S3, MinIO and versitygw
 (the tests' server) refuse one.
@@ -31,16 +36,25 @@ from botocore import exceptions as boto
 from botocore.exceptions import BotoCoreError, ClientError
 
 from storage.base import (
+    MAX_RECORD_BYTES,
     HashingReader,
     ObjectInfo,
+    Record,
     digest_from_hex,
     download_stream,
     read_full,
     readinto_full,
+    record_too_large,
     validate_key,
     validate_prefix,
 )
-from storage.errors import ObjectExists, ObjectNotFound, StorageError, StoreUnavailable
+from storage.errors import (
+    ObjectExists,
+    ObjectNotFound,
+    PreconditionFailed,
+    StorageError,
+    StoreUnavailable,
+)
 from storage.options import StoreOptions
 
 log = logging.getLogger(__name__)
@@ -156,6 +170,35 @@ class S3Store:
 
     def url_for(self, key: str) -> str:
         return f"s3://{self._bucket}/{self._name(key)}"
+
+    def read_record(self, key: str) -> Record | None:
+        name = self._name(key)
+        try:
+            with self._errors(name):
+                got = self._client.get_object(Bucket=self._bucket, Key=name)
+                data = got["Body"].read(MAX_RECORD_BYTES + 1)
+                got["Body"].close()
+        except ObjectNotFound:
+            self._check_bucket()
+            return None
+        if len(data) > MAX_RECORD_BYTES:
+            raise record_too_large(self.url_for(key))
+        return Record(data, str(got["ETag"]))
+
+    def write_record(self, key: str, data: bytes, token: str | None) -> str:
+        name = self._name(key)
+        if len(data) > MAX_RECORD_BYTES:
+            raise record_too_large(self.url_for(key))
+        condition = {"IfNoneMatch": "*"} if token is None else {"IfMatch": token}
+        try:
+            with self._errors(name):
+                written = self._client.put_object(
+                    Bucket=self._bucket, Key=name, Body=data, **condition
+                )
+        except (ObjectExists, ObjectNotFound) as err:
+            state = "exists" if token is None else "changed since it was read"
+            raise PreconditionFailed(f"s3://{self._bucket}/{name} {state}") from err
+        return str(written["ETag"])
 
     def _name(self, key: str) -> str:
         validate_key(key)

@@ -4,6 +4,7 @@ fixed resource-step script run for real by a shell (busybox, in a chroot)."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import itertools
 import json
 import os
@@ -20,7 +21,7 @@ import kubernetes_validate
 import pytest
 
 from functions import keys, protocol
-from functions.model import ArtifactRef, Build, ResourceType, Task
+from functions.model import ArtifactRef, Build, HistoryPlan, ResourceType, Task
 from functions.runtimes import podspec
 from functions.runtimes.podspec import (
     RESOURCE_SCRIPT,
@@ -307,6 +308,15 @@ def test_step_arguments() -> None:
     assert pairs["--subject"] == "pipelines/main"
     sync = containers(job_manifest(make_plan("check")))["collect"]["command"]
     assert "--reply-to-sink" not in sync and "--cache-key" not in sync
+    assert "--history-key" not in collect  # a get keeps no version history
+
+
+def test_a_check_tells_collect_where_its_version_history_is() -> None:
+    task = dataclasses.replace(make_task("check"), history=HistoryPlan("h" * 64, limit=50))
+    plan = plan_for(task, CONFIG, STORE_URL, reply=False)
+    collect = containers(job_manifest(plan))["collect"]["command"]
+    pairs = dict(itertools.pairwise(collect))
+    assert (pairs["--history-key"], pairs["--history-limit"]) == ("h" * 64, "50")
 
 
 @pytest.mark.parametrize("value", ["repo=artifacts/x.tar.zst", f"repo=artifacts/x@y.tar@{DIGEST}"])

@@ -21,6 +21,7 @@ from functions.task.step_settings import StepSettings
 from storage import StoreOptions, get_json, open_store
 from storage.archive import ArchiveOptions
 from storage.artifacts import upload_tree
+from tests.event_sink import event_sink
 
 CANARY = "canary-7d3f9b2e-do-not-leak"
 RUN = uuid.uuid4().hex
@@ -261,3 +262,28 @@ def test_bounded_reads(tmp_path: Path) -> None:
     assert in_pod.read_tail(path, 4) == b"6789"
     assert in_pod.read_head(tmp_path / "missing", 4) == b""
     assert io.BytesIO(in_pod.read_tail(tmp_path / "missing", 4)).read() == b""
+
+
+def test_collect_of_an_async_check_records_the_history_and_posts_discoveries_then_reply(
+    store: Any, build: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    resource = uuid.uuid4().hex
+    store.write_record(f"history/{resource}.json", b'{"versions": [{"ref": "1"}]}', None)
+    (build / ".task/exit-code").write_text("0")
+    (build / ".task/stdout").write_text('[{"ref": "1"}, {"ref": "2"}, {"ref": "3"}]')
+    history = ["--history-key", resource, "--history-limit", "2"]
+    reply = ["--reply-to-sink", "--request-id", "r1", "--subject", "main/repo"]
+    with event_sink() as sink:
+        monkeypatch.setenv("K_SINK", sink.url)
+        assert collect(build, "check", *history, *reply) == 0
+        posted = sink.drain()
+    assert [e.get_type().rsplit(".", 1)[-1] for e in posted] == ["discovered"] * 2 + ["succeeded"]
+    assert [e.get_data()["version"] for e in posted[:2]] == [{"ref": "2"}, {"ref": "3"}]
+    assert {e.get_data()["resource"] for e in posted[:2]} == {resource}
+    assert posted[2].get_data()["new"] == [{"ref": "2"}, {"ref": "3"}]
+    assert {(e.get_extension("requestid"), e.get_subject()) for e in posted} == {
+        ("r1", "main/repo")
+    }
+    assert not [body for body in sink.bodies if CANARY.encode() in body]
+    recorded = json.loads(store.read_record(f"history/{resource}.json").data)
+    assert recorded["versions"] == [{"ref": "2"}, {"ref": "3"}]  # bounded to the limit

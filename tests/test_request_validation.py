@@ -206,3 +206,60 @@ def test_oversized_event_attributes_are_rejected():
             artifact_url_prefix=PREFIX,
             reply_async=False,
         )
+
+
+def test_a_check_may_continue_from_the_history():
+    request = parse("check", {"type": "git", "source": {}, "version": "latest-known"})
+    assert request.latest_known and request.version is None
+
+
+def test_a_check_may_set_its_interval():
+    request = parse("check", {"type": "git", "source": {}, "check_every": 60})
+    assert request.check_every == 60.0 and not request.latest_known
+
+
+@pytest.mark.parametrize(
+    "action, data, problem",
+    [
+        pytest.param(
+            "check",
+            {"type": "git", "source": {}, "version": "latest"},
+            "or 'latest-known' (continue from the history)",
+            id="check-other-string",
+        ),
+        pytest.param(
+            "check",
+            {"type": "git", "source": {}, "version": ["a"]},
+            "'version' must be an object mapping strings to strings or 'latest-known'",
+            id="check-list",
+        ),
+        pytest.param(
+            "get",
+            {"type": "git", "source": {}, "version": "latest-known"},
+            "'version' must be an object mapping strings to strings",
+            id="get-latest-known",
+        ),
+        pytest.param(
+            "check",
+            {"type": "git", "source": {}, "check_every": "1m"},
+            "'check_every' must be a number of seconds",
+            id="interval-text",
+        ),
+        pytest.param(
+            "check",
+            {"type": "git", "source": {}, "check_every": -1},
+            "'check_every' must be a number of seconds",
+            id="interval-negative",
+        ),
+        pytest.param(
+            "get",
+            {"type": "git", "source": {}, "version": {}, "check_every": 5},
+            "unknown field(s) for get: check_every",
+            id="interval-on-get",
+        ),
+    ],
+)
+def test_history_fields_are_validated(action, data, problem):
+    with pytest.raises(InvalidRequest) as raised:
+        parse(action, data)
+    assert any(problem in p for p in raised.value.problems), raised.value.problems

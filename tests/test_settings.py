@@ -15,6 +15,14 @@ def test_defaults_are_local_and_safe():
     assert set(settings.resource_types) == set(DEFAULT_RESOURCE_TYPES)
     assert settings.cache_secret_generated and len(settings.cache_secret) == 32
     assert settings.archive.format == "zstd" and settings.task_timeout_seconds == 3600
+    assert settings.history_limit == 1000
+
+
+def test_history_limit_and_a_type_check_interval_are_read():
+    types = json.dumps({"git": {"image": "img/git:1", "check_every": 60}})
+    settings = Settings.from_env({"HISTORY_LIMIT": "50", "RESOURCE_TYPES": types})
+    assert settings.history_limit == 50
+    assert settings.resource_types["git"].check_every == 60
 
 
 def test_resource_types_from_json_with_per_type_settings(tmp_path):
@@ -38,6 +46,13 @@ def test_resource_types_from_json_with_per_type_settings(tmp_path):
         pytest.param({"TASK_TIMEOUT_SECONDS": "soon"}, "TASK_TIMEOUT_SECONDS", id="timeout-text"),
         pytest.param({"TASK_TIMEOUT_SECONDS": "-1"}, "TASK_TIMEOUT_SECONDS", id="timeout-negative"),
         pytest.param({"RESOURCE_TYPES": "{nope"}, "RESOURCE_TYPES", id="types-json"),
+        pytest.param({"HISTORY_LIMIT": "0"}, "HISTORY_LIMIT", id="history-limit-zero"),
+        pytest.param({"HISTORY_LIMIT": "many"}, "HISTORY_LIMIT", id="history-limit-text"),
+        pytest.param(
+            {"RESOURCE_TYPES": '{"git": {"image": "i", "check_every": "1m"}}'},
+            "check_every",
+            id="type-interval-text",
+        ),
         pytest.param({"RESOURCE_TYPES": "/no/such/file"}, "RESOURCE_TYPES", id="types-file"),
         pytest.param(
             {"RESOURCE_TYPES": '{"git": {"image": "x", "colour": 1}}'},

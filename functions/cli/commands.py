@@ -92,6 +92,8 @@ def add_pod_step_parsers(sub: Any) -> None:
     collect.add_argument("--dir", required=True, type=Path, help="the build dir (/tmp/build)")
     collect.add_argument("--stdin-file", type=Path, default=Path(contract.STDIN_FILE))
     collect.add_argument("--cache-key")
+    collect.add_argument("--history-key", help="check: the resource key of its version history")
+    collect.add_argument("--history-limit", type=int, default=1000)
     collect.add_argument("--reply-to-sink", action="store_true", help="post the reply to K_SINK")
     collect.add_argument("--request-id", default="")
     collect.add_argument("--subject")
@@ -113,10 +115,12 @@ def cmd_stage(args: argparse.Namespace) -> int:
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
+    from functions.model import HistoryPlan
     from functions.task.contract import ReplyPlan
     from functions.task.in_pod import CollectArgs, collect_main
 
     reply = ReplyPlan(args.request_id, args.subject) if args.reply_to_sink else None
+    history = HistoryPlan(args.history_key, args.history_limit) if args.history_key else None
     settings = _step_settings("collect: cannot record the outcome")
     if isinstance(settings, int):
         return settings
@@ -128,6 +132,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
             stdin_file=args.stdin_file,
             cache_key=args.cache_key,
             reply=reply,
+            history=history,
         ),
         settings,
     )

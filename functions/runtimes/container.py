@@ -189,6 +189,7 @@ class ContainerRuntime:
             action=task.action,
             cache_key=task.cache_key,
             archive=self._config.archive,
+            history=task.history,
         )
         return steps.collect(  # stores the result record
             self._store,

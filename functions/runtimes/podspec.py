@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from functions.model import SCRIPTS, WORKDIRS, Action, ArtifactRef, Task
+from functions.model import SCRIPTS, WORKDIRS, Action, ArtifactRef, HistoryPlan, Task
 from functions.task.contract import (
     BUILD_DIR,
     EXIT_CODE_FILE,
@@ -115,6 +115,7 @@ class JobPlan:
     store_url: str
     inputs: tuple[tuple[str, ArtifactRef], ...] = ()  # put only
     cache_key: str | None = None  # get only
+    history: HistoryPlan | None = None  # check only: collect records the versions found
     env: tuple[tuple[str, str], ...] = ()  # resource container: BUILD_* metadata
     step_env: tuple[tuple[str, str], ...] = ()  # stage/collect: non-secret store settings
     store_secret: str = ""  # Secret with store credentials, envFrom of stage/collect
@@ -200,6 +201,7 @@ def plan_for(task: Task, config: KubernetesConfig, store_url: str, *, reply: boo
         store_url=store_url,
         inputs=tuple(sorted(task.inputs.items())),
         cache_key=task.cache_key,
+        history=task.history,
         env=tuple(task.env.items()),
         step_env=c.step_env,
         store_secret=c.store_secret,
@@ -330,6 +332,9 @@ def _collect_container(plan: JobPlan) -> dict[str, Any]:
     ]
     if plan.cache_key:
         args += ["--cache-key", plan.cache_key]
+    if plan.history:
+        args += ["--history-key", plan.history.resource_key]
+        args += ["--history-limit", str(plan.history.limit)]
     if plan.reply:
         args += ["--reply-to-sink", "--request-id", plan.reply.request_id]
         if plan.reply.subject is not None:

@@ -8,13 +8,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from functions.errors import InvalidRequest
+from functions.history import LATEST_KNOWN
 from functions.model import Action, ArtifactRef, Build, Request, ResourceType
+from functions.settings import is_seconds
 from storage.archive import FORMATS, suffix_for
 from storage.base import is_digest, key_problem
 
 BUILD_FIELDS = ("id", "name", "job", "pipeline", "team", "url", "external_url", "instance_vars")
 ALLOWED_KEYS = {
-    "check": {"type", "image", "source", "version", "build"},  # build: team, pipeline for ((var))
+    # build: team, pipeline for ((var)); check_every: seconds, answered from history within
+    "check": {"type", "image", "source", "version", "build", "check_every"},
     "get": {"type", "image", "source", "version", "params", "build"},
     "put": {"type", "image", "source", "params", "inputs", "build"},
 }
@@ -48,7 +51,9 @@ def parse_request_data(
         problems.append(f"unknown field(s) for {action}: {', '.join(unknown)}")
     resource_type, type_name = _resource_type(data, resource_types, problems)
     source = _object(data, "source", problems, required=True)
-    version = _version(data, action, problems)
+    latest_known = action == "check" and data.get("version") == LATEST_KNOWN
+    version = None if latest_known else _version(data, action, problems)
+    check_every = _check_every(data, problems)
     params = _object(data, "params", problems, required=False)
     inputs = _inputs(data, action, artifact_url_prefix, problems)
     build = _build(data.get("build"), problems)
@@ -70,6 +75,8 @@ def parse_request_data(
         inputs=inputs,
         build=build,
         reply_async=reply_async,
+        latest_known=latest_known,
+        check_every=check_every,
     )
 
 
@@ -113,9 +120,18 @@ def _version(data: dict[str, Any], action: Action, problems: list[str]) -> dict[
             problems.append("'version' is required for get (an object of strings)")
         return None
     if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-        problems.append("'version' must be an object mapping strings to strings")
+        also = f" or {LATEST_KNOWN!r} (continue from the history)" if action == "check" else ""
+        problems.append(f"'version' must be an object mapping strings to strings{also}")
         return None
     return value
+
+
+def _check_every(data: dict[str, Any], problems: list[str]) -> float | None:
+    value = data.get("check_every")
+    if value is not None and not is_seconds(value):
+        problems.append("'check_every' must be a number of seconds, 0 or more")
+        return None
+    return None if value is None else float(value)
 
 
 def _inputs(

@@ -12,17 +12,19 @@ from dataclasses import dataclass, replace
 from cloudevents.core.v1.event import CloudEvent
 
 from functions import credentials, events, keys, protocol
-from functions.errors import InvalidRequest
+from functions.errors import InvalidRequest, SinkRefused, Unavailable
 from functions.logs import fields
 from functions.metrics import Metrics
-from functions.model import Action, Outcome, Request, Task
+from functions.model import Action, HistoryPlan, Outcome, Request, Task
 from functions.outcome import final_failure
 from functions.runtimes import Runtime
+from functions.service import checks
 from functions.service.flights import Flights
 from functions.service.request_data import parse_request_data
 from functions.settings import Settings
 from functions.task import steps
-from functions.task.contract import reply_event
+from functions.task.contract import discovered_events, reply_event
+from functions.task.sink import post_events
 from storage import Store
 from storage.base import url_prefix
 from storage.errors import StorageError
@@ -142,15 +144,19 @@ class Service:
 
     def _serve(self, request: Request, run: str) -> Reply:
         cache_key = self._cache_key(request)
+        plan = checks.history_plan(self.settings, request)
+        fresh = None
+        if plan is not None:
+            request, fresh = checks.from_history(self.store, request, plan, time.time())
         if request.reply_async:
-            stored = self._stored_answer(run, cache_key)
+            stored = self._stored_answer(run, cache_key) or self._fresh(run, fresh)
             if stored is not None:
                 return self._reply(request, run, stored)
             self.runtime.start(self._task(request, run, cache_key))  # idempotent per run id
             return Reply(status=202)
         outcome, joined = self.flights.run(
             self._flight_keys(request, run, cache_key),
-            lambda: self._answer(request, run, cache_key),
+            lambda: self._answer(request, run, cache_key, fresh),
         )
         if joined:
             self.metrics.joined.labels(self.action).inc()
@@ -159,12 +165,22 @@ class Service:
             steps.record_if_absent(self.store, run, outcome)
         return self._reply(request, run, outcome)
 
-    def _answer(self, request: Request, run: str, cache_key: str | None) -> Outcome:
+    def _answer(
+        self, request: Request, run: str, cache_key: str | None, fresh: Outcome | None
+    ) -> Outcome:
         """Inside the flight, so a redelivery arriving as a run ends sees its result."""
-        stored = self._stored_answer(run, cache_key)
+        stored = self._stored_answer(run, cache_key) or self._fresh(run, fresh)
         if stored is not None:
             return stored
         return self._run(self._task(request, run, cache_key))
+
+    def _fresh(self, run: str, fresh: Outcome | None) -> Outcome | None:
+        """A check answered from the history (within its interval), recorded as this run's
+        result so that a redelivery replays it, whatever the history says by then."""
+        if fresh is None:
+            return None
+        self.metrics.cache_hits.labels(self.action).inc()
+        return steps.record_outcome(self.store, run, fresh)
 
     def _stored_answer(self, run: str, cache_key: str | None) -> Outcome | None:
         """The stored result of this run (redelivery), or a get's cache entry."""
@@ -249,9 +265,11 @@ class Service:
             request_source=request.event_source,
             subject=request.subject,
             secrets=request.secrets,
+            history=checks.history_plan(self.settings, request),
         )
 
     def _reply(self, request: Request, run: str, outcome: Outcome) -> Reply:
+        self._post_discoveries(request, run, outcome)
         event = reply_event(
             action=self.action,
             outcome=outcome,
@@ -260,3 +278,23 @@ class Service:
             run_id=run,
         )
         return Reply(status=200, event=event)
+
+    def _post_discoveries(self, request: Request, run: str, outcome: Outcome) -> None:
+        """A check's ``version.discovered`` events go to K_SINK (the HTTP response holds the
+        reply alone). Without K_SINK they are not sent: the reply's ``new`` lists the same
+        versions. A sink that refuses them is a 503: the redelivery replays the stored result
+        and posts the same events (their ids derive from the run) again."""
+        plan: HistoryPlan | None = checks.history_plan(self.settings, request)
+        found = discovered_events(
+            outcome=outcome,
+            request_id=request.event_id,
+            subject=request.subject,
+            run_id=run,
+            history=plan,
+        )
+        if not found or not self.settings.sink:
+            return
+        try:
+            post_events(self.settings.sink, found)
+        except SinkRefused as err:
+            raise Unavailable(f"cannot post the version.discovered events: {err}") from err

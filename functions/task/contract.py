@@ -25,7 +25,8 @@ from typing import Any
 from cloudevents.core.v1.event import CloudEvent
 
 from functions.events import TYPE_PREFIX
-from functions.model import Action, ArtifactRef, Outcome
+from functions.keys import canonical_json
+from functions.model import Action, ArtifactRef, HistoryPlan, Outcome
 from functions.outcome import failed
 from storage.base import is_digest
 
@@ -61,6 +62,7 @@ STORE_URL_ENV = "STORE_URL"
 SINK_ENV = "K_SINK"
 
 REPLY_SOURCE = "/resource-functions/{action}"
+DISCOVERED_TYPE = f"{TYPE_PREFIX}version.discovered"
 
 
 @dataclass(frozen=True)
@@ -132,3 +134,58 @@ def reply_data(outcome: Outcome) -> dict[str, Any]:
     if outcome.failure is not None:
         return {"error": outcome.failure.as_dict()}
     return dict(outcome.data or {})
+
+
+def discovered_events(
+    *,
+    outcome: Outcome,
+    request_id: str,
+    subject: str | None,
+    run_id: str,
+    history: HistoryPlan | None,
+) -> list[CloudEvent]:
+    """One ``version.discovered`` event per version in a check's ``new`` (none without a
+    history). Ids derive from the run and the version, so a redelivered run's events are the
+    same events. Data: the version and the resource's key (an HMAC: no source in it)."""
+    if history is None or outcome.data is None:
+        return []
+    return [
+        CloudEvent(
+            attributes={
+                "specversion": "1.0",
+                "type": DISCOVERED_TYPE,
+                "source": REPLY_SOURCE.format(action="check"),
+                "id": str(
+                    uuid.uuid5(
+                        uuid.NAMESPACE_URL,
+                        f"{run_id}/discovered/{canonical_json(version).decode()}",
+                    )
+                ),
+                "datacontenttype": "application/json",
+                "requestid": request_id,
+                **({"subject": subject} if subject else {}),
+            },
+            data={"version": version, "resource": history.resource_key},
+        )
+        for version in outcome.data.get("new") or []
+    ]
+
+
+def reply_events(
+    *,
+    action: Action,
+    outcome: Outcome,
+    request_id: str,
+    subject: str | None,
+    run_id: str,
+    history: HistoryPlan | None,
+) -> list[CloudEvent]:
+    """Everything an asynchronous run posts to the sink: the discovered versions, then the
+    reply (so a consumer of the reply finds the discoveries already sent)."""
+    found = discovered_events(
+        outcome=outcome, request_id=request_id, subject=subject, run_id=run_id, history=history
+    )
+    reply = reply_event(
+        action=action, outcome=outcome, request_id=request_id, subject=subject, run_id=run_id
+    )
+    return [*found, reply]

@@ -7,7 +7,8 @@ nothing and collect reports a ``storage`` failure) and stage exits 0.
 
 collect: turn what the resource step left in ``.task/`` (exit code, stdout, stderr, and
 ``timed-out`` if its watchdog stopped the script) into the outcome and store it (artifact,
-cache record, log, result); for asynchronous requests, post the reply to ``$K_SINK``. Exits 0
+cache record, log, result; a check's versions into the resource's history); for asynchronous
+requests, post the reply (and a check's ``version.discovered`` events) to ``$K_SINK``. Exits 0
 once the outcome is recorded, whatever it says; non-zero only when it could not record or
 post it.
 
@@ -29,7 +30,7 @@ from pathlib import Path
 
 from functions import keys
 from functions.errors import SinkRefused, is_retryable
-from functions.model import Action, ArtifactRef, Outcome
+from functions.model import Action, ArtifactRef, HistoryPlan, Outcome
 from functions.outcome import failed
 from functions.protocol import MAX_STDOUT_BYTES
 from functions.redaction import redact, secret_strings
@@ -47,10 +48,10 @@ from functions.task.contract import (
     TIMED_OUT_FILE,
     UNAVAILABLE_MARKER,
     ReplyPlan,
-    reply_event,
+    reply_events,
     script_timeout,
 )
-from functions.task.sink import post_reply
+from functions.task.sink import post_events
 from functions.task.step_settings import StepSettings
 from storage import Store, open_store
 from storage.archive import ArchiveOptions
@@ -67,6 +68,7 @@ class CollectArgs:
     stdin_file: Path  # the mounted Secret, read only to redact secrets from the log
     cache_key: str | None = None
     reply: ReplyPlan | None = None
+    history: HistoryPlan | None = None  # check: where the versions found are recorded
 
 
 def stage_main(
@@ -140,7 +142,11 @@ def record(store: Store, args: CollectArgs, archive: ArchiveOptions) -> Outcome:
         message = outcome.failure.message if outcome.failure else ""
         return _record_outcome(store, args, outcome, log or message)
     spec = steps.CollectSpec(
-        run_id=args.run_id, action=args.action, cache_key=args.cache_key, archive=archive
+        run_id=args.run_id,
+        action=args.action,
+        cache_key=args.cache_key,
+        archive=archive,
+        history=args.history,
     )
     return steps.collect(
         store,
@@ -183,15 +189,16 @@ def _post(args: CollectArgs, outcome: Outcome, sink: str) -> int:
             "collect: the outcome is stored but --reply-to-sink needs K_SINK, which is "
             "not set (is the SinkBinding ready?)"
         )
-    event = reply_event(
+    events = reply_events(
         action=args.action,
         outcome=outcome,
         request_id=args.reply.request_id,
         subject=args.reply.subject,
         run_id=args.run_id,
+        history=args.history,
     )
     try:
-        post_reply(sink, event)
+        post_events(sink, events)
     except SinkRefused as err:
         return fail(f"collect: the outcome is stored but the sink refused the reply: {err}")
     return 0

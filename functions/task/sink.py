@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import requests
 from cloudevents.core.v1.event import CloudEvent
 from requests.adapters import HTTPAdapter
@@ -10,7 +12,7 @@ from urllib3.util.retry import Retry
 from functions.errors import SinkRefused
 from functions.events import to_http
 from functions.model import Outcome, Task
-from functions.task.contract import reply_event
+from functions.task.contract import reply_events
 
 RETRYABLE = frozenset({408, 409, 429, 500, 502, 503, 504})
 
@@ -46,13 +48,21 @@ def post_reply(sink: str, event: CloudEvent, *, attempts: int = 5, timeout: floa
         raise SinkRefused(f"sink {sink} answered {response.status_code}")
 
 
+def post_events(sink: str, events: Sequence[CloudEvent]) -> None:
+    """POST each event in order (``post_reply``); stops at the first ``SinkRefused``."""
+    for event in events:
+        post_reply(sink, event)
+
+
 def post_outcome(sink: str, task: Task, outcome: Outcome) -> None:
-    """Send the reply event of an asynchronous task to ``sink``."""
-    event = reply_event(
+    """Send the events of an asynchronous task to ``sink``: its discovered versions and its
+    reply (``contract.reply_events``)."""
+    events = reply_events(
         action=task.action,
         outcome=outcome,
         request_id=task.request_id,
         subject=task.subject,
         run_id=task.run_id,
+        history=task.history,
     )
-    post_reply(sink, event)
+    post_events(sink, events)

@@ -2,7 +2,8 @@
 
 ``stage`` fills a put's working directory from input artifacts; ``collect`` turns the
 script's exit code, stdout and stderr into an ``Outcome``, stores the output directory of a
-get as an artifact (plus its cache record), the log and the result record. The container
+get as an artifact (plus its cache record), adds what a check found to the resource's
+version history (and its ``new`` versions to the reply data), the log and the result record. The container
 runtime calls them in-process; on Kubernetes they run in the task pod
 (``python -m functions stage|collect``).
 """
@@ -11,13 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import io
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from functions import keys
-from functions.model import Action, ArtifactRef, Outcome
+from functions import history, keys
+from functions.model import Action, ArtifactRef, HistoryPlan, Outcome
 from functions.outcome import failed, outcome_of_script, redact_failure
 from functions.redaction import redact, secret_strings
 from storage import Store, get_json, put_json
@@ -41,6 +43,7 @@ class CollectSpec:
     action: Action
     cache_key: str | None  # get only
     archive: ArchiveOptions
+    history: HistoryPlan | None = None  # check only
 
 
 def stage(store: Store, inputs: dict[str, ArtifactRef], workdir: Path, limits: Limits) -> None:
@@ -116,6 +119,11 @@ def collect(
     outcome = redact_failure(outcome_of_script(spec.action, exit_code, stdout, log), secrets)
     if outcome.succeeded and spec.action == "get" and spec.cache_key and output_dir:
         outcome = store_artifact(store, spec, outcome, output_dir, log)
+    if outcome.succeeded and spec.action == "check" and spec.history:
+        stored = read_outcome(store, spec.run_id)
+        if stored is not None:  # a redelivered run: its versions are in the history already
+            return stored
+        outcome = with_history(store, spec.history, outcome)
     write_once(store, keys.log_key(spec.run_id), log.encode())
     return record_outcome(store, spec.run_id, outcome)
 
@@ -146,6 +154,16 @@ def store_artifact(
     except ObjectExists:
         pass  # a concurrent identical get finished first; its record is as good
     return Outcome(action=spec.action, data={**data, "cached": False})
+
+
+def with_history(store: Store, plan: HistoryPlan, outcome: Outcome) -> Outcome:
+    """A successful check's outcome with ``new``: the versions it found that the resource's
+    history did not hold, which are added to it. THE one place where checks update the
+    history, whichever runtime ran them (the container runtime in-process, ``collect`` in a
+    task pod)."""
+    assert outcome.data is not None
+    new = history.record_check(store, plan, outcome.data["versions"], now=time.time())
+    return replace(outcome, data={**outcome.data, "new": new})
 
 
 def describe_existing(store: Store, key: str) -> tuple[str, int]:

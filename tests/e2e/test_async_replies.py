@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -58,11 +59,38 @@ def test_async_request_is_accepted_then_replied_to_the_sink(async_services, sink
     )
     status, _, response = send(async_services.urls["check"], event)
     assert status == 202 and response.content == b""
-    reply = sink[1].get(timeout=60)
+    *_, reply = events_until_reply(sink[1])
     assert reply.get_type() == "dev.resourcefunctions.check.succeeded"
     assert reply.get_extension("requestid") == event.get_id()
     assert reply.get_subject() == "async/one"
-    assert reply.get_data() == {"versions": [{"ref": "1"}, {"ref": "2"}]}
+    assert reply.get_data()["versions"] == [{"ref": "1"}, {"ref": "2"}]
+
+
+def events_until_reply(received: queue.Queue) -> list:
+    """The events posted up to and including the next reply (discoveries come first)."""
+    events = [received.get(timeout=60)]
+    while not events[-1].get_type().endswith((".succeeded", ".failed")):
+        events.append(received.get(timeout=60))
+    return events
+
+
+def test_async_check_posts_each_new_version_then_its_reply(async_services, sink):
+    source = {"count": 3, "nonce": uuid.uuid4().hex}
+    first = request_event("check", {"type": "test", "source": source}, replymode="async")
+    assert send(async_services.urls["check"], first)[0] == 202
+    *found, reply = events_until_reply(sink[1])
+    assert [e.get_type() for e in found] == ["dev.resourcefunctions.version.discovered"] * 3
+    assert [e.get_data()["version"] for e in found] == reply.get_data()["new"]
+    assert reply.get_data()["new"] == [{"ref": "1"}, {"ref": "2"}, {"ref": "3"}]
+    assert {e.get_extension("requestid") for e in found} == {first.get_id()}
+
+    again = request_event(
+        "check", {"type": "test", "source": source, "version": "latest-known"}, replymode="async"
+    )
+    assert send(async_services.urls["check"], again)[0] == 202
+    assert [e.get_data() for e in events_until_reply(sink[1])] == [
+        {"versions": [{"ref": "3"}], "new": []}  # the script got ref 3; nothing discovered
+    ]
 
 
 def test_async_failure_is_replied_as_failed_event(async_services, sink):

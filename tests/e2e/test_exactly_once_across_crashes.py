@@ -121,7 +121,7 @@ def test_a_service_killed_mid_run_is_not_run_twice(docker_host, resource_image, 
         status, reply, _ = send(second.urls["check"], event)
     finally:
         second.stop()
-    assert status == 200 and reply.get_data() == {"versions": [{"ref": "1"}, {"ref": "2"}]}
+    assert status == 200 and reply.get_data()["versions"] == [{"ref": "1"}, {"ref": "2"}]
     assert starts(docker_host, run, since) == 1
     assert not container_left(docker_host, run)
     assert not (tmp_path / f"rf-{run}").exists()
@@ -160,7 +160,7 @@ def test_a_restarted_engine_does_not_run_it_twice(docker_host, resource_image, t
         assert status == [503]  # lost the engine: Knative redelivers
         engine = podman_service(sock)
         code, reply, _ = send(services.urls["check"], event)
-        assert code == 200 and reply.get_data() == {"versions": [{"ref": "1"}, {"ref": "2"}]}
+        assert code == 200 and reply.get_data()["versions"] == [{"ref": "1"}, {"ref": "2"}]
     finally:
         services.stop()
         engine.terminate()

@@ -41,7 +41,7 @@ def test_check_returns_versions_in_both_content_modes(deployment, mode):
     assert reply.get_type() == "dev.resourcefunctions.check.succeeded"
     assert reply.get_extension("requestid") == event.get_id()
     assert reply.get_subject() == "main/repo"
-    assert reply.get_data() == {"versions": [{"ref": "1"}, {"ref": "2"}, {"ref": "3"}]}
+    assert reply.get_data()["versions"] == [{"ref": "1"}, {"ref": "2"}, {"ref": "3"}]
 
 
 def test_check_from_a_version_and_null_output(deployment):
@@ -49,9 +49,29 @@ def test_check_from_a_version_and_null_output(deployment):
     _, reply, _ = send(
         url, request_event("check", {"type": "test", "source": SOURCE, "version": {"ref": "2"}})
     )
-    assert reply.get_data() == {"versions": [{"ref": "2"}, {"ref": "3"}]}
+    assert reply.get_data()["versions"] == [{"ref": "2"}, {"ref": "3"}]
     _, reply, _ = send(url, request_event("check", {"type": "test", "source": {"mode": "empty"}}))
-    assert reply.get_data() == {"versions": []}
+    assert reply.get_data()["versions"] == []
+
+
+def test_a_check_records_its_history_and_continues_from_it(deployment):
+    url = deployment.services.urls["check"]
+    source = {"count": 3, "nonce": uuid.uuid4().hex}
+
+    def check(**data):
+        status, reply, _ = send(
+            url, request_event("check", {"type": "test", "source": source, **data})
+        )
+        assert status == 200, reply
+        return reply.get_data()
+
+    assert check(version={"ref": "2"}) == {
+        "versions": [{"ref": "2"}, {"ref": "3"}],
+        "new": [{"ref": "2"}, {"ref": "3"}],
+    }
+    # latest-known: the script got ref 3 (else it would print 1..3) and found nothing new
+    assert check(version="latest-known") == {"versions": [{"ref": "3"}], "new": []}
+    assert check()["new"] == [{"ref": "1"}]
 
 
 def test_pingsource_tick_runs_a_check(deployment):
@@ -66,7 +86,7 @@ def test_pingsource_tick_runs_a_check(deployment):
     )
     status, reply, _ = send(deployment.services.urls["check"], tick)
     assert status == 200 and reply.get_type() == "dev.resourcefunctions.check.succeeded"
-    assert reply.get_data() == {"versions": [{"ref": "1"}]}
+    assert reply.get_data()["versions"] == [{"ref": "1"}]
 
 
 def test_get_stores_the_directory_and_a_repeat_is_a_cache_hit(deployment, tmp_path):
@@ -294,7 +314,8 @@ def test_identical_checks_arriving_together_share_one_run(deployment):
     replies = parallel(lambda i: send(deployment.services.urls["check"], sent[i]), 3)
     assert all(r[0] == 200 for r in replies)
     assert [r[1].get_extension("requestid") for r in replies] == [e.get_id() for e in sent]
-    assert all(r[1].get_data() == {"versions": [{"ref": "1"}, {"ref": "2"}]} for r in replies)
+    expected = {"versions": [{"ref": "1"}, {"ref": "2"}], "new": [{"ref": "1"}, {"ref": "2"}]}
+    assert all(r[1].get_data() == expected for r in replies)
     assert runs(deployment, "check") == before + 1
 
 

@@ -46,6 +46,6 @@ def test_twenty_stalled_bodies_do_not_freeze_the_service(docker_host, resource_i
         status, reply, _ = send(
             url, request_event("check", {"type": "test", "source": {"count": 1}})
         )
-        assert status == 200 and reply.get_data() == {"versions": [{"ref": "1"}]}
+        assert status == 200 and reply.get_data()["versions"] == [{"ref": "1"}]
     finally:
         services.stop()

@@ -1,0 +1,48 @@
+"""What the version history does for a check before it runs: ``"version": "latest-known"``
+becomes the history's last version, and a resource checked less than its interval ago is
+answered from the history without a run (``functions.history`` keeps the record)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from functions import history, keys
+from functions.model import HistoryPlan, Outcome, Request
+from functions.settings import Settings
+from storage import Store
+
+
+def history_plan(settings: Settings, request: Request) -> HistoryPlan | None:
+    """Where a check's versions are recorded (resolved source: see ``keys.resource_key``);
+    None for get and put."""
+    if request.action != "check":
+        return None
+    key = keys.resource_key(
+        settings.cache_secret, image=request.resource_type.image, source=request.source
+    )
+    return HistoryPlan(resource_key=key, limit=settings.history_limit)
+
+
+def interval(request: Request) -> float:
+    """The check interval in seconds: the request's ``check_every``, else its type's, else 0."""
+    if request.check_every is not None:
+        return request.check_every
+    return request.resource_type.check_every or 0.0
+
+
+def from_history(
+    store: Store, request: Request, plan: HistoryPlan, now: float
+) -> tuple[Request, Outcome | None]:
+    """The check to run (``latest-known`` resolved: the history's last version, or none on a
+    first check) and, if the resource was checked less than ``interval`` seconds before
+    ``now``, its answer from the history. Reads the history only when one of them needs it."""
+    every = interval(request)
+    if not request.latest_known and every <= 0:
+        return request, None
+    known = history.read(store, plan.resource_key)
+    if request.latest_known:
+        request = replace(request, version=known.latest)
+    if known.checked_at is None or every <= 0 or now - known.checked_at >= every:
+        return request, None
+    data = {"versions": history.since(known, request.version), "new": []}
+    return request, Outcome(action="check", data=data)

@@ -1,0 +1,206 @@
+"""Checks that remember, through the HTTP layer and the Service in-process: a runtime whose
+"script" lists the commits of an in-memory repository and hands its stdout to the real
+``steps.collect`` (the one path that records the history), the file store, and a real HTTP
+sink for the ``version.discovered`` events."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cloudevents.core.bindings.http import HTTPMessage, from_http_event, to_binary_event
+from cloudevents.core.v1.event import CloudEvent
+
+from functions.http.app import create_app
+from functions.model import Outcome, ResourceType, Task
+from functions.settings import Settings
+from functions.task import steps
+from storage import Store, open_store
+from storage.archive import ArchiveOptions
+from tests.event_sink import EventSink, event_sink
+
+IMAGE = "example.org/git-resource@sha256:" + "a" * 64
+SECRET = "s3cret-token-value"
+DISCOVERED = "dev.resourcefunctions.version.discovered"
+
+
+class RepositoryRuntime:
+    """Checks a repository of ``commits``: from a version, that version and the newer ones;
+    without one, the latest (as the git resource does). Records what it was given."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.commits: list[str] = ["1"]
+        self.stdins: list[dict[str, Any]] = []
+
+    def run(self, task: Task) -> Outcome:
+        stdin = json.loads(task.stdin)
+        self.stdins.append(stdin)
+        ref = (stdin.get("version") or {}).get("ref")
+        start = self.commits.index(ref) if ref in self.commits else len(self.commits) - 1
+        stdout = json.dumps([{"ref": c} for c in self.commits[start:]]).encode()
+        spec = steps.CollectSpec(
+            run_id=task.run_id,
+            action=task.action,
+            cache_key=None,
+            archive=ArchiveOptions(),
+            history=task.history,
+        )
+        return steps.collect(
+            self.store,
+            spec,
+            exit_code=0,
+            stdout=stdout,
+            stderr=b"",
+            stdin=task.stdin,
+            output_dir=None,
+        )
+
+    def start(self, task: Task) -> None:
+        raise AssertionError("no asynchronous runs here")
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    (tmp_path / "store").mkdir()
+    return open_store((tmp_path / "store").as_uri())
+
+
+@pytest.fixture
+def sink() -> Iterator[EventSink]:
+    with event_sink() as running:
+        yield running
+
+
+def client(store: Store, runtime: RepositoryRuntime, sink: str = "", **type_settings: Any) -> Any:
+    settings = Settings(
+        store_url=store.url,
+        resource_types={"git": ResourceType(image=IMAGE, **type_settings)},
+        cache_secret=b"k" * 32,
+        sink=sink,
+    )
+    return create_app(settings, "check", store=store, runtime=runtime).test_client()  # type: ignore[arg-type]
+
+
+def tick(test_client: Any, event_id: str, **data: Any) -> tuple[int, dict[str, Any]]:
+    request = CloudEvent(
+        attributes={
+            "specversion": "1.0",
+            "type": "dev.knative.sources.ping",
+            "source": "/apis/v1/namespaces/ci/pingsources/repo",
+            "id": event_id,
+            "subject": "main/repo",
+            "datacontenttype": "application/json",
+        },
+        data={"type": "git", "source": {"uri": "x", "token": SECRET}, **data},
+    )
+    message = to_binary_event(request)
+    response = test_client.post("/", headers=dict(message.headers), data=message.body)
+    if response.status_code != 200:
+        return response.status_code, {}
+    reply = from_http_event(HTTPMessage(headers=dict(response.headers), body=response.data))
+    return response.status_code, reply.get_data()
+
+
+def refs(versions: list[dict[str, str]]) -> list[str]:
+    return [v["ref"] for v in versions]
+
+
+def test_commits_between_two_ticks_are_new_and_each_is_announced(
+    store: Store, sink: EventSink
+) -> None:
+    runtime = RepositoryRuntime(store)
+    functions = client(store, runtime, sink.url)
+
+    assert tick(functions, "tick-1", version="latest-known") == (
+        200,
+        {"versions": [{"ref": "1"}], "new": [{"ref": "1"}]},
+    )
+    runtime.commits += ["2", "3"]
+    status, data = tick(functions, "tick-2", version="latest-known")
+
+    assert runtime.stdins[0]["version"] is None  # no history yet: a first check
+    assert runtime.stdins[1]["version"] == {"ref": "1"}  # continued from the history
+    assert (status, refs(data["versions"]), refs(data["new"])) == (200, ["1", "2", "3"], ["2", "3"])
+    events = sink.drain()
+    assert [(e.get_type(), e.get_data()["version"]["ref"]) for e in events] == [
+        (DISCOVERED, "1"),
+        (DISCOVERED, "2"),
+        (DISCOVERED, "3"),
+    ]
+    assert {e.get_extension("requestid") for e in events[1:]} == {"tick-2"}
+    assert {e.get_subject() for e in events} == {"main/repo"}
+    assert len({e.get_id() for e in events}) == 3
+    assert not [body for body in sink.bodies if SECRET.encode() in body]
+
+
+def test_a_redelivered_tick_replays_its_answer_and_the_same_events(
+    store: Store, sink: EventSink
+) -> None:
+    runtime = RepositoryRuntime(store)
+    functions = client(store, runtime, sink.url)
+    runtime.commits += ["2"]
+
+    first = tick(functions, "tick-1")
+    first_events = sink.drain()
+    again = tick(functions, "tick-1")
+
+    assert again == first and refs(first[1]["new"]) == ["2"]
+    assert len(runtime.stdins) == 1
+    assert [e.get_id() for e in sink.drain()] == [e.get_id() for e in first_events]
+
+
+def test_a_sink_that_refuses_the_events_makes_a_503_and_the_redelivery_sends_them(
+    store: Store, sink: EventSink
+) -> None:
+    runtime = RepositoryRuntime(store)
+    functions = client(store, runtime, sink.url)
+    sink.status = 400
+
+    assert tick(functions, "tick-1")[0] == 503
+    sink.status = 202
+    status, data = tick(functions, "tick-1")
+
+    assert (status, refs(data["new"])) == (200, ["1"])
+    assert [e.get_data()["version"] for e in sink.drain()] == [{"ref": "1"}]
+    assert len(runtime.stdins) == 1
+
+
+def test_without_a_sink_the_reply_alone_lists_the_new_versions(store: Store) -> None:
+    runtime = RepositoryRuntime(store)
+
+    status, data = tick(client(store, runtime), "tick-1")
+
+    assert (status, data) == (200, {"versions": [{"ref": "1"}], "new": [{"ref": "1"}]})
+
+
+def test_a_check_within_the_type_interval_is_answered_from_the_history(store: Store) -> None:
+    runtime = RepositoryRuntime(store)
+    functions = client(store, runtime, check_every=3600)
+    tick(functions, "tick-1", version="latest-known")
+    runtime.commits += ["2"]
+
+    answered = tick(functions, "tick-2", version="latest-known")
+    overridden = tick(functions, "tick-3", version="latest-known", check_every=0)
+
+    assert answered == (200, {"versions": [{"ref": "1"}], "new": []})
+    assert overridden == (200, {"versions": [{"ref": "1"}, {"ref": "2"}], "new": [{"ref": "2"}]})
+    assert len(runtime.stdins) == 2  # tick-2 ran nothing
+
+
+def test_a_request_interval_applies_without_a_type_interval(store: Store) -> None:
+    runtime = RepositoryRuntime(store)
+    functions = client(store, runtime)
+    tick(functions, "tick-1")
+
+    assert tick(functions, "tick-2", check_every=3600) == (
+        200,
+        {"versions": [{"ref": "1"}], "new": []},
+    )
+    assert len(runtime.stdins) == 1
