@@ -1028,7 +1028,10 @@ def _with_sender_auth() -> list[dict]:
             assert len(matches) == 1, (
                 f"{entry['path']}: {_kind(patch)}/{_name(patch)} patches nothing"
             )
-            docs[matches[0]] = _merged(docs[matches[0]], patch)
+            if patch.get("$patch") == "delete":
+                del docs[matches[0]]
+            else:
+                docs[matches[0]] = _merged(docs[matches[0]], patch)
     return docs
 
 
@@ -1071,5 +1074,6 @@ def test_sender_auth_component_renders_a_consistent_deployment() -> None:
         if _kind(d) == "Service" and _name(d) in ACTIONS
     )
     assert int(timeout[2:-1]) >= longest, "a sync delivery is cut by the Service, not the Broker"
+    assert not [d for d in docs if _kind(d) == "SinkBinding"], "no K_SINK: the Broker would refuse"
     main = yaml.safe_load((KNATIVE / KUSTOMIZATION).read_text())
     assert "components" not in main, "opt-in: it needs authentication-oidc"
