@@ -191,34 +191,37 @@ def block_store(deployment, on: bool) -> None:
     subprocess.run(["iptables", "-w", "-I" if on else "-D", *rule], check=True)
 
 
+def refused_by_get(deployment) -> int:
+    """How many deliveries to the get function the Broker's filter saw answered 503 (its pods
+    stay up, unlike a function's, whose logs go with its pods)."""
+    logs = deployment.cluster.kubectl(
+        "-n",
+        "knative-eventing",
+        "logs",
+        "-l",
+        "eventing.knative.dev/brokerRole=filter",
+        "--tail=-1",
+        check=False,
+    )
+    return logs.count(
+        "get.resource-functions.svc.cluster.local: unexpected HTTP response, expected 2xx, got 503"
+    )
+
+
 def test_a_store_outage_answers_503_and_the_broker_retry_runs_once(knative_deployment):
     d = knative_deployment
     get = request_event("get", {"type": "test", "source": source(), "version": {"ref": "1"}})
-    seen = {"logs": ""}
-
-    def unavailable() -> int:
-        seen["logs"] = function_logs(d, "get") or seen["logs"]
-        return seen["logs"].count('"unavailable"')
-
-    before = unavailable()
-    times = {"blocked": time.strftime("%H:%M:%S")}
+    before = refused_by_get(d)
     block_store(d, True)
     try:
         assert post(d.broker, get)[0] == 202
         # The first delivery meets the outage: the function answers 503 and starts nothing.
-        wait_for(lambda: unavailable() > before, 60, "answered 503")
-        times["503 seen"] = time.strftime("%H:%M:%S")
+        wait_for(lambda: refused_by_get(d) > before, 60, "answered 503")
         assert jobs_of(d, get) == []
     finally:
         block_store(d, False)
-        times["unblocked"] = time.strftime("%H:%M:%S")
-    # The Broker retries (backoff from PT1S) and the retry after the outage runs once.
-    try:
-        reply = reply_to(d, get, "get", timeout=120)
-    except AssertionError as err:
-        unavailable()
-        raise AssertionError(f"{err}\n{times}\nget function:\n{seen['logs'][-6000:]}") from err
-    data = assert_reply(reply, get, "get")
+    # The Broker retries (backoff doubling from PT1S) and the retry after the outage runs once.
+    data = assert_reply(reply_to(d, get, "get", timeout=120), get, "get")
     assert data["cached"] is False
     assert len(d.sink.matching(requestid=attributes(get)["id"])) == 1
     assert len(jobs_of(d, get)) == 1
@@ -240,23 +243,81 @@ def test_async_reply_is_posted_by_the_task_to_the_sink_binding_address(knative_d
     assert sink and sink[0].endswith(f"/{d.namespace}/default"), sink
 
 
-def test_the_pingsource_example_runs_a_check_on_schedule(knative_deployment):
+class Counter:
+    """A number served over HTTP on the gateway: the test resource's "repository" (its check
+    reads the number of versions from ``count_url``), which gets a commit when it grows."""
+
+    def __init__(self, value: int) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from threading import Thread
+
+        from tests.cluster.up import GATEWAY
+
+        self.value = value
+        counter = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = str(counter.value).encode()
+                self.send_response(200)
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer((GATEWAY, 0), Handler)
+        self.url = f"http://{GATEWAY}:{self.server.server_address[1]}/count"
+        Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_the_pingsource_example_reports_a_commit_between_two_ticks(knative_deployment):
+    """The shipped example (its schedule set to every minute): each tick checks from the
+    history ("version": "latest-known"); a commit between two ticks comes out as a
+    version.discovered event, through the Broker, with the next tick's reply."""
     d = knative_deployment
     docs = list(yaml.safe_load_all((REPO / "knative/examples/pingsource-check.yaml").read_text()))
     ping = next(doc for doc in docs if doc["kind"] == "PingSource")
+    shipped = json.loads(ping["spec"]["data"])
+    assert shipped["version"] == "latest-known"
+    repository = Counter(2)
     ping["spec"]["schedule"] = "* * * * *"  # fires within the test
-    ping["spec"]["data"] = json.dumps({"type": "test", "source": source()})
+    ping["spec"]["data"] = json.dumps(
+        {**shipped, "type": "test", "source": source(count_url=repository.url)}
+    )
     tick_source = f"/apis/v1/namespaces/{d.namespace}/pingsources/{ping['metadata']['name']}"
     listed = json.dumps({"apiVersion": "v1", "kind": "List", "items": docs})
     d.cluster.kubectl("apply", "-f", "-", stdin=listed)
     try:
-        # The tick itself reaches the sink too (its Trigger takes every event).
-        tick = d.sink.wait(timeout=150, type="dev.knative.sources.ping", source=tick_source)[0]
-        reply = reply_to(d, tick, "check", timeout=120)
+        # The ticks reach the sink too (its Trigger takes every event).
+        first = d.sink.wait(timeout=150, type="dev.knative.sources.ping", source=tick_source)[0]
+        reply = reply_to(d, first, "check", timeout=120)
         assert attributes(reply)["type"] == "dev.resourcefunctions.check.succeeded"
-        assert reply.get_data()["versions"] == [{"ref": "1"}, {"ref": "2"}, {"ref": "3"}]
+        assert reply.get_data()["versions"] == [{"ref": "1"}, {"ref": "2"}]
+        assert reply.get_data()["new"] == [{"ref": "1"}, {"ref": "2"}]
+        repository.value = 3  # a commit
+        ticks = d.sink.wait(
+            timeout=150, count=2, type="dev.knative.sources.ping", source=tick_source
+        )
+        second = ticks[1]
+        reply = reply_to(d, second, "check", timeout=120)
+        assert reply.get_data()["versions"] == [{"ref": "2"}, {"ref": "3"}]
+        assert reply.get_data()["new"] == [{"ref": "3"}]
+        (found,) = d.sink.wait(
+            timeout=30,
+            type="dev.resourcefunctions.version.discovered",
+            requestid=attributes(second)["id"],
+        )
+        assert found.get_data()["version"] == {"ref": "3"}
+        assert "count_url" not in json.dumps(found.get_data())  # no source in events
     finally:
         d.cluster.kubectl("delete", "-f", "-", stdin=listed, check=False)
+        repository.close()
 
 
 def test_an_undeliverable_event_reaches_the_dead_letter_service(knative_deployment):
@@ -374,7 +435,7 @@ def test_credentials_by_reference_come_from_team_secrets_and_appear_nowhere(knat
             d.store.open(key).read().decode(errors="replace") for key in d.store.list("")
         ),
     }
-    assert readable["task logs"] and readable["store"]
+    assert "mode=[redacted] password=[redacted]" in readable["store"]  # the run's stored log
     for where, text in readable.items():
         assert CANARY not in text, where
         assert "mode=fail" not in text, where
