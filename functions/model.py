@@ -107,12 +107,28 @@ class Failure:
 
 
 @dataclass(frozen=True)
+class Phase:
+    """A stretch of one run (image pull, stage, script, upload, store): wall-clock
+    nanoseconds since the epoch, so it can also be exported as a trace span."""
+
+    name: str
+    start_ns: int
+    end_ns: int
+
+    @property
+    def seconds(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e9
+
+
+@dataclass(frozen=True)
 class Outcome:
-    """What a run produced: reply data on success, or a failure."""
+    """What a run produced: reply data on success, or a failure. ``phases`` says where the
+    run that produced it spent its time; it is neither stored nor replied."""
 
     action: Action
     data: dict[str, Any] | None = None
     failure: Failure | None = None
+    phases: tuple[Phase, ...] = field(default=(), compare=False)
 
     @property
     def succeeded(self) -> bool:

@@ -17,6 +17,7 @@ from functions.logs import fields
 from functions.metrics import Metrics
 from functions.model import Action, Outcome, Request, Task
 from functions.outcome import final_failure
+from functions.phases import seconds_by_phase
 from functions.runtimes import Runtime
 from functions.service.flights import Flights
 from functions.service.request_data import parse_request_data
@@ -173,6 +174,9 @@ class Service:
         artifact = (outcome.data or {}).get("artifact")
         if artifact:
             self.metrics.bytes.labels(self.action).inc(artifact["size"])
+        phases = seconds_by_phase(outcome.phases)
+        for phase, seconds in phases.items():
+            self.metrics.phase_duration.labels(self.action, phase).observe(seconds)
         log.info(
             "run finished",
             extra=fields(
@@ -180,6 +184,7 @@ class Service:
                 run_id=task.run_id,
                 outcome=kind,
                 seconds=time.monotonic() - started,
+                phases=phases,
             ),
         )
         return outcome

@@ -19,6 +19,7 @@ from typing import Any
 from functions import keys
 from functions.model import Action, ArtifactRef, Outcome
 from functions.outcome import failed, outcome_of_script, redact_failure
+from functions.phases import PhaseClock, timed
 from functions.redaction import redact, secret_strings
 from storage import Store, get_json, put_json
 from storage.archive import ArchiveOptions, Limits, suffix_for
@@ -107,17 +108,21 @@ def collect(
     stdin: bytes,
     output_dir: Path | None,
     extra_secrets: Sequence[str] = (),
+    clock: PhaseClock | None = None,
 ) -> Outcome:
     """Build, store and return the outcome of one script run (idempotent per run id).
-    ``extra_secrets``: resolved credential values, redacted whatever their length."""
+    ``extra_secrets``: resolved credential values, redacted whatever their length.
+    ``clock`` times the artifact's upload and the store writes."""
     secrets = secret_strings(stdin, extra_secrets)
     log = redact(stderr.decode("utf-8", errors="replace"), secrets)
     # invalid_output messages quote stdout, which may echo a credential: redact them too.
     outcome = redact_failure(outcome_of_script(spec.action, exit_code, stdout, log), secrets)
     if outcome.succeeded and spec.action == "get" and spec.cache_key and output_dir:
-        outcome = store_artifact(store, spec, outcome, output_dir, log)
-    write_once(store, keys.log_key(spec.run_id), log.encode())
-    return record_outcome(store, spec.run_id, outcome)
+        with timed(clock, "upload"):
+            outcome = store_artifact(store, spec, outcome, output_dir, log)
+    with timed(clock, "store"):
+        write_once(store, keys.log_key(spec.run_id), log.encode())
+        return record_outcome(store, spec.run_id, outcome)
 
 
 def store_artifact(
