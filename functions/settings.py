@@ -93,6 +93,9 @@ class Settings:
     docker_api_version: str = "1.41"
     container_network: str = ""
     work_dir: str = ""
+    # A replica answers a get from a cache record in memory while it saw the artifact within
+    # this many seconds (0: it looks in the store on every hit).
+    cache_recheck_seconds: float = 1.0
     archive: ArchiveOptions = field(default_factory=ArchiveOptions)
     limits: Limits = field(default_factory=Limits)
     store_options: StoreOptions = field(default_factory=StoreOptions)
@@ -144,6 +147,7 @@ class Settings:
             docker_api_version=env.get("DOCKER_API_VERSION") or "1.41",
             container_network=env.get("CONTAINER_NETWORK", ""),
             work_dir=env.get("WORK_DIR", ""),
+            cache_recheck_seconds=_number(env, "CACHE_RECHECK_SECONDS", 1.0),
             archive=_storage_setting(ArchiveOptions.from_env, env),
             limits=_storage_setting(Limits.from_env, env),
             store_options=_storage_setting(StoreOptions.from_env, env),

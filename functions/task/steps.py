@@ -190,15 +190,19 @@ def read_outcome(store: Store, run: str) -> Outcome | None:
         return None
 
 
-def read_cache(store: Store, cache_key: str) -> dict[str, Any] | None:
+def read_cache(
+    store: Store, cache_key: str, record: dict[str, Any] | None = None
+) -> dict[str, Any] | None:
     """The reply data of a cached get, or None on a miss. A record whose artifact is gone
     (e.g. expired by a bucket lifecycle rule) is removed, so the get runs and stores both
-    afresh."""
+    afresh. ``record``: the cache record if known already (records are written once), so
+    only the artifact is looked for."""
     record_key = keys.cache_record_key(cache_key)
-    try:
-        record = get_json(store, record_key)
-    except ObjectNotFound:
-        return None
+    if record is None:
+        try:
+            record = get_json(store, record_key)
+        except ObjectNotFound:
+            return None
     key = key_for_url(store, record.get("artifact", {}).get("url", ""))
     if key is None or store.stat(key) is None:
         store.delete(record_key)
