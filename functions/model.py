@@ -32,6 +32,15 @@ class Build:
 
 
 @dataclass(frozen=True)
+class TraceContext:
+    """The W3C trace context of a request (the CloudEvents distributed-tracing extension),
+    validated, so it is safe in headers and env vars."""
+
+    traceparent: str
+    tracestate: str = ""
+
+
+@dataclass(frozen=True)
 class ResourceType:
     """How to run one resource type: its image and per-type pod settings."""
 
@@ -62,6 +71,7 @@ class Request:
     reply_async: bool = False
     # Resolved credential values (``((var))`` references): redacted exactly, whatever their length.
     secrets: tuple[str, ...] = field(default=(), repr=False)
+    trace: TraceContext | None = None
 
 
 @dataclass(frozen=True)
@@ -88,6 +98,7 @@ class Task:
     request_source: str = ""
     subject: str | None = None
     secrets: tuple[str, ...] = field(default=(), repr=False)  # resolved credential values
+    trace: TraceContext | None = None
 
 
 @dataclass(frozen=True)

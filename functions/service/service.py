@@ -26,6 +26,7 @@ from functions.service.request_data import parse_request_data
 from functions.settings import Settings
 from functions.task import steps
 from functions.task.contract import reply_event
+from functions.tracing import RunTracer, trace_context
 from storage import Store
 from storage.base import url_prefix
 from storage.errors import StorageError
@@ -59,6 +60,7 @@ class Service:
         self.metrics = metrics
         self.flights = Flights()
         self.cache_memory = CacheMemory(settings.cache_recheck_seconds)
+        self.tracer = RunTracer(f"resource-functions-{action}") if settings.tracing else None
 
     def handle(self, event: CloudEvent) -> Reply:
         """Serve one request event. Raises ``InvalidRequest`` (400) or ``Unavailable`` (503)."""
@@ -92,6 +94,8 @@ class Service:
             artifact_url_prefix=url_prefix(self.store) + "artifacts/",
             reply_async=reply_async,
         )
+        trace = trace_context(event.get_extension("traceparent"), event.get_extension("tracestate"))
+        request = replace(request, trace=trace)
         image = request.resource_type.image
         if request.type_name is None and not any(
             fnmatch.fnmatchcase(image, pattern) for pattern in self.settings.allowed_images
@@ -184,7 +188,7 @@ class Service:
         return cached
 
     def _run(self, task: Task) -> Outcome:
-        started = time.monotonic()
+        started, started_ns = time.monotonic(), time.time_ns()
         outcome = self.runtime.run(task)
         kind = "succeeded" if outcome.failure is None else outcome.failure.kind
         self.metrics.runs.labels(self.action, kind).inc()
@@ -205,7 +209,29 @@ class Service:
                 phases=phases,
             ),
         )
+        if self.tracer is not None:
+            self._export(task, outcome, kind, started_ns)
         return outcome
+
+    def _export(self, task: Task, outcome: Outcome, kind: str, started_ns: int) -> None:
+        """The run as a span (a child of the request's), a child span per phase."""
+        try:
+            assert self.tracer is not None
+            self.tracer.export_run(
+                name=f"{self.action} run",
+                outcome=outcome,
+                start_ns=started_ns,
+                end_ns=time.time_ns(),
+                trace=task.trace,
+                attributes={
+                    "resource_functions.action": self.action,
+                    "resource_functions.run_id": task.run_id,
+                    "resource_functions.outcome": kind,
+                    "resource_functions.image": task.resource_type.image,
+                },
+            )
+        except Exception:  # tracing must never fail a request
+            log.exception("cannot export the run's spans", extra=fields(run_id=task.run_id))
 
     def _cache_key(self, request: Request) -> str | None:
         if request.action != "get":
@@ -250,7 +276,7 @@ class Service:
             stdin=protocol.stdin_payload(
                 request.action, request.source, request.version, request.params
             ),
-            env=protocol.build_env(request.action, request.build),
+            env=protocol.build_env(request.action, request.build, request.trace),
             inputs=request.inputs,
             cache_key=cache_key,
             timeout_seconds=timeout,
@@ -258,6 +284,7 @@ class Service:
             request_source=request.event_source,
             subject=request.subject,
             secrets=request.secrets,
+            trace=request.trace,
         )
 
     def _reply(self, request: Request, run: str, outcome: Outcome) -> Reply:
@@ -267,5 +294,6 @@ class Service:
             request_id=request.event_id,
             subject=request.subject,
             run_id=run,
+            trace=request.trace,
         )
         return Reply(status=200, event=event)

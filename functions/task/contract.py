@@ -25,8 +25,9 @@ from typing import Any
 from cloudevents.core.v1.event import CloudEvent
 
 from functions.events import TYPE_PREFIX
-from functions.model import Action, ArtifactRef, Outcome
+from functions.model import Action, ArtifactRef, Outcome, TraceContext
 from functions.outcome import failed
+from functions.tracing import trace_attributes
 from storage.base import is_digest
 
 MANAGED_BY = "resource-functions"  # the managed-by label of task Jobs and local containers
@@ -112,9 +113,16 @@ def reply_type(action: str, succeeded: bool) -> str:
 
 
 def reply_event(
-    *, action: Action, outcome: Outcome, request_id: str, subject: str | None, run_id: str
+    *,
+    action: Action,
+    outcome: Outcome,
+    request_id: str,
+    subject: str | None,
+    run_id: str,
+    trace: TraceContext | None = None,
 ) -> CloudEvent:
-    """The reply CloudEvent for an outcome (pure: same inputs, same event but for ``time``)."""
+    """The reply CloudEvent for an outcome (pure: same inputs, same event but for ``time``).
+    ``trace``: the request's trace context, carried on as the distributed-tracing extension."""
     attributes: dict[str, Any] = {
         "specversion": "1.0",
         "type": reply_type(action, outcome.succeeded),
@@ -125,6 +133,7 @@ def reply_event(
     }
     if subject:
         attributes["subject"] = subject
+    attributes.update(trace_attributes(trace))
     return CloudEvent(attributes=attributes, data=reply_data(outcome))
 
 

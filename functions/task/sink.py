@@ -54,5 +54,6 @@ def post_outcome(sink: str, task: Task, outcome: Outcome) -> None:
         request_id=task.request_id,
         subject=task.subject,
         run_id=task.run_id,
+        trace=task.trace,
     )
     post_reply(sink, event)

@@ -8,6 +8,8 @@ mode=$(field mode)
 delay=$(number delay); [ -n "$delay" ] && sleep "$delay"
 # Deliberately print the secret to stderr: the functions must redact it from logs.
 echo "$(basename "$0") mode=${mode:-ok} password=$(field password)" >&2
+# The trace context handed over in the env (the tests look for it in the stored log).
+echo "traceparent=${TRACEPARENT:-none}" >&2
 case "$mode" in
   fail) echo "error: cannot reach the repository" >&2; exit 3 ;;
   echo) echo "debug: $payload" >&2; exit 2 ;;
