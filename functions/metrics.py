@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 DURATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+# Phases range from a millisecond (a store write) to the whole script.
+PHASE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800)
 
 
 @dataclass
@@ -31,6 +33,14 @@ class Metrics:
             "Duration of resource runs",
             ["action"],
             buckets=DURATION_BUCKETS,
+            registry=self.registry,
+        )
+        self.phase_duration = Histogram(
+            "resource_function_run_phase_seconds",
+            "Time resource runs spent per phase (image_pull, stage, script, output, upload, "
+            "store, cleanup; the kubernetes runtime: launch, pod, result)",
+            ["action", "phase"],
+            buckets=PHASE_BUCKETS,
             registry=self.registry,
         )
         self.cache_hits = Counter(

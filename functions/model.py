@@ -32,6 +32,15 @@ class Build:
 
 
 @dataclass(frozen=True)
+class TraceContext:
+    """The W3C trace context of a request (the CloudEvents distributed-tracing extension),
+    validated, so it is safe in headers and env vars."""
+
+    traceparent: str
+    tracestate: str = ""
+
+
+@dataclass(frozen=True)
 class ResourceType:
     """How to run one resource type: its image and per-type pod settings."""
 
@@ -68,6 +77,7 @@ class Request:
     check_every: float | None = None  # check: this request's interval (overrides the type's)
     # Resolved credential values (``((var))`` references): redacted exactly, whatever their length.
     secrets: tuple[str, ...] = field(default=(), repr=False)
+    trace: TraceContext | None = None
 
 
 @dataclass(frozen=True)
@@ -95,6 +105,7 @@ class Task:
     subject: str | None = None
     secrets: tuple[str, ...] = field(default=(), repr=False)  # resolved credential values
     history: HistoryPlan | None = None  # check: where the versions found are recorded
+    trace: TraceContext | None = None
 
 
 @dataclass(frozen=True)
@@ -123,12 +134,28 @@ class Failure:
 
 
 @dataclass(frozen=True)
+class Phase:
+    """A stretch of one run (image pull, stage, script, upload, store): wall-clock
+    nanoseconds since the epoch, so it can also be exported as a trace span."""
+
+    name: str
+    start_ns: int
+    end_ns: int
+
+    @property
+    def seconds(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e9
+
+
+@dataclass(frozen=True)
 class Outcome:
-    """What a run produced: reply data on success, or a failure."""
+    """What a run produced: reply data on success, or a failure. ``phases`` says where the
+    run that produced it spent its time; it is neither stored nor replied."""
 
     action: Action
     data: dict[str, Any] | None = None
     failure: Failure | None = None
+    phases: tuple[Phase, ...] = field(default=(), compare=False)
 
     @property
     def succeeded(self) -> bool:

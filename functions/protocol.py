@@ -10,7 +10,8 @@ import json
 import re
 from typing import Any
 
-from functions.model import Action, Build
+from functions.model import Action, Build, TraceContext
+from functions.tracing import trace_env
 
 MAX_STDOUT_BYTES = 8 * 1024 * 1024
 
@@ -52,11 +53,14 @@ def go_json(value: Any) -> bytes:
     return _SURROGATE.sub("\ufffd", text).encode("utf-8")
 
 
-def build_env(action: Action, build: Build) -> dict[str, str]:
-    """The BUILD_* metadata env of in/out scripts; check gets none."""
+def build_env(action: Action, build: Build, trace: TraceContext | None = None) -> dict[str, str]:
+    """The BUILD_* metadata env of in/out scripts (check gets none), and for every action
+    the request's trace context (TRACEPARENT, TRACESTATE) if it had one. Nothing secret:
+    ``source`` and ``params`` never go into env vars."""
     if action == "check":
-        return {}
+        return trace_env(trace)
     return {
+        **trace_env(trace),
         "BUILD_ID": build.id,
         "BUILD_NAME": build.name,
         "BUILD_JOB_NAME": build.job,

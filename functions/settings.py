@@ -18,6 +18,7 @@ from typing import Any, TypeVar, cast
 
 from functions.errors import ConfigError
 from functions.model import ResourceType
+from functions.tracing import tracing_wanted
 from storage.archive import ArchiveOptions, Limits
 from storage.options import StoreOptions, env_int
 
@@ -96,6 +97,10 @@ class Settings:
     docker_api_version: str = "1.41"
     container_network: str = ""
     work_dir: str = ""
+    # A replica answers a get from a cache record in memory while it saw the artifact within
+    # this many seconds (0: it looks in the store on every hit).
+    cache_recheck_seconds: float = 1.0
+    tracing: bool = False  # OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT set: runs exported as spans
     archive: ArchiveOptions = field(default_factory=ArchiveOptions)
     limits: Limits = field(default_factory=Limits)
     store_options: StoreOptions = field(default_factory=StoreOptions)
@@ -150,6 +155,8 @@ class Settings:
             docker_api_version=env.get("DOCKER_API_VERSION") or "1.41",
             container_network=env.get("CONTAINER_NETWORK", ""),
             work_dir=env.get("WORK_DIR", ""),
+            cache_recheck_seconds=_number(env, "CACHE_RECHECK_SECONDS", 1.0),
+            tracing=tracing_wanted(env),
             archive=_storage_setting(ArchiveOptions.from_env, env),
             limits=_storage_setting(Limits.from_env, env),
             store_options=_storage_setting(StoreOptions.from_env, env),

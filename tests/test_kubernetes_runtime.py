@@ -460,6 +460,8 @@ def test_get_succeeds_and_its_artifact_is_in_the_store(
     assert (tmp_path / "out/src/main.py").read_bytes() == b"print(1)\n"
     assert steps.read_outcome(store, task.run_id) == outcome
     kubernetes_validate.validate(seen["job"], "1.37", strict=True)
+    # Coarser than the local runtime's: what happens inside the pod is one phase.
+    assert [phase.name for phase in outcome.phases] == ["launch", "pod", "result"]
 
 
 def test_secret_is_owned_by_the_job_and_deleted_after_completion(

@@ -12,10 +12,10 @@ import logging
 import re
 import shutil
 import socket
+import struct
 import tempfile
 import threading
 import time
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -31,11 +31,12 @@ from functions.errors import Unavailable, failure_kind
 from functions.logs import fields
 from functions.model import SCRIPTS, WORKDIRS, Outcome, Task
 from functions.outcome import failed, final_failure
-from functions.protocol import MAX_STDOUT_BYTES
+from functions.phases import PhaseClock
 from functions.redaction import redact, secret_strings
 from functions.runtimes.background import BackgroundRuns
+from functions.runtimes.output import STDERR, STDOUT, Output
 from functions.task import steps
-from functions.task.contract import MANAGED_BY, MAX_STDERR_BYTES, script_timeout
+from functions.task.contract import MANAGED_BY, script_timeout
 from functions.task.sink import post_outcome
 from storage import Store
 from storage.archive import ArchiveOptions, Limits
@@ -45,6 +46,10 @@ if TYPE_CHECKING:
     from functions.settings import Settings
 
 ENGINE_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException, OSError)
+FRAME_HEADER = struct.Struct(">BxxxL")  # of the attach stream (no TTY)
+STREAM_END_SECONDS = 5  # after the exit, for the attach stream to bring the last output
+EXIT_CHECK_SECONDS = 5  # how often a script whose attach stream goes on is checked for an exit
+EXIT_SETTLE_SECONDS = 1  # after the stream's end, asking for the exit code before waiting
 log = logging.getLogger("functions.container")
 
 
@@ -66,6 +71,7 @@ class ContainerRuntime:
         self._started: set[str] = set()
         self._pull_locks: dict[str, threading.Lock] = {}
         self._background = BackgroundRuns("container-run")
+        self._cleanup = BackgroundRuns("container-remove", limit=2)
 
     @classmethod
     def from_settings(cls, settings: Settings, store: Store) -> ContainerRuntime:
@@ -91,6 +97,7 @@ class ContainerRuntime:
     def close(self) -> None:
         """Wait for the asynchronous runs (they reply when done), then let go of the engine."""
         self._background.close()
+        self._cleanup.close()
         self._client.close()
 
     def start(self, task: Task) -> None:
@@ -123,18 +130,21 @@ class ContainerRuntime:
         for the redelivery."""
         root = self._run_root(task.run_id)
         workdir = root / task.action
+        clock = PhaseClock()
         container = self._existing(task.run_id)
-        if container is None:
+        if container is None and WORKDIRS[task.action]:  # a check mounts no work dir
             shutil.rmtree(root, ignore_errors=True)  # a crash's leftovers, nothing ran in it
             workdir.mkdir(parents=True)
         try:
-            outcome = self._outcome(task, workdir, container)
+            outcome = self._outcome(task, workdir, container, clock)
         except StorageError as err:  # a permanent store refusal; retryable ones raise here
             outcome = steps.record_outcome(
                 self._store, task.run_id, final_failure(task.action, err)
             )
-        self._remove_run(task.run_id, root)  # the result is stored: nothing left to adopt
-        return outcome
+        # The result is stored, so nothing is left to adopt and a redelivery replays the
+        # record: the removal need not hold up the reply.
+        self._cleanup.submit(self._remove_run, task.run_id, root)
+        return clock.attach(outcome)
 
     def _run_root(self, run: str) -> Path:
         return Path(self._config.workroot or tempfile.gettempdir()) / f"rf-{run}"
@@ -157,27 +167,61 @@ class ContainerRuntime:
         )
         return container
 
-    def _outcome(self, task: Task, workdir: Path, container: Any) -> Outcome:
+    def _outcome(self, task: Task, workdir: Path, container: Any, clock: PhaseClock) -> Outcome:
         """The stored outcome: of the adopted container, or of a new one."""
+        output: Output | None = None  # an adopted container's is read from the engine's logs
         if container is None:
             try:
-                steps.stage(self._store, task.inputs, workdir, self._config.limits)
+                if task.inputs:
+                    with clock.phase("stage"):
+                        steps.stage(self._store, task.inputs, workdir, self._config.limits)
             except steps.StageFailed as err:
                 return self._record(task, failed(task.action, "storage", str(err)))
-            image_problem = self._ensure_image(task.resource_type.image)
-            if image_problem:
-                return self._record(task, failed(task.action, "image_pull", image_problem))
-            container = self._create(task, workdir)
-            exit_code = self._feed_and_wait(container, task)
+            with clock.phase("create"):
+                container = self._create(task, workdir)
+            if container is None:  # the engine lacks the image: asked only now, saving a call
+                with clock.phase("image_pull"):
+                    image_problem = self._ensure_image(task.resource_type.image)
+                if image_problem:
+                    return self._record(task, failed(task.action, "image_pull", image_problem))
+                with clock.phase("create"):
+                    container = self._create(task, workdir)
+                if container is None:
+                    raise Unavailable(f"image {task.resource_type.image} vanished after its pull")
+            with clock.phase("script"):
+                exit_code, output = self._feed_and_wait(container, task)
         else:
-            exit_code = self._wait(container, task, _remaining(container, task.timeout_seconds))
-        return self._collect(container, task, workdir, exit_code)
+            try:
+                with clock.phase("script"):
+                    remaining = _remaining(container, task.timeout_seconds)
+                    exit_code = self._wait(container, task, remaining)
+                with clock.phase("output"):
+                    output = _read_logs(container, with_stdout=exit_code is not None)
+            except Unavailable:
+                # The process that started the container may live on (an orphaned worker):
+                # if it stored the result and removed the container, that result stands.
+                stored = steps.read_outcome(self._store, task.run_id)
+                if stored is None:
+                    raise
+                return stored
+        return self._collect(container, task, workdir, exit_code, output, clock)
 
     def _record(self, task: Task, outcome: Outcome) -> Outcome:
         return steps.record_outcome(self._store, task.run_id, outcome)
 
-    def _collect(self, container: Any, task: Task, workdir: Path, exit_code: int | None) -> Outcome:
-        stderr = _read_logs(container, stdout=False)
+    def _collect(
+        self,
+        container: Any,
+        task: Task,
+        workdir: Path,
+        exit_code: int | None,
+        output: Output | None,
+        clock: PhaseClock,
+    ) -> Outcome:
+        if output is None:
+            with clock.phase("output"):
+                output = _read_logs(container, with_stdout=exit_code is not None)
+        stdout, stderr = output.stdout, output.stderr
         if exit_code is None:
             log_text = redact(
                 stderr.decode("utf-8", "replace"), secret_strings(task.stdin, task.secrets)
@@ -195,11 +239,12 @@ class ContainerRuntime:
             self._store,
             spec,
             exit_code=exit_code,
-            stdout=_read_logs(container, stdout=True),
+            stdout=stdout,
             stderr=stderr,
             stdin=task.stdin,
             extra_secrets=task.secrets,
             output_dir=workdir if task.action == "get" else None,
+            clock=clock,
         )
 
     def _remove_run(self, run: str, root: Path) -> None:
@@ -212,6 +257,7 @@ class ContainerRuntime:
         shutil.rmtree(root, ignore_errors=True)
 
     def _create(self, task: Task, workdir: Path) -> Any:
+        """The created container; None if the engine lacks the image."""
         target = WORKDIRS[task.action]
         try:
             return self._client.containers.create(
@@ -226,24 +272,52 @@ class ContainerRuntime:
                 privileged=task.resource_type.privileged,
                 network=self._config.network,
             )
+        except docker.errors.ImageNotFound:
+            return None
         except ENGINE_ERRORS as err:  # a name conflict included: another process runs it
             raise Unavailable(f"container engine: cannot create container: {err}") from err
 
-    def _feed_and_wait(self, container: Any, task: Task) -> int | None:
-        """Start with stdin attached and fed from a thread (a script that never reads stdin
-        cannot block us), wait; None means the script timed out and was killed."""
+    def _feed_and_wait(self, container: Any, task: Task) -> tuple[int | None, Output | None]:
+        """Start with stdin, stdout and stderr attached: stdin fed from one thread (a script
+        that never reads stdin cannot block us), the output read as it comes by another;
+        wait. An exit code of None: the script timed out and was killed. The output is None
+        if the attach stream did not end whole (then the engine's logs are read instead)."""
         try:
-            sock = container.attach_socket(params={"stdin": 1, "stream": 1})
+            sock = container.attach_socket(
+                params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+            )
             container.start()
         except ENGINE_ERRORS as err:
             raise Unavailable(f"container engine: cannot start the container: {err}") from err
+        output = Output()
+        reader = threading.Thread(target=_drain, args=(sock, output), daemon=True)
         feeder = threading.Thread(target=_feed, args=(sock, task.stdin), daemon=True)
+        reader.start()
         feeder.start()
         try:
-            return self._wait(container, task, task.timeout_seconds)
+            exit_code = self._await_exit(container, task, reader)
         finally:
-            sock.close()
             feeder.join(5)
+            reader.join(STREAM_END_SECONDS)
+            _close(sock)
+        return exit_code, output if output.complete else None
+
+    def _await_exit(self, container: Any, task: Task, reader: threading.Thread) -> int | None:
+        """The exit code, asked for as soon as the attach stream ends (Podman's own wait
+        answers up to a second after the exit); the engine's wait decides when the stream
+        ends early (a script closing its stdout) or not at all. None: timed out, killed."""
+        deadline = time.monotonic() + task.timeout_seconds
+        while reader.is_alive() and time.monotonic() < deadline:
+            reader.join(min(EXIT_CHECK_SECONDS, max(0.0, deadline - time.monotonic())))
+            if reader.is_alive() and (code := _exit_code(container)) is not None:
+                return code  # exited, but the stream did not end: the engine's logs tell
+        if not reader.is_alive():
+            settle = min(deadline, time.monotonic() + EXIT_SETTLE_SECONDS)
+            while (code := _exit_code(container)) is None and time.monotonic() < settle:
+                time.sleep(0.02)  # the stream ended a moment before the engine saw the exit
+            if code is not None:
+                return code
+        return self._wait(container, task, deadline - time.monotonic())
 
     def _wait(self, container: Any, task: Task, timeout: float) -> int | None:
         """The exit code; None if the script overran ``timeout`` (it is killed)."""
@@ -331,24 +405,66 @@ def _feed(sock: Any, payload: bytes) -> None:
         pass  # the script exited or closed stdin without reading it all: its exit code tells
 
 
-def _read_logs(container: Any, *, stdout: bool) -> bytes:
-    """stdout: its head, one byte over the protocol's limit (so an oversize is detected);
-    stderr: its last MAX_STDERR_BYTES. Memory stays bounded whatever the script prints."""
-    limit = MAX_STDOUT_BYTES + 1 if stdout else MAX_STDERR_BYTES
-    chunks: deque[bytes] = deque()
-    size = 0
+def _exit_code(container: Any) -> int | None:
+    """The exit code if the script has exited, else None. Podman says "stopped", with the
+    exit code, for the quarter second it takes to clean up before "exited"."""
     try:
-        for chunk in container.logs(stdout=stdout, stderr=not stdout, stream=True, follow=False):
-            chunks.append(chunk)
-            size += len(chunk)
-            if stdout and size >= limit:
-                break
-            while not stdout and size - len(chunks[0]) >= limit:
-                size -= len(chunks.popleft())
+        container.reload()
+    except ENGINE_ERRORS as err:
+        raise Unavailable(f"container engine: {err}") from err
+    state = container.attrs.get("State") or {}
+    if state.get("Status") not in ("stopped", "exited"):
+        return None
+    return int(state.get("ExitCode", -1))
+
+
+def _drain(sock: Any, output: Output) -> None:
+    """Read the attach stream (frames of an 8-byte header: stream number, 3 zero bytes,
+    big-endian length) to its end into ``output``, which is complete only if the stream
+    ended between two frames."""
+    raw = getattr(sock, "_sock", sock)
+    pending = b""
+    try:
+        while chunk := raw.recv(1 << 16):
+            pending += chunk
+            while len(pending) >= FRAME_HEADER.size:
+                stream, size = FRAME_HEADER.unpack_from(pending)
+                end = FRAME_HEADER.size + size
+                if len(pending) < end:
+                    break
+                output.add(stream, pending[FRAME_HEADER.size : end])
+                pending = pending[end:]
+    except OSError:
+        return  # cut off: the engine's logs are read instead
+    output.complete = not pending
+
+
+def _close(sock: Any) -> None:
+    """Close the attach socket; a reader still blocked on it wakes up."""
+    raw = getattr(sock, "_sock", sock)
+    try:
+        raw.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed by the engine
+    sock.close()
+
+
+def _read_logs(container: Any, *, with_stdout: bool) -> Output:
+    """The output from the engine's logs (an adopted container's, or when the attach
+    stream was cut): two reads, one per stream; stdout only if it counts."""
+    output = Output()
+    streams = (STDERR, STDOUT) if with_stdout else (STDERR,)
+    try:
+        for stream in streams:
+            is_stdout = stream == STDOUT
+            chunks = container.logs(stdout=is_stdout, stderr=not is_stdout, stream=True)
+            for chunk in chunks:
+                output.add(stream, chunk)
+                if output.stdout_full:
+                    break
     except ENGINE_ERRORS as err:
         raise Unavailable(f"container engine: cannot read the output: {err}") from err
-    data = b"".join(chunks)
-    return data[:limit] if stdout else data[-limit:]
+    return output
 
 
 def _kill(container: Any) -> None:

@@ -40,6 +40,7 @@ from functions.errors import (
 from functions.logs import fields
 from functions.model import Outcome, Task
 from functions.outcome import failed, final_failure
+from functions.phases import PhaseClock, timed
 from functions.runtimes import podspec
 from functions.runtimes.background import BackgroundRuns
 from functions.runtimes.job_status import Verdict, is_finished, judge, started_at
@@ -104,13 +105,18 @@ class KubernetesRuntime:
         self._api.close()
 
     def run(self, task: Task) -> Outcome:
-        """Run the task's Job (or attach to it) and return its stored outcome."""
+        """Run the task's Job (or attach to it) and return its stored outcome. Its phases
+        are coarser than the container runtime's: ``launch`` (Job and Secret), ``pod`` (the
+        pod from scheduling to its end: image pull, stage, script and collect inside it) and
+        ``result`` (reading what collect stored)."""
         plan = plan_for(task, self._config, self._store.url, reply=False)
+        clock = PhaseClock()
         try:
-            job = self._launch(plan, task.stdin, task.secrets)
+            with clock.phase("launch"):
+                job = self._launch(plan, task.stdin, task.secrets)
         except Rejected as err:
             return self._rejected(task, plan, err)
-        return self._settle(task, plan, job).outcome
+        return clock.attach(self._settle(task, plan, job, clock).outcome)
 
     def start(self, task: Task) -> None:
         """Create the Job (idempotent) and return; the task posts its own reply."""
@@ -193,9 +199,14 @@ class KubernetesRuntime:
 
     # --- following -----------------------------------------------------------------------
 
-    def _settle(self, task: Task, plan: JobPlan, job: dict[str, Any]) -> Settled:
+    def _settle(
+        self, task: Task, plan: JobPlan, job: dict[str, Any], clock: PhaseClock | None = None
+    ) -> Settled:
         try:
-            settled = self._conclude(task, plan, self._follow(plan, job))
+            with timed(clock, "pod"):
+                verdict = self._follow(plan, job)
+            with timed(clock, "result"):
+                settled = self._conclude(task, plan, verdict)
         except StorageError as err:
             settled = Settled(final_failure(task.action, err), by_collect=False)
         except KubeApiError as err:  # none expected while following

@@ -8,6 +8,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, replace
+from typing import Any
 
 from cloudevents.core.v1.event import CloudEvent
 
@@ -17,14 +18,17 @@ from functions.logs import fields
 from functions.metrics import Metrics
 from functions.model import Action, HistoryPlan, Outcome, Request, Task
 from functions.outcome import final_failure
+from functions.phases import seconds_by_phase
 from functions.runtimes import Runtime
 from functions.service import checks
+from functions.service.cache_memory import CacheMemory
 from functions.service.flights import Flights
 from functions.service.request_data import parse_request_data
 from functions.settings import Settings
 from functions.task import steps
 from functions.task.contract import discovered_events, reply_event
 from functions.task.sink import post_events
+from functions.tracing import RunTracer, trace_context
 from storage import Store
 from storage.base import url_prefix
 from storage.errors import StorageError
@@ -57,6 +61,8 @@ class Service:
         self.runtime = runtime
         self.metrics = metrics
         self.flights = Flights()
+        self.cache_memory = CacheMemory(settings.cache_recheck_seconds)
+        self.tracer = RunTracer(f"resource-functions-{action}") if settings.tracing else None
 
     def handle(self, event: CloudEvent) -> Reply:
         """Serve one request event. Raises ``InvalidRequest`` (400) or ``Unavailable`` (503)."""
@@ -99,6 +105,8 @@ class Service:
             artifact_url_prefix=url_prefix(self.store) + "artifacts/",
             reply_async=reply_async,
         )
+        trace = trace_context(event.get_extension("traceparent"), event.get_extension("tracestate"))
+        request = replace(request, trace=trace)
         image = request.resource_type.image
         if request.type_name is None and not any(
             fnmatch.fnmatchcase(image, pattern) for pattern in self.settings.allowed_images
@@ -144,6 +152,12 @@ class Service:
 
     def _serve(self, request: Request, run: str) -> Reply:
         cache_key = self._cache_key(request)
+        remembered = self.cache_memory.fresh(cache_key) if cache_key else None
+        if remembered is not None:
+            # Ahead of this run's stored result: a hit starts nothing, and its reply has the
+            # id a stored success of this run would have (only "cached" may differ).
+            self.metrics.cache_hits.labels(self.action).inc()
+            return self._reply(request, run, Outcome(action=self.action, data=remembered))
         plan = checks.history_plan(self.settings, request)
         fresh = None
         if plan is not None:
@@ -188,14 +202,23 @@ class Service:
         if stored is not None:
             self.metrics.joined.labels(self.action).inc()
             return stored
-        cached = steps.read_cache(self.store, cache_key) if cache_key else None
+        cached = self._read_cache(cache_key) if cache_key else None
         if cached is not None:
             self.metrics.cache_hits.labels(self.action).inc()
             return Outcome(action=self.action, data=cached)
         return None
 
+    def _read_cache(self, cache_key: str) -> dict[str, Any] | None:
+        """The cache entry, its record from memory if kept, its artifact looked for."""
+        cached = steps.read_cache(self.store, cache_key, self.cache_memory.record(cache_key))
+        if cached is None:
+            self.cache_memory.forget(cache_key)
+        else:
+            self.cache_memory.seen(cache_key, cached)
+        return cached
+
     def _run(self, task: Task) -> Outcome:
-        started = time.monotonic()
+        started, started_ns = time.monotonic(), time.time_ns()
         outcome = self.runtime.run(task)
         kind = "succeeded" if outcome.failure is None else outcome.failure.kind
         self.metrics.runs.labels(self.action, kind).inc()
@@ -203,6 +226,9 @@ class Service:
         artifact = (outcome.data or {}).get("artifact")
         if artifact:
             self.metrics.bytes.labels(self.action).inc(artifact["size"])
+        phases = seconds_by_phase(outcome.phases)
+        for phase, seconds in phases.items():
+            self.metrics.phase_duration.labels(self.action, phase).observe(seconds)
         log.info(
             "run finished",
             extra=fields(
@@ -210,9 +236,32 @@ class Service:
                 run_id=task.run_id,
                 outcome=kind,
                 seconds=time.monotonic() - started,
+                phases=phases,
             ),
         )
+        if self.tracer is not None:
+            self._export(task, outcome, kind, started_ns)
         return outcome
+
+    def _export(self, task: Task, outcome: Outcome, kind: str, started_ns: int) -> None:
+        """The run as a span (a child of the request's), a child span per phase."""
+        try:
+            assert self.tracer is not None
+            self.tracer.export_run(
+                name=f"{self.action} run",
+                outcome=outcome,
+                start_ns=started_ns,
+                end_ns=time.time_ns(),
+                trace=task.trace,
+                attributes={
+                    "resource_functions.action": self.action,
+                    "resource_functions.run_id": task.run_id,
+                    "resource_functions.outcome": kind,
+                    "resource_functions.image": task.resource_type.image,
+                },
+            )
+        except Exception:  # tracing must never fail a request
+            log.exception("cannot export the run's spans", extra=fields(run_id=task.run_id))
 
     def _cache_key(self, request: Request) -> str | None:
         if request.action != "get":
@@ -257,7 +306,7 @@ class Service:
             stdin=protocol.stdin_payload(
                 request.action, request.source, request.version, request.params
             ),
-            env=protocol.build_env(request.action, request.build),
+            env=protocol.build_env(request.action, request.build, request.trace),
             inputs=request.inputs,
             cache_key=cache_key,
             timeout_seconds=timeout,
@@ -266,6 +315,7 @@ class Service:
             subject=request.subject,
             secrets=request.secrets,
             history=checks.history_plan(self.settings, request),
+            trace=request.trace,
         )
 
     def _reply(self, request: Request, run: str, outcome: Outcome) -> Reply:
@@ -276,6 +326,7 @@ class Service:
             request_id=request.event_id,
             subject=request.subject,
             run_id=run,
+            trace=request.trace,
         )
         return Reply(status=200, event=event)
 

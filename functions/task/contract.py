@@ -26,8 +26,9 @@ from cloudevents.core.v1.event import CloudEvent
 
 from functions.events import TYPE_PREFIX
 from functions.keys import canonical_json
-from functions.model import Action, ArtifactRef, HistoryPlan, Outcome
+from functions.model import Action, ArtifactRef, HistoryPlan, Outcome, TraceContext
 from functions.outcome import failed
+from functions.tracing import trace_attributes
 from storage.base import is_digest
 
 MANAGED_BY = "resource-functions"  # the managed-by label of task Jobs and local containers
@@ -114,9 +115,16 @@ def reply_type(action: str, succeeded: bool) -> str:
 
 
 def reply_event(
-    *, action: Action, outcome: Outcome, request_id: str, subject: str | None, run_id: str
+    *,
+    action: Action,
+    outcome: Outcome,
+    request_id: str,
+    subject: str | None,
+    run_id: str,
+    trace: TraceContext | None = None,
 ) -> CloudEvent:
-    """The reply CloudEvent for an outcome (pure: same inputs, same event but for ``time``)."""
+    """The reply CloudEvent for an outcome (pure: same inputs, same event but for ``time``).
+    ``trace``: the request's trace context, carried on as the distributed-tracing extension."""
     attributes: dict[str, Any] = {
         "specversion": "1.0",
         "type": reply_type(action, outcome.succeeded),
@@ -127,6 +135,7 @@ def reply_event(
     }
     if subject:
         attributes["subject"] = subject
+    attributes.update(trace_attributes(trace))
     return CloudEvent(attributes=attributes, data=reply_data(outcome))
 
 
@@ -179,6 +188,7 @@ def reply_events(
     subject: str | None,
     run_id: str,
     history: HistoryPlan | None,
+    trace: TraceContext | None = None,
 ) -> list[CloudEvent]:
     """Everything an asynchronous run posts to the sink: the discovered versions, then the
     reply (so a consumer of the reply finds the discoveries already sent)."""
@@ -186,6 +196,11 @@ def reply_events(
         outcome=outcome, request_id=request_id, subject=subject, run_id=run_id, history=history
     )
     reply = reply_event(
-        action=action, outcome=outcome, request_id=request_id, subject=subject, run_id=run_id
+        action=action,
+        outcome=outcome,
+        request_id=request_id,
+        subject=subject,
+        run_id=run_id,
+        trace=trace,
     )
     return [*found, reply]

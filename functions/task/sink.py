@@ -64,5 +64,6 @@ def post_outcome(sink: str, task: Task, outcome: Outcome) -> None:
         subject=task.subject,
         run_id=task.run_id,
         history=task.history,
+        trace=task.trace,
     )
     post_events(sink, events)

@@ -21,6 +21,7 @@ from typing import Any
 from functions import history, keys
 from functions.model import Action, ArtifactRef, HistoryPlan, Outcome
 from functions.outcome import failed, outcome_of_script, redact_failure
+from functions.phases import PhaseClock, timed
 from functions.redaction import redact, secret_strings
 from storage import Store, get_json, put_json
 from storage.archive import ArchiveOptions, Limits, suffix_for
@@ -110,22 +111,27 @@ def collect(
     stdin: bytes,
     output_dir: Path | None,
     extra_secrets: Sequence[str] = (),
+    clock: PhaseClock | None = None,
 ) -> Outcome:
     """Build, store and return the outcome of one script run (idempotent per run id).
-    ``extra_secrets``: resolved credential values, redacted whatever their length."""
+    ``extra_secrets``: resolved credential values, redacted whatever their length.
+    ``clock`` times the artifact's upload and the store writes."""
     secrets = secret_strings(stdin, extra_secrets)
     log = redact(stderr.decode("utf-8", errors="replace"), secrets)
     # invalid_output messages quote stdout, which may echo a credential: redact them too.
     outcome = redact_failure(outcome_of_script(spec.action, exit_code, stdout, log), secrets)
     if outcome.succeeded and spec.action == "get" and spec.cache_key and output_dir:
-        outcome = store_artifact(store, spec, outcome, output_dir, log)
+        with timed(clock, "upload"):
+            outcome = store_artifact(store, spec, outcome, output_dir, log)
     if outcome.succeeded and spec.action == "check" and spec.history:
         stored = read_outcome(store, spec.run_id)
         if stored is not None:  # a redelivered run: its versions are in the history already
             return stored
-        outcome = with_history(store, spec.history, outcome)
-    write_once(store, keys.log_key(spec.run_id), log.encode())
-    return record_outcome(store, spec.run_id, outcome)
+        with timed(clock, "history"):
+            outcome = with_history(store, spec.history, outcome)
+    with timed(clock, "store"):
+        write_once(store, keys.log_key(spec.run_id), log.encode())
+        return record_outcome(store, spec.run_id, outcome)
 
 
 def store_artifact(
@@ -203,15 +209,19 @@ def read_outcome(store: Store, run: str) -> Outcome | None:
         return None
 
 
-def read_cache(store: Store, cache_key: str) -> dict[str, Any] | None:
+def read_cache(
+    store: Store, cache_key: str, record: dict[str, Any] | None = None
+) -> dict[str, Any] | None:
     """The reply data of a cached get, or None on a miss. A record whose artifact is gone
     (e.g. expired by a bucket lifecycle rule) is removed, so the get runs and stores both
-    afresh."""
+    afresh. ``record``: the cache record if known already (records are written once), so
+    only the artifact is looked for."""
     record_key = keys.cache_record_key(cache_key)
-    try:
-        record = get_json(store, record_key)
-    except ObjectNotFound:
-        return None
+    if record is None:
+        try:
+            record = get_json(store, record_key)
+        except ObjectNotFound:
+            return None
     key = key_for_url(store, record.get("artifact", {}).get("url", ""))
     if key is None or store.stat(key) is None:
         store.delete(record_key)

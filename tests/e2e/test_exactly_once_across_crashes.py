@@ -181,6 +181,7 @@ def test_an_exited_container_left_behind_is_adopted(docker_host, resource_image,
     leftover = runtime._create(task, tmp_path)
     runtime._feed_and_wait(leftover, task)  # ran and exited; then "the service died"
     outcome = runtime.run(task)
+    runtime.close()  # waits for the removal, which no longer holds up the reply
     assert outcome.data == {"versions": [{"ref": "1"}]}
     assert starts(docker_host, task.run_id, since) == 1
     assert not container_left(docker_host, task.run_id)

@@ -214,7 +214,7 @@ def test_timeout_kills_the_container(deployment):
     status, reply, _ = send(deployment.services.urls["check"], event)
     assert status == 200
     assert reply.get_data()["error"]["kind"] == "timeout"
-    assert not leftover_containers(deployment, event)
+    assert removed_soon(deployment, event)
 
 
 def test_missing_image_is_an_image_pull_failure(deployment):
@@ -391,6 +391,17 @@ def leftover_containers(deployment, event):
     other tests and other users of the engine may have containers of their own."""
     labels = ["app.kubernetes.io/managed-by=resource-functions", f"run-id={run_of(event)}"]
     return engine(deployment).containers.list(all=True, filters={"label": labels})
+
+
+def removed_soon(deployment, event, seconds: float = 30) -> bool:
+    """Whether the request's containers are gone within ``seconds``: the service removes
+    them after it has replied."""
+    deadline = time.monotonic() + seconds
+    while leftover_containers(deployment, event):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
 
 
 def container_starts(deployment, event) -> int:

@@ -1,0 +1,61 @@
+"""Cache records kept in memory (bounded LRU), so a hot ``get`` is answered without the store.
+
+A cache record is written once and never changes, so keeping it is safe. Its artifact,
+though, may go (a bucket lifecycle rule expires it; an operator deletes it): an entry
+answers only while its artifact was seen within ``recheck_seconds``; after that the next
+hit looks in the store again (and finds the artifact gone, or sees it anew). So a replica
+notices a removed artifact at most ``recheck_seconds`` after it last saw it; 0 means every
+hit looks. The delay is of the same kind as the one between a hit and its requester's
+download, which the artifact may not survive either.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+DEFAULT_CAPACITY = 4096  # records are a few hundred bytes: about a megabyte at most
+
+
+class CacheMemory:
+    def __init__(
+        self,
+        recheck_seconds: float,
+        capacity: int = DEFAULT_CAPACITY,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._recheck = recheck_seconds
+        self._capacity = capacity
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[str, tuple[dict[str, Any], float]] = OrderedDict()
+
+    def fresh(self, key: str) -> dict[str, Any] | None:
+        """The record, if its artifact was seen within ``recheck_seconds``."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None or self._clock() - entry[1] >= self._recheck:
+                return None
+            self._entries.move_to_end(key)
+            return entry[0]
+
+    def record(self, key: str) -> dict[str, Any] | None:
+        """The record however long ago its artifact was seen (it needs a look again)."""
+        with self._lock:
+            entry = self._entries.get(key)
+            return entry[0] if entry is not None else None
+
+    def seen(self, key: str, record: dict[str, Any]) -> None:
+        """The record's artifact exists now."""
+        with self._lock:
+            self._entries[key] = (record, self._clock())
+            self._entries.move_to_end(key)
+            while len(self._entries) > self._capacity:
+                self._entries.popitem(last=False)
+
+    def forget(self, key: str) -> None:
+        with self._lock:
+            self._entries.pop(key, None)

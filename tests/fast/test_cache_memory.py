@@ -1,0 +1,95 @@
+"""Cache records kept in memory: a hot get is answered without the store, and an artifact
+removed from the store (expired by a lifecycle rule) is still noticed, at most
+CACHE_RECHECK_SECONDS after this replica last saw it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from functions.service.cache_memory import CacheMemory
+from functions.task import steps
+from storage import Store, put_json
+from tests.fast.test_http_service import FakeRuntime, event, make_client, post, reply_of
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+RECORD = {"version": {"ref": "v1"}, "metadata": [], "artifact": {"url": "file:///x"}}
+
+
+def test_an_entry_answers_only_within_the_recheck_window() -> None:
+    clock = Clock()
+    memory = CacheMemory(recheck_seconds=2, clock=clock)
+    memory.seen("k", RECORD)
+    clock.now += 1.9
+    assert memory.fresh("k") == RECORD
+    clock.now += 0.2
+    assert memory.fresh("k") is None
+    assert memory.record("k") == RECORD  # kept: records never change, only the artifact may go
+
+
+def test_a_window_of_zero_never_answers_from_memory() -> None:
+    memory = CacheMemory(recheck_seconds=0, clock=Clock())
+    memory.seen("k", RECORD)
+    assert memory.fresh("k") is None
+
+
+def test_the_least_recently_used_entry_goes_first() -> None:
+    memory = CacheMemory(recheck_seconds=10, capacity=2, clock=Clock())
+    memory.seen("a", RECORD)
+    memory.seen("b", RECORD)
+    memory.fresh("a")
+    memory.seen("c", RECORD)
+    assert memory.record("a") and memory.record("c") and memory.record("b") is None
+
+
+GET = {"type": "mock", "source": {"uri": "x"}, "version": {"ref": "v1"}}
+
+
+def cache_entry(store: Store, cache_key: str) -> str:
+    """Store an artifact and its cache record, as a get's collect does; return the key."""
+    key = f"artifacts/{cache_key}.tar.zst"
+    steps.write_once(store, key, b"bytes")
+    artifact = {"url": store.url_for(key), "digest": "sha256:" + "0" * 64, "size": 5}
+    put_json(store, f"artifacts/{cache_key}.json", {**RECORD, "artifact": artifact})
+    return key
+
+
+@pytest.fixture
+def setup(store: Store) -> Any:
+    runtime = FakeRuntime(store)
+    client = make_client(store, "get", runtime, cache_recheck_seconds=5)
+    clock = Clock()
+    client.application.extensions["service"].cache_memory = CacheMemory(5, clock=clock)
+    post(client, event("get", GET, id="run"))  # a miss: runs, then the entry is stored
+    key = cache_entry(store, runtime.ran[0].cache_key)
+    return client, runtime, clock, key
+
+
+def test_a_hot_entry_is_answered_from_memory(store: Store, setup: Any) -> None:
+    client, runtime, clock, key = setup
+    assert reply_of(post(client, event("get", GET, id="hit-1"))).get_data()["cached"] is True
+    store.delete(key)  # within the window this replica does not look again
+    clock.now += 4
+    assert reply_of(post(client, event("get", GET, id="hit-2"))).get_data()["cached"] is True
+    assert len(runtime.ran) == 1
+
+
+def test_an_artifact_removed_is_noticed_once_the_window_has_passed(
+    store: Store, setup: Any
+) -> None:
+    client, runtime, clock, key = setup
+    assert reply_of(post(client, event("get", GET, id="hit-1"))).get_data()["cached"] is True
+    store.delete(key)  # as a bucket lifecycle rule would
+    clock.now += 5
+    again = reply_of(post(client, event("get", GET, id="after")))
+    assert again.get_data().get("cached") is not True and len(runtime.ran) == 2  # ran again
+    assert store.stat(f"artifacts/{runtime.ran[0].cache_key}.json") is None  # record removed
