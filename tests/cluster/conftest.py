@@ -357,6 +357,7 @@ def knative_deployment(
             store,
             NAMESPACE,
             gateway_s3,
+            overlay,
         )
 
 
@@ -483,6 +484,7 @@ class KnativeDeployment:
     store: object
     namespace: str
     s3: GatewayS3
+    overlay: Path  # what was applied with kubectl apply -k
 
     @property
     def broker(self) -> str:

@@ -316,7 +316,7 @@ def test_task_pods_reach_nothing_but_this_machine(deployment):
     names and nothing else."""
     from tests.cluster.up import GATEWAY
 
-    logs = pod_output(deployment, PROBE_NETWORK)
+    logs = pod_output(deployment.cluster, deployment_image(deployment), PROBE_NETWORK)
     assert not any(line.startswith("default") for line in logs.splitlines()), logs
     assert "10.244.0.0/24" in logs
     assert "10.96.0.0/24 via 10.244.0.1" in logs
@@ -332,9 +332,9 @@ def deployment_image(deployment) -> str:
     return types["test"]
 
 
-def pod_output(deployment, script: str, token: bool = False) -> str:
-    """Run ``script`` (sh) in a pod of the test resource image; its output. ``token``: with
-    the namespace's default ServiceAccount token mounted."""
+def pod_output(cluster, image: str, script: str, token: bool = False) -> str:
+    """Run ``script`` (sh) in a pod of ``image``; its output. ``token``: with the namespace's
+    default ServiceAccount token mounted."""
     from tests.cluster.conftest import NAMESPACE
 
     name = f"probe-{uuid.uuid4().hex[:6]}"
@@ -348,14 +348,13 @@ def pod_output(deployment, script: str, token: bool = False) -> str:
             "containers": [
                 {
                     "name": "probe",
-                    "image": deployment_image(deployment),
+                    "image": image,
                     "command": ["sh", "-c", script],
                     "securityContext": {"allowPrivilegeEscalation": False},
                 }
             ],
         },
     }
-    cluster = deployment.cluster
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -442,9 +441,10 @@ def test_with_a_sender_audience_only_allowed_identities_may_send(deployment, tmp
         assert check({"Authorization": "Bearer not-a-token"})[0] == 401
         # A pod on the cluster network, straight to the function: refused, also with its own
         # ServiceAccount token (issued for the API server, not for the functions).
-        assert "401" in pod_output(deployment, post_from_pod(url))
+        image = deployment_image(deployment)
+        assert "401" in pod_output(cluster, image, post_from_pod(url))
         mounted = "/var/run/secrets/kubernetes.io/serviceaccount/token"
-        assert "401" in pod_output(deployment, post_from_pod(url, mounted), token=True)
+        assert "401" in pod_output(cluster, image, post_from_pod(url, mounted), token=True)
         assert len(new_jobs(deployment, before, "check")) == 1  # the allowed request's alone
         log = services.log_path.read_text()
         assert "Bearer" not in log and allowed["Authorization"][7:] not in log

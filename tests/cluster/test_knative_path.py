@@ -212,6 +212,7 @@ def test_a_store_outage_answers_503_and_the_broker_retry_runs_once(knative_deplo
     d = knative_deployment
     get = request_event("get", {"type": "test", "source": source(), "version": {"ref": "1"}})
     before = refused_by_get(d)
+    times = {"blocked": time.strftime("%H:%M:%S")}
     block_store(d, True)
     try:
         assert post(d.broker, get)[0] == 202
@@ -220,8 +221,28 @@ def test_a_store_outage_answers_503_and_the_broker_retry_runs_once(knative_deplo
         assert jobs_of(d, get) == []
     finally:
         block_store(d, False)
+        times["unblocked"] = time.strftime("%H:%M:%S")
     # The Broker retries (backoff doubling from PT1S) and the retry after the outage runs once.
-    data = assert_reply(reply_to(d, get, "get", timeout=120), get, "get")
+    try:
+        reply = reply_to(d, get, "get", timeout=120)
+    except AssertionError as err:
+        pods = d.cluster.kubectl(
+            "-n",
+            d.namespace,
+            "get",
+            "pods",
+            "-l",
+            "serving.knative.dev/service=get",
+            "-o",
+            "name",
+            check=False,
+        ).split()
+        logs = "\n".join(
+            d.cluster.kubectl("-n", d.namespace, "logs", pod, "-c", "function", check=False)[-3000:]
+            for pod in pods
+        )
+        raise AssertionError(f"{err}\n{times}\n{logs}") from err
+    data = assert_reply(reply, get, "get")
     assert data["cached"] is False
     assert len(d.sink.matching(requestid=attributes(get)["id"])) == 1
     assert len(jobs_of(d, get)) == 1
