@@ -100,7 +100,7 @@ def test_get_stores_the_directory_and_a_repeat_is_a_cache_hit(deployment, tmp_pa
     before, first = runs(deployment, "get"), request_event("get", data)
     status, reply, _ = send(deployment.services.urls["get"], first)
     assert status == 200, reply and reply.get_data()
-    assert container_starts(deployment, first) == 1
+    assert container_starts(deployment, first, at_least=1) == 1
     body = reply.get_data()
     assert body["version"] == data["version"] and body["cached"] is False
     assert body["metadata"] == [{"name": "build", "value": "77"}]
@@ -404,9 +404,17 @@ def removed_soon(deployment, event, seconds: float = 30) -> bool:
     return True
 
 
-def container_starts(deployment, event) -> int:
+def container_starts(deployment, event, at_least: int = 0) -> int:
     """Containers the engine started for this request (label run-id), from the engine's event
-    log (``stream=false`` makes Podman answer at once; Docker ignores it)."""
+    log (``stream=false`` makes Podman answer at once; Docker ignores it). Podman writes its
+    event log a little after the fact, so ``at_least`` waits (up to 10 s) for that many."""
+    deadline = time.monotonic() + 10
+    while (count := _starts_logged(deployment, event)) < at_least and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return count
+
+
+def _starts_logged(deployment, event) -> int:
     client = engine(deployment).api
     filters = {"event": ["start"], "label": [f"run-id={run_of(event)}"]}
     response = client.get(
