@@ -209,8 +209,33 @@ def refused_by_get(deployment) -> int:
 
 
 def test_a_store_outage_answers_503_and_the_broker_retry_runs_once(knative_deployment):
+    import threading
+
     d = knative_deployment
     get = request_event("get", {"type": "test", "source": source(), "version": {"ref": "1"}})
+    kept: dict[str, str] = {}
+    done = threading.Event()
+
+    def keep_logs() -> None:  # a function's logs go with its pods: keep them as they come
+        while not done.wait(1):
+            listed = d.cluster.kubectl(
+                "-n",
+                d.namespace,
+                "get",
+                "pods",
+                "-l",
+                "serving.knative.dev/service=get",
+                "-o",
+                "name",
+                check=False,
+            )
+            for pod in listed.split():
+                got = d.cluster.kubectl(
+                    "-n", d.namespace, "logs", pod, "-c", "function", check=False
+                )
+                kept[pod] = got or kept.get(pod, "")
+
+    threading.Thread(target=keep_logs, daemon=True).start()
     before = refused_by_get(d)
     times = {"blocked": time.strftime("%H:%M:%S")}
     block_store(d, True)
@@ -224,24 +249,14 @@ def test_a_store_outage_answers_503_and_the_broker_retry_runs_once(knative_deplo
         times["unblocked"] = time.strftime("%H:%M:%S")
     # The Broker retries (backoff doubling from PT1S) and the retry after the outage runs once.
     try:
-        reply = reply_to(d, get, "get", timeout=120)
+        reply = reply_to(d, get, "get", timeout=300)
+        times["replied"] = time.strftime("%H:%M:%S")
+        print(f"[knative] store outage: {times}")
     except AssertionError as err:
-        pods = d.cluster.kubectl(
-            "-n",
-            d.namespace,
-            "get",
-            "pods",
-            "-l",
-            "serving.knative.dev/service=get",
-            "-o",
-            "name",
-            check=False,
-        ).split()
-        logs = "\n".join(
-            d.cluster.kubectl("-n", d.namespace, "logs", pod, "-c", "function", check=False)[-3000:]
-            for pod in pods
-        )
+        logs = "\n".join(f"--- {pod}\n{text[-4000:]}" for pod, text in kept.items())
         raise AssertionError(f"{err}\n{times}\n{logs}") from err
+    finally:
+        done.set()
     data = assert_reply(reply, get, "get")
     assert data["cached"] is False
     assert len(d.sink.matching(requestid=attributes(get)["id"])) == 1
