@@ -47,6 +47,11 @@ def history_record_key(key: str) -> str:
     return f"history/{key}.json"
 
 
+def lease_record_key(key: str) -> str:
+    """The record naming the run that checks a resource now (``functions.lease``)."""
+    return f"leases/{key}.json"
+
+
 def artifact_key(key: str, suffix: str) -> str:
     return f"artifacts/{key}{suffix}"
 

@@ -76,6 +76,9 @@ class Settings:
     task_timeout_seconds: float = 3600.0
     reply_mode: str = "sync"
     history_limit: int = 1000  # HISTORY_LIMIT: versions kept per resource, the oldest dropped
+    # CHECK_LEASE_SECONDS: lifetime of a resource's check lease (renewed while its check
+    # runs), i.e. how long waiters wait for a holder that died; 0 turns the lease off.
+    check_lease_seconds: float = 30.0
     log_level: str = "info"
     task_namespace: str = "default"
     task_service_account: str = "resource-task"
@@ -125,6 +128,7 @@ class Settings:
             task_timeout_seconds=_number(env, "TASK_TIMEOUT_SECONDS", 3600.0),
             reply_mode=_choice(env, "REPLY_MODE", REPLY_MODES, "sync"),
             history_limit=_whole(env, "HISTORY_LIMIT", 1000),
+            check_lease_seconds=_number(env, "CHECK_LEASE_SECONDS", 30.0, zero=True),
             log_level=_choice(env, "LOG_LEVEL", ("debug", "info", "warning", "error"), "info"),
             task_namespace=env.get("TASK_NAMESPACE") or _own_namespace(),
             task_service_account=env.get("TASK_SERVICE_ACCOUNT") or "resource-task",
@@ -338,7 +342,8 @@ def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...], default
     return value
 
 
-def _number(env: Mapping[str, str], name: str, default: float) -> float:
+def _number(env: Mapping[str, str], name: str, default: float, *, zero: bool = False) -> float:
+    """A positive number (or zero too, when ``zero`` says it means "off")."""
     raw = env.get(name)
     if not raw:
         return default
@@ -346,8 +351,8 @@ def _number(env: Mapping[str, str], name: str, default: float) -> float:
         value = float(raw)
     except ValueError:
         raise ConfigError(f"{name}={raw!r}: expected a number") from None
-    if value <= 0:
-        raise ConfigError(f"{name}={raw!r}: must be positive")
+    if not (value > 0 or (value == 0 and zero)):  # NaN fails both
+        raise ConfigError(f"{name}={raw!r}: must be {'zero or ' if zero else ''}positive")
     return value
 
 

@@ -25,6 +25,12 @@ def test_history_limit_and_a_type_check_interval_are_read():
     assert settings.resource_types["git"].check_every == 60
 
 
+def test_the_check_lease_lasts_30_seconds_and_zero_turns_it_off():
+    assert Settings.from_env({}).check_lease_seconds == 30
+    assert Settings.from_env({"CHECK_LEASE_SECONDS": "0"}).check_lease_seconds == 0
+    assert Settings.from_env({"CHECK_LEASE_SECONDS": "7.5"}).check_lease_seconds == 7.5
+
+
 def test_resource_types_from_json_with_per_type_settings(tmp_path):
     spec = {
         "git": "img/git:1",
@@ -48,6 +54,8 @@ def test_resource_types_from_json_with_per_type_settings(tmp_path):
         pytest.param({"RESOURCE_TYPES": "{nope"}, "RESOURCE_TYPES", id="types-json"),
         pytest.param({"HISTORY_LIMIT": "0"}, "HISTORY_LIMIT", id="history-limit-zero"),
         pytest.param({"HISTORY_LIMIT": "many"}, "HISTORY_LIMIT", id="history-limit-text"),
+        pytest.param({"CHECK_LEASE_SECONDS": "-1"}, "CHECK_LEASE_SECONDS", id="lease-negative"),
+        pytest.param({"CHECK_LEASE_SECONDS": "nan"}, "CHECK_LEASE_SECONDS", id="lease-nan"),
         pytest.param(
             {"RESOURCE_TYPES": '{"git": {"image": "i", "check_every": "1m"}}'},
             "check_every",

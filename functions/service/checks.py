@@ -1,6 +1,7 @@
 """What the version history does for a check before it runs: ``"version": "latest-known"``
 becomes the history's last version, and a resource checked less than its interval ago is
-answered from the history without a run (``functions.history`` keeps the record)."""
+answered from the history without a run (``functions.history`` keeps the record); and the
+answer of a check that waited for another replica's run of the same resource."""
 
 from __future__ import annotations
 
@@ -44,5 +45,20 @@ def from_history(
         request = replace(request, version=known.latest)
     if known.checked_at is None or every <= 0 or now - known.checked_at >= every:
         return request, None
-    data = {"versions": history.since(known, request.version), "new": []}
-    return request, Outcome(action="check", data=data)
+    return request, answer(known, request)
+
+
+def answer(known: history.History, request: Request) -> Outcome:
+    """A check answered from the history rather than by its own run: what a check from the
+    request's version prints, nothing ``new`` (the run that found them announced them)."""
+    return Outcome(
+        action="check", data={"versions": history.since(known, request.version), "new": []}
+    )
+
+
+def joined_answer(store: Store, request: Request, plan: HistoryPlan, shared: Outcome) -> Outcome:
+    """The answer of a check that waited for another replica's run of its resource: that
+    run's failure, or (its versions may start from another version) the history after it."""
+    if not shared.succeeded:
+        return shared
+    return answer(history.read(store, plan.resource_key), request)

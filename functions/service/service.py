@@ -20,7 +20,7 @@ from functions.model import Action, HistoryPlan, Outcome, Request, Task
 from functions.outcome import final_failure
 from functions.phases import seconds_by_phase
 from functions.runtimes import Runtime
-from functions.service import checks
+from functions.service import checks, shared_check
 from functions.service.cache_memory import CacheMemory
 from functions.service.flights import Flights
 from functions.service.request_data import parse_request_data
@@ -186,7 +186,28 @@ class Service:
         stored = self._stored_answer(run, cache_key) or self._fresh(run, fresh)
         if stored is not None:
             return stored
-        return self._run(self._task(request, run, cache_key))
+        task = self._task(request, run, cache_key)
+        if task.history is None or self.settings.check_lease_seconds <= 0:
+            return self._run(task)
+        return self._check_once(request, task, task.history)
+
+    def _check_once(self, request: Request, task: Task, plan: HistoryPlan) -> Outcome:
+        """A check shared across replicas through its resource's lease: run it, or wait for
+        the run of the replica holding the lease and answer from it. A waiter's answer is
+        stored under its own run id, so its redelivery replays it."""
+        outcome, holder = shared_check.run_or_wait(
+            self.store,
+            keys.lease_record_key(plan.resource_key),
+            run=task.run_id,
+            ttl=self.settings.check_lease_seconds,
+            timeout=task.timeout_seconds,
+            work=lambda: self._run(task),
+        )
+        if holder == task.run_id:  # our run, or our own earlier delivery's on another replica
+            return outcome
+        self.metrics.joined.labels(self.action).inc()
+        answer = checks.joined_answer(self.store, request, plan, outcome)
+        return steps.record_outcome(self.store, task.run_id, answer)
 
     def _fresh(self, run: str, fresh: Outcome | None) -> Outcome | None:
         """A check answered from the history (within its interval), recorded as this run's

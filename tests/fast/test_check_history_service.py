@@ -1,11 +1,9 @@
 """Checks that remember, through the HTTP layer and the Service in-process: a runtime whose
-"script" lists the commits of an in-memory repository and hands its stdout to the real
-``steps.collect`` (the one path that records the history), the file store, and a real HTTP
-sink for the ``version.discovered`` events."""
+"script" lists the commits of an in-memory repository (``tests.repository_runtime``), the file
+store, and a real HTTP sink for the ``version.discovered`` events."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,55 +13,15 @@ from cloudevents.core.bindings.http import HTTPMessage, from_http_event, to_bina
 from cloudevents.core.v1.event import CloudEvent
 
 from functions.http.app import create_app
-from functions.model import Outcome, ResourceType, Task
+from functions.model import ResourceType
 from functions.settings import Settings
-from functions.task import steps
 from storage import Store, open_store
-from storage.archive import ArchiveOptions
 from tests.event_sink import EventSink, event_sink
+from tests.repository_runtime import RepositoryRuntime
 
 IMAGE = "example.org/git-resource@sha256:" + "a" * 64
 SECRET = "s3cret-token-value"
 DISCOVERED = "dev.resourcefunctions.version.discovered"
-
-
-class RepositoryRuntime:
-    """Checks a repository of ``commits``: from a version, that version and the newer ones;
-    without one, the latest (as the git resource does). Records what it was given."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self.commits: list[str] = ["1"]
-        self.stdins: list[dict[str, Any]] = []
-
-    def run(self, task: Task) -> Outcome:
-        stdin = json.loads(task.stdin)
-        self.stdins.append(stdin)
-        ref = (stdin.get("version") or {}).get("ref")
-        start = self.commits.index(ref) if ref in self.commits else len(self.commits) - 1
-        stdout = json.dumps([{"ref": c} for c in self.commits[start:]]).encode()
-        spec = steps.CollectSpec(
-            run_id=task.run_id,
-            action=task.action,
-            cache_key=None,
-            archive=ArchiveOptions(),
-            history=task.history,
-        )
-        return steps.collect(
-            self.store,
-            spec,
-            exit_code=0,
-            stdout=stdout,
-            stderr=b"",
-            stdin=task.stdin,
-            output_dir=None,
-        )
-
-    def start(self, task: Task) -> None:
-        raise AssertionError("no asynchronous runs here")
-
-    def close(self) -> None:
-        pass
 
 
 @pytest.fixture

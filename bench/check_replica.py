@@ -1,0 +1,126 @@
+"""One check-service replica for ``bench/check_load.py``: the real service (``create_app``
+under gunicorn, as ``python -m functions serve check``), configured from the environment, with
+two bench-only parts:
+
+* the runtime is an in-process stand-in (no container): it sleeps ``BENCH_RUN_SECONDS`` like
+  a check script would take, prints one version per ``BENCH_COMMIT_SECONDS`` window (so a
+  resource gets new commits over time) and hands that stdout to the real ``steps.collect``,
+  which records the history as every runtime does;
+* the store is wrapped to count its requests (each Store call is one request: every record,
+  result and log here is a single PUT or GET).
+
+``GET /bench/counts`` returns ``{"runs": n, "store": {method: n}}`` of this replica.
+
+    python bench/check_replica.py --port 8081     # env: STORE_URL, CACHE_SECRET, ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from functions.http.app import create_app, open_local_or_remote_store
+from functions.http.serving import serve
+from functions.model import Outcome, Task
+from functions.settings import Settings
+from functions.task import steps
+from storage import Store
+from storage.archive import ArchiveOptions
+
+STORE_METHODS = (
+    "put", "open", "stat", "delete", "list", "read_record", "write_record",
+)  # fmt: skip
+
+
+class CountingStore:
+    """A Store that counts the calls made through it (thread-safe) and forwards them."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.url = store.url
+        self.counts: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._store, name)
+        if name not in STORE_METHODS:
+            return method
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            with self._lock:
+                self.counts[name] += 1
+            return method(*args, **kwargs)
+
+        return counted
+
+
+class StandInRuntime:
+    """Runs a check without a container: sleeps, then prints this time window's commit."""
+
+    def __init__(self, store: Any, seconds: float, commit_every: float) -> None:
+        self.store = store
+        self.seconds = seconds
+        self.commit_every = commit_every
+        self.runs = 0
+        self._lock = threading.Lock()
+
+    def run(self, task: Task) -> Outcome:
+        with self._lock:
+            self.runs += 1
+        time.sleep(self.seconds)
+        version = {"ref": str(int(time.time() // self.commit_every))}
+        spec = steps.CollectSpec(
+            run_id=task.run_id,
+            action=task.action,
+            cache_key=None,
+            archive=ArchiveOptions(),
+            history=task.history,
+        )
+        return steps.collect(
+            self.store,
+            spec,
+            exit_code=0,
+            stdout=json.dumps([version]).encode(),
+            stderr=b"",
+            stdin=task.stdin,
+            output_dir=None,
+        )
+
+    def start(self, task: Task) -> None:
+        raise RuntimeError("the bench replies synchronously")
+
+    def close(self) -> None:
+        pass
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args()
+    settings = Settings.from_env()
+    store = CountingStore(open_local_or_remote_store(settings))
+    runtime = StandInRuntime(
+        store,
+        float(os.environ.get("BENCH_RUN_SECONDS", "0.5")),
+        float(os.environ.get("BENCH_COMMIT_SECONDS", "30")),
+    )
+    app = create_app(settings, "check", store=store, runtime=runtime)  # type: ignore[arg-type]
+    app.add_url_rule(
+        "/bench/counts",
+        "bench-counts",
+        lambda: {"runs": runtime.runs, "store": dict(store.counts)},
+    )
+    serve(app, host="127.0.0.1", port=args.port, threads=settings.threads)
+
+
+if __name__ == "__main__":
+    main()

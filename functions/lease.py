@@ -1,0 +1,141 @@
+"""A lease per resource in the store (``leases/<resource-key>.json``): who runs its check now.
+
+The record names the run that holds it, a nonce of this holding and an expiry::
+
+    {"run": "<run-id>", "holder": "<random hex>", "expires": 1767225630.0, "released": false}
+
+A lease is *free* when it is missing, released or expired. Taking a free lease is one
+conditional write: create-only when missing, else replace-if-unchanged with the token of the
+free state read, so of any number of replicas that saw it free exactly one wins. The holder
+renews it (same compare-and-swap on its own token) while its check runs and releases it when
+done by writing a released lease, so waiters see the end at their next read.
+
+Tokens may name bytes (S3 ETag, file sha256): the holder nonce keeps every holding's bytes
+distinct, so a stale token can never match a later holding. A write the client library
+retried may take effect yet report ``PreconditionFailed``; each step re-reads and
+recognises its own nonce before it concludes that it lost.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+
+from functions.logs import fields
+from storage import Store
+from storage.errors import PreconditionFailed, StorageError
+
+log = logging.getLogger("functions.lease")
+
+
+@dataclass(frozen=True)
+class Lease:
+    run: str  # the run id of the check the holder runs: waiters wait for its result
+    holder: str  # a nonce naming this holding
+    expires: float  # epoch seconds
+    released: bool = False
+
+    def free(self, now: float) -> bool:
+        return self.released or now >= self.expires
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A lease as read (or written) with the token of that state."""
+
+    lease: Lease
+    token: str
+
+
+def parse(data: bytes) -> Lease:
+    """The lease in a record's bytes; unreadable bytes are a free lease (taken over at once)."""
+    try:
+        value = json.loads(data)
+        return Lease(
+            run=str(value["run"]),
+            holder=str(value["holder"]),
+            expires=float(value["expires"]),
+            released=bool(value.get("released", False)),
+        )
+    except (ValueError, TypeError, KeyError):
+        return Lease(run="", holder="", expires=0.0)
+
+
+def dump(lease: Lease) -> bytes:
+    body = {
+        "run": lease.run,
+        "holder": lease.holder,
+        "expires": lease.expires,
+        "released": lease.released,
+    }
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def read(store: Store, key: str) -> Claim | None:
+    record = store.read_record(key)
+    return None if record is None else Claim(parse(record.data), record.token)
+
+
+def take(
+    store: Store, key: str, seen: Claim | None, *, run: str, ttl: float, now: float
+) -> Claim | None:
+    """Take the lease that was ``seen`` free (``None``: missing) for ``run``; the new claim,
+    or ``None`` if another replica changed it first."""
+    mine = Lease(run=run, holder=secrets.token_hex(8), expires=now + ttl)
+    return _write(store, key, mine, None if seen is None else seen.token)
+
+
+def renew(store: Store, key: str, held: Claim, *, ttl: float, now: float) -> Claim | None:
+    """Push the expiry of a lease still held; ``None`` if it was taken over meanwhile."""
+    return _write(store, key, replace(held.lease, expires=now + ttl), held.token)
+
+
+def release(store: Store, key: str, held: Claim) -> None:
+    """Mark the lease released (a no-op if it was taken over meanwhile)."""
+    _write(store, key, replace(held.lease, released=True), held.token)
+
+
+def _write(store: Store, key: str, lease: Lease, token: str | None) -> Claim | None:
+    try:
+        return Claim(lease, store.write_record(key, dump(lease), token))
+    except PreconditionFailed:
+        # Maybe our own write, retried by the client library: then the record holds our bytes.
+        current = read(store, key)
+        return current if current is not None and current.lease == lease else None
+
+
+@contextmanager
+def kept(store: Store, key: str, held: Claim, *, ttl: float) -> Iterator[None]:
+    """Renew the lease every third of ``ttl`` while the block runs, release it after."""
+    stop = threading.Event()
+    latest = [held]
+
+    def renewing() -> None:
+        while not stop.wait(ttl / 3):
+            try:
+                renewed = renew(store, key, latest[0], ttl=ttl, now=time.time())
+            except StorageError as err:  # the next renewal may get through
+                log.warning("lease renewal failed", extra=fields(key=key, error=str(err)))
+                continue
+            if renewed is None:
+                log.warning("lease taken over while its check ran", extra=fields(key=key))
+                return
+            latest[0] = renewed
+
+    thread = threading.Thread(target=renewing, name="lease-renewal", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        try:
+            release(store, key, latest[0])
+        except StorageError as err:  # waiters fall back on the expiry
+            log.warning("lease release failed", extra=fields(key=key, error=str(err)))

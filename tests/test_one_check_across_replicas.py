@@ -1,0 +1,156 @@
+"""One check per resource across replicas, on every backend (file, s3 on versitygw, gcs on
+fake-gcs-server): separate Service objects (each with its own in-process single flight, as
+separate replicas have) on one store, identical checks sent to all at once: one run, every
+reply the same versions; the waiters' answers survive redelivery; a holder that died or gave
+up hands the check to exactly one waiter (``functions.service.shared_check``)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from cloudevents.core.bindings.http import HTTPMessage, from_http_event, to_binary_event
+from cloudevents.core.v1.event import CloudEvent
+
+from functions import lease
+from functions.errors import Unavailable
+from functions.http.app import create_app
+from functions.model import Outcome, ResourceType
+from functions.service import shared_check
+from functions.settings import Settings
+from functions.task import steps
+from storage import Store, StoreOptions, open_store
+from tests.parallel import parallel
+from tests.repository_runtime import RepositoryRuntime
+
+IMAGE = "example.org/git-resource@sha256:" + "b" * 64
+KEY = "leases/resource.json"
+
+
+def replicas(store_url: str, runtime: RepositoryRuntime, n: int) -> list[Any]:
+    """``n`` check services on one store, each with its own store client and Service."""
+    settings = Settings(
+        store_url=store_url,
+        resource_types={"git": ResourceType(image=IMAGE)},
+        cache_secret=b"k" * 32,
+        check_lease_seconds=30,
+    )
+    return [
+        create_app(
+            settings, "check", store=open_store(store_url, StoreOptions()), runtime=runtime
+        ).test_client()  # type: ignore[arg-type]
+        for _ in range(n)
+    ]
+
+
+def check(client: Any, event_id: str, **data: Any) -> tuple[int, dict[str, Any]]:
+    request = CloudEvent(
+        attributes={
+            "specversion": "1.0",
+            "type": "dev.resourcefunctions.check.requested",
+            "source": "/tests/replicas",
+            "id": event_id,
+            "datacontenttype": "application/json",
+        },
+        data={"type": "git", "source": {"uri": "https://example.org/repo.git"}, **data},
+    )
+    message = to_binary_event(request)
+    response = client.post("/", headers=dict(message.headers), data=message.body)
+    if response.status_code != 200:
+        return response.status_code, {}
+    reply = from_http_event(HTTPMessage(headers=dict(response.headers), body=response.data))
+    return response.status_code, reply.get_data()
+
+
+def test_identical_checks_on_several_replicas_start_one_run(store_url: str) -> None:
+    runtime = RepositoryRuntime(open_store(store_url, StoreOptions()), seconds=0.5)
+    runtime.commits += ["2", "3"]
+    services = replicas(store_url, runtime, 5)
+
+    replies = parallel(
+        lambda i: check(services[i], f"tick-{i}", version="latest-known"), len(services)
+    )
+
+    assert len(runtime.stdins) == 1
+    assert {status for status, _ in replies} == {200}
+    assert [data["versions"] for _, data in replies] == [[{"ref": "3"}]] * 5
+    assert sorted(len(data["new"]) for _, data in replies) == [0, 0, 0, 0, 1]  # announced once
+
+
+def test_a_waiters_redelivery_replays_its_answer_and_a_later_check_runs_again(
+    store_url: str,
+) -> None:
+    runtime = RepositoryRuntime(open_store(store_url, StoreOptions()), seconds=0.5)
+    services = replicas(store_url, runtime, 3)
+    first = parallel(lambda i: check(services[i], f"tick-{i}"), len(services))
+    runtime.commits += ["2"]
+
+    again = [check(services[(i + 1) % 3], f"tick-{i}") for i in range(3)]  # other replicas
+    later = check(services[0], "tick-later")
+
+    assert again == first and len(runtime.stdins) == 2
+    assert later == (200, {"versions": [{"ref": "2"}], "new": [{"ref": "2"}]})
+
+
+def recorded(store: Store, calls: list[str], lock: threading.Lock, run: str) -> Outcome:
+    """The work of a check: counted, slow enough to overlap, its result stored under ``run``."""
+    with lock:
+        calls.append(run)
+    time.sleep(0.3)
+    return steps.record_outcome(store, run, Outcome(action="check", data={"versions": [run]}))
+
+
+def wait_together(store: Store, n: int, **options: Any) -> tuple[list[Any], list[str]]:
+    calls: list[str] = []
+    lock = threading.Lock()
+
+    def one(i: int) -> Any:
+        run = f"run-{i}"
+        try:
+            return shared_check.run_or_wait(
+                store, KEY, run=run, work=lambda: recorded(store, calls, lock, run), **options
+            )
+        except Unavailable as err:
+            return err
+
+    return parallel(one, n), calls
+
+
+def test_waiters_of_a_holder_that_died_hand_the_check_to_exactly_one(store: Store) -> None:
+    dead = lease.take(store, KEY, None, run="dead", ttl=1, now=time.time())
+    assert dead is not None  # never released, no result: its replica died
+
+    results, calls = wait_together(store, 4, ttl=30, timeout=60)
+
+    assert len(calls) == 1
+    assert results == [(Outcome(action="check", data={"versions": [calls[0]]}), calls[0])] * 4
+
+
+def test_waiters_of_a_holder_that_gave_up_without_a_result_run_the_check_once(
+    store: Store,
+) -> None:
+    held = lease.take(store, KEY, None, run="gave-up", ttl=3600, now=time.time())
+    assert held is not None
+    waiting = threading.Thread(
+        target=lambda: results.extend(wait_together(store, 3, ttl=30, timeout=60))
+    )
+    results: list[Any] = []
+    waiting.start()
+    time.sleep(0.3)  # let them find the lease held (the outcome does not depend on it)
+    lease.release(store, KEY, held)  # e.g. its engine was unreachable: released, no result
+    waiting.join(120)
+
+    replies, calls = results
+    assert len(calls) == 1 and {holder for _, holder in replies} == {calls[0]}
+
+
+def test_a_waiter_gives_up_with_unavailable_when_the_holder_outlasts_its_timeout(
+    store: Store,
+) -> None:
+    held = lease.take(store, KEY, None, run="slow", ttl=3600, now=time.time())
+    assert held is not None
+
+    results, calls = wait_together(store, 2, ttl=30, timeout=0.5)
+
+    assert calls == [] and all(isinstance(r, Unavailable) for r in results)
