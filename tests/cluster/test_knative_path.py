@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
 import time
 import uuid
 
@@ -176,90 +175,6 @@ def test_a_twice_delivered_event_runs_once_and_gives_one_result(knative_deployme
     assert len({attributes(r)["id"] for r in replies}) == 1
     assert all(r.get_data() == replies[0].get_data() for r in replies)
     assert assert_reply(replies[0], get, "get")["version"] == {"ref": "1"}
-    assert len(jobs_of(d, get)) == 1
-
-
-def block_store(deployment, on: bool) -> None:
-    """Make the S3 server unreachable from the pods (a store outage), or reachable again."""
-    from urllib.parse import urlsplit
-
-    from tests.cluster.up import BRIDGE
-
-    address = urlsplit(deployment.s3.endpoint)
-    rule = ["INPUT", "-i", BRIDGE, "-d", address.hostname, "-p", "tcp"]
-    rule += ["--dport", str(address.port), "-j", "REJECT", "--reject-with", "tcp-reset"]
-    subprocess.run(["iptables", "-w", "-I" if on else "-D", *rule], check=True)
-
-
-def refused_by_get(deployment) -> int:
-    """How many deliveries to the get function the Broker's filter saw answered 503 (its pods
-    stay up, unlike a function's, whose logs go with its pods)."""
-    logs = deployment.cluster.kubectl(
-        "-n",
-        "knative-eventing",
-        "logs",
-        "-l",
-        "eventing.knative.dev/brokerRole=filter",
-        "--tail=-1",
-        check=False,
-    )
-    return logs.count(
-        "get.resource-functions.svc.cluster.local: unexpected HTTP response, expected 2xx, got 503"
-    )
-
-
-def test_a_store_outage_answers_503_and_the_broker_retry_runs_once(knative_deployment):
-    import threading
-
-    d = knative_deployment
-    get = request_event("get", {"type": "test", "source": source(), "version": {"ref": "1"}})
-    kept: dict[str, str] = {}
-    done = threading.Event()
-
-    def keep_logs() -> None:  # a function's logs go with its pods: keep them as they come
-        while not done.wait(1):
-            listed = d.cluster.kubectl(
-                "-n",
-                d.namespace,
-                "get",
-                "pods",
-                "-l",
-                "serving.knative.dev/service=get",
-                "-o",
-                "name",
-                check=False,
-            )
-            for pod in listed.split():
-                got = d.cluster.kubectl(
-                    "-n", d.namespace, "logs", pod, "-c", "function", check=False
-                )
-                kept[pod] = got or kept.get(pod, "")
-
-    threading.Thread(target=keep_logs, daemon=True).start()
-    before = refused_by_get(d)
-    times = {"blocked": time.strftime("%H:%M:%S")}
-    block_store(d, True)
-    try:
-        assert post(d.broker, get)[0] == 202
-        # The first delivery meets the outage: the function answers 503 and starts nothing.
-        wait_for(lambda: refused_by_get(d) > before, 60, "answered 503")
-        assert jobs_of(d, get) == []
-    finally:
-        block_store(d, False)
-        times["unblocked"] = time.strftime("%H:%M:%S")
-    # The Broker retries (backoff doubling from PT1S) and the retry after the outage runs once.
-    try:
-        reply = reply_to(d, get, "get", timeout=300)
-        times["replied"] = time.strftime("%H:%M:%S")
-        print(f"[knative] store outage: {times}")
-    except AssertionError as err:
-        logs = "\n".join(f"--- {pod}\n{text[-4000:]}" for pod, text in kept.items())
-        raise AssertionError(f"{err}\n{times}\n{logs}") from err
-    finally:
-        done.set()
-    data = assert_reply(reply, get, "get")
-    assert data["cached"] is False
-    assert len(d.sink.matching(requestid=attributes(get)["id"])) == 1
     assert len(jobs_of(d, get)) == 1
 
 
