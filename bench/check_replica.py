@@ -32,9 +32,8 @@ from functions.http.app import create_app, open_local_or_remote_store
 from functions.http.serving import serve
 from functions.model import Outcome, Task
 from functions.settings import Settings
-from functions.task import steps
 from storage import Store
-from storage.archive import ArchiveOptions
+from tests.repository_runtime import collect_check
 
 STORE_METHODS = (
     "put", "open", "stat", "delete", "list", "read_record", "write_record",
@@ -78,22 +77,7 @@ class StandInRuntime:
             self.runs += 1
         time.sleep(self.seconds)
         version = {"ref": str(int(time.time() // self.commit_every))}
-        spec = steps.CollectSpec(
-            run_id=task.run_id,
-            action=task.action,
-            cache_key=None,
-            archive=ArchiveOptions(),
-            history=task.history,
-        )
-        return steps.collect(
-            self.store,
-            spec,
-            exit_code=0,
-            stdout=json.dumps([version]).encode(),
-            stderr=b"",
-            stdin=task.stdin,
-            output_dir=None,
-        )
+        return collect_check(self.store, task, json.dumps([version]).encode())
 
     def start(self, task: Task) -> None:
         raise RuntimeError("the bench replies synchronously")

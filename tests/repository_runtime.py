@@ -34,25 +34,25 @@ class RepositoryRuntime:
         ref = (stdin.get("version") or {}).get("ref")
         start = self.commits.index(ref) if ref in self.commits else len(self.commits) - 1
         stdout = json.dumps([{"ref": c} for c in self.commits[start:]]).encode()
-        spec = steps.CollectSpec(
-            run_id=task.run_id,
-            action=task.action,
-            cache_key=None,
-            archive=ArchiveOptions(),
-            history=task.history,
-        )
-        return steps.collect(
-            self.store,
-            spec,
-            exit_code=0,
-            stdout=stdout,
-            stderr=b"",
-            stdin=task.stdin,
-            output_dir=None,
-        )
+        return collect_check(self.store, task, stdout)
 
     def start(self, task: Task) -> None:
         raise AssertionError("no asynchronous runs here")
 
     def close(self) -> None:
         pass
+
+
+def collect_check(store: Store, task: Task, stdout: bytes) -> Outcome:
+    """What a runtime does after a check script printed ``stdout`` and exited 0: the real
+    ``steps.collect`` (result, log and the history)."""
+    spec = steps.CollectSpec(
+        run_id=task.run_id,
+        action=task.action,
+        cache_key=None,
+        archive=ArchiveOptions(),
+        history=task.history,
+    )
+    return steps.collect(
+        store, spec, exit_code=0, stdout=stdout, stderr=b"", stdin=task.stdin, output_dir=None
+    )

@@ -11,7 +11,7 @@ import time
 
 import yaml
 
-from tests.cluster.conftest import NAMESPACE
+from tests.cluster.conftest import NAMESPACE, wait_functions_serve
 from tests.cluster.test_functions_on_kubernetes import pod_output, post_from_pod
 from tests.cluster.test_knative_path import assert_reply, reply_to, source
 from tests.e2e.events import ENCODERS, request_event
@@ -60,36 +60,7 @@ def test_only_the_triggers_may_deliver_once_sender_auth_is_on(knative_deployment
 
     wait_until(triggers_have_identities, 180, "Triggers with OIDC identities")
 
-    def functions_check_senders() -> bool:
-        listed = json.loads(
-            cluster.kubectl(
-                "-n",
-                NAMESPACE,
-                "get",
-                "ksvc",
-                "-l",
-                "resource-functions.dev/role=function",
-                "-o",
-                "json",
-            )
-        )["items"]
-        for ksvc in listed:
-            status = ksvc.get("status", {})
-            ready = any(
-                c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", [])
-            )
-            env = {
-                e["name"] for e in ksvc["spec"]["template"]["spec"]["containers"][0].get("env", [])
-            }
-            if not ready or status.get("observedGeneration") != ksvc["metadata"]["generation"]:
-                return False
-            if "K_SINK" in env or status.get("latestReadyRevisionName") != status.get(
-                "latestCreatedRevisionName"
-            ):
-                return False
-        return len(listed) == 3
-
-    wait_until(functions_check_senders, 300, "functions serving without K_SINK")
+    wait_functions_serve(cluster, NAMESPACE, sink=False)
     broker = json.loads(cluster.kubectl("-n", NAMESPACE, "get", "broker", "default", "-o", "json"))
     audience = broker["status"]["address"].get("audience")
     assert audience, broker["status"]["address"]
