@@ -38,7 +38,9 @@ def service_env(docker_host: str, image: str, tmp_path) -> dict[str, str]:
 
 def starts(docker_host: str, run: str, since: float) -> int:
     """Containers the engine started for this run (its event log). Podman's file event log
-    can lag a busy engine by a moment: an empty answer is asked again for a few seconds."""
+    can lag a busy engine by a moment: an empty answer is asked again for a few seconds. In a
+    long session it has also missed a start altogether (once in a full CI run), so the tests
+    assert at most one start; the reply with the script's output proves the one run."""
     deadline = time.monotonic() + 15
     while True:
         count = _logged_starts(docker_host, run, since)
@@ -122,7 +124,7 @@ def test_a_service_killed_mid_run_is_not_run_twice(docker_host, resource_image, 
     finally:
         second.stop()
     assert status == 200 and reply.get_data()["versions"] == [{"ref": "1"}, {"ref": "2"}]
-    assert starts(docker_host, run, since) == 1
+    assert starts(docker_host, run, since) <= 1
     assert not container_left(docker_host, run)
     assert not (tmp_path / f"rf-{run}").exists()
     assert (tmp_path / "store" / "results" / f"{run}.json").exists()
@@ -165,7 +167,7 @@ def test_a_restarted_engine_does_not_run_it_twice(docker_host, resource_image, t
         services.stop()
         engine.terminate()
         engine.wait(10)
-    assert starts(docker_host, run, since) == 1
+    assert starts(docker_host, run, since) <= 1
     assert not container_left(docker_host, run)
 
 
@@ -183,7 +185,7 @@ def test_an_exited_container_left_behind_is_adopted(docker_host, resource_image,
     outcome = runtime.run(task)
     runtime.close()  # waits for the removal, which no longer holds up the reply
     assert outcome.data == {"versions": [{"ref": "1"}]}
-    assert starts(docker_host, task.run_id, since) == 1
+    assert starts(docker_host, task.run_id, since) <= 1
     assert not container_left(docker_host, task.run_id)
 
 
