@@ -41,6 +41,15 @@ def test_only_the_triggers_may_deliver_once_sender_auth_is_on(knative_deployment
         "-p",
         json.dumps({"data": {"authentication-oidc": "enabled"}}),
     )
+    # The data plane reads the feature at start-up (in a long session the channel dispatcher
+    # went on posting without tokens): restart it, as an operator enabling the feature would.
+    data_plane = ("imc-dispatcher", "mt-broker-filter", "mt-broker-ingress")
+    for name in data_plane:
+        cluster.kubectl("-n", "knative-eventing", "rollout", "restart", f"deployment/{name}")
+    for name in data_plane:
+        cluster.kubectl(
+            "-n", "knative-eventing", "rollout", "status", f"deployment/{name}", "--timeout=180s"
+        )
     # The deployment again, with the component: a copy of the overlay the fixture applied.
     overlay = d.overlay
     kustomization = yaml.safe_load((overlay / "kustomization.yaml").read_text())
