@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
 import time
 import uuid
 
@@ -175,6 +176,89 @@ def test_a_twice_delivered_event_runs_once_and_gives_one_result(knative_deployme
     assert len({attributes(r)["id"] for r in replies}) == 1
     assert all(r.get_data() == replies[0].get_data() for r in replies)
     assert assert_reply(replies[0], get, "get")["version"] == {"ref": "1"}
+    assert len(jobs_of(d, get)) == 1
+
+
+def block_store(deployment, on: bool) -> None:
+    """Make the S3 server refuse connections from the pods (a store outage), or undo it."""
+    from urllib.parse import urlsplit
+
+    from tests.cluster.up import BRIDGE
+
+    address = urlsplit(deployment.s3.endpoint)
+    rule = ["INPUT", "-i", BRIDGE, "-d", str(address.hostname), "-p", "tcp"]
+    rule += ["--dport", str(address.port), "-j", "REJECT", "--reject-with", "tcp-reset"]
+    subprocess.run(["iptables", "-w", "-I" if on else "-D", *rule], check=True)
+
+
+def knative_log(deployment, selector: str, since: str = "10m") -> str:
+    """The timestamped log of a Knative data-plane component (its pods stay up)."""
+    namespace, _, label = selector.partition(":")
+    return deployment.cluster.kubectl(
+        "-n",
+        namespace,
+        "logs",
+        "-l",
+        label,
+        f"--since={since}",
+        "--timestamps",
+        "--prefix",
+        check=False,
+    )
+
+
+FILTER = "knative-eventing:eventing.knative.dev/brokerRole=filter"
+DISPATCHER = "knative-eventing:messaging.knative.dev/role=dispatcher"
+ACTIVATOR = "knative-serving:app=activator"
+
+
+def outage_report(deployment, timeline: dict[str, float]) -> str:
+    """When each hop saw the outage's deliveries: the Broker filter's and the channel
+    dispatcher's attempts, the activator, the get function."""
+    since = f"{int(time.time() - timeline['blocked']) + 30}s"
+    marks = {k: time.strftime("%H:%M:%S", time.gmtime(v)) for k, v in timeline.items()}
+    logs = [f"{marks}"]
+    for selector in (FILTER, DISPATCHER, ACTIVATOR):
+        logs.append(f"--- {selector}\n{knative_log(deployment, selector, since)[-6000:]}")
+    logs.append(f"--- get\n{function_logs(deployment, 'get')[-6000:]}")
+    return "\n".join(logs)
+
+
+def test_a_store_outage_answers_503_and_the_broker_retry_runs_once(knative_deployment):
+    d = knative_deployment
+    # Warm: the outage, not a cold start, is what the first delivery meets.
+    warm = request_event("get", {"type": "test", "source": source(), "version": {"ref": "1"}})
+    assert post(d.broker, warm)[0] == 202
+    assert_reply(reply_to(d, warm, "get"), warm, "get")
+    get = request_event("get", {"type": "test", "source": source(), "version": {"ref": "1"}})
+    refused = (
+        "get.resource-functions.svc.cluster.local: unexpected HTTP response, expected 2xx, got 503"
+    )
+    timeline = {"blocked": time.time()}
+    try:
+        block_store(d, True)
+        try:
+            assert post(d.broker, get)[0] == 202
+            timeline["posted"] = time.time()
+            # The first delivery meets the outage: the function answers 503, starts nothing.
+            wait_for(lambda: refused in knative_log(d, FILTER, "60s"), 60, "answered 503")
+            timeline["refused"] = time.time()
+            assert jobs_of(d, get) == []
+        finally:
+            block_store(d, False)
+            timeline["unblocked"] = time.time()
+            unblocked = time.monotonic()
+        # The Broker retries (delays doubling from PT1S): a retry after the outage runs once.
+        reply = reply_to(d, get, "get", timeout=120)
+    except AssertionError as err:
+        raise AssertionError(f"{err}\n{outage_report(d, timeline)}") from err
+    print(
+        f"\n[knative] store outage: refused {timeline['refused'] - timeline['posted']:.1f}s "
+        f"after the post, replied {d.sink.arrival(reply) - unblocked:.1f}s after the outage"
+    )
+    data = assert_reply(reply, get, "get")
+    assert data["cached"] is False
+    assert len(d.sink.matching(requestid=attributes(get)["id"])) == 1
     assert len(jobs_of(d, get)) == 1
 
 
