@@ -52,7 +52,12 @@ def check(client: Any, event_id: str, **data: Any) -> tuple[int, dict[str, Any]]
         },
         data={"type": "git", "source": SOURCE, **data},
     )
-    message = to_binary_event(request)
+    return send(client, request)
+
+
+def send(client: Any, event: CloudEvent) -> tuple[int, dict[str, Any]]:
+    """POST ``event`` to a service's test client: the status and, for a 200, the reply's data."""
+    message = to_binary_event(event)
     response = client.post("/", headers=dict(message.headers), data=message.body)
     if response.status_code != 200:
         return response.status_code, {}

@@ -438,6 +438,17 @@ def finish(
     return script
 
 
+def pull_failure(reason: str, message: str, image: str = IMAGE) -> Callable[[Node], None]:
+    """A node script: the pod's resource image cannot be pulled (``reason``, ``message``)."""
+
+    def script(node: Node) -> None:
+        pod = node.create_pod(node.wait_job())
+        waiting = {"waiting": {"reason": reason, "message": message}}
+        node.pod_status(pod, "Pending", [container_status("resource", waiting, image=image)])
+
+    return script
+
+
 # --- scenarios ------------------------------------------------------------------------------
 
 
@@ -509,22 +520,8 @@ def test_resource_failure_is_recorded_by_collect_with_secrets_redacted(
 def test_image_pull_failure_fails_fast_and_deletes_the_job(
     make_runtime: Any, node: Node, cluster: Cluster, store: Any
 ) -> None:
-    def script(node: Node) -> None:
-        pod = node.create_pod(node.wait_job())
-        node.pod_status(
-            pod,
-            "Pending",
-            [
-                container_status(
-                    "resource",
-                    {"waiting": {"reason": "ErrImagePull", "message": "manifest unknown"}},
-                    image="nope:1",
-                )
-            ],
-        )
-
     task = make_task("get", timeout=600, image="nope:1")
-    thread = node.play(script)
+    thread = node.play(pull_failure("ErrImagePull", "manifest unknown", image="nope:1"))
     started = time.monotonic()
     outcome = make_runtime().run(task)
     node.check(thread)
@@ -927,25 +924,11 @@ def test_async_start_returns_at_once_and_collect_replies(
     assert len(received) == 1
 
 
-def pull_back_off(node: Node) -> None:
-    """A node script: the pod's resource image cannot be pulled."""
-    pod = node.create_pod(node.wait_job())
-    node.pod_status(
-        pod,
-        "Pending",
-        [
-            container_status(
-                "resource", {"waiting": {"reason": "ImagePullBackOff", "message": "back-off"}}
-            )
-        ],
-    )
-
-
 def test_async_image_pull_failure_is_replied_by_the_function(
     make_runtime: Any, node: Node, sink: Any
 ) -> None:
     url, received = sink
-    thread = node.play(pull_back_off)
+    thread = node.play(pull_failure("ImagePullBackOff", "back-off"))
     make_runtime(sink=url).start(make_task("get"))
     node.check(thread)
     reply = wait_for(lambda: received)[0]
@@ -1015,7 +998,7 @@ def test_an_async_checks_lease_is_released_by_the_function_when_collect_never_ra
 ) -> None:
     url, received = sink
     task = holding_a_lease(store, make_task("check"))
-    thread = node.play(pull_back_off)
+    thread = node.play(pull_failure("ImagePullBackOff", "back-off"))
     make_runtime(sink=url).start(task)
     node.check(thread)
 
