@@ -16,7 +16,7 @@ from functions import credentials, events, keys, protocol
 from functions.errors import InvalidRequest, SinkRefused, Unavailable
 from functions.logs import fields
 from functions.metrics import Metrics
-from functions.model import Action, HistoryPlan, LeaseHold, Outcome, Request, Task
+from functions.model import Action, HistoryPlan, Outcome, Request, Task
 from functions.outcome import final_failure
 from functions.phases import seconds_by_phase
 from functions.runtimes import Runtime
@@ -195,17 +195,16 @@ class Service:
         replica holding it and answer in the HTTP response. Not a 202: a waiter has no task
         of its own to post its reply later, and the replica that would post it may be
         scaled down before the holder's run ends."""
-        key = keys.lease_record_key(plan.resource_key)
+        # Nobody renews a task's lease: it lasts the task's whole budget, and a waiter may
+        # wait that long for the holder's task.
         ttl = async_lease_seconds(task.timeout_seconds, self.settings.task_margin_seconds)
         outcome, _ = shared_check.start_or_wait(
             self.store,
-            key,
+            keys.lease_record_key(plan.resource_key),
             run=task.run_id,
             ttl=ttl,
             timeout=ttl,
-            start=lambda held: self.runtime.start(
-                replace(task, lease=LeaseHold(key, held.lease.holder))
-            ),
+            start=lambda held: self.runtime.start(replace(task, lease=held)),
         )
         if outcome is None:
             return Reply(status=202)

@@ -59,21 +59,26 @@ def start_or_wait(
     run: str,
     ttl: float,
     timeout: float,
-    start: Callable[[lease.Claim], None],
+    start: Callable[[LeaseHold], None],
 ) -> tuple[Outcome | None, str]:
-    """``start(claim)`` of a task that holds the lease ``key`` for ``ttl`` (and releases it
+    """``start(held)`` of a task that holds the lease ``key`` for ``ttl`` (and releases it
     itself): ``(None, run)``; or the outcome of the run that held it, with that run's id. A
     lease ``run`` holds already is its own earlier delivery's: started again (runtimes start
-    once per run id). A ``start`` that raises releases the lease this call took."""
+    once per run id). A ``start`` that raises releases the lease this call took (not one an
+    earlier delivery took: its task may be running)."""
 
-    def lead(held: lease.Claim) -> None:
+    def lead(claim: lease.Claim) -> None:
+        held = LeaseHold(key, claim.lease.holder)
         try:
             start(held)
         except BaseException:
-            steps.release_lease(store, LeaseHold(key, held.lease.holder))
+            steps.release_lease(store, held)
             raise
 
-    return lead_or_wait(store, key, run=run, ttl=ttl, timeout=timeout, lead=lead, rejoin=start)
+    def rejoin(claim: lease.Claim) -> None:
+        start(LeaseHold(key, claim.lease.holder))
+
+    return lead_or_wait(store, key, run=run, ttl=ttl, timeout=timeout, lead=lead, rejoin=rejoin)
 
 
 def lead_or_wait(
