@@ -8,7 +8,10 @@ A lease is *free* when it is missing, released or expired. Taking a free lease i
 conditional write: create-only when missing, else replace-if-unchanged with the token of the
 free state read, so of any number of replicas that saw it free exactly one wins. The holder
 renews it (same compare-and-swap on its own token) while its check runs and releases it when
-done by writing a released lease, so waiters see the end at their next read.
+done by writing a released lease, so waiters see the end at their next read. An
+asynchronous check's task cannot renew (nobody runs beside it): its lease lasts the task's
+whole deadline, and the task releases it by its nonce (``release_holding``) once it has
+recorded its outcome.
 
 Tokens may name bytes (S3 ETag, file sha256): the holder nonce keeps every holding's bytes
 distinct, so a stale token can never match a later holding. A write the client library
@@ -99,6 +102,16 @@ def renew(store: Store, key: str, held: Claim, *, ttl: float, now: float) -> Cla
 def release(store: Store, key: str, held: Claim) -> None:
     """Mark the lease released (a no-op if it was taken over meanwhile)."""
     _write(store, key, replace(held.lease, released=True), held.token)
+
+
+def release_holding(store: Store, key: str, holder: str) -> bool:
+    """Release the lease if the holding named by the nonce ``holder`` still has it: an
+    asynchronous check's task knows its holding's nonce, not the token of the lease's current
+    state. A no-op (False) once released or taken over."""
+    current = read(store, key)
+    if current is None or current.lease.holder != holder or current.lease.released:
+        return False
+    return _write(store, key, replace(current.lease, released=True), current.token) is not None
 
 
 def _write(store: Store, key: str, lease: Lease, token: str | None) -> Claim | None:

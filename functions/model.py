@@ -106,6 +106,17 @@ class Task:
     secrets: tuple[str, ...] = field(default=(), repr=False)  # resolved credential values
     history: HistoryPlan | None = None  # check: where the versions found are recorded
     trace: TraceContext | None = None
+    lease: LeaseHold | None = None  # an asynchronous check's: released once it has recorded
+
+
+@dataclass(frozen=True)
+class LeaseHold:
+    """The check lease an asynchronous check's task holds (``functions.lease``): the lease
+    record's key and the nonce of this holding. Nobody renews it while the task runs; the
+    task releases it once its outcome is recorded. No secret in it."""
+
+    key: str  # leases/<resource-key>.json
+    holder: str
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """A runtime stand-in for checks: its "script" lists the commits of an in-memory repository
-and hands its stdout to the real ``steps.collect`` (the one path that records the history)."""
+and hands its stdout to the real ``steps.collect`` (the one path that records the history);
+``AsyncRepositoryRuntime`` also starts them as asynchronous tasks."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import threading
 import time
 from typing import Any
 
+from functions.errors import Unavailable
 from functions.model import Outcome, Task
 from functions.task import steps
+from functions.task.sink import post_outcome
 from storage import Store
 from storage.archive import ArchiveOptions
 
@@ -56,3 +59,40 @@ def collect_check(store: Store, task: Task, stdout: bytes) -> Outcome:
     return steps.collect(
         store, spec, exit_code=0, stdout=stdout, stderr=b"", stdin=task.stdin, output_dir=None
     )
+
+
+class AsyncRepositoryRuntime(RepositoryRuntime):
+    """Also starts checks, as a runtime does for asynchronous replies: a task per run id
+    (however many replicas start it: they share the engine or cluster) that runs in the
+    background, lets go of its check lease through the real ``steps.release_lease`` and
+    posts its reply to ``sink``. ``starts``: every task it was asked to start; ``refuse``:
+    how many starts raise ``Unavailable`` first (the engine unreachable)."""
+
+    def __init__(self, store: Store, sink: str, seconds: float = 0.0) -> None:
+        super().__init__(store, seconds)
+        self.sink = sink
+        self.starts: list[Task] = []
+        self.refuse = 0
+        self._tasks: dict[str, threading.Thread] = {}
+
+    def start(self, task: Task) -> None:
+        with self._lock:
+            self.starts.append(task)
+            if self.refuse:
+                self.refuse -= 1
+                raise Unavailable("container engine unreachable")
+            if task.run_id in self._tasks:
+                return
+            thread = threading.Thread(target=self._run_and_reply, args=(task,), daemon=True)
+            self._tasks[task.run_id] = thread
+        thread.start()
+
+    def _run_and_reply(self, task: Task) -> None:
+        outcome = self.run(task)
+        steps.release_lease(self.store, task.lease)
+        post_outcome(self.sink, task, outcome)
+
+    def join(self, timeout: float = 60) -> None:
+        """Wait for every task started so far."""
+        for thread in list(self._tasks.values()):
+            thread.join(timeout)

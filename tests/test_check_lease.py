@@ -122,3 +122,17 @@ def test_a_long_check_keeps_its_lease_past_the_ttl(store: Store, ttl: float) -> 
 
     released = lease.read(store, KEY)
     assert released is not None and released.lease.released
+
+
+def test_a_task_releases_its_holding_by_nonce_and_never_a_later_holding(store: Store) -> None:
+    """An asynchronous check's task knows its holding's nonce, not the lease's token."""
+    held = lease.take(store, KEY, None, run="async", ttl=3600, now=time.time())
+    assert held is not None
+
+    assert lease.release_holding(store, KEY, held.lease.holder)
+    assert not lease.release_holding(store, KEY, held.lease.holder)  # released already
+    later = lease.take(store, KEY, lease.read(store, KEY), run="next", ttl=3600, now=time.time())
+    assert later is not None and not lease.release_holding(store, KEY, held.lease.holder)
+
+    current = lease.read(store, KEY)
+    assert current is not None and current.lease == later.lease  # still held by "next"

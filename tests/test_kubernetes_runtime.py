@@ -30,9 +30,9 @@ import pytest
 from kmock._internal import enums
 from kubernetes import client
 
-from functions import cli, keys, protocol
+from functions import cli, keys, lease, protocol
 from functions.errors import Unavailable
-from functions.model import Build, ResourceType, Task
+from functions.model import Build, LeaseHold, ResourceType, Task
 from functions.runtimes.job_status import judge
 from functions.runtimes.kube_api import Rejected, belongs, translate
 from functions.runtimes.kubernetes import KubernetesRuntime
@@ -398,10 +398,12 @@ def finish(
     seen: dict[str, Any] | None = None,
     delay: float = 0.0,
     files: dict[str, bytes] | None = None,
+    after_collect: Callable[[], None] = lambda: None,
 ) -> Callable[[Node], None]:
     """A node script: the pod runs, the resource step ends with ``exit_code``, collect runs
     for real and the Job completes. ``seen`` receives the Job and Secret as created;
-    ``files`` are more files the resource step left in .task/."""
+    ``files`` are more files the resource step left in .task/; ``after_collect`` runs once
+    collect has exited, before the pod's end shows."""
 
     def script(node: Node) -> None:
         job = node.wait_job()
@@ -424,6 +426,7 @@ def finish(
             **(files or {}),
         }
         assert node.run_step(job, "collect", secret, task_files, output) == 0
+        after_collect()
         node.pod_status(
             pod,
             "Succeeded",
@@ -431,6 +434,17 @@ def finish(
             [container_status("collect", terminated())],
         )
         node.job_condition(job, "Complete")
+
+    return script
+
+
+def pull_failure(reason: str, message: str, image: str = IMAGE) -> Callable[[Node], None]:
+    """A node script: the pod's resource image cannot be pulled (``reason``, ``message``)."""
+
+    def script(node: Node) -> None:
+        pod = node.create_pod(node.wait_job())
+        waiting = {"waiting": {"reason": reason, "message": message}}
+        node.pod_status(pod, "Pending", [container_status("resource", waiting, image=image)])
 
     return script
 
@@ -506,22 +520,8 @@ def test_resource_failure_is_recorded_by_collect_with_secrets_redacted(
 def test_image_pull_failure_fails_fast_and_deletes_the_job(
     make_runtime: Any, node: Node, cluster: Cluster, store: Any
 ) -> None:
-    def script(node: Node) -> None:
-        pod = node.create_pod(node.wait_job())
-        node.pod_status(
-            pod,
-            "Pending",
-            [
-                container_status(
-                    "resource",
-                    {"waiting": {"reason": "ErrImagePull", "message": "manifest unknown"}},
-                    image="nope:1",
-                )
-            ],
-        )
-
     task = make_task("get", timeout=600, image="nope:1")
-    thread = node.play(script)
+    thread = node.play(pull_failure("ErrImagePull", "manifest unknown", image="nope:1"))
     started = time.monotonic()
     outcome = make_runtime().run(task)
     node.check(thread)
@@ -928,20 +928,7 @@ def test_async_image_pull_failure_is_replied_by_the_function(
     make_runtime: Any, node: Node, sink: Any
 ) -> None:
     url, received = sink
-
-    def script(node: Node) -> None:
-        pod = node.create_pod(node.wait_job())
-        node.pod_status(
-            pod,
-            "Pending",
-            [
-                container_status(
-                    "resource", {"waiting": {"reason": "ImagePullBackOff", "message": "back-off"}}
-                )
-            ],
-        )
-
-    thread = node.play(script)
+    thread = node.play(pull_failure("ImagePullBackOff", "back-off"))
     make_runtime(sink=url).start(make_task("get"))
     node.check(thread)
     reply = wait_for(lambda: received)[0]
@@ -971,6 +958,53 @@ def test_async_timeout_enforced_in_the_pod_is_replied_by_collect(
     }
     time.sleep(1.5)  # the follower sees the Job complete and must not reply again
     assert len(received) == 1
+
+
+def holding_a_lease(store: Any, task: Task) -> Task:
+    """The task with a check lease taken for its run, as the service starts an async check."""
+    key = f"leases/{uuid.uuid4().hex}.json"
+    claim = lease.take(store, key, None, run=task.run_id, ttl=600, now=time.time())
+    assert claim is not None
+    return replace(task, lease=LeaseHold(key, claim.lease.holder))
+
+
+def released(store: Any, task: Task) -> bool:
+    assert task.lease is not None
+    seen = lease.read(store, task.lease.key)
+    return seen is not None and seen.lease.holder == task.lease.holder and seen.lease.released
+
+
+def test_an_async_checks_collect_releases_its_lease_once_it_has_recorded(
+    make_runtime: Any, node: Node, store: Any, sink: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, received = sink
+    monkeypatch.setenv("K_SINK", url)
+    task = holding_a_lease(store, make_task("check"))
+    at_collects_end: list[bool] = []
+    script = finish(
+        stdout=b'[{"ref": "2"}]',
+        after_collect=lambda: at_collects_end.append(released(store, task)),
+    )
+    thread = node.play(script)
+    make_runtime(sink=url).start(task)
+    node.check(thread)
+
+    assert wait_for(lambda: received)[0]["body"] == {"versions": [{"ref": "2"}]}
+    assert at_collects_end == [True]  # by collect: the function saw no end of the pod yet
+
+
+def test_an_async_checks_lease_is_released_by_the_function_when_collect_never_ran(
+    make_runtime: Any, node: Node, store: Any, sink: Any
+) -> None:
+    url, received = sink
+    task = holding_a_lease(store, make_task("check"))
+    thread = node.play(pull_failure("ImagePullBackOff", "back-off"))
+    make_runtime(sink=url).start(task)
+    node.check(thread)
+
+    assert wait_for(lambda: received)[0]["body"]["error"]["kind"] == "image_pull"
+    assert released(store, task)  # before the reply: a waiter need not wait for the expiry
+    assert steps.read_outcome(store, task.run_id) is not None
 
 
 # --- configuration --------------------------------------------------------------------------

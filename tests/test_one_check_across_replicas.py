@@ -10,57 +10,17 @@ import threading
 import time
 from typing import Any
 
-from cloudevents.core.bindings.http import HTTPMessage, from_http_event, to_binary_event
-from cloudevents.core.v1.event import CloudEvent
-
 from functions import lease
 from functions.errors import Unavailable
-from functions.http.app import create_app
-from functions.model import Outcome, ResourceType
+from functions.model import Outcome
 from functions.service import shared_check
-from functions.settings import Settings
 from functions.task import steps
 from storage import Store, StoreOptions, open_store
+from tests.check_replicas import check, replicas
 from tests.parallel import parallel
 from tests.repository_runtime import RepositoryRuntime
 
-IMAGE = "example.org/git-resource@sha256:" + "b" * 64
 KEY = "leases/resource.json"
-
-
-def replicas(store_url: str, runtime: RepositoryRuntime, n: int) -> list[Any]:
-    """``n`` check services on one store, each with its own store client and Service."""
-    settings = Settings(
-        store_url=store_url,
-        resource_types={"git": ResourceType(image=IMAGE)},
-        cache_secret=b"k" * 32,
-        check_lease_seconds=30,
-    )
-    return [
-        create_app(
-            settings, "check", store=open_store(store_url, StoreOptions()), runtime=runtime
-        ).test_client()  # type: ignore[arg-type]
-        for _ in range(n)
-    ]
-
-
-def check(client: Any, event_id: str, **data: Any) -> tuple[int, dict[str, Any]]:
-    request = CloudEvent(
-        attributes={
-            "specversion": "1.0",
-            "type": "dev.resourcefunctions.check.requested",
-            "source": "/tests/replicas",
-            "id": event_id,
-            "datacontenttype": "application/json",
-        },
-        data={"type": "git", "source": {"uri": "https://example.org/repo.git"}, **data},
-    )
-    message = to_binary_event(request)
-    response = client.post("/", headers=dict(message.headers), data=message.body)
-    if response.status_code != 200:
-        return response.status_code, {}
-    reply = from_http_event(HTTPMessage(headers=dict(response.headers), body=response.data))
-    return response.status_code, reply.get_data()
 
 
 def test_identical_checks_on_several_replicas_start_one_run(store_url: str) -> None:

@@ -94,6 +94,8 @@ def add_pod_step_parsers(sub: Any) -> None:
     collect.add_argument("--cache-key")
     collect.add_argument("--history-key", help="check: the resource key of its version history")
     collect.add_argument("--history-limit", type=int, default=1000)
+    collect.add_argument("--lease-key", help="async check: its lease, released once recorded")
+    collect.add_argument("--lease-holder", help="async check: the nonce of its lease's holding")
     collect.add_argument("--reply-to-sink", action="store_true", help="post the reply to K_SINK")
     collect.add_argument("--request-id", default="")
     collect.add_argument("--subject")
@@ -115,12 +117,14 @@ def cmd_stage(args: argparse.Namespace) -> int:
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
-    from functions.model import HistoryPlan
+    from functions.model import HistoryPlan, LeaseHold
     from functions.task.contract import ReplyPlan
     from functions.task.in_pod import CollectArgs, collect_main
 
     reply = ReplyPlan(args.request_id, args.subject) if args.reply_to_sink else None
     history = HistoryPlan(args.history_key, args.history_limit) if args.history_key else None
+    held = args.lease_key and args.lease_holder
+    lease = LeaseHold(args.lease_key, args.lease_holder) if held else None
     settings = _step_settings("collect: cannot record the outcome")
     if isinstance(settings, int):
         return settings
@@ -133,6 +137,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
             cache_key=args.cache_key,
             reply=reply,
             history=history,
+            lease=lease,
         ),
         settings,
     )

@@ -114,6 +114,7 @@ class ContainerRuntime:
         except Exception as err:  # after a 202 nobody redelivers: reply with the failure
             log.exception("asynchronous task failed", extra=fields(run_id=task.run_id))
             outcome = failed(task.action, failure_kind(err), f"the task could not run: {err}")
+        steps.release_lease(self._store, task.lease)  # recorded, or it never will be
         try:
             post_outcome(self._config.sink, task, outcome)
         except Exception:

@@ -125,6 +125,7 @@ class KubernetesRuntime:
             job = self._launch(plan, task.stdin, task.secrets)
         except Rejected as err:
             outcome = self._rejected(task, plan, err)
+            steps.release_lease(self._store, task.lease)
             try:
                 post_outcome(self._config.sink, task, outcome)
             except SinkRefused as post_err:  # 503: a redelivery replays the record
@@ -332,6 +333,10 @@ class KubernetesRuntime:
         be scaled down before the task ends; collect replies for every task it finishes)."""
         try:
             settled = self._settle(task, plan, job)
+            # The task has ended: collect released an async check's lease if it ran (this is
+            # then one read); else the failure is recorded here, or nothing if the store is
+            # down (a waiter then runs the check).
+            steps.release_lease(self._store, task.lease)
             if not settled.by_collect:
                 post_outcome(self._config.sink, task, settled.outcome)
         except StoppedFollowing:
@@ -346,8 +351,9 @@ class KubernetesRuntime:
                 "an asynchronous task could not reach the store; its Job was deleted",
                 extra=fields(run_id=task.run_id, job=plan.job_name, error=str(err)),
             )
+            steps.release_lease(self._store, task.lease)  # no result: a waiter runs the check
             self._post_quietly(task, failed(task.action, failure_kind(err), str(err)))
-        except Exception as err:
+        except Exception as err:  # the task may still run: its lease is left to collect
             log.exception(
                 "following an asynchronous task failed",
                 extra=fields(run_id=task.run_id, job=plan.job_name),

@@ -26,13 +26,15 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from functions.model import SCRIPTS, WORKDIRS, Action, ArtifactRef, HistoryPlan, Task
+from functions.model import SCRIPTS, WORKDIRS, Action, ArtifactRef, HistoryPlan, LeaseHold, Task
 from functions.task.contract import (
     BUILD_DIR,
+    DEADLINE_SLACK_SECONDS,
     EXIT_CODE_FILE,
     KILL_AFTER_SECONDS,
     MANAGED_BY,
     REDACT_KEY,
+    RESULT_WAIT_SECONDS,
     SECRET_DIR,
     SINK_ENV,
     STAGE_ERROR_FILE,
@@ -45,6 +47,7 @@ from functions.task.contract import (
     TIMED_OUT_EXIT_CODE,
     TIMED_OUT_FILE,
     ReplyPlan,
+    deadline_seconds,
     format_input,
 )
 
@@ -116,6 +119,7 @@ class JobPlan:
     inputs: tuple[tuple[str, ArtifactRef], ...] = ()  # put only
     cache_key: str | None = None  # get only
     history: HistoryPlan | None = None  # check only: collect records the versions found
+    lease: LeaseHold | None = None  # async check: collect releases it once it has recorded
     env: tuple[tuple[str, str], ...] = ()  # resource container: BUILD_* metadata
     step_env: tuple[tuple[str, str], ...] = ()  # stage/collect: non-secret store settings
     store_secret: str = ""  # Secret with store credentials, envFrom of stage/collect
@@ -142,7 +146,7 @@ class JobPlan:
 
     @property
     def active_deadline_seconds(self) -> int:
-        return max(1, math.ceil(self.timeout_seconds + self.margin_seconds))
+        return deadline_seconds(self.timeout_seconds, self.margin_seconds)
 
 
 @dataclass(frozen=True)
@@ -162,8 +166,8 @@ class KubernetesConfig:
     step_env: tuple[tuple[str, str], ...] = ()
     sink: str = ""  # K_SINK, for replies to asynchronous tasks that collect could not send
     watch_seconds: float = 60.0  # one watch request; then the runtime lists again
-    deadline_slack_seconds: float = 30.0  # past the Job's deadline before the function acts
-    result_wait_seconds: float = 10.0  # a completed Job's result may take this to show
+    deadline_slack_seconds: float = DEADLINE_SLACK_SECONDS  # past the Job's deadline: then act
+    result_wait_seconds: float = RESULT_WAIT_SECONDS  # a completed Job's result may take this
     request_timeout: tuple[float, float] = (5.0, 30.0)  # connect, read
 
     @classmethod
@@ -202,6 +206,7 @@ def plan_for(task: Task, config: KubernetesConfig, store_url: str, *, reply: boo
         inputs=tuple(sorted(task.inputs.items())),
         cache_key=task.cache_key,
         history=task.history,
+        lease=task.lease,
         env=tuple(task.env.items()),
         step_env=c.step_env,
         store_secret=c.store_secret,
@@ -335,6 +340,8 @@ def _collect_container(plan: JobPlan) -> dict[str, Any]:
     if plan.history:
         args += ["--history-key", plan.history.resource_key]
         args += ["--history-limit", str(plan.history.limit)]
+    if plan.lease:
+        args += ["--lease-key", plan.lease.key, "--lease-holder", plan.lease.holder]
     if plan.reply:
         args += ["--reply-to-sink", "--request-id", plan.reply.request_id]
         if plan.reply.subject is not None:

@@ -26,7 +26,7 @@ from functions.service.flights import Flights
 from functions.service.request_data import parse_request_data
 from functions.settings import Settings
 from functions.task import steps
-from functions.task.contract import discovered_events, reply_event
+from functions.task.contract import async_lease_seconds, discovered_events, reply_event
 from functions.task.sink import post_events
 from functions.tracing import RunTracer, trace_context
 from storage import Store
@@ -163,11 +163,7 @@ class Service:
         if plan is not None:
             request, fresh = checks.from_history(self.store, request, plan, time.time())
         if request.reply_async:
-            stored = self._stored_answer(run, cache_key) or self._fresh(run, fresh)
-            if stored is not None:
-                return self._reply(request, run, stored)
-            self.runtime.start(self._task(request, run, cache_key))  # idempotent per run id
-            return Reply(status=202)
+            return self._start(request, run, cache_key, fresh)
         outcome, joined = self.flights.run(
             self._flight_keys(request, run, cache_key),
             lambda: self._answer(request, run, cache_key, fresh),
@@ -178,6 +174,41 @@ class Service:
             # run id too, so its redelivery replays it instead of running again.
             steps.record_if_absent(self.store, run, outcome)
         return self._reply(request, run, outcome)
+
+    def _start(
+        self, request: Request, run: str, cache_key: str | None, fresh: Outcome | None
+    ) -> Reply:
+        """Asynchronous completion: 202 once the task is started (idempotent per run id), or
+        the answer at once when there is one (stored, cached, fresh, another run's check)."""
+        stored = self._stored_answer(run, cache_key) or self._fresh(run, fresh)
+        if stored is not None:
+            return self._reply(request, run, stored)
+        task = self._task(request, run, cache_key)
+        if task.history is not None and self.settings.check_lease_seconds > 0:
+            return self._start_once(request, task, task.history)
+        self.runtime.start(task)
+        return Reply(status=202)
+
+    def _start_once(self, request: Request, task: Task, plan: HistoryPlan) -> Reply:
+        """An asynchronous check shared across replicas through its resource's lease: start
+        its task holding the lease (the task releases it), or wait for the run of the
+        replica holding it and answer in the HTTP response. Not a 202: a waiter has no task
+        of its own to post its reply later, and the replica that would post it may be
+        scaled down before the holder's run ends."""
+        # Nobody renews a task's lease: it lasts the task's whole budget, and a waiter may
+        # wait that long for the holder's task.
+        ttl = async_lease_seconds(task.timeout_seconds, self.settings.task_margin_seconds)
+        outcome, _ = shared_check.start_or_wait(
+            self.store,
+            keys.lease_record_key(plan.resource_key),
+            run=task.run_id,
+            ttl=ttl,
+            timeout=ttl,
+            start=lambda held: self.runtime.start(replace(task, lease=held)),
+        )
+        if outcome is None:
+            return Reply(status=202)
+        return self._reply(request, task.run_id, self._joined(request, task, plan, outcome))
 
     def _answer(
         self, request: Request, run: str, cache_key: str | None, fresh: Outcome | None
@@ -205,8 +236,13 @@ class Service:
         )
         if holder == task.run_id:  # our run, or our own earlier delivery's on another replica
             return outcome
+        return self._joined(request, task, plan, outcome)
+
+    def _joined(self, request: Request, task: Task, plan: HistoryPlan, shared: Outcome) -> Outcome:
+        """A check's answer from another run of its resource, stored under its own run id so
+        that its redelivery replays it."""
         self.metrics.joined.labels(self.action).inc()
-        answer = checks.joined_answer(self.store, request, plan, outcome)
+        answer = checks.joined_answer(self.store, request, plan, shared)
         return steps.record_outcome(self.store, task.run_id, answer)
 
     def _fresh(self, run: str, fresh: Outcome | None) -> Outcome | None:

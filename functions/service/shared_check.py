@@ -6,22 +6,30 @@ written before the holder releases). A waiter whose holder released without a re
 run raised, e.g. the engine was unreachable) or let the lease expire (its replica died)
 takes the lease itself, so one of the waiters runs the check. Waiting is bounded by
 ``timeout``: past it the request is ``Unavailable`` (503; redelivery tries again).
+
+Two ways to hold it, one loop (``lead_or_wait``): ``run_or_wait`` runs the check in this
+request and renews the lease meanwhile (sync replies); ``start_or_wait`` starts the check's
+task, which releases the lease itself once it has recorded (async replies: nobody renews it,
+so ``ttl`` covers the whole task). A waiter answers in its own HTTP response in both modes.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 from functions import lease
 from functions.errors import Unavailable
-from functions.model import Outcome
+from functions.model import LeaseHold, Outcome
 from functions.task import steps
 from storage import Store
 
 FIRST_PAUSE = 0.05  # seconds between lease reads at first; grows by GROWTH up to MAX_PAUSE
 GROWTH = 1.5
 MAX_PAUSE = 1.0
+
+Led = TypeVar("Led")
 
 
 def run_or_wait(
@@ -34,7 +42,58 @@ def run_or_wait(
     work: Callable[[], Outcome],
 ) -> tuple[Outcome, str]:
     """``work()`` under the lease ``key``, or the outcome of the run that held it; with the
-    run id it belongs to (``run`` when this call ran ``work``)."""
+    run id it belongs to (``run`` when this call ran ``work``). A lease held by ``run``
+    itself is an earlier delivery's run, on another replica: waited for like any other."""
+
+    def lead(held: lease.Claim) -> Outcome:
+        with lease.kept(store, key, held, ttl=ttl):
+            return work()
+
+    return lead_or_wait(store, key, run=run, ttl=ttl, timeout=timeout, lead=lead)
+
+
+def start_or_wait(
+    store: Store,
+    key: str,
+    *,
+    run: str,
+    ttl: float,
+    timeout: float,
+    start: Callable[[LeaseHold], None],
+) -> tuple[Outcome | None, str]:
+    """``start(held)`` of a task that holds the lease ``key`` for ``ttl`` (and releases it
+    itself): ``(None, run)``; or the outcome of the run that held it, with that run's id. A
+    lease ``run`` holds already is its own earlier delivery's: started again (runtimes start
+    once per run id). A ``start`` that raises releases the lease this call took (not one an
+    earlier delivery took: its task may be running)."""
+
+    def lead(claim: lease.Claim) -> None:
+        held = LeaseHold(key, claim.lease.holder)
+        try:
+            start(held)
+        except BaseException:
+            steps.release_lease(store, held)
+            raise
+
+    def rejoin(claim: lease.Claim) -> None:
+        start(LeaseHold(key, claim.lease.holder))
+
+    return lead_or_wait(store, key, run=run, ttl=ttl, timeout=timeout, lead=lead, rejoin=rejoin)
+
+
+def lead_or_wait(
+    store: Store,
+    key: str,
+    *,
+    run: str,
+    ttl: float,
+    timeout: float,
+    lead: Callable[[lease.Claim], Led],
+    rejoin: Callable[[lease.Claim], Led] | None = None,
+) -> tuple[Led | Outcome, str]:
+    """``lead(claim)`` once this call has taken the lease ``key`` (``rejoin(claim)`` if it
+    finds it held by ``run`` already and ``rejoin`` is given), with ``run``; else the stored
+    outcome of the run that held it, with that run's id."""
     deadline = time.monotonic() + timeout
     followed: str | None = None  # the holder's run whose result we wait for
     pause = FIRST_PAUSE
@@ -51,9 +110,10 @@ def run_or_wait(
         if seen is None or seen.lease.free(now):
             held = lease.take(store, key, seen, run=run, ttl=ttl, now=now)
             if held is not None:
-                with lease.kept(store, key, held, ttl=ttl):
-                    return work(), run
+                return lead(held), run
             continue  # another waiter took it first: follow that one
+        if rejoin is not None and seen.lease.run == run:
+            return rejoin(seen), run
         followed = seen.lease.run
         if time.monotonic() + pause > deadline:
             raise Unavailable(f"the check of this resource by run {followed} did not end in time")

@@ -7,7 +7,8 @@ nothing and collect reports a ``storage`` failure) and stage exits 0.
 
 collect: turn what the resource step left in ``.task/`` (exit code, stdout, stderr, and
 ``timed-out`` if its watchdog stopped the script) into the outcome and store it (artifact,
-cache record, log, result; a check's versions into the resource's history); for asynchronous
+cache record, log, result; a check's versions into the resource's history); release an
+asynchronous check's lease (``--lease-key``/``--lease-holder``); for asynchronous
 requests, post the reply (and a check's ``version.discovered`` events) to ``$K_SINK``. Exits 0
 once the outcome is recorded, whatever it says; non-zero only when it could not record or
 post it.
@@ -30,7 +31,7 @@ from pathlib import Path
 
 from functions import keys
 from functions.errors import SinkRefused, is_retryable
-from functions.model import Action, ArtifactRef, HistoryPlan, Outcome
+from functions.model import Action, ArtifactRef, HistoryPlan, LeaseHold, Outcome
 from functions.outcome import failed
 from functions.protocol import MAX_STDOUT_BYTES
 from functions.redaction import redact, secret_strings
@@ -69,6 +70,7 @@ class CollectArgs:
     cache_key: str | None = None
     reply: ReplyPlan | None = None
     history: HistoryPlan | None = None  # check: where the versions found are recorded
+    lease: LeaseHold | None = None  # async check: released once the outcome is recorded
 
 
 def stage_main(
@@ -104,7 +106,10 @@ def collect_main(args: CollectArgs, settings: StepSettings) -> int:
     """Record the outcome (and post the reply); the exit status of the collect container."""
     try:
         store = open_store(settings.store_url, settings.store_options)
-        outcome = record(store, args, settings.archive)
+        try:
+            outcome = record(store, args, settings.archive)
+        finally:  # recorded, or not at all: either way the check's waiters may go on
+            steps.release_lease(store, args.lease)
     except StorageError as err:
         if is_retryable(err):
             return unavailable(f"collect: the store is unavailable: {err}")

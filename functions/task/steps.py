@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import hashlib
 import io
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from functions import history, keys
-from functions.model import Action, ArtifactRef, HistoryPlan, Outcome
+from functions import history, keys, lease
+from functions.logs import fields
+from functions.model import Action, ArtifactRef, HistoryPlan, LeaseHold, Outcome
 from functions.outcome import failed, outcome_of_script, redact_failure
 from functions.phases import PhaseClock, timed
 from functions.redaction import redact, secret_strings
@@ -27,8 +29,9 @@ from storage import Store, get_json, put_json
 from storage.archive import ArchiveOptions, Limits, suffix_for
 from storage.artifacts import download_tree, upload_tree
 from storage.base import key_for_url
-from storage.errors import ArchiveError, ObjectExists, ObjectNotFound
+from storage.errors import ArchiveError, ObjectExists, ObjectNotFound, StorageError
 
+log = logging.getLogger("functions.steps")
 FORMAT_NAMES = {"zstd": "tar+zstd", "gzip": "tar+gzip", "none": "tar"}
 
 
@@ -192,6 +195,20 @@ def record_outcome(store: Store, run: str, outcome: Outcome) -> Outcome:
     except ObjectExists:
         return Outcome.from_record(get_json(store, keys.result_key(run)))
     return outcome
+
+
+def release_lease(store: Store, held: LeaseHold | None) -> None:
+    """Release an asynchronous check's lease once its task has recorded its outcome (and the
+    history), or has ended without one: waiters then answer from the result, or one of them
+    runs the check. THE one place a task lets go of its lease, whichever runtime ran it (in
+    a task pod ``collect``; the runtimes for failures collect never saw). Best effort: a
+    failure is logged, never the task's; the lease's expiry frees it then."""
+    if held is None:
+        return
+    try:
+        lease.release_holding(store, held.key, held.holder)
+    except StorageError as err:
+        log.warning("cannot release the check lease", extra=fields(key=held.key, error=str(err)))
 
 
 def record_if_absent(store: Store, run: str, outcome: Outcome) -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -91,6 +93,40 @@ def test_async_check_posts_each_new_version_then_its_reply(async_services, sink)
     assert [e.get_data() for e in events_until_reply(sink[1])] == [
         {"versions": [{"ref": "3"}], "new": []}  # the script got ref 3; nothing discovered
     ]
+
+
+def test_identical_async_checks_run_once_and_the_waiter_answers_in_its_response(
+    async_services, sink
+):
+    """The check lease with the container runtime: the check that takes it gets 202 and its
+    container's task posts the reply; the identical one waits for it and answers with 200
+    (as it would on another replica); the task released the lease."""
+    from functions import keys
+    from storage import open_store
+
+    source = {"count": 2, "delay": 2, "nonce": uuid.uuid4().hex}
+    requests = [
+        request_event("check", {"type": "test", "source": source}, replymode="async")
+        for _ in range(2)
+    ]
+    with ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(lambda e: send(async_services.urls["check"], e), requests))
+
+    assert sorted(status for status, _, _ in answers) == [200, 202]
+    (waiter,) = [response for status, _, response in answers if status == 200]
+    # From the history, as any check that shares another's run: from no version, the latest.
+    assert waiter.json() == {"versions": [{"ref": "2"}], "new": []}
+    *_, reply = events_until_reply(sink[1])
+    assert reply.get_data() == {
+        "versions": [{"ref": "1"}, {"ref": "2"}],
+        "new": [{"ref": "1"}, {"ref": "2"}],
+    }
+    assert sink[1].empty()  # one task, one reply
+    store = open_store(async_services.env["STORE_URL"])
+    runs = {keys.run_id(e.get_source(), e.get_id(), "check") for e in requests}
+    leases = [json.loads(store.read_record(key).data) for key in store.list("leases/")]
+    (held,) = [record for record in leases if record["run"] in runs]
+    assert held["released"] is True
 
 
 def test_async_failure_is_replied_as_failed_event(async_services, sink):

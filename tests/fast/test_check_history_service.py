@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cloudevents.core.bindings.http import HTTPMessage, from_http_event, to_binary_event
 from cloudevents.core.v1.event import CloudEvent
 
 from functions.http.app import create_app
 from functions.model import ResourceType
 from functions.settings import Settings
 from storage import Store, open_store
+from tests.check_replicas import send
 from tests.event_sink import EventSink, event_sink
 from tests.repository_runtime import RepositoryRuntime
 
@@ -58,12 +58,7 @@ def tick(test_client: Any, event_id: str, **data: Any) -> tuple[int, dict[str, A
         },
         data={"type": "git", "source": {"uri": "x", "token": SECRET}, **data},
     )
-    message = to_binary_event(request)
-    response = test_client.post("/", headers=dict(message.headers), data=message.body)
-    if response.status_code != 200:
-        return response.status_code, {}
-    reply = from_http_event(HTTPMessage(headers=dict(response.headers), body=response.data))
-    return response.status_code, reply.get_data()
+    return send(test_client, request)
 
 
 def refs(versions: list[dict[str, str]]) -> list[str]:
