@@ -365,6 +365,13 @@ def test_the_pingsource_example_reports_a_commit_between_two_ticks(knative_deplo
         )
         assert found.get_data()["version"] == {"ref": "3"}
         assert "count_url" not in json.dumps(found.get_data())  # no source in events
+        # The tick's task held its resource's check lease (async replies) and let it go
+        # once it had recorded: the next tick takes it at once.
+        from functions import keys, lease
+
+        claim = lease.read(d.store, keys.lease_record_key(found.get_data()["resource"]))
+        assert claim is not None and claim.lease.released
+        assert claim.lease.run == keys.run_id(tick_source, attributes(second)["id"], "check")
     finally:
         d.cluster.kubectl("delete", "-f", "-", stdin=listed, check=False)
         repository.close()
