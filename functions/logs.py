@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 import time
-from typing import Any
+from collections import deque
+from typing import Any, TextIO
 
 SAFE_EXTRA = "fields"
 
@@ -27,11 +29,54 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(body, default=str)
 
 
+class LineHandler(logging.Handler):
+    """Writes formatted lines to a stream without making a logging thread wait.
+
+    A line is formatted in the calling thread, then queued; whichever thread gets the write
+    lock writes every queued line in one call, and the others go on. A thread waiting for
+    the stream (a write releases the GIL) thus holds up no request that logs: under many
+    request threads, a lock held across each write queued them all behind it. No line is
+    left behind: every queueing and every release of the lock is followed by a look at
+    the queue. Lines keep the order in which they were queued.
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__()
+        self.stream = stream
+        self._lines: deque[str] = deque()
+        self._writing = threading.Lock()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._lines.append(self.format(record) + "\n")
+            while self._lines and self._writing.acquire(blocking=False):
+                try:
+                    self._write_queued()
+                finally:
+                    self._writing.release()
+        except Exception:  # noqa: BLE001 - as StreamHandler: logging must not fail the caller
+            self.handleError(record)
+
+    def handle(self, record: logging.LogRecord) -> bool:
+        """As ``Handler.handle`` without its lock around ``emit``."""
+        passed = self.filter(record)
+        if passed:
+            self.emit(passed if isinstance(passed, logging.LogRecord) else record)
+        return bool(passed)
+
+    def _write_queued(self) -> None:
+        lines = []
+        while self._lines:
+            lines.append(self._lines.popleft())
+        self.stream.write("".join(lines))
+        self.stream.flush()
+
+
 def configure(level: str) -> None:
     """Send JSON lines to stderr at ``level`` (idempotent)."""
     root = logging.getLogger()
     if not any(isinstance(h.formatter, JsonFormatter) for h in root.handlers):
-        handler = logging.StreamHandler(sys.stderr)
+        handler = LineHandler(sys.stderr)
         handler.setFormatter(JsonFormatter())
         root.addHandler(handler)
     root.setLevel(level.upper())

@@ -26,8 +26,9 @@ def s3_store(bucket: str, prefix: str, options: StoreOptions) -> Store:
     config = Config(
         s3={"addressing_style": _s3_addressing_style(options)},
         retries=_s3_retries(),
-        # Every part in flight needs its own connection.
-        max_pool_connections=max(10, options.concurrency),
+        # Every request and part in flight needs its own connection: with fewer, urllib3
+        # closes the ones it cannot keep ("Connection pool is full") and opens new ones.
+        max_pool_connections=max(10, options.threads * options.concurrency),
     )
     client = boto3.session.Session().client("s3", config=config)
     return S3Store(client, bucket, prefix, options)

@@ -28,7 +28,9 @@ class StoreOptions:
     multiple of 256 KiB); a stream shorter than one part goes up in a single request.
     ``concurrency``: S3 parts in flight at once. An S3 upload buffers at most about
     ``(concurrency + 1) * part_size`` bytes; GCS resumable uploads are sequential and buffer
-    about two chunks. ``s3_addressing_style``: ``path``, ``virtual`` or ``auto``; ``None``
+    about two chunks. ``threads``: how many threads use the store at once (a service's
+    request threads), each with up to ``concurrency`` parts in flight: the S3 client keeps
+    that many connections. ``s3_addressing_style``: ``path``, ``virtual`` or ``auto``; ``None``
     means ``path`` when an S3 endpoint URL is configured (MinIO, moto) and ``auto`` otherwise.
     Invalid values raise ``ValueError``.
     """
@@ -38,12 +40,14 @@ class StoreOptions:
     part_size: int = 8 * MiB
     concurrency: int = 4
     s3_addressing_style: str | None = None
+    threads: int = 1
 
     def __post_init__(self) -> None:
         for name, problem in (
             ("part_size", _part_size_problem(self.part_size)),
             ("concurrency", _concurrency_problem(self.concurrency)),
             ("s3_addressing_style", _style_problem(self.s3_addressing_style)),
+            ("threads", None if self.threads >= 1 else "must be at least 1"),
         ):
             if problem:
                 raise ValueError(f"{name}: {problem}")

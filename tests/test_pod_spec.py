@@ -21,7 +21,7 @@ import kubernetes_validate
 import pytest
 
 from functions import keys, protocol
-from functions.model import ArtifactRef, Build, HistoryPlan, ResourceType, Task
+from functions.model import ArtifactRef, Build, HistoryPlan, ResourceType, Task, TraceContext
 from functions.runtimes import podspec
 from functions.runtimes.podspec import (
     RESOURCE_SCRIPT,
@@ -57,6 +57,7 @@ CONFIG = KubernetesConfig(
     ),
 )
 STORE_URL = "s3://resource-functions/ci"
+PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
 def make_task(
@@ -309,6 +310,26 @@ def test_step_arguments() -> None:
     sync = containers(job_manifest(make_plan("check")))["collect"]["command"]
     assert "--reply-to-sink" not in sync and "--cache-key" not in sync
     assert "--history-key" not in collect  # a get keeps no version history
+
+
+@pytest.mark.parametrize(
+    ("trace", "args"),
+    [
+        (TraceContext(PARENT, "congo=t61rcWkgMzE"), [PARENT, "congo=t61rcWkgMzE"]),
+        (TraceContext(PARENT, ""), [PARENT, None]),
+        (None, [None, None]),
+    ],
+    ids=["with-tracestate", "traceparent-alone", "untraced"],
+)
+def test_an_async_collect_is_given_the_trace_context_of_the_events_it_posts(
+    trace: TraceContext | None, args: list[str | None]
+) -> None:
+    task = dataclasses.replace(make_task("check"), trace=trace)
+    collect = containers(job_manifest(plan_for(task, CONFIG, STORE_URL, reply=True)))["collect"]
+    pairs = dict(itertools.pairwise(collect["command"]))
+    assert [pairs.get("--traceparent"), pairs.get("--tracestate")] == args
+    sync = containers(job_manifest(plan_for(task, CONFIG, STORE_URL, reply=False)))["collect"]
+    assert "--traceparent" not in sync["command"]  # the function replies, with the trace
 
 
 def test_a_check_tells_collect_where_its_version_history_is() -> None:

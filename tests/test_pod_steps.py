@@ -24,6 +24,7 @@ from storage.artifacts import upload_tree
 from tests.event_sink import event_sink
 
 CANARY = "canary-7d3f9b2e-do-not-leak"
+PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 RUN = uuid.uuid4().hex
 
 
@@ -273,9 +274,10 @@ def test_collect_of_an_async_check_records_the_history_and_posts_discoveries_the
     (build / ".task/stdout").write_text('[{"ref": "1"}, {"ref": "2"}, {"ref": "3"}]')
     history = ["--history-key", resource, "--history-limit", "2"]
     reply = ["--reply-to-sink", "--request-id", "r1", "--subject", "main/repo"]
+    trace = ["--traceparent", PARENT, "--tracestate", "congo=t61rcWkgMzE"]
     with event_sink() as sink:
         monkeypatch.setenv("K_SINK", sink.url)
-        assert collect(build, "check", *history, *reply) == 0
+        assert collect(build, "check", *history, *reply, *trace) == 0
         posted = sink.drain()
     assert [e.get_type().rsplit(".", 1)[-1] for e in posted] == ["discovered"] * 2 + ["succeeded"]
     assert [e.get_data()["version"] for e in posted[:2]] == [{"ref": "2"}, {"ref": "3"}]
@@ -283,6 +285,9 @@ def test_collect_of_an_async_check_records_the_history_and_posts_discoveries_the
     assert posted[2].get_data()["new"] == [{"ref": "2"}, {"ref": "3"}]
     assert {(e.get_extension("requestid"), e.get_subject()) for e in posted} == {
         ("r1", "main/repo")
+    }
+    assert {(e.get_extension("traceparent"), e.get_extension("tracestate")) for e in posted} == {
+        (PARENT, "congo=t61rcWkgMzE")
     }
     assert not [body for body in sink.bodies if CANARY.encode() in body]
     recorded = json.loads(store.read_record(f"history/{resource}.json").data)

@@ -99,6 +99,8 @@ def add_pod_step_parsers(sub: Any) -> None:
     collect.add_argument("--reply-to-sink", action="store_true", help="post the reply to K_SINK")
     collect.add_argument("--request-id", default="")
     collect.add_argument("--subject")
+    collect.add_argument("--traceparent", help="the request's: the posted events carry it on")
+    collect.add_argument("--tracestate", default="")
     collect.set_defaults(handler=cmd_collect)
 
 
@@ -120,8 +122,10 @@ def cmd_collect(args: argparse.Namespace) -> int:
     from functions.model import HistoryPlan, LeaseHold
     from functions.task.contract import ReplyPlan
     from functions.task.in_pod import CollectArgs, collect_main
+    from functions.tracing import trace_context
 
-    reply = ReplyPlan(args.request_id, args.subject) if args.reply_to_sink else None
+    trace = trace_context(args.traceparent, args.tracestate)
+    reply = ReplyPlan(args.request_id, args.subject, trace=trace) if args.reply_to_sink else None
     history = HistoryPlan(args.history_key, args.history_limit) if args.history_key else None
     held = args.lease_key and args.lease_holder
     lease = LeaseHold(args.lease_key, args.lease_holder) if held else None

@@ -9,6 +9,7 @@ event contract (200 + reply event, 202, 400 + JSON error, 503 + JSON error; 401/
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -60,10 +61,11 @@ def create_app(
 
 
 def open_local_or_remote_store(settings: Settings) -> Store:
-    """Open STORE_URL; a local directory store is created on first use (a bucket must exist)."""
+    """Open STORE_URL for the service's request threads (each may use the store at once); a
+    local directory store is created on first use (a bucket must exist)."""
     if settings.store_url.startswith("file://"):
         Path(settings.store_url[len("file://") :]).mkdir(parents=True, exist_ok=True)
-    return open_store(settings.store_url, settings.store_options)
+    return open_store(settings.store_url, replace(settings.store_options, threads=settings.threads))
 
 
 def _handle(service: Service, senders: SenderCheck | None) -> Response:

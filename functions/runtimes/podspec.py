@@ -215,7 +215,7 @@ def plan_for(task: Task, config: KubernetesConfig, store_url: str, *, reply: boo
         node_selector=rt.node_selector or c.node_selector,
         tolerations=tuple(rt.tolerations or c.tolerations),
         image_pull_secrets=tuple(rt.image_pull_secrets or c.image_pull_secrets),
-        reply=ReplyPlan(task.request_id, task.subject, c.sink) if reply else None,
+        reply=ReplyPlan(task.request_id, task.subject, c.sink, task.trace) if reply else None,
         request_source=task.request_source,
     )
 
@@ -346,6 +346,10 @@ def _collect_container(plan: JobPlan) -> dict[str, Any]:
         args += ["--reply-to-sink", "--request-id", plan.reply.request_id]
         if plan.reply.subject is not None:
             args += ["--subject", plan.reply.subject]
+        if plan.reply.trace is not None:
+            args += ["--traceparent", plan.reply.trace.traceparent]
+            if plan.reply.trace.tracestate:
+                args += ["--tracestate", plan.reply.trace.tracestate]
     container = _step_container(plan, "collect", args, stdin=True)
     if plan.reply and plan.reply.sink:
         # The reply address goes to collect alone (never to the resource container, whose

@@ -7,6 +7,11 @@ hit looks in the store again (and finds the artifact gone, or sees it anew). So 
 notices a removed artifact at most ``recheck_seconds`` after it last saw it; 0 means every
 hit looks. The delay is of the same kind as the one between a hit and its requester's
 download, which the artifact may not survive either.
+
+The look is taken ahead of time: once half the window has passed, the next hit looks (as a
+miss would) while the others still answer from memory until the window ends. So a hot entry
+does not go stale, and the many hits arriving together do not all turn to the store when it
+would.
 """
 
 from __future__ import annotations
@@ -31,16 +36,25 @@ class CacheMemory:
         self._capacity = capacity
         self._clock = clock
         self._lock = threading.Lock()
-        self._entries: OrderedDict[str, tuple[dict[str, Any], float]] = OrderedDict()
+        # key -> (record, when its artifact was seen, whether a hit has gone to look since)
+        self._entries: OrderedDict[str, tuple[dict[str, Any], float, bool]] = OrderedDict()
 
     def fresh(self, key: str) -> dict[str, Any] | None:
-        """The record, if its artifact was seen within ``recheck_seconds``."""
+        """The record, if its artifact was seen within ``recheck_seconds``; None also for the
+        first hit past half the window, which is to look."""
         with self._lock:
             entry = self._entries.get(key)
-            if entry is None or self._clock() - entry[1] >= self._recheck:
+            if entry is None:
+                return None
+            record, seen, looking = entry
+            age = self._clock() - seen
+            if age >= self._recheck:
+                return None
+            if not looking and age >= self._recheck / 2:
+                self._entries[key] = (record, seen, True)
                 return None
             self._entries.move_to_end(key)
-            return entry[0]
+            return record
 
     def record(self, key: str) -> dict[str, Any] | None:
         """The record however long ago its artifact was seen (it needs a look again)."""
@@ -51,7 +65,7 @@ class CacheMemory:
     def seen(self, key: str, record: dict[str, Any]) -> None:
         """The record's artifact exists now."""
         with self._lock:
-            self._entries[key] = (record, self._clock())
+            self._entries[key] = (record, self._clock(), False)
             self._entries.move_to_end(key)
             while len(self._entries) > self._capacity:
                 self._entries.popitem(last=False)

@@ -399,6 +399,7 @@ class Service:
             subject=request.subject,
             run_id=run,
             history=plan,
+            trace=request.trace,
         )
         if not found or not self.settings.sink:
             return

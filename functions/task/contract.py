@@ -81,6 +81,7 @@ class ReplyPlan:
     request_id: str
     subject: str | None = None
     sink: str = ""  # the function's own K_SINK: given to the collect container alone
+    trace: TraceContext | None = None  # the request's, carried on by the posted events
 
 
 def format_input(name: str, ref: ArtifactRef) -> str:
@@ -179,10 +180,12 @@ def discovered_events(
     subject: str | None,
     run_id: str,
     history: HistoryPlan | None,
+    trace: TraceContext | None = None,
 ) -> list[CloudEvent]:
     """One ``version.discovered`` event per version in a check's ``new`` (none without a
     history). Ids derive from the run and the version, so a redelivered run's events are the
-    same events. Data: the version and the resource's key (an HMAC: no source in it)."""
+    same events. Data: the version and the resource's key (an HMAC: no source in it).
+    ``trace``: the request's trace context, carried on as on the reply."""
     if history is None or outcome.data is None:
         return []
     return [
@@ -200,6 +203,7 @@ def discovered_events(
                 "datacontenttype": "application/json",
                 "requestid": request_id,
                 **({"subject": subject} if subject else {}),
+                **trace_attributes(trace),
             },
             data={"version": version, "resource": history.resource_key},
         )
@@ -220,7 +224,12 @@ def reply_events(
     """Everything an asynchronous run posts to the sink: the discovered versions, then the
     reply (so a consumer of the reply finds the discoveries already sent)."""
     found = discovered_events(
-        outcome=outcome, request_id=request_id, subject=subject, run_id=run_id, history=history
+        outcome=outcome,
+        request_id=request_id,
+        subject=subject,
+        run_id=run_id,
+        history=history,
+        trace=trace,
     )
     reply = reply_event(
         action=action,

@@ -201,6 +201,7 @@ def _post(args: CollectArgs, outcome: Outcome, sink: str) -> int:
         subject=args.reply.subject,
         run_id=args.run_id,
         history=args.history,
+        trace=args.reply.trace,
     )
     try:
         post_events(sink, events)

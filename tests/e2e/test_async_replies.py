@@ -15,6 +15,8 @@ from cloudevents.core.bindings.http import HTTPMessage, from_http_event
 from tests.e2e.conftest import resource_types, start_services
 from tests.e2e.events import request_event, send
 
+PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
 
 @pytest.fixture(scope="module")
 def sink():
@@ -78,13 +80,16 @@ def events_until_reply(received: queue.Queue) -> list:
 
 def test_async_check_posts_each_new_version_then_its_reply(async_services, sink):
     source = {"count": 3, "nonce": uuid.uuid4().hex}
-    first = request_event("check", {"type": "test", "source": source}, replymode="async")
+    first = request_event(
+        "check", {"type": "test", "source": source}, replymode="async", traceparent=PARENT
+    )
     assert send(async_services.urls["check"], first)[0] == 202
     *found, reply = events_until_reply(sink[1])
     assert [e.get_type() for e in found] == ["dev.resourcefunctions.version.discovered"] * 3
     assert [e.get_data()["version"] for e in found] == reply.get_data()["new"]
     assert reply.get_data()["new"] == [{"ref": "1"}, {"ref": "2"}, {"ref": "3"}]
     assert {e.get_extension("requestid") for e in found} == {first.get_id()}
+    assert {e.get_extension("traceparent") for e in [*found, reply]} == {PARENT}
 
     again = request_event(
         "check", {"type": "test", "source": source, "version": "latest-known"}, replymode="async"

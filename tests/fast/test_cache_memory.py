@@ -30,10 +30,37 @@ def test_an_entry_answers_only_within_the_recheck_window() -> None:
     memory = CacheMemory(recheck_seconds=2, clock=clock)
     memory.seen("k", RECORD)
     clock.now += 1.9
+    memory.fresh("k")  # the hit that looks again (see below)
     assert memory.fresh("k") == RECORD
     clock.now += 0.2
-    assert memory.fresh("k") is None
+    assert memory.fresh("k") is None and memory.fresh("k") is None
     assert memory.record("k") == RECORD  # kept: records never change, only the artifact may go
+
+
+def test_past_half_the_window_one_hit_looks_while_the_others_answer() -> None:
+    clock = Clock()
+    memory = CacheMemory(recheck_seconds=2, clock=clock)
+    memory.seen("k", RECORD)
+    clock.now += 0.9
+    assert memory.fresh("k") == RECORD
+    clock.now += 0.2
+    assert memory.fresh("k") is None  # this hit looks in the store
+    assert memory.fresh("k") == RECORD and memory.fresh("k") == RECORD
+    memory.seen("k", RECORD)  # the look found the artifact: a new window
+    clock.now += 0.9
+    assert memory.fresh("k") == RECORD and memory.fresh("k") == RECORD
+
+
+def test_a_look_that_did_not_end_leaves_the_entry_to_go_stale() -> None:
+    clock = Clock()
+    memory = CacheMemory(recheck_seconds=2, clock=clock)
+    memory.seen("k", RECORD)
+    clock.now += 1.5
+    assert memory.fresh("k") is None  # looks, and fails (the store is unavailable)
+    clock.now += 0.4
+    assert memory.fresh("k") == RECORD
+    clock.now += 0.1
+    assert memory.fresh("k") is None and memory.fresh("k") is None  # every hit looks
 
 
 def test_a_window_of_zero_never_answers_from_memory() -> None:
@@ -77,10 +104,21 @@ def setup(store: Store) -> Any:
 def test_a_hot_entry_is_answered_from_memory(store: Store, setup: Any) -> None:
     client, runtime, clock, key = setup
     assert reply_of(post(client, event("get", GET, id="hit-1"))).get_data()["cached"] is True
-    store.delete(key)  # within the window this replica does not look again
-    clock.now += 4
+    store.delete(key)  # within the first half of the window this replica does not look again
+    clock.now += 2
     assert reply_of(post(client, event("get", GET, id="hit-2"))).get_data()["cached"] is True
     assert len(runtime.ran) == 1
+
+
+def test_past_half_the_window_one_hit_looks_and_notices_a_removed_artifact(
+    store: Store, setup: Any
+) -> None:
+    client, runtime, clock, key = setup
+    assert reply_of(post(client, event("get", GET, id="hit-1"))).get_data()["cached"] is True
+    store.delete(key)
+    clock.now += 3
+    again = reply_of(post(client, event("get", GET, id="looks")))
+    assert again.get_data().get("cached") is not True and len(runtime.ran) == 2  # ran again
 
 
 def test_an_artifact_removed_is_noticed_once_the_window_has_passed(

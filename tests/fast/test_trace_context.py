@@ -1,14 +1,19 @@
 """The CloudEvents distributed-tracing extension: a request's traceparent/tracestate go on to
-its reply event and into the task's env; an invalid traceparent is ignored (W3C), never an
+its reply event, its version.discovered events (sync or async) and into the task's env; an invalid traceparent is ignored (W3C), never an
 error, and never reaches a header or an env var."""
 
 from __future__ import annotations
 
 import pytest
 
+from functions.model import HistoryPlan, Outcome, TraceContext
+from functions.task.contract import reply_events
 from functions.tracing import trace_context
 from storage import Store
+from tests.event_sink import event_sink
+from tests.fast.test_check_history_service import client as history_client
 from tests.fast.test_http_service import FakeRuntime, event, make_client, post, reply_of
+from tests.repository_runtime import RepositoryRuntime
 
 PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 STATE = "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"
@@ -54,3 +59,44 @@ def test_an_invalid_traceparent_is_ignored(traceparent: str) -> None:
 def test_an_invalid_tracestate_alone_is_dropped() -> None:
     context = trace_context(PARENT, "a=" + "x" * 600)
     assert context is not None and context.tracestate == ""
+
+
+def test_the_version_discovered_events_carry_the_trace_context(store: Store) -> None:
+    runtime = RepositoryRuntime(store)
+    with event_sink() as sink:
+        functions = history_client(store, runtime, sink.url)
+        request = event(
+            "check",
+            {"type": "git", "source": {"uri": "x"}, "version": "latest-known"},
+            traceparent=PARENT,
+            tracestate=STATE,
+        )
+        assert post(functions, request).status_code == 200
+        posted = sink.drain()
+    assert [e.get_data()["version"] for e in posted] == [{"ref": "1"}]
+    assert {(e.get_extension("traceparent"), e.get_extension("tracestate")) for e in posted} == {
+        (PARENT, STATE)
+    }
+
+
+@pytest.mark.parametrize(
+    ("trace", "extensions"),
+    [(TraceContext(PARENT, STATE), (PARENT, STATE)), (None, (None, None))],
+    ids=["traced", "untraced"],
+)
+def test_every_event_an_async_run_posts_carries_the_trace_context(
+    trace: TraceContext | None, extensions: tuple[str | None, str | None]
+) -> None:
+    posted = reply_events(
+        action="check",
+        outcome=Outcome(action="check", data={"versions": [], "new": [{"ref": "2"}]}),
+        request_id="r1",
+        subject=None,
+        run_id="0" * 32,
+        history=HistoryPlan("h" * 64, limit=10),
+        trace=trace,
+    )
+    assert [e.get_type().rsplit(".", 1)[-1] for e in posted] == ["discovered", "succeeded"]
+    assert {(e.get_extension("traceparent"), e.get_extension("tracestate")) for e in posted} == {
+        extensions
+    }
