@@ -185,14 +185,17 @@ def timed(action: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
-def ours(direction: str, store_url: str, key: str, directory: Path, env: dict[str, str]) -> Result:
-    """Run upload_tree / download_tree in a child process; it reports time and VmHWM."""
+def ours(
+    direction: str, store_url: str, key: str, directory: Path, env: dict[str, str], label: str = ""
+) -> Result:
+    """Run upload_tree / download_tree in a child process; it reports time and VmHWM.
+    ``label`` tells apart uploads of the same round (at several levels)."""
     command = [sys.executable, __file__, "--child", direction, store_url, key, str(directory)]
     os.sync()
     done = subprocess.run(command, env=env, check=True, capture_output=True, text=True)
     report = json.loads(done.stdout.strip().splitlines()[-1])
     scheme = store_url.split(":", 1)[0]
-    name = f"ours {'pack+upload' if direction == 'up' else 'download+unpack'} ({scheme})"
+    name = f"ours {'pack+upload' if direction == 'up' else 'download+unpack'} ({scheme}){label}"
     return Result(name, report["seconds"], report["size"], report["hwm_kib"] / 1024)
 
 
@@ -219,17 +222,21 @@ def _vm_hwm_kib() -> int:
 
 
 def one_round(
-    client: Any, tree: Path, work: Path, stores: list[str], env: dict[str, str]
+    client: Any, tree: Path, work: Path, stores: list[str], env: dict[str, str], levels: list[str]
 ) -> list[Result]:
-    """Every measurement once. Extracted trees are kept until the end of the run: creating
-    files soon after deleting many is slow on ext4 (it skips recently freed inodes), and that
-    cost must not land on whichever measurement follows a clean-up."""
+    """Every measurement once; S3 uploads again at each further level of ``levels`` (the first
+    level's artifacts are the ones downloaded). Extracted trees are kept until the end of the
+    run: creating files soon after deleting many is slow on ext4 (it skips recently freed
+    inodes), and that cost must not land on whichever measurement follows a clean-up."""
     work.mkdir()
     results = baselines(client, tree, work)
     for url in stores:
         key = f"artifacts/{work.name}.tar.zst"
-        results.append(ours("up", url, key, tree, env))
+        results.append(ours("up", url, key, tree, {**env, "ARCHIVE_LEVEL": levels[0]}))
         results.append(ours("down", url, key, work / f"out-{url.split(':')[0]}", env))
+    for level in levels[1:]:
+        key, level_env = f"artifacts/{work.name}-{level}.tar.zst", {**env, "ARCHIVE_LEVEL": level}
+        results.append(ours("up", stores[0], key, tree, level_env, f" level {level}"))
     return results
 
 
@@ -333,12 +340,19 @@ def summary(results: list[Result]) -> str:
     )
     p2 = b.seconds / up_s3.seconds
     file_vs_s3 = down_file.seconds / down_s3.seconds
+    other_levels = [
+        f"  at{r.name.rsplit(')', 1)[1]}: P2 {b.seconds / r.seconds:.2f}x, P3 {r.rss_mib:.0f} MiB, "
+        f"{r.stored_bytes / 1e6:.1f} MB stored ({r.stored_bytes / up_s3.stored_bytes - 1:+.1%})"
+        for r in results
+        if r.name.startswith("ours pack+upload (s3) level")
+    ]
     return "\n".join(
         [
             "summary:",
             f"  P2 pack+upload (s3) vs (b) upload_file of a plain tar: {p2:.2f}x (goal >= 0.9x)",
             f"  P3 peak RSS of pack+upload (s3): {up_s3.rss_mib:.0f} MiB (goal < 150 MiB)",
             f"  download+unpack time, file store / S3: {file_vs_s3:.2f} (below 1: file is faster)",
+            *other_levels,
         ]
     )
 
@@ -367,11 +381,12 @@ def run(args: argparse.Namespace, work: Path) -> None:
         f"tree: {tree_bytes / MiB:.0f} MiB in {args.small_files} small + 6 large files "
         f"(built in {time.perf_counter() - start:.0f} s); {os.cpu_count()} CPUs; "
         f"ARCHIVE_FORMAT={os.environ.get('ARCHIVE_FORMAT', 'zstd')} "
-        f"ARCHIVE_LEVEL={os.environ.get('ARCHIVE_LEVEL', '3')}",
+        f"ARCHIVE_LEVEL={','.join(args.levels)}",
         flush=True,
     )
     if args.rss_only:
-        result = ours("up", store_root.as_uri(), "artifacts/rss.tar.zst", tree, dict(os.environ))
+        env = {**os.environ, "ARCHIVE_LEVEL": args.levels[0]}
+        result = ours("up", store_root.as_uri(), "artifacts/rss.tar.zst", tree, env)
         print(table([result], tree_bytes))
         return
     with s3_server(args.s3_endpoint, args.s3_server, work) as s3_env:
@@ -383,7 +398,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
                 result
                 for index in range(args.repeat)
                 for result in one_round(
-                    client, tree, work / f"round-{index}", stores, dict(os.environ)
+                    client, tree, work / f"round-{index}", stores, dict(os.environ), args.levels
                 )
             ]
         finally:
@@ -415,6 +430,13 @@ def parse_args() -> argparse.Namespace:
         type=int,
         default=1,
         help="run every measurement this many times, report the fastest",
+    )
+    parser.add_argument(
+        "--levels",
+        type=lambda text: text.split(","),
+        default=[os.environ.get("ARCHIVE_LEVEL", "3")],
+        help="compression levels to upload at, side by side (e.g. 3,1,-1; the first one is "
+        "also downloaded; default ARCHIVE_LEVEL or 3)",
     )
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     return parser.parse_args()

@@ -666,10 +666,19 @@ class RecordingS3(http.server.BaseHTTPRequestHandler):
     ``bucket`` (addressed by path) and no objects."""
 
     seen: ClassVar[list[tuple[str, str]]] = []
+    checksums: ClassVar[list[str | None]] = []  # the x-amz-checksum-crc32 of each PUT
 
     def do_HEAD(self) -> None:
         self.seen.append((self.headers["Host"], self.path))
         self.send_response(200 if self.path == "/bucket" else 404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_PUT(self) -> None:
+        self.checksums.append(self.headers["x-amz-checksum-crc32"])
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("ETag", '"0"')
         self.send_header("Content-Length", "0")
         self.end_headers()
 
@@ -681,7 +690,7 @@ class RecordingS3(http.server.BaseHTTPRequestHandler):
 def recording_s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, str]]]:
     """A custom S3 endpoint (``AWS_ENDPOINT_URL_S3``) that records the requests it gets."""
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), RecordingS3)
-    RecordingS3.seen = []
+    RecordingS3.seen, RecordingS3.checksums = [], []
     threading.Thread(target=server.serve_forever, daemon=True).start()
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://localhost:{server.server_port}")
     for name, value in {
@@ -715,6 +724,25 @@ def test_s3_addressing_style_from_the_environment_is_honoured(
         open_store("s3://bucket/p").stat("k")
 
     assert not [path for _, path in recording_s3 if path.startswith("/bucket/")]
+
+
+@pytest.mark.parametrize(
+    ("environ", "crc32"),
+    [({}, False), ({"AWS_REQUEST_CHECKSUM_CALCULATION": "when_supported"}, True)],
+    ids=["http-endpoint-skips-crc32", "environment-is-honoured"],
+)
+def test_s3_over_http_sends_no_crc32_besides_the_signed_sha256(
+    recording_s3: list[tuple[str, str]],
+    monkeypatch: pytest.MonkeyPatch,
+    environ: dict[str, str],
+    crc32: bool,
+) -> None:
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+
+    open_store("s3://bucket/p").put("k", io.BytesIO(b"data"))
+
+    assert [checksum is not None for checksum in RecordingS3.checksums] == [crc32]
 
 
 @pytest.mark.parametrize(
