@@ -325,7 +325,8 @@ def paired(
         shift = index % len(settings)
         order = settings[shift:] + settings[:shift]
         done = [paired_upload(client, tree, plain, env, level, server) for level in order]
-        print(f"round {index + 1}: " + ", ".join(f"{r.name} {r.seconds:.2f} s" for r in done))
+        rows = ", ".join(f"{r.name} {r.seconds:.2f} s" for r in done)
+        print(f"round {index + 1}: {rows}", flush=True)  # progress, when the output is a file
         results += done
     return results
 
