@@ -13,7 +13,14 @@ Throughput is MB/s (10^6 bytes) of tree file bytes. Targets: ours >= 3x (a), >= 
 peak RSS of pack+upload to S3 < 150 MiB; the summary prints these ratios, all from this run.
 ``--rss-only`` packs into a file store and reports peak RSS only.
 
+``--paired ROUNDS`` measures S3 uploads only, one at a time: each round uploads with (b) and
+at each of ``--levels`` in turn (the order rotated every round), and the report gives per
+setting the median time, P2 (the median of (b) over this median), client CPU (the uploading
+process's own), the server's CPU (versitygw's, read from /proc; left out for other servers),
+stored bytes and peak RSS.
+
     python bench/artifacts.py --size-mib 200 --repeat 3
+    python bench/artifacts.py --size-mib 512 --paired 5 --levels 3,1
     python bench/artifacts.py                       # ~1 GiB tree, each measurement once
     python bench/artifacts.py --rss-only --size-mib 2048
 """
@@ -26,6 +33,7 @@ import os
 import random
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -59,6 +67,8 @@ class Result:
     stored_bytes: int = 0
     rss_mib: float | None = None
     detail: str = ""  # how a baseline's time splits
+    client_cpu: float | None = None  # seconds, user + system, of the uploading process
+    server_cpu: float | None = None  # seconds, of the S3 server while this ran
 
 
 # --- the tree ------------------------------------------------------------------------------
@@ -196,7 +206,8 @@ def ours(
     report = json.loads(done.stdout.strip().splitlines()[-1])
     scheme = store_url.split(":", 1)[0]
     name = f"ours {'pack+upload' if direction == 'up' else 'download+unpack'} ({scheme}){label}"
-    return Result(name, report["seconds"], report["size"], report["hwm_kib"] / 1024)
+    hwm = report["hwm_kib"] / 1024
+    return Result(name, report["seconds"], report["size"], hwm, client_cpu=report["cpu"])
 
 
 def child(direction: str, store_url: str, key: str, directory: str) -> None:
@@ -205,13 +216,13 @@ def child(direction: str, store_url: str, key: str, directory: str) -> None:
     from storage.artifacts import download_tree, upload_tree
 
     store = open_store(store_url)
-    start = time.perf_counter()
+    cpu, start = cpu_seconds(), time.perf_counter()
     if direction == "up":
         size = upload_tree(store, key, directory, ArchiveOptions.from_env(os.environ)).size
     else:
         size = download_tree(store, key, directory).size
-    seconds = time.perf_counter() - start
-    print(json.dumps({"seconds": seconds, "size": size, "hwm_kib": _vm_hwm_kib()}))
+    seconds, cpu = time.perf_counter() - start, cpu_seconds() - cpu
+    print(json.dumps({"seconds": seconds, "size": size, "hwm_kib": _vm_hwm_kib(), "cpu": cpu}))
 
 
 def _vm_hwm_kib() -> int:
@@ -219,6 +230,24 @@ def _vm_hwm_kib() -> int:
         if line.startswith("VmHWM:"):
             return int(line.split()[1])
     raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def cpu_seconds(pid: int | str = "self") -> float:
+    """User + system CPU time (all threads) of a process so far, from /proc/<pid>/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_pid() -> int | None:
+    """The versitygw process this script started (its child), or None (another server)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            comm, rest = stat.read_text().split(" (", 1)[1].rsplit(") ", 1)
+        except OSError:
+            continue  # the process has exited since the listing
+        if comm == "versitygw" and int(rest.split()[1]) == os.getpid():
+            return int(stat.parent.name)
+    return None
 
 
 def one_round(
@@ -255,8 +284,7 @@ def baselines(client: Any, tree: Path, work: Path) -> list[Result]:
     )
     tgz.unlink()
     subprocess.run(["tar", "cf", str(plain), "-C", str(tree), "."], check=True)
-    up_b = timed(lambda: client.upload_file(str(plain), BUCKET, f"{key}.tar"))
-    stored_b = plain.stat().st_size
+    b = plain_upload(client, plain, f"{key}.tar")
     plain.unlink()
     return [
         Result(
@@ -271,8 +299,53 @@ def baselines(client: Any, tree: Path, work: Path) -> list[Result]:
             stored_a,
             detail=f"download_file {download:.2f} s + tar xzf {tar_xzf:.2f} s",
         ),
-        Result("(b) upload_file of plain tar", up_b, stored_b),
+        b,
     ]
+
+
+def plain_upload(client: Any, plain: Path, key: str) -> Result:
+    """(b): boto3 upload_file of a plain tar, with this process's CPU time."""
+    os.sync()
+    cpu = cpu_seconds()
+    seconds = timed(lambda: client.upload_file(str(plain), BUCKET, key))
+    size, cpu = plain.stat().st_size, cpu_seconds() - cpu
+    return Result("(b) upload_file of plain tar", seconds, size, client_cpu=cpu)
+
+
+def paired(
+    client: Any, tree: Path, work: Path, env: dict[str, str], levels: list[str], rounds: int
+) -> list[Result]:
+    """``rounds`` rounds of S3 uploads, one at a time: (b), then ours at each level, the order
+    rotated every round; each object is deleted before the next upload."""
+    plain, server = work / "tree.tar", server_pid()
+    subprocess.run(["tar", "cf", str(plain), "-C", str(tree), "."], check=True)
+    settings: list[str | None] = [None, *levels]
+    results = []
+    for index in range(rounds):
+        shift = index % len(settings)
+        order = settings[shift:] + settings[:shift]
+        done = [paired_upload(client, tree, plain, env, level, server) for level in order]
+        rows = ", ".join(f"{r.name} {r.seconds:.2f} s" for r in done)
+        print(f"round {index + 1}: {rows}", flush=True)  # progress, when the output is a file
+        results += done
+    return results
+
+
+def paired_upload(
+    client: Any, tree: Path, plain: Path, env: dict[str, str], level: str | None, server: int | None
+) -> Result:
+    """One upload, (b) if ``level`` is None, with the server's CPU time if ``server``."""
+    before = cpu_seconds(server) if server else 0.0
+    if level is None:
+        result = plain_upload(client, plain, "bench/plain.tar")
+    else:
+        level_env = {**env, "ARCHIVE_LEVEL": level}
+        key, url = "artifacts/paired.tar.zst", f"s3://{BUCKET}/bench"
+        result = ours("up", url, key, tree, level_env, f" level {level}")
+    if server:
+        result = replace(result, server_cpu=cpu_seconds(server) - before)
+    empty_bucket(client)
+    return result
 
 
 def best(results: list[Result]) -> list[Result]:
@@ -318,6 +391,38 @@ def table(results: list[Result], tree_bytes: int) -> str:
         )
     rows += [f"  {result.name}: {result.detail}" for result in results if result.detail]
     return "\n".join(rows)
+
+
+def paired_table(results: list[Result]) -> str:
+    """Per setting: medians (time and CPU), P2 against the median of (b), peak RSS."""
+    runs: dict[str, list[Result]] = {}
+    for result in results:
+        runs.setdefault(result.name, []).append(result)
+    b = statistics.median(r.seconds for r in runs["(b) upload_file of plain tar"])
+    server = all(r.server_cpu is not None for r in results)
+    rows = [
+        f"{'measurement':34} {'median s':>8} {'min-max s':>11} {'P2':>6} {'client CPU':>10} "
+        + (f"{'server CPU':>10} " if server else "")
+        + f"{'stored MB':>9} {'peak RSS MiB':>12}"
+    ]
+    for name, rs in runs.items():
+        seconds = statistics.median(r.seconds for r in rs)
+        spread = f"{min(r.seconds for r in rs):.2f}-{max(r.seconds for r in rs):.2f}"
+        rss = max((r.rss_mib for r in rs if r.rss_mib is not None), default=None)
+        rows.append(
+            f"{name:34} {seconds:8.2f} {spread:>11} {b / seconds:5.2f}x "
+            f"{_median_cpu(rs, 'client_cpu'):>10} "
+            + (f"{_median_cpu(rs, 'server_cpu'):>10} " if server else "")
+            + f"{rs[0].stored_bytes / 1e6:9.1f} "
+            + (f"{rss:12.0f}" if rss is not None else f"{'':12}")
+        )
+    if not server:
+        rows.append("  (no server CPU: the S3 server is not a versitygw started by this run)")
+    return "\n".join(rows)
+
+
+def _median_cpu(results: list[Result], field: str) -> str:
+    return f"{statistics.median(getattr(r, field) for r in results):.2f} s"
 
 
 def _ratios(result: Result, by_name: dict[str, Result]) -> tuple[str, str]:
@@ -394,15 +499,23 @@ def run(args: argparse.Namespace, work: Path) -> None:
         client = s3_client()
         stores = [f"s3://{BUCKET}/bench", store_root.as_uri()]
         try:
-            results = [
-                result
-                for index in range(args.repeat)
-                for result in one_round(
-                    client, tree, work / f"round-{index}", stores, dict(os.environ), args.levels
-                )
-            ]
+            if args.paired:
+                env, levels = dict(os.environ), args.levels
+                results = paired(client, tree, work, env, levels, args.paired)
+            else:
+                results = [
+                    result
+                    for index in range(args.repeat)
+                    for result in one_round(
+                        client, tree, work / f"round-{index}", stores, dict(os.environ), args.levels
+                    )
+                ]
         finally:
             empty_bucket(client)
+    if args.paired:
+        print(f"medians of {args.paired} paired round(s), P2 = median of (b) / median:")
+        print(paired_table(results))
+        return
     print(f"best of {args.repeat} run(s) each:")
     print(table(best(results), tree_bytes))
     print(summary(best(results)))
@@ -437,6 +550,13 @@ def parse_args() -> argparse.Namespace:
         default=[os.environ.get("ARCHIVE_LEVEL", "3")],
         help="compression levels to upload at, side by side (e.g. 3,1,-1; the first one is "
         "also downloaded; default ARCHIVE_LEVEL or 3)",
+    )
+    parser.add_argument(
+        "--paired",
+        type=int,
+        metavar="ROUNDS",
+        help="S3 uploads only, one at a time: (b) and each of --levels in turn, this many "
+        "rounds; report medians",
     )
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     return parser.parse_args()
