@@ -189,6 +189,7 @@ def drive(urls: list[str], load: Load, seed: int) -> tuple[dict[str, int], int]:
         local.session = session
         headers, body = check_event(resource)
         try:
+            # An async waiter may wait out the holder's task budget (310 s by default).
             status = session.post(urls[replica], headers=headers, data=body, timeout=400)
             code = status.status_code
         except requests.RequestException:
