@@ -5,11 +5,14 @@ two bench-only parts:
 * the runtime is an in-process stand-in (no container): it sleeps ``BENCH_RUN_SECONDS`` like
   a check script would take, prints one version per ``BENCH_COMMIT_SECONDS`` window (so a
   resource gets new commits over time) and hands that stdout to the real ``steps.collect``,
-  which records the history as every runtime does;
+  which records the history as every runtime does. With ``REPLY_MODE=async`` it starts that
+  run as a task in a background thread (the tests' ``AsyncRepositoryRuntime``: once per run
+  id; after recording, the real ``steps.release_lease`` and the reply POSTed to ``K_SINK``);
 * the store is wrapped to count its requests (each Store call is one request: every record,
   result and log here is a single PUT or GET).
 
-``GET /bench/counts`` returns ``{"runs": n, "store": {method: n}}`` of this replica.
+``GET /bench/counts`` returns ``{"runs": n, "starts": n, "store": {method: n}}`` of this
+replica (``starts``: tasks it was asked to start, async replies only).
 
     python bench/check_replica.py --port 8081     # env: STORE_URL, CACHE_SECRET, ...
 """
@@ -33,7 +36,7 @@ from functions.http.serving import serve
 from functions.model import Outcome, Task
 from functions.settings import Settings
 from storage import Store
-from tests.repository_runtime import collect_check
+from tests.repository_runtime import AsyncRepositoryRuntime, collect_check
 
 STORE_METHODS = (
     "put", "open", "stat", "delete", "list", "read_record", "write_record",
@@ -62,15 +65,14 @@ class CountingStore:
         return counted
 
 
-class StandInRuntime:
-    """Runs a check without a container: sleeps, then prints this time window's commit."""
+class StandInRuntime(AsyncRepositoryRuntime):
+    """Runs a check without a container: sleeps, then prints this time window's commit;
+    ``start`` runs the same in a background task (``AsyncRepositoryRuntime``)."""
 
-    def __init__(self, store: Any, seconds: float, commit_every: float) -> None:
-        self.store = store
-        self.seconds = seconds
+    def __init__(self, store: Any, sink: str, seconds: float, commit_every: float) -> None:
+        super().__init__(store, sink, seconds)
         self.commit_every = commit_every
         self.runs = 0
-        self._lock = threading.Lock()
 
     def run(self, task: Task) -> Outcome:
         with self._lock:
@@ -78,12 +80,6 @@ class StandInRuntime:
         time.sleep(self.seconds)
         version = {"ref": str(int(time.time() // self.commit_every))}
         return collect_check(self.store, task, json.dumps([version]).encode())
-
-    def start(self, task: Task) -> None:
-        raise RuntimeError("the bench replies synchronously")
-
-    def close(self) -> None:
-        pass
 
 
 def main() -> None:
@@ -94,6 +90,7 @@ def main() -> None:
     store = CountingStore(open_local_or_remote_store(settings))
     runtime = StandInRuntime(
         store,
+        settings.sink,
         float(os.environ.get("BENCH_RUN_SECONDS", "0.5")),
         float(os.environ.get("BENCH_COMMIT_SECONDS", "30")),
     )
@@ -101,7 +98,7 @@ def main() -> None:
     app.add_url_rule(
         "/bench/counts",
         "bench-counts",
-        lambda: {"runs": runtime.runs, "store": dict(store.counts)},
+        lambda: {"runs": runtime.runs, "starts": len(runtime.starts), "store": dict(store.counts)},
     )
     serve(app, host="127.0.0.1", port=args.port, threads=settings.threads)
 
