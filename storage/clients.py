@@ -3,7 +3,8 @@
 boto3 and google-cloud-storage read their own environment (endpoints, credentials, retry
 mode); the few defaults chosen here depend on whether the user set one of those variables
 (``AWS_ENDPOINT_URL(_S3)``, ``AWS_RETRY_MODE``, ``AWS_REQUEST_CHECKSUM_CALCULATION``,
-``GOOGLE_CLOUD_PROJECT``, ``STORAGE_EMULATOR_HOST``), so this module, and no other in ``storage``, looks at them.
+``GOOGLE_CLOUD_PROJECT``, ``STORAGE_EMULATOR_HOST``), so this module, and no other in
+``storage``, looks at them.
 Imported only when an ``s3://`` or ``gs://`` store is opened.
 """
 
@@ -39,19 +40,23 @@ def _s3_addressing_style(options: StoreOptions) -> str:
     """Path style with a custom endpoint: MinIO and moto do not serve bucket subdomains."""
     if options.s3_addressing_style:
         return options.s3_addressing_style
-    custom_endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    return "path" if custom_endpoint else "auto"
+    return "path" if _custom_s3_endpoint() else "auto"
 
 
 def _s3_request_checksums() -> str | None:
     """``when_required`` for an ``http://`` endpoint: there botocore signs every payload's
     SHA-256, which the server checks, so the CRC32 it adds by default (since 1.36) is a second
     pass over every part for nothing. Over HTTPS the CRC32 is what spares the SHA-256 (the
-    payload goes unsigned), so botocore's default stays, as does ``AWS_REQUEST_CHECKSUM_CALCULATION``."""
+    payload goes unsigned), so botocore's default stays, as does
+    ``AWS_REQUEST_CHECKSUM_CALCULATION``."""
     if os.environ.get("AWS_REQUEST_CHECKSUM_CALCULATION"):
         return None
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or ""
-    return "when_required" if endpoint.startswith("http://") else None
+    return "when_required" if _custom_s3_endpoint().startswith("http://") else None
+
+
+def _custom_s3_endpoint() -> str:
+    """The S3 endpoint URL the user configured for boto3 (MinIO, versitygw), or ""."""
+    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or ""
 
 
 def _s3_retries() -> dict[str, Any]:

@@ -119,7 +119,8 @@ class S3Store:
 
     ``options.part_size`` sets the single-request threshold and the part size;
     ``options.concurrency`` the parts uploaded at once (the client's connection pool should
-    hold that many connections per thread using the store: ``options.threads``). Thread-safe: boto3 clients are.
+    hold that many connections per thread using the store: ``options.threads``). Thread-safe:
+    boto3 clients are.
     """
 
     def __init__(
