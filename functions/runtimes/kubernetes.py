@@ -223,10 +223,12 @@ class KubernetesRuntime:
         )
         uid = uid_of(job)
         while True:
+            # Pods first, then the Job: the Job controller marks a Job failed (its deadline)
+            # before it kills the pods, so a pod seen killed comes with the Job's reason.
+            pods, version = self._api.list_pods(plan.job_name, uid)
             current = self._api.read_job(plan.job_name)
             if current is not None and uid and uid_of(current) != uid:
                 raise Unavailable(f"task Job {plan.job_name} was replaced while followed")
-            pods, version = self._api.list_pods(plan.job_name, uid)
             passed = _now().timestamp() >= budget_end
             verdict = judge(current, pods.values(), deadline_passed=passed)
             if verdict is None and time.monotonic() >= deadline:
