@@ -81,6 +81,19 @@ class Request:
 
 
 @dataclass(frozen=True)
+class RepeatableGet:
+    """A validated get, less what may change from one delivery to the next (its id, time and
+    trace context): what a repeat of it needs to be answered from the cache memory. It holds
+    no ``source`` or ``params``, only the keyed hash of them."""
+
+    event_source: str
+    subject: str | None
+    type_name: str | None
+    image: str
+    cache_key: str
+
+
+@dataclass(frozen=True)
 class ArtifactRef:
     """An artifact in the store: its key and, when known, its digest."""
 

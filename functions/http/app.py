@@ -18,6 +18,7 @@ from werkzeug.exceptions import RequestEntityTooLarge
 
 from functions import events
 from functions.errors import InvalidRequest, NotAuthenticated, SenderNotAllowed, Unavailable
+from functions.http.repeated_gets import RepeatedGets
 from functions.http.senders import SenderCheck, sender_check_from
 from functions.logs import fields
 from functions.metrics import Metrics
@@ -50,6 +51,8 @@ def create_app(
     app = Flask(f"resource-functions-{action}")
     app.config["MAX_CONTENT_LENGTH"] = events.MAX_BODY_BYTES  # refused before it is read
     app.extensions["service"] = service
+    if action == "get":
+        app.wsgi_app = RepeatedGets(app.wsgi_app, service, senders)  # type: ignore[method-assign]
     app.add_url_rule("/", "event", lambda: _handle(service, senders), methods=["POST"])
     app.add_url_rule("/healthz", "healthz", lambda: {"status": "ok", "action": action})
     app.add_url_rule(

@@ -56,6 +56,20 @@ class CacheMemory:
             self._entries.move_to_end(key)
             return record
 
+    def peek(self, key: str) -> dict[str, Any] | None:
+        """The record ``fresh`` would answer without sending this caller to look: None too
+        when a look is due and unclaimed (``fresh`` claims it); nothing changes."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            record, seen, looking = entry
+            age = self._clock() - seen
+            if age >= self._recheck or (not looking and age >= self._recheck / 2):
+                return None
+            self._entries.move_to_end(key)
+            return record
+
     def record(self, key: str) -> dict[str, Any] | None:
         """The record however long ago its artifact was seen (it needs a look again)."""
         with self._lock:

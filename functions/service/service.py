@@ -16,7 +16,15 @@ from functions import credentials, events, keys, protocol
 from functions.errors import InvalidRequest, SinkRefused, Unavailable
 from functions.logs import fields
 from functions.metrics import Metrics
-from functions.model import Action, HistoryPlan, Outcome, Request, Task
+from functions.model import (
+    Action,
+    HistoryPlan,
+    Outcome,
+    RepeatableGet,
+    Request,
+    Task,
+    TraceContext,
+)
 from functions.outcome import final_failure
 from functions.phases import seconds_by_phase
 from functions.runtimes import Runtime
@@ -68,16 +76,12 @@ class Service:
         """Serve one request event. Raises ``InvalidRequest`` (400) or ``Unavailable`` (503)."""
         request = self.parse(event)
         run = keys.run_id(request.event_source, request.event_id, self.action)
-        log.info(
-            "request",
-            extra=fields(
-                action=self.action,
-                id=request.event_id,
-                source=request.event_source,
-                run_id=run,
-                type=request.type_name,
-                image=request.resource_type.image,
-            ),
+        self._log_request(
+            request.event_id,
+            request.event_source,
+            run,
+            request.type_name,
+            request.resource_type.image,
         )
         try:
             resolved = self.resolve(request)
@@ -93,6 +97,66 @@ class Service:
         except StorageError as err:
             # A permanent store refusal (e.g. a key the store will not take): final, not retried.
             return self._reply(request, run, final_failure(self.action, err))
+
+    def repeatable(self, event: CloudEvent) -> RepeatableGet | None:
+        """What answers a repeat of this event from the cache memory (``answer_repeat``): a
+        get without ``((var))`` references (those are looked up on each request). None for
+        anything else; ``InvalidRequest`` as ``handle`` would raise it."""
+        request = self.parse(event)
+        cache_key = self._cache_key(request)
+        if cache_key is None:
+            return None
+        if credentials.find_references(request.source, request.params, request.version):
+            return None
+        return RepeatableGet(
+            event_source=request.event_source,
+            subject=request.subject,
+            type_name=request.type_name,
+            image=request.resource_type.image,
+            cache_key=cache_key,
+        )
+
+    def answer_repeat(
+        self, get: RepeatableGet, event_id: str, trace: TraceContext | None
+    ) -> Reply | None:
+        """``handle``'s reply to a repeat of a ``repeatable`` get with this id and trace, when
+        the cache memory answers it without a look in the store; None otherwise (``handle``
+        decides then)."""
+        remembered = self.cache_memory.peek(get.cache_key)
+        if remembered is None:
+            return None
+        run = keys.run_id(get.event_source, event_id, self.action)
+        self._log_request(event_id, get.event_source, run, get.type_name, get.image)
+        self.metrics.cache_hits.labels(self.action).inc()
+        event = reply_event(
+            action=self.action,
+            outcome=Outcome(action=self.action, data=remembered),
+            request_id=event_id,
+            subject=get.subject,
+            run_id=run,
+            trace=trace,
+        )
+        return Reply(status=200, event=event)
+
+    def _log_request(
+        self,
+        event_id: str,
+        event_source: str,
+        run: str,
+        type_name: str | None,
+        image: str,
+    ) -> None:
+        log.info(
+            "request",
+            extra=fields(
+                action=self.action,
+                id=event_id,
+                source=event_source,
+                run_id=run,
+                type=type_name,
+                image=image,
+            ),
+        )
 
     def parse(self, event: CloudEvent) -> Request:
         events.check_type(event, self.action)

@@ -63,6 +63,21 @@ def test_a_look_that_did_not_end_leaves_the_entry_to_go_stale() -> None:
     assert memory.fresh("k") is None and memory.fresh("k") is None  # every hit looks
 
 
+def test_peek_answers_as_fresh_would_but_leaves_a_due_look_to_fresh() -> None:
+    clock = Clock()
+    memory = CacheMemory(recheck_seconds=2, clock=clock)
+    assert memory.peek("k") is None
+    memory.seen("k", RECORD)
+    clock.now += 0.9
+    assert memory.peek("k") == RECORD
+    clock.now += 0.2
+    assert memory.peek("k") is None and memory.peek("k") is None  # a look is due
+    assert memory.fresh("k") is None  # still due: fresh's caller is the one to look
+    assert memory.peek("k") == RECORD  # claimed: the others answer until the window ends
+    clock.now += 0.9
+    assert memory.peek("k") is None and memory.fresh("k") is None
+
+
 def test_a_window_of_zero_never_answers_from_memory() -> None:
     memory = CacheMemory(recheck_seconds=0, clock=Clock())
     memory.seen("k", RECORD)

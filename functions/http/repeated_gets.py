@@ -1,0 +1,171 @@
+"""The short way for repeated gets, in front of the Flask app of the get service.
+
+Pipelines send the same get (same type, source, version, params) again and again, each time
+as a new event. A binary-mode request whose event differs from one already validated only in
+what changes between deliveries (``ce-id``, ``ce-time``, the trace context, Knative's arrival
+time) is answered here from the cache memory: without Flask, the CloudEvents parser, the
+validation or the cache key's hash, whose results it reuses (``Service.repeatable``). The
+reply is the one ``Service.answer_repeat`` builds, the same as the full way's.
+
+A first sighting is validated here by the full way's own functions (``events.read_event``,
+``Service.repeatable``) and remembered. Anything else, and any doubt, goes the full way, which
+answers as if this did not exist: an invalid request, a get the cache memory cannot answer
+without a look in the store, one with ``((var))`` references, a value that would need
+percent-decoding, a sender the check refuses, a body over 64 KiB. (A hit is answered in the
+HTTP response in either reply mode, by both ways.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from dateutil.parser import isoparse
+
+from functions import events
+from functions.errors import InvalidRequest, NotAuthenticated, SenderNotAllowed, Unavailable
+from functions.http.senders import SenderCheck
+from functions.logs import fields
+from functions.model import RepeatableGet, TraceContext
+from functions.service.request_data import MAX_ATTRIBUTE
+from functions.service.service import Service
+from functions.tracing import trace_context
+
+log = logging.getLogger("functions.http.repeated_gets")
+# The attributes a redelivery or a new request of the same get may change (WSGI names).
+VARYING = ("HTTP_CE_ID", "HTTP_CE_TIME", "HTTP_CE_TRACEPARENT", "HTTP_CE_TRACESTATE")
+# Set by a Knative Broker on each event; an extension nothing reads.
+IGNORED = ("HTTP_CE_KNATIVEARRIVALTIME",)
+MAX_BODY = 64 * 1024  # a get's request is a few hundred bytes; larger ones go the full way
+CAPACITY = 4096  # validated gets remembered (a few hundred bytes each)
+
+StartResponse = Callable[..., Any]
+WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
+
+
+class RepeatedGets:
+    """WSGI middleware: answers a repeat of a validated get from the cache memory."""
+
+    def __init__(
+        self,
+        app: WsgiApp,
+        service: Service,
+        senders: SenderCheck | None,
+        capacity: int = CAPACITY,
+    ) -> None:
+        self.app = app
+        self.service = service
+        self.senders = senders
+        self._capacity = capacity
+        self._lock = threading.Lock()
+        # identity of a request (all but what varies) -> the get, or None: not repeatable
+        self._known: OrderedDict[bytes, RepeatableGet | None] = OrderedDict()
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        body = _small_body(environ)
+        if body is None or "HTTP_CE_SPECVERSION" not in environ:
+            return self.app(environ, start_response)
+        try:
+            reply = self._answer(environ, body)
+        except (InvalidRequest, NotAuthenticated, SenderNotAllowed, Unavailable):
+            reply = None  # the full way refuses it, and says why
+        except Exception:  # a bug here: the full way still answers
+            log.exception("the short way for repeated gets failed", extra=fields(action="get"))
+            reply = None
+        if reply is None:
+            return self.app(environ, start_response)
+        headers, payload = reply
+        start_response("200 OK", [*headers.items(), ("Content-Length", str(len(payload)))])
+        self.service.metrics.requests.labels(self.service.action, "200").inc()
+        return [payload]
+
+    def _answer(self, environ: dict[str, Any], body: bytes) -> tuple[dict[str, str], bytes] | None:
+        delivery = _delivery(environ)
+        if delivery is None:
+            return None
+        if self.senders is not None:
+            self.senders.sender(environ.get("HTTP_AUTHORIZATION"))  # refused: the full way
+        get = self._get(_identity(environ, body), environ, body)
+        if get is None:
+            return None
+        reply = self.service.answer_repeat(get, *delivery)
+        if reply is None or reply.event is None:
+            return None
+        return events.to_http(reply.event)
+
+    def _get(self, identity: bytes, environ: dict[str, Any], body: bytes) -> RepeatableGet | None:
+        with self._lock:
+            if identity in self._known:
+                self._known.move_to_end(identity)
+                return self._known[identity]
+        # A first sighting: validated as the full way does (an invalid one raises, and the
+        # full way refuses it), then remembered.
+        get = self.service.repeatable(events.read_event(_ce_headers(environ), body))
+        with self._lock:
+            self._known[identity] = get
+            while len(self._known) > self._capacity:
+                self._known.popitem(last=False)
+        return get
+
+
+def _small_body(environ: dict[str, Any]) -> bytes | None:
+    """A POST to / with a body of at most MAX_BODY, read (and put back for the app)."""
+    if environ.get("REQUEST_METHOD") != "POST" or environ.get("PATH_INFO") != "/":
+        return None
+    length = environ.get("CONTENT_LENGTH") or ""
+    if not length.isdigit() or int(length) > MAX_BODY:
+        return None
+    body: bytes = environ["wsgi.input"].read(int(length))
+    environ["wsgi.input"] = io.BytesIO(body)
+    return body
+
+
+def _identity(environ: dict[str, Any], body: bytes) -> bytes:
+    """A digest of everything that makes the request what it is: the body, its content type
+    and every ``ce-`` header but those that vary between deliveries."""
+    fixed = sorted(
+        (name, value)
+        for name, value in environ.items()
+        if name.startswith("HTTP_CE_") and name not in VARYING and name not in IGNORED
+    )
+    head = repr((environ.get("CONTENT_TYPE"), fixed)).encode("utf-8", "surrogatepass")
+    return hashlib.sha256(head + b"\0" + body).digest()
+
+
+def _delivery(environ: dict[str, Any]) -> tuple[str, TraceContext | None] | None:
+    """The event id and trace context, if the full way would take them as they are: None
+    for a value it would percent-decode, an id it would refuse or a time it might."""
+    if any("%" in environ.get(name, "") for name in VARYING):
+        return None
+    event_id = environ.get("HTTP_CE_ID", "")
+    if not event_id or len(event_id) > MAX_ATTRIBUTE:
+        return None
+    if "HTTP_CE_TIME" in environ and not _aware_time(environ["HTTP_CE_TIME"]):
+        return None
+    trace = trace_context(environ.get("HTTP_CE_TRACEPARENT"), environ.get("HTTP_CE_TRACESTATE"))
+    return event_id, trace
+
+
+def _aware_time(value: str) -> bool:
+    """As the CloudEvents SDK takes ``time``: ISO 8601 with a time zone."""
+    try:
+        return isoparse(value).tzinfo is not None
+    except (ValueError, OverflowError):
+        return False
+
+
+def _ce_headers(environ: dict[str, Any]) -> dict[str, str]:
+    """The headers ``events.read_event`` reads, named as the full way names them."""
+    headers = {
+        name[5:].replace("_", "-").lower(): value
+        for name, value in environ.items()
+        if name.startswith("HTTP_CE_")
+    }
+    if "CONTENT_TYPE" in environ:
+        headers["content-type"] = environ["CONTENT_TYPE"]
+    return headers
