@@ -20,9 +20,12 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from dateutil.parser import isoparse
@@ -31,16 +34,22 @@ from functions import events
 from functions.errors import InvalidRequest, NotAuthenticated, SenderNotAllowed, Unavailable
 from functions.http.senders import SenderCheck
 from functions.logs import fields
-from functions.model import RepeatableGet, TraceContext
+from functions.model import Outcome, RepeatableGet, TraceContext
 from functions.service.request_data import MAX_ATTRIBUTE
 from functions.service.service import Service
-from functions.tracing import trace_context
+from functions.task.contract import reply_event, reply_id
+from functions.tracing import trace_attributes, trace_context
 
 log = logging.getLogger("functions.http.repeated_gets")
 # The attributes a redelivery or a new request of the same get may change (WSGI names).
 VARYING = ("HTTP_CE_ID", "HTTP_CE_TIME", "HTTP_CE_TRACEPARENT", "HTTP_CE_TRACESTATE")
 # Set by a Knative Broker on each event; an extension nothing reads.
 IGNORED = ("HTTP_CE_KNATIVEARRIVALTIME",)
+# The CloudEvents HTTP binding's header characters that need no percent-encoding: printable
+# ASCII but space, '"' and '%'.
+_AS_IS = re.compile(r"[!#$&-~]+")
+# The reply attributes that differ from one request to the next (``ReplyForm``).
+PER_REQUEST = ("ce-id", "ce-requestid", "ce-time", "ce-traceparent", "ce-tracestate")
 MAX_BODY = 64 * 1024  # a get's request is a few hundred bytes; larger ones go the full way
 CAPACITY = 4096  # validated gets remembered (a few hundred bytes each)
 
@@ -65,6 +74,8 @@ class RepeatedGets:
         self._lock = threading.Lock()
         # identity of a request (all but what varies) -> the get, or None: not repeatable
         self._known: OrderedDict[bytes, RepeatableGet | None] = OrderedDict()
+        # identity -> its reply's HTTP form (at most one per known identity)
+        self._forms: dict[bytes, ReplyForm] = {}
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         body = _small_body(environ)
@@ -90,13 +101,20 @@ class RepeatedGets:
             return None
         if self.senders is not None:
             self.senders.sender(environ.get("HTTP_AUTHORIZATION"))  # refused: the full way
-        get = self._get(_identity(environ, body), environ, body)
+        identity = _identity(environ, body)
+        get = self._get(identity, environ, body)
         if get is None:
             return None
-        reply = self.service.answer_repeat(get, *delivery)
-        if reply is None or reply.event is None:
+        event_id, trace = delivery
+        hit = self.service.answer_repeat(get, event_id)
+        if hit is None:
             return None
-        return events.to_http(reply.event)
+        run, outcome = hit
+        form = self._forms.get(identity)
+        if form is None or form.record is not outcome.data:
+            form = ReplyForm.of(get, run, outcome, event_id, trace)
+            self._forms[identity] = form  # a race here only makes one twice
+        return form.fill(run, event_id, trace)
 
     def _get(self, identity: bytes, environ: dict[str, Any], body: bytes) -> RepeatableGet | None:
         with self._lock:
@@ -109,8 +127,56 @@ class RepeatedGets:
         with self._lock:
             self._known[identity] = get
             while len(self._known) > self._capacity:
-                self._known.popitem(last=False)
+                forgotten, _ = self._known.popitem(last=False)
+                self._forms.pop(forgotten, None)
         return get
+
+
+@dataclass(frozen=True)
+class ReplyForm:
+    """A hit's reply in binary mode, as ``reply_event`` and the SDK make it for one cache
+    record, less the attributes that differ from one request to the next (its id, which
+    derives from the run, ``requestid``, ``time`` and the trace context): filled in per
+    request. Those values are taken only when the SDK would send them as they are
+    (``_delivery``), and ``time`` is written as the SDK writes it."""
+
+    record: Any  # the cache memory's record it was made from
+    succeeded: bool
+    headers: dict[str, str]
+    body: bytes
+
+    @staticmethod
+    def of(
+        get: RepeatableGet, run: str, outcome: Outcome, event_id: str, trace: TraceContext | None
+    ) -> ReplyForm:
+        event = reply_event(
+            action="get",
+            outcome=outcome,
+            request_id=event_id,
+            subject=get.subject,
+            run_id=run,
+            trace=trace,
+        )
+        headers, body = events.to_http(event)
+        fixed = {name: value for name, value in headers.items() if name not in PER_REQUEST}
+        return ReplyForm(outcome.data, outcome.succeeded, fixed, body)
+
+    def fill(
+        self, run: str, event_id: str, trace: TraceContext | None
+    ) -> tuple[dict[str, str], bytes]:
+        headers = dict(self.headers)
+        headers["ce-id"] = reply_id(run, self.succeeded)
+        headers["ce-requestid"] = event_id
+        headers["ce-time"] = _sdk_time(datetime.now(UTC))
+        for name, value in trace_attributes(trace).items():
+            headers[f"ce-{name}"] = value
+        return headers, self.body
+
+
+def _sdk_time(now: datetime) -> str:
+    """A reply's ``time`` as the CloudEvents SDK sends it (ISO 8601, UTC as ``Z``)."""
+    text = now.isoformat()
+    return text[:-6] + "Z" if text.endswith("+00:00") else text
 
 
 def _small_body(environ: dict[str, Any]) -> bytes | None:
@@ -138,9 +204,10 @@ def _identity(environ: dict[str, Any], body: bytes) -> bytes:
 
 
 def _delivery(environ: dict[str, Any]) -> tuple[str, TraceContext | None] | None:
-    """The event id and trace context, if the full way would take them as they are: None
-    for a value it would percent-decode, an id it would refuse or a time it might."""
-    if any("%" in environ.get(name, "") for name in VARYING):
+    """The event id and trace context, if the full way would take them as they are and the
+    SDK would send them back so: None for a value outside the CloudEvents header set (which
+    is percent-encoded both ways), an id the full way would refuse or a time it might."""
+    if not all(_AS_IS.fullmatch(environ[name]) for name in VARYING if name in environ):
         return None
     event_id = environ.get("HTTP_CE_ID", "")
     if not event_id or len(event_id) > MAX_ATTRIBUTE:

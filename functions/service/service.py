@@ -23,7 +23,6 @@ from functions.model import (
     RepeatableGet,
     Request,
     Task,
-    TraceContext,
 )
 from functions.outcome import final_failure
 from functions.phases import seconds_by_phase
@@ -116,27 +115,17 @@ class Service:
             cache_key=cache_key,
         )
 
-    def answer_repeat(
-        self, get: RepeatableGet, event_id: str, trace: TraceContext | None
-    ) -> Reply | None:
-        """``handle``'s reply to a repeat of a ``repeatable`` get with this id and trace, when
-        the cache memory answers it without a look in the store; None otherwise (``handle``
-        decides then)."""
+    def answer_repeat(self, get: RepeatableGet, event_id: str) -> tuple[str, Outcome] | None:
+        """A repeat of a ``repeatable`` get with this id, when the cache memory answers it
+        without a look in the store: its run id and outcome, logged and counted as ``handle``
+        would (its reply is ``reply_event``'s); None otherwise (``handle`` decides then)."""
         remembered = self.cache_memory.peek(get.cache_key)
         if remembered is None:
             return None
         run = keys.run_id(get.event_source, event_id, self.action)
         self._log_request(event_id, get.event_source, run, get.type_name, get.image)
         self.metrics.cache_hits.labels(self.action).inc()
-        event = reply_event(
-            action=self.action,
-            outcome=Outcome(action=self.action, data=remembered),
-            request_id=event_id,
-            subject=get.subject,
-            run_id=run,
-            trace=trace,
-        )
-        return Reply(status=200, event=event)
+        return run, Outcome(action=self.action, data=remembered)
 
     def _log_request(
         self,

@@ -157,7 +157,7 @@ def reply_event(
         "specversion": "1.0",
         "type": reply_type(action, outcome.succeeded),
         "source": REPLY_SOURCE.format(action=action),
-        "id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{run_id}/{outcome.succeeded}")),
+        "id": reply_id(run_id, outcome.succeeded),
         "datacontenttype": "application/json",
         "requestid": request_id,
     }
@@ -165,6 +165,11 @@ def reply_event(
         attributes["subject"] = subject
     attributes.update(trace_attributes(trace))
     return CloudEvent(attributes=attributes, data=reply_data(outcome))
+
+
+def reply_id(run_id: str, succeeded: bool) -> str:
+    """A reply's event id: derived from its run, so a replayed reply is the same event."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"{run_id}/{succeeded}"))
 
 
 def reply_data(outcome: Outcome) -> dict[str, Any]:

@@ -6,11 +6,13 @@ which way answered."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cloudevents.core.bindings.http import to_binary_event
+from dateutil.parser import isoparse
 from werkzeug.test import Client
 
 from functions.http.repeated_gets import MAX_BODY, RepeatedGets
@@ -21,6 +23,7 @@ from tests.fast.test_http_service import FakeRuntime, event, make_client, post, 
 
 __all__ = ["store"]
 GET = {"type": "mock", "source": {"uri": "x"}, "version": {"ref": "v1"}}
+SDK_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{6})?Z")
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
@@ -74,6 +77,10 @@ def same_answer(ways: Ways, request: Any, headers: Any = None) -> Any:
         headers_of(full),
         full.data,
     )
+    if "ce-time" in full.headers:  # made apart: the same form, moments apart
+        times = [answer.headers["ce-time"] for answer in (short, full)]
+        assert all(SDK_TIME.fullmatch(time) for time in times), times
+        assert abs((isoparse(times[0]) - isoparse(times[1])).total_seconds()) < 60
     return short
 
 
@@ -108,6 +115,33 @@ def test_a_repeat_is_answered_by_the_short_way_as_the_full_way_would(
         assert answer.headers["ce-tracestate"] == "vendor=a"
 
 
+def test_one_form_serves_deliveries_with_and_without_a_trace(store: Store) -> None:
+    ways = Ways(store)
+    ways.cached(store)
+    other = "00-" + "1" * 32 + "-" + "2" * 16 + "-00"
+    calls = ways.full_calls
+    for n, attributes in enumerate(
+        [{"traceparent": TRACEPARENT, "tracestate": "v=1"}, {}, {"traceparent": other}, {}]
+    ):
+        answer = same_answer(ways, event("get", GET, id=f"d{n}", **attributes))
+        assert answer.headers.get("ce-traceparent") == attributes.get("traceparent")
+        assert answer.headers.get("ce-tracestate") == attributes.get("tracestate")
+    assert ways.full_calls == calls
+
+
+def test_a_record_kept_anew_is_answered_anew(store: Store) -> None:
+    """The cache memory may take a record anew (after a look, or another run once an
+    artifact expired): the short way answers from the record the memory holds now."""
+    ways = Ways(store)
+    ways.cached(store)
+    key = ways.runtime.ran[0].cache_key
+    before = reply_of(same_answer(ways, event("get", GET, id="before"))).get_data()
+    record = {**ways.service.cache_memory.record(key), "metadata": [{"name": "n", "value": "2"}]}
+    ways.service.cache_memory.seen(key, record)
+    after = reply_of(same_answer(ways, event("get", GET, id="after"))).get_data()
+    assert before["metadata"] == [] and after["metadata"] == record["metadata"]
+
+
 def test_a_varying_attribute_changes_nothing_else(store: Store) -> None:
     """Deliveries that differ in id, time, trace and arrival time share one validation."""
     ways = Ways(store)
@@ -129,6 +163,9 @@ def test_a_varying_attribute_changes_nothing_else(store: Store) -> None:
         ({"id": "per%cent"}, {}, 200),  # sent as per%25cent
         ({}, {"ce-traceparent": TRACEPARENT.replace("-01", "%2D01")}, 200),
         ({}, {"ce-time": "2026-12-01T05%3A50%3A32Z"}, 200),
+        ({}, {"ce-id": "with space"}, 200),  # sent back percent-encoded
+        ({}, {"ce-id": 'a"quote'}, 200),
+        ({"traceparent": TRACEPARENT}, {"ce-tracestate": "a=1, b=2"}, 200),
     ],
     ids=[
         "long-id",
@@ -138,6 +175,9 @@ def test_a_varying_attribute_changes_nothing_else(store: Store) -> None:
         "escaped-id",
         "escaped-trace",
         "escaped-time",
+        "space-id",
+        "quote-id",
+        "space-tracestate",
     ],
 )
 def test_what_the_short_way_cannot_vouch_for_goes_the_full_way(
