@@ -5,7 +5,8 @@ as a new event. A binary-mode request whose event differs from one already valid
 what changes between deliveries (``ce-id``, ``ce-time``, the trace context, Knative's arrival
 time) is answered here from the cache memory: without Flask, the CloudEvents parser, the
 validation or the cache key's hash, whose results it reuses (``Service.repeatable``). The
-reply is the one ``Service.answer_repeat`` builds, the same as the full way's.
+reply is the full way's: ``reply_event`` encoded by the SDK, made once per remembered record
+and filled in per request with what differs (``ReplyForm``).
 
 A first sighting is validated here by the full way's own functions (``events.read_event``,
 ``Service.repeatable``) and remembered. Anything else, and any doubt, goes the full way, which
@@ -113,7 +114,9 @@ class RepeatedGets:
         form = self._forms.get(identity)
         if form is None or form.record is not outcome.data:
             form = ReplyForm.of(get, run, outcome, event_id, trace)
-            self._forms[identity] = form  # a race here only makes one twice
+            with self._lock:  # kept only for a known identity, so no more than those
+                if identity in self._known:
+                    self._forms[identity] = form
         return form.fill(run, event_id, trace)
 
     def _get(self, identity: bytes, environ: dict[str, Any], body: bytes) -> RepeatableGet | None:

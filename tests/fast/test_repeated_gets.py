@@ -319,3 +319,17 @@ def test_a_fault_in_the_short_way_is_logged_and_the_full_way_answers(
     assert answer.status_code == 200 and reply_of(answer).get_data()["cached"] is True
     assert ways.full_calls == calls + 1
     assert "the short way for repeated gets failed" in caplog.text
+
+
+def test_what_it_remembers_is_bounded_and_a_forgotten_get_is_validated_again(
+    store: Store,
+) -> None:
+    ways = Ways(store)
+    middleware = ways.short.application.wsgi_app
+    middleware._capacity = 2
+    ways.cached(store)
+    for subject in ("a", "b", "c", "a"):
+        answer = same_answer(ways, event("get", GET, id=f"id-{subject}", subject=subject))
+        assert reply_of(answer).get_data()["cached"] is True
+        assert len(middleware._known) <= 2 and len(middleware._forms) <= 2
+    assert len(ways.runtime.ran) == 1
