@@ -42,6 +42,14 @@ class CacheMemory:
     def fresh(self, key: str) -> dict[str, Any] | None:
         """The record, if its artifact was seen within ``recheck_seconds``; None also for the
         first hit past half the window, which is to look."""
+        return self._answer(key, claim_look=True)
+
+    def peek(self, key: str) -> dict[str, Any] | None:
+        """The record ``fresh`` would answer without sending this caller to look: None too
+        when a look is due and unclaimed (``fresh`` claims it)."""
+        return self._answer(key, claim_look=False)
+
+    def _answer(self, key: str, *, claim_look: bool) -> dict[str, Any] | None:
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
@@ -51,21 +59,8 @@ class CacheMemory:
             if age >= self._recheck:
                 return None
             if not looking and age >= self._recheck / 2:
-                self._entries[key] = (record, seen, True)
-                return None
-            self._entries.move_to_end(key)
-            return record
-
-    def peek(self, key: str) -> dict[str, Any] | None:
-        """The record ``fresh`` would answer without sending this caller to look: None too
-        when a look is due and unclaimed (``fresh`` claims it); nothing changes."""
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is None:
-                return None
-            record, seen, looking = entry
-            age = self._clock() - seen
-            if age >= self._recheck or (not looking and age >= self._recheck / 2):
+                if claim_look:
+                    self._entries[key] = (record, seen, True)
                 return None
             self._entries.move_to_end(key)
             return record
