@@ -16,14 +16,7 @@ from functions import credentials, events, keys, protocol
 from functions.errors import InvalidRequest, SinkRefused, Unavailable
 from functions.logs import fields
 from functions.metrics import Metrics
-from functions.model import (
-    Action,
-    HistoryPlan,
-    Outcome,
-    RepeatableGet,
-    Request,
-    Task,
-)
+from functions.model import Action, HistoryPlan, Outcome, RepeatableGet, Request, Task
 from functions.outcome import final_failure
 from functions.phases import seconds_by_phase
 from functions.runtimes import Runtime
