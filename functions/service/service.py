@@ -116,7 +116,7 @@ class Service:
         if remembered is None:
             return None
         run = keys.run_id(get.event_source, event_id, self.action)
-        self._log_request(event_id, get.event_source, run, get.type_name, get.image)
+        self._log_request(event_id, get.event_source, run, get.type_name, get.image, short_way=True)
         self.metrics.cache_hits.labels(self.action).inc()
         return run, Outcome(action=self.action, data=remembered)
 
@@ -127,18 +127,20 @@ class Service:
         run: str,
         type_name: str | None,
         image: str,
+        short_way: bool = False,
     ) -> None:
-        log.info(
-            "request",
-            extra=fields(
-                action=self.action,
-                id=event_id,
-                source=event_source,
-                run_id=run,
-                type=type_name,
-                image=image,
-            ),
-        )
+        """The request's line; ``short_way`` marks a repeat answered before the full way."""
+        values: dict[str, object] = {
+            "action": self.action,
+            "id": event_id,
+            "source": event_source,
+            "run_id": run,
+            "type": type_name,
+            "image": image,
+        }
+        if short_way:
+            values["short_way"] = True
+        log.info("request", extra=fields(**values))
 
     def parse(self, event: CloudEvent) -> Request:
         events.check_type(event, self.action)

@@ -333,3 +333,20 @@ def test_what_it_remembers_is_bounded_and_a_forgotten_get_is_validated_again(
         assert reply_of(answer).get_data()["cached"] is True
         assert len(middleware._known) <= 2 and len(middleware._forms) <= 2
     assert len(ways.runtime.ran) == 1
+
+
+def test_the_request_line_says_which_way_answered(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    ways = Ways(store)
+    ways.cached(store)
+    caplog.set_level("INFO", logger="functions")
+    post(ways.short, event("get", GET, id="short"))
+    post(ways.short, event("get", {**GET, "version": {"ref": "v2"}}, id="full"))
+    lines = {
+        record.fields["id"]: record.fields
+        for record in caplog.records
+        if record.getMessage() == "request"
+    }
+    assert lines["short"]["short_way"] is True and "short_way" not in lines["full"]
+    assert lines["short"]["run_id"] and lines["short"]["source"] == "/ci/pipeline"
