@@ -407,8 +407,9 @@ def removed_soon(deployment, event, seconds: float = 30) -> bool:
 def container_starts(deployment, event, at_least: int = 0) -> int:
     """Containers the engine started for this request (label run-id), from the engine's event
     log (``stream=false`` makes Podman answer at once; Docker ignores it). Podman writes its
-    event log a little after the fact, so ``at_least`` waits (up to 10 s) for that many."""
-    deadline = time.monotonic() + 10
+    event log a little after the fact, so ``at_least`` waits (up to 30 s) for that many: once,
+    late in a full CI run, 10 s were not enough."""
+    deadline = time.monotonic() + 30
     while (count := _starts_logged(deployment, event)) < at_least and time.monotonic() < deadline:
         time.sleep(0.2)
     return count
