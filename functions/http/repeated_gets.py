@@ -30,6 +30,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from dateutil.parser import isoparse
+from werkzeug.datastructures import EnvironHeaders
 
 from functions import events
 from functions.errors import InvalidRequest, NotAuthenticated, SenderNotAllowed, Unavailable
@@ -126,7 +127,8 @@ class RepeatedGets:
                 return self._known[identity]
         # A first sighting: validated as the full way does (an invalid one raises, and the
         # full way refuses it), then remembered.
-        get = self.service.repeatable(events.read_event(_ce_headers(environ), body))
+        headers = dict(EnvironHeaders(environ))  # as the full way reads them (request.headers)
+        get = self.service.repeatable(events.read_event(headers, body))
         with self._lock:
             self._known[identity] = get
             while len(self._known) > self._capacity:
@@ -227,15 +229,3 @@ def _aware_time(value: str) -> bool:
         return isoparse(value).tzinfo is not None
     except (ValueError, OverflowError):
         return False
-
-
-def _ce_headers(environ: dict[str, Any]) -> dict[str, str]:
-    """The headers ``events.read_event`` reads, named as the full way names them."""
-    headers = {
-        name[5:].replace("_", "-").lower(): value
-        for name, value in environ.items()
-        if name.startswith("HTTP_CE_")
-    }
-    if "CONTENT_TYPE" in environ:
-        headers["content-type"] = environ["CONTENT_TYPE"]
-    return headers
