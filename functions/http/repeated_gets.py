@@ -74,10 +74,9 @@ class RepeatedGets:
         self.senders = senders
         self._capacity = capacity
         self._lock = threading.Lock()
-        # identity of a request (all but what varies) -> the get, or None: not repeatable
-        self._known: OrderedDict[bytes, RepeatableGet | None] = OrderedDict()
-        # identity -> its reply's HTTP form (at most one per known identity)
-        self._forms: dict[bytes, ReplyForm] = {}
+        # identity of a request (all but what varies) -> the get and its reply's HTTP form,
+        # or None: not repeatable
+        self._known: OrderedDict[bytes, Known | None] = OrderedDict()
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         body = _small_body(environ)
@@ -103,24 +102,20 @@ class RepeatedGets:
             return None
         if self.senders is not None:
             self.senders.sender(environ.get("HTTP_AUTHORIZATION"))  # refused: the full way
-        identity = _identity(environ, body)
-        get = self._get(identity, environ, body)
-        if get is None:
+        known = self._known_get(_identity(environ, body), environ, body)
+        if known is None:
             return None
         event_id, trace = delivery
-        hit = self.service.answer_repeat(get, event_id)
+        hit = self.service.answer_repeat(known.get, event_id)
         if hit is None:
             return None
         run, outcome = hit
-        form = self._forms.get(identity)
+        form = known.form
         if form is None or form.record is not outcome.data:
-            form = ReplyForm.of(get, run, outcome, event_id, trace)
-            with self._lock:  # kept only for a known identity, so no more than those
-                if identity in self._known:
-                    self._forms[identity] = form
+            form = known.form = ReplyForm.of(known.get, run, outcome, event_id, trace)
         return form.fill(run, event_id, trace)
 
-    def _get(self, identity: bytes, environ: dict[str, Any], body: bytes) -> RepeatableGet | None:
+    def _known_get(self, identity: bytes, environ: dict[str, Any], body: bytes) -> Known | None:
         with self._lock:
             if identity in self._known:
                 self._known.move_to_end(identity)
@@ -129,12 +124,20 @@ class RepeatedGets:
         # full way refuses it), then remembered.
         headers = dict(EnvironHeaders(environ))  # as the full way reads them (request.headers)
         get = self.service.repeatable(events.read_event(headers, body))
+        known = Known(get) if get is not None else None
         with self._lock:
-            self._known[identity] = get
+            self._known[identity] = known
             while len(self._known) > self._capacity:
-                forgotten, _ = self._known.popitem(last=False)
-                self._forms.pop(forgotten, None)
-        return get
+                self._known.popitem(last=False)
+        return known
+
+
+@dataclass
+class Known:
+    """A remembered get and, once one of its repeats was answered, its reply's HTTP form."""
+
+    get: RepeatableGet
+    form: ReplyForm | None = None
 
 
 @dataclass(frozen=True)
