@@ -16,7 +16,8 @@ peak RSS of pack+upload to S3 < 150 MiB; the summary prints these ratios, all fr
 ``--paired ROUNDS`` measures S3 uploads only, one at a time: each round uploads with (b) and
 at each of ``--levels`` in turn (the order rotated every round), and the report gives per
 setting the median time, P2 (the median of (b) over this median), client CPU (the uploading
-process's own), the server's CPU (versitygw's, read from /proc; left out for other servers),
+process's own), the server's CPU (that of the versitygw started here, from /proc; left out
+for other servers),
 stored bytes and peak RSS.
 
     python bench/artifacts.py --size-mib 200 --repeat 3
@@ -132,18 +133,21 @@ def _large_file(path: Path, size: int, make: Callable[[int], bytes]) -> int:
 
 
 @contextmanager
-def s3_server(endpoint: str | None, kind: str, work: Path) -> Iterator[dict[str, str]]:
-    """Yield the environment for an S3 endpoint: ``endpoint`` with the caller's credentials,
-    or a server started for the run on 127.0.0.1: versitygw (a real S3 server, the default)
-    or moto (a Python emulator; at ~85 MB/s it hides our own costs)."""
+def s3_server(
+    endpoint: str | None, kind: str, work: Path
+) -> Iterator[tuple[dict[str, str], int | None]]:
+    """Yield the environment for an S3 endpoint and the pid of a versitygw started here (for
+    its CPU time; None otherwise): ``endpoint`` with the caller's credentials, or a server
+    started for the run on 127.0.0.1: versitygw (a real S3 server, the default) or moto (a
+    Python emulator; at ~85 MB/s it hides our own costs)."""
     if endpoint:
-        yield {"AWS_ENDPOINT_URL_S3": endpoint}
+        yield {"AWS_ENDPOINT_URL_S3": endpoint}, None
         return
     if kind == "versitygw":
         from tests.servers.versitygw import start_versitygw
 
         with start_versitygw(root=work / "versitygw", log=work / "versitygw.log") as server:
-            yield {k: v for k, v in server.env().items() if v is not None}
+            yield {k: v for k, v in server.env().items() if v is not None}, server.pid
         return
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -153,7 +157,7 @@ def s3_server(endpoint: str | None, kind: str, work: Path) -> Iterator[dict[str,
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_for(url, process)
-        yield {**MOTO_ENV, "AWS_ENDPOINT_URL_S3": url}
+        yield {**MOTO_ENV, "AWS_ENDPOINT_URL_S3": url}, None
     finally:
         process.terminate()
         process.wait(timeout=30)
@@ -238,18 +242,6 @@ def cpu_seconds(pid: int | str = "self") -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def server_pid() -> int | None:
-    """The versitygw process this script started (its child), or None (another server)."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            comm, rest = stat.read_text().split(" (", 1)[1].rsplit(") ", 1)
-        except OSError:
-            continue  # the process has exited since the listing
-        if comm == "versitygw" and int(rest.split()[1]) == os.getpid():
-            return int(stat.parent.name)
-    return None
-
-
 def one_round(
     client: Any, tree: Path, work: Path, stores: list[str], env: dict[str, str], levels: list[str]
 ) -> list[Result]:
@@ -313,11 +305,18 @@ def plain_upload(client: Any, plain: Path, key: str) -> Result:
 
 
 def paired(
-    client: Any, tree: Path, work: Path, env: dict[str, str], levels: list[str], rounds: int
+    client: Any,
+    tree: Path,
+    work: Path,
+    env: dict[str, str],
+    levels: list[str],
+    rounds: int,
+    server: int | None,
 ) -> list[Result]:
     """``rounds`` rounds of S3 uploads, one at a time: (b), then ours at each level, the order
-    rotated every round; each object is deleted before the next upload."""
-    plain, server = work / "tree.tar", server_pid()
+    rotated every round; each object is deleted before the next upload. ``server``: the S3
+    server's pid, for its CPU time."""
+    plain = work / "tree.tar"
     subprocess.run(["tar", "cf", str(plain), "-C", str(tree), "."], check=True)
     settings: list[str | None] = [None, *levels]
     results = []
@@ -351,16 +350,21 @@ def paired_upload(
 def best(results: list[Result]) -> list[Result]:
     """Per measurement, the fastest run (the least disturbed by the machine), and the
     highest peak RSS seen."""
-    runs: dict[str, list[Result]] = {}
-    for result in results:
-        runs.setdefault(result.name, []).append(result)
     return [
         replace(
             min(rs, key=lambda r: r.seconds),
             rss_mib=max((r.rss_mib for r in rs if r.rss_mib is not None), default=None),
         )
-        for rs in runs.values()
+        for rs in by_name(results).values()
     ]
+
+
+def by_name(results: list[Result]) -> dict[str, list[Result]]:
+    """The runs of each measurement, in the order first seen."""
+    runs: dict[str, list[Result]] = {}
+    for result in results:
+        runs.setdefault(result.name, []).append(result)
+    return runs
 
 
 def empty_bucket(client: Any) -> None:
@@ -395,9 +399,7 @@ def table(results: list[Result], tree_bytes: int) -> str:
 
 def paired_table(results: list[Result]) -> str:
     """Per setting: medians (time and CPU), P2 against the median of (b), peak RSS."""
-    runs: dict[str, list[Result]] = {}
-    for result in results:
-        runs.setdefault(result.name, []).append(result)
+    runs = by_name(results)
     b = statistics.median(r.seconds for r in runs["(b) upload_file of plain tar"])
     server = all(r.server_cpu is not None for r in results)
     rows = [
@@ -494,14 +496,14 @@ def run(args: argparse.Namespace, work: Path) -> None:
         result = ours("up", store_root.as_uri(), "artifacts/rss.tar.zst", tree, env)
         print(table([result], tree_bytes))
         return
-    with s3_server(args.s3_endpoint, args.s3_server, work) as s3_env:
+    with s3_server(args.s3_endpoint, args.s3_server, work) as (s3_env, server):
         os.environ.update(s3_env)  # a script: the children and boto3 read it
         client = s3_client()
         stores = [f"s3://{BUCKET}/bench", store_root.as_uri()]
         try:
             if args.paired:
                 env, levels = dict(os.environ), args.levels
-                results = paired(client, tree, work, env, levels, args.paired)
+                results = paired(client, tree, work, env, levels, args.paired, server)
             else:
                 results = [
                     result

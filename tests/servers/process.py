@@ -32,14 +32,15 @@ def running(
     ready_url: str,
     log: Path,
     env: Mapping[str, str] | None = None,
-) -> Iterator[None]:
+) -> Iterator[int]:
     """Run ``command`` (output to ``log``) for the duration of the block, once ``ready_url``
-    answers; ``ServerError`` with the output if it exits or does not answer in time."""
+    answers; yields its pid. ``ServerError`` with the output if it exits or does not answer
+    in time."""
     with log.open("wb") as out:  # a file, not a pipe: a full pipe would block the server
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
         _wait_until_ready(name, process, ready_url, log)
-        yield
+        yield process.pid
     finally:
         process.terminate()
         try:

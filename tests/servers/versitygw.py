@@ -41,6 +41,7 @@ class S3Server:
     access_key: str
     secret_key: str
     region: str = "us-east-1"
+    pid: int | None = None  # of the server process, when started here
 
     def env(self) -> dict[str, str | None]:
         """Environment (``None`` = unset) pointing boto3 and our services at this server, with
@@ -105,5 +106,5 @@ def start_versitygw(
     endpoint = f"http://{host}:{port}"
     environ = {**os.environ, "ROOT_ACCESS_KEY": access_key, "ROOT_SECRET_KEY": secret_key}
     command = [str(versitygw_binary()), "--port", f"{host}:{port}", "posix", str(root)]
-    with running("versitygw", command, endpoint + "/", log, env=environ):
-        yield S3Server(endpoint, access_key, secret_key)
+    with running("versitygw", command, endpoint + "/", log, env=environ) as pid:
+        yield S3Server(endpoint, access_key, secret_key, pid=pid)
