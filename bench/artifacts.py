@@ -17,8 +17,7 @@ peak RSS of pack+upload to S3 < 150 MiB; the summary prints these ratios, all fr
 at each of ``--levels`` in turn (the order rotated every round), and the report gives per
 setting the median time, P2 (the median of (b) over this median), client CPU (the uploading
 process's own), the server's CPU (that of the versitygw started here, from /proc; left out
-for other servers),
-stored bytes and peak RSS.
+for other servers), stored bytes and peak RSS.
 
     python bench/artifacts.py --size-mib 200 --repeat 3
     python bench/artifacts.py --size-mib 512 --paired 5 --levels 3,1
