@@ -53,7 +53,7 @@ import requests
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from functions.task.contract import DISCOVERED_TYPE as DISCOVERED
+from functions.replies import DISCOVERED_TYPE as DISCOVERED
 from tests.event_sink import EventSink, event_sink
 
 BUCKET = "bench-checks"

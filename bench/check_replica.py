@@ -7,7 +7,7 @@ two bench-only parts:
   resource gets new commits over time) and hands that stdout to the real ``steps.collect``,
   which records the history as every runtime does. With ``REPLY_MODE=async`` it starts that
   run as a task in a background thread (the tests' ``AsyncRepositoryRuntime``: once per run
-  id; after recording, the real ``steps.release_lease`` and the reply POSTed to ``K_SINK``);
+  id; after recording, the real ``lease.release_held`` and the reply POSTed to ``K_SINK``);
 * the store is wrapped to count its requests (each Store call is one request: every record,
   result and log here is a single PUT or GET).
 

@@ -1,7 +1,7 @@
 """CloudEvents in and out over HTTP, through the cloudevents SDK (2.x API).
 
 Requests are accepted in binary and structured content mode; replies are sent in binary
-mode. The reply event itself is built by ``functions.task.contract.reply_event``: the
+mode. The reply event itself is built by ``functions.replies.reply_event``: the
 function and the task's ``collect`` step both send it.
 """
 

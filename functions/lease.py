@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from functions.logs import fields
+from functions.model import LeaseHold
 from storage import Store
 from storage.errors import PreconditionFailed, StorageError
 
@@ -152,3 +153,17 @@ def kept(store: Store, key: str, held: Claim, *, ttl: float) -> Iterator[None]:
             release(store, key, latest[0])
         except StorageError as err:  # waiters fall back on the expiry
             log.warning("lease release failed", extra=fields(key=key, error=str(err)))
+
+
+def release_held(store: Store, held: LeaseHold | None) -> None:
+    """Release an asynchronous check's lease once its task has recorded its outcome (and the
+    history), or has ended without one: waiters then answer from the result, or one of them
+    runs the check. THE one place a task lets go of its lease, whichever runtime ran it (in
+    a task pod ``collect``; the runtimes for failures collect never saw). Best effort: a
+    failure is logged, never the task's; the lease's expiry frees it then."""
+    if held is None:
+        return
+    try:
+        release_holding(store, held.key, held.holder)
+    except StorageError as err:
+        log.warning("cannot release the check lease", extra=fields(key=held.key, error=str(err)))

@@ -91,3 +91,22 @@ def final_failure(action: Action, err: Exception) -> Outcome:
     if is_retryable(err):
         raise unavailable(err) from err
     return failed(action, failure_kind(err), str(err))
+
+
+def script_timeout(action: Action, seconds: float | None, log: str = "") -> Outcome:
+    """The failure of a script stopped at its timeout (``seconds``; None: not known), the
+    same whichever runtime stopped it."""
+    limit = f"{seconds:g}s" if seconds is not None else "its timeout"
+    return failed(action, "timeout", f"the resource script ran longer than {limit}", log)
+
+
+def task_deadline(action: Action, deadline: int, timeout: float, margin: float) -> Outcome:
+    """The failure of a task pod that outlived its Job's deadline (the function saw it)."""
+    return failed(
+        action,
+        "timeout",
+        (
+            f"the task ran longer than {deadline}s (the resource's {timeout:g}s + {margin:g}s to "
+            "stage and collect)"
+        ),
+    )

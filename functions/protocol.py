@@ -13,7 +13,9 @@ from typing import Any
 from functions.model import Action, Build, TraceContext
 from functions.tracing import trace_env
 
-MAX_STDOUT_BYTES = 8 * 1024 * 1024
+MAX_STDOUT_BYTES = 8 * 1024 * 1024  # only the first JSON value counts: the head is kept
+MAX_STDERR_BYTES = 4 * 1024 * 1024  # the log keeps the tail: that is where errors are
+MAX_STDIN_BYTES = 2 * 1024 * 1024  # a Secret holds at most 1 MiB
 
 
 class InvalidOutput(ValueError):

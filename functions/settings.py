@@ -78,7 +78,7 @@ class Settings:
     history_limit: int = 1000  # HISTORY_LIMIT: versions kept per resource, the oldest dropped
     # CHECK_LEASE_SECONDS: lifetime of a resource's check lease (renewed while its check
     # runs), i.e. how long waiters wait for a holder that died; 0 turns the lease off. An
-    # async check's task holds it for its whole budget instead (contract.async_lease_seconds).
+    # async check's task holds it for its whole budget instead (pod_contract.async_lease_seconds).
     check_lease_seconds: float = 30.0
     log_level: str = "info"
     task_namespace: str = "default"

@@ -9,10 +9,10 @@ import threading
 import time
 from typing import Any
 
+from functions import lease, steps
 from functions.errors import Unavailable
 from functions.model import Outcome, Task
-from functions.task import steps
-from functions.task.sink import post_outcome
+from functions.sink import post_outcome
 from storage import Store
 from storage.archive import ArchiveOptions
 
@@ -64,7 +64,7 @@ def collect_check(store: Store, task: Task, stdout: bytes) -> Outcome:
 class AsyncRepositoryRuntime(RepositoryRuntime):
     """Also starts checks, as a runtime does for asynchronous replies: a task per run id
     (however many replicas start it: they share the engine or cluster) that runs in the
-    background, lets go of its check lease through the real ``steps.release_lease`` and
+    background, lets go of its check lease through the real ``lease.release_held`` and
     posts its reply to ``sink``. ``starts``: every task it was asked to start; ``refuse``:
     how many starts raise ``Unavailable`` first (the engine unreachable)."""
 
@@ -89,7 +89,7 @@ class AsyncRepositoryRuntime(RepositoryRuntime):
 
     def _run_and_reply(self, task: Task) -> None:
         outcome = self.run(task)
-        steps.release_lease(self.store, task.lease)
+        lease.release_held(self.store, task.lease)
         post_outcome(self.sink, task, outcome)
 
     def join(self, timeout: float = 60) -> None:

@@ -14,7 +14,7 @@ from cloudevents.core.v1.event import CloudEvent
 from functions import events
 from functions.errors import InvalidRequest
 from functions.model import Failure, Outcome
-from functions.task.contract import reply_event
+from functions.replies import reply_event
 
 
 def request(data, **attrs):

@@ -91,7 +91,7 @@ def test_log_tail_keeps_whole_lines():
 
 
 def test_invalid_output_never_quotes_stdout(tmp_path):
-    from functions.task.steps import CollectSpec, collect
+    from functions.steps import CollectSpec, collect
     from storage import open_store
     from storage.archive import ArchiveOptions
 

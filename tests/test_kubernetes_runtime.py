@@ -30,7 +30,7 @@ import pytest
 from kmock._internal import enums
 from kubernetes import client
 
-from functions import cli, keys, lease, protocol
+from functions import cli, keys, lease, pod_contract, protocol, records
 from functions.errors import Unavailable
 from functions.model import Build, LeaseHold, ResourceType, Task
 from functions.runtimes.job_status import judge
@@ -38,7 +38,6 @@ from functions.runtimes.kube_api import Rejected, belongs, translate
 from functions.runtimes.kubernetes import KubernetesRuntime
 from functions.runtimes.podspec import KubernetesConfig
 from functions.settings import Settings
-from functions.task import contract, steps
 from storage import StoreOptions, get_json, open_store
 from storage.artifacts import download_tree
 
@@ -472,7 +471,7 @@ def test_get_succeeds_and_its_artifact_is_in_the_store(
     key = f"artifacts/{task.cache_key}.tar.zst"
     download_tree(store, key, tmp_path / "out", expected_digest=artifact["digest"])
     assert (tmp_path / "out/src/main.py").read_bytes() == b"print(1)\n"
-    assert steps.read_outcome(store, task.run_id) == outcome
+    assert records.read_outcome(store, task.run_id) == outcome
     kubernetes_validate.validate(seen["job"], "1.37", strict=True)
     # Coarser than the local runtime's: what happens inside the pod is one phase.
     assert [phase.name for phase in outcome.phases] == ["launch", "pod", "result"]
@@ -532,7 +531,7 @@ def test_image_pull_failure_fails_fast_and_deletes_the_job(
     assert cluster.live("jobs", name) is None
     deletes = cluster.requests("delete", "jobs")
     assert deletes and deletes[0].params.get("propagationPolicy") == "Background"
-    assert steps.read_outcome(store, task.run_id) == outcome  # a redelivery replays it
+    assert records.read_outcome(store, task.run_id) == outcome  # a redelivery replays it
 
 
 def test_timeout_deletes_the_job(
@@ -550,7 +549,7 @@ def test_timeout_deletes_the_job(
     assert 1.4 <= time.monotonic() - started < 8  # creationTimestamp has whole seconds
     assert outcome.failure is not None and outcome.failure.kind == "timeout"
     assert cluster.live("jobs", f"rf-check-{task.run_id[:20]}") is None
-    assert steps.read_outcome(store, task.run_id) == outcome
+    assert records.read_outcome(store, task.run_id) == outcome
 
 
 def test_deadline_exceeded_job_is_a_timeout(make_runtime: Any, node: Node) -> None:
@@ -596,7 +595,7 @@ def collect_without_store(termination: Path) -> Callable[[Node], None]:
         secret = node.wait_secret(job)
         pod = node.create_pod(job)
         code = node.run_step(job, "collect", secret, {"exit-code": b"0\n", "stdout": b"[]"})
-        assert code == contract.EXIT_UNAVAILABLE
+        assert code == pod_contract.EXIT_UNAVAILABLE
         node.pod_status(
             pod,
             "Failed",
@@ -624,7 +623,7 @@ def test_a_store_outage_in_a_step_is_retried_not_recorded(
         make_runtime().run(task)
     node.check(thread)
     assert "unavailable: collect: the store is unavailable" in str(raised.value)
-    assert steps.read_outcome(store, task.run_id) is None  # nothing for a redelivery to replay
+    assert records.read_outcome(store, task.run_id) is None  # nothing for a redelivery to replay
     assert cluster.live("jobs", name) is None and cluster.live("secrets", f"{name}-stdin") is None
     old_pods = [p for p in cluster.ever("pods") if p["metadata"]["labels"]["job-name"] == name]
     assert len(old_pods) == 1  # still there (no garbage collector here): not the new Job's
@@ -653,7 +652,7 @@ def test_a_store_outage_in_stage_is_retried(
         make_runtime().run(task)
     node.check(thread)
     assert cluster.live("jobs", f"rf-put-{task.run_id[:20]}") is None
-    assert steps.read_outcome(store, task.run_id) is None
+    assert records.read_outcome(store, task.run_id) is None
 
 
 def test_async_store_outage_is_replied_as_storage_and_not_recorded(
@@ -681,7 +680,7 @@ def test_async_store_outage_is_replied_as_storage_and_not_recorded(
     reply = wait_for(lambda: received)[0]
     assert reply["headers"]["ce-type"] == "dev.resourcefunctions.check.failed"
     assert reply["body"]["error"]["kind"] == "storage"
-    assert steps.read_outcome(store, task.run_id) is None  # sending it again runs afresh
+    assert records.read_outcome(store, task.run_id) is None  # sending it again runs afresh
 
 
 def test_a_stale_secret_of_an_earlier_job_is_replaced(
@@ -845,7 +844,7 @@ def test_an_invalid_secret_is_a_recorded_failure_and_its_job_is_deleted(
     assert outcome.failure is not None and outcome.failure.kind == "runtime"
     assert "Too long" in outcome.failure.message
     assert cluster.live("jobs", f"rf-check-{task.run_id[:20]}") is None
-    assert steps.read_outcome(store, task.run_id) == outcome
+    assert records.read_outcome(store, task.run_id) == outcome
 
 
 @pytest.mark.parametrize(
@@ -1004,7 +1003,7 @@ def test_an_async_checks_lease_is_released_by_the_function_when_collect_never_ra
 
     assert wait_for(lambda: received)[0]["body"]["error"]["kind"] == "image_pull"
     assert released(store, task)  # before the reply: a waiter need not wait for the expiry
-    assert steps.read_outcome(store, task.run_id) is not None
+    assert records.read_outcome(store, task.run_id) is not None
 
 
 # --- configuration --------------------------------------------------------------------------

@@ -10,11 +10,10 @@ import threading
 import time
 from typing import Any
 
-from functions import lease
+from functions import lease, records
 from functions.errors import Unavailable
 from functions.model import Outcome
 from functions.service import shared_check
-from functions.task import steps
 from storage import Store, StoreOptions, open_store
 from tests.check_replicas import check, replicas
 from tests.parallel import parallel
@@ -58,7 +57,7 @@ def recorded(store: Store, calls: list[str], lock: threading.Lock, run: str) -> 
     with lock:
         calls.append(run)
     time.sleep(0.3)
-    return steps.record_outcome(store, run, Outcome(action="check", data={"versions": [run]}))
+    return records.record_outcome(store, run, Outcome(action="check", data={"versions": [run]}))
 
 
 def wait_together(store: Store, n: int, **options: Any) -> tuple[list[Any], list[str]]:

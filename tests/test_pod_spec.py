@@ -20,8 +20,9 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from functions import keys, protocol
+from functions import keys, pod_contract, protocol
 from functions.model import ArtifactRef, Build, HistoryPlan, ResourceType, Task, TraceContext
+from functions.pod_contract import parse_input
 from functions.runtimes import podspec
 from functions.runtimes.podspec import (
     RESOURCE_SCRIPT,
@@ -31,8 +32,6 @@ from functions.runtimes.podspec import (
     plan_for,
     stdin_secret_manifest,
 )
-from functions.task import contract
-from functions.task.contract import parse_input
 
 VERSIONS = ("1.30", "1.37")
 CANARY = "canary-7d3f9b2e-do-not-leak"
@@ -289,8 +288,8 @@ def test_the_script_timeout_is_whole_seconds_within_the_deadline() -> None:
 
 
 def test_managed_by_is_exported_and_labels_every_object() -> None:
-    assert contract.MANAGED_BY == "resource-functions"
-    assert podspec.labels(make_plan())["app.kubernetes.io/managed-by"] == contract.MANAGED_BY
+    assert pod_contract.MANAGED_BY == "resource-functions"
+    assert podspec.labels(make_plan())["app.kubernetes.io/managed-by"] == pod_contract.MANAGED_BY
 
 
 def test_step_arguments() -> None:
@@ -343,7 +342,7 @@ def test_a_check_tells_collect_where_its_version_history_is() -> None:
 @pytest.mark.parametrize("value", ["repo=artifacts/x.tar.zst", f"repo=artifacts/x@y.tar@{DIGEST}"])
 def test_input_arguments_round_trip(value: str) -> None:
     name, ref = parse_input(value)
-    assert contract.format_input(name, ref) == value
+    assert pod_contract.format_input(name, ref) == value
 
 
 @pytest.mark.parametrize(

@@ -15,8 +15,8 @@ import pytest
 
 from functions import cli, keys
 from functions.model import ArtifactRef
+from functions.pod_contract import format_input
 from functions.task import in_pod
-from functions.task.contract import format_input
 from functions.task.step_settings import StepSettings
 from storage import StoreOptions, get_json, open_store
 from storage.archive import ArchiveOptions

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from functions import steps
 from functions.model import ArtifactRef
-from functions.task import steps
 from storage import open_store
 from storage.archive import ArchiveOptions, Limits
 from storage.artifacts import upload_tree

@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from functions import pod_contract
 from functions.errors import ConfigError, FunctionError
-from functions.task import contract
 from storage.errors import StorageError
 
 if TYPE_CHECKING:
@@ -80,17 +80,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def add_pod_step_parsers(sub: Any) -> None:
-    """``stage`` and ``collect``: run inside task pods (functions.task.contract)."""
+    """``stage`` and ``collect``: run inside task pods (functions.pod_contract)."""
     stage = sub.add_parser("stage", help="(task pods) unpack a put's inputs")
     stage.add_argument("--dir", required=True, type=Path, help="the put's working directory")
     stage.add_argument("--input", action="append", default=[], metavar="NAME=KEY[@sha256:HEX]")
-    stage.add_argument("--task-dir", type=Path, default=Path(contract.TASK_DIR))
+    stage.add_argument("--task-dir", type=Path, default=Path(pod_contract.TASK_DIR))
     stage.set_defaults(handler=cmd_stage)
     collect = sub.add_parser("collect", help="(task pods) store the resource step's outcome")
     collect.add_argument("--run-id", required=True)
     collect.add_argument("--action", required=True, choices=["check", "get", "put"])
     collect.add_argument("--dir", required=True, type=Path, help="the build dir (/tmp/build)")
-    collect.add_argument("--stdin-file", type=Path, default=Path(contract.STDIN_FILE))
+    collect.add_argument("--stdin-file", type=Path, default=Path(pod_contract.STDIN_FILE))
     collect.add_argument("--cache-key")
     collect.add_argument("--history-key", help="check: the resource key of its version history")
     collect.add_argument("--history-limit", type=int, default=1000)
@@ -105,7 +105,7 @@ def add_pod_step_parsers(sub: Any) -> None:
 
 
 def cmd_stage(args: argparse.Namespace) -> int:
-    from functions.task.contract import parse_input
+    from functions.pod_contract import parse_input
     from functions.task.in_pod import stage_main
 
     try:
@@ -120,7 +120,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
 
 def cmd_collect(args: argparse.Namespace) -> int:
     from functions.model import HistoryPlan, LeaseHold
-    from functions.task.contract import ReplyPlan
+    from functions.pod_contract import ReplyPlan
     from functions.task.in_pod import CollectArgs, collect_main
     from functions.tracing import trace_context
 

@@ -37,9 +37,9 @@ from functions.errors import InvalidRequest, NotAuthenticated, SenderNotAllowed,
 from functions.http.senders import SenderCheck
 from functions.logs import fields
 from functions.model import Outcome, RepeatableGet, TraceContext
+from functions.replies import reply_event, reply_id
 from functions.service.request_data import MAX_ATTRIBUTE
 from functions.service.service import Service
-from functions.task.contract import reply_event, reply_id
 from functions.tracing import trace_attributes, trace_context
 
 log = logging.getLogger("functions.http.repeated_gets")

@@ -10,7 +10,7 @@ returns, so a redelivered request finds them. A script that fails, a missing ima
 timeout is an ``Outcome`` with a failure; only infrastructure trouble raises
 (``functions.errors.Unavailable``). A started task that holds a check lease (``task.lease``)
 releases it once its outcome is recorded, or once it has ended without one
-(``steps.release_lease``). ``make_runtime`` is the one place that picks a runtime,
+(``lease.release_held``). ``make_runtime`` is the one place that picks a runtime,
 so only ``container.py`` imports docker and only ``kube_api.py`` imports kubernetes.
 """
 

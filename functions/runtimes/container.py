@@ -26,18 +26,17 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from functions import keys
+from functions import keys, lease, records, steps
 from functions.errors import Unavailable, failure_kind
 from functions.logs import fields
 from functions.model import SCRIPTS, WORKDIRS, Outcome, Task
-from functions.outcome import failed, final_failure
+from functions.outcome import failed, final_failure, script_timeout
 from functions.phases import PhaseClock
+from functions.pod_contract import MANAGED_BY
 from functions.redaction import redact, secret_strings
 from functions.runtimes.background import BackgroundRuns
 from functions.runtimes.output import STDERR, STDOUT, Output
-from functions.task import steps
-from functions.task.contract import MANAGED_BY, script_timeout
-from functions.task.sink import post_outcome
+from functions.sink import post_outcome
 from storage import Store
 from storage.archive import ArchiveOptions, Limits
 from storage.errors import StorageError
@@ -114,7 +113,7 @@ class ContainerRuntime:
         except Exception as err:  # after a 202 nobody redelivers: reply with the failure
             log.exception("asynchronous task failed", extra=fields(run_id=task.run_id))
             outcome = failed(task.action, failure_kind(err), f"the task could not run: {err}")
-        steps.release_lease(self._store, task.lease)  # recorded, or it never will be
+        lease.release_held(self._store, task.lease)  # recorded, or it never will be
         try:
             post_outcome(self._config.sink, task, outcome)
         except Exception:
@@ -139,7 +138,7 @@ class ContainerRuntime:
         try:
             outcome = self._outcome(task, workdir, container, clock)
         except StorageError as err:  # a permanent store refusal; retryable ones raise here
-            outcome = steps.record_outcome(
+            outcome = records.record_outcome(
                 self._store, task.run_id, final_failure(task.action, err)
             )
         # The result is stored, so nothing is left to adopt and a redelivery replays the
@@ -201,14 +200,14 @@ class ContainerRuntime:
             except Unavailable:
                 # The process that started the container may live on (an orphaned worker):
                 # if it stored the result and removed the container, that result stands.
-                stored = steps.read_outcome(self._store, task.run_id)
+                stored = records.read_outcome(self._store, task.run_id)
                 if stored is None:
                     raise
                 return stored
         return self._collect(container, task, workdir, exit_code, output, clock)
 
     def _record(self, task: Task, outcome: Outcome) -> Outcome:
-        return steps.record_outcome(self._store, task.run_id, outcome)
+        return records.record_outcome(self._store, task.run_id, outcome)
 
     def _collect(
         self,
@@ -227,7 +226,7 @@ class ContainerRuntime:
             log_text = redact(
                 stderr.decode("utf-8", "replace"), secret_strings(task.stdin, task.secrets)
             )
-            steps.write_once(self._store, keys.log_key(task.run_id), log_text.encode())
+            records.write_once(self._store, keys.log_key(task.run_id), log_text.encode())
             return self._record(task, script_timeout(task.action, task.timeout_seconds, log_text))
         spec = steps.CollectSpec(
             run_id=task.run_id,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from functions.task.contract import EXIT_UNAVAILABLE, UNAVAILABLE_MARKER
+from functions.pod_contract import EXIT_UNAVAILABLE, UNAVAILABLE_MARKER
 
 PULL_FAILURES = frozenset(
     {

@@ -5,7 +5,7 @@ on it instead of starting another), then the stdin Secret owned by the Job, then
 Job's pod until a verdict (``job_status.judge``): fails fast on image-pull errors, deletes the
 Job on timeout, reads ``results/<run-id>.json`` that ``collect`` stored on completion.
 Failures that only the function sees (image pull, timeout, a failed or vanished Job) are
-recorded with ``steps.record_outcome`` so a redelivery replays them. A step that could not
+recorded with ``records.record_outcome`` so a redelivery replays them. A step that could not
 reach the store is not a failure of the request: the Job and its Secret are deleted, nothing
 is recorded and ``StoreUnavailableInTask`` (an ``Unavailable``: HTTP 503) makes Knative
 redeliver, which starts a new Job. ``start`` creates the Job with reply-to-sink arguments and
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from functions import lease, records
 from functions.errors import (
     Conflict,
     Gone,
@@ -39,7 +40,7 @@ from functions.errors import (
 )
 from functions.logs import fields
 from functions.model import Outcome, Task
-from functions.outcome import failed, final_failure
+from functions.outcome import failed, final_failure, task_deadline
 from functions.phases import PhaseClock, timed
 from functions.runtimes import podspec
 from functions.runtimes.background import BackgroundRuns
@@ -52,9 +53,7 @@ from functions.runtimes.kube_api import (
     uid_of,
 )
 from functions.runtimes.podspec import JobPlan, KubernetesConfig, plan_for
-from functions.task import steps
-from functions.task.contract import task_deadline
-from functions.task.sink import post_outcome
+from functions.sink import post_outcome
 from storage import Store
 from storage.errors import StorageError
 
@@ -125,7 +124,7 @@ class KubernetesRuntime:
             job = self._launch(plan, task.stdin, task.secrets)
         except Rejected as err:
             outcome = self._rejected(task, plan, err)
-            steps.release_lease(self._store, task.lease)
+            lease.release_held(self._store, task.lease)
             try:
                 post_outcome(self._config.sink, task, outcome)
             except SinkRefused as post_err:  # 503: a redelivery replays the record
@@ -159,7 +158,7 @@ class KubernetesRuntime:
         self._api.delete_job(plan.job_name)
         outcome = failed(task.action, "runtime", f"cannot start the task: {err}")
         try:
-            return steps.record_outcome(self._store, task.run_id, outcome)
+            return records.record_outcome(self._store, task.run_id, outcome)
         except StorageError as store_err:
             return final_failure(task.action, store_err)
 
@@ -292,7 +291,9 @@ class KubernetesRuntime:
                 return Settled(stored, by_collect=True)
             if verdict.kind == "complete":
                 verdict = Verdict("runtime", "the task Job completed but stored no result")
-        outcome = steps.record_outcome(self._store, task.run_id, self._failure(task, plan, verdict))
+        outcome = records.record_outcome(
+            self._store, task.run_id, self._failure(task, plan, verdict)
+        )
         if verdict.kind in ("image_pull", "timeout"):
             self._api.delete_job(plan.job_name)  # after recording: a redelivery replays it
         return Settled(outcome, by_collect=False)
@@ -308,7 +309,7 @@ class KubernetesRuntime:
     def _read_result(self, run_id: str, wait: float) -> Outcome | None:
         end = time.monotonic() + wait
         while True:
-            outcome = steps.read_outcome(self._store, run_id)
+            outcome = records.read_outcome(self._store, run_id)
             if outcome is not None or time.monotonic() >= end:
                 return outcome
             time.sleep(0.2)
@@ -338,7 +339,7 @@ class KubernetesRuntime:
             # The task has ended: collect released an async check's lease if it ran (this is
             # then one read); else the failure is recorded here, or nothing if the store is
             # down (a waiter then runs the check).
-            steps.release_lease(self._store, task.lease)
+            lease.release_held(self._store, task.lease)
             if not settled.by_collect:
                 post_outcome(self._config.sink, task, settled.outcome)
         except StoppedFollowing:
@@ -353,7 +354,7 @@ class KubernetesRuntime:
                 "an asynchronous task could not reach the store; its Job was deleted",
                 extra=fields(run_id=task.run_id, job=plan.job_name, error=str(err)),
             )
-            steps.release_lease(self._store, task.lease)  # no result: a waiter runs the check
+            lease.release_held(self._store, task.lease)  # no result: a waiter runs the check
             self._post_quietly(task, failed(task.action, failure_kind(err), str(err)))
         except Exception as err:  # the task may still run: its lease is left to collect
             log.exception(

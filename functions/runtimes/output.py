@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from functions.protocol import MAX_STDOUT_BYTES
-from functions.task.contract import MAX_STDERR_BYTES
+from functions.protocol import MAX_STDERR_BYTES, MAX_STDOUT_BYTES
 
 STDOUT, STDERR = 1, 2  # the stream numbers of the Docker API's multiplexed stream
 

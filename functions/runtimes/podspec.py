@@ -26,15 +26,14 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from functions.budget import DEADLINE_SLACK_SECONDS, RESULT_WAIT_SECONDS, deadline_seconds
 from functions.model import SCRIPTS, WORKDIRS, Action, ArtifactRef, HistoryPlan, LeaseHold, Task
-from functions.task.contract import (
+from functions.pod_contract import (
     BUILD_DIR,
-    DEADLINE_SLACK_SECONDS,
     EXIT_CODE_FILE,
     KILL_AFTER_SECONDS,
     MANAGED_BY,
     REDACT_KEY,
-    RESULT_WAIT_SECONDS,
     SECRET_DIR,
     SINK_ENV,
     STAGE_ERROR_FILE,
@@ -47,7 +46,6 @@ from functions.task.contract import (
     TIMED_OUT_EXIT_CODE,
     TIMED_OUT_FILE,
     ReplyPlan,
-    deadline_seconds,
     format_input,
 )
 

@@ -12,22 +12,22 @@ from typing import Any
 
 from cloudevents.core.v1.event import CloudEvent
 
-from functions import credentials, events, keys, protocol
+from functions import credentials, events, keys, protocol, records
+from functions.budget import async_lease_seconds
 from functions.errors import InvalidRequest, SinkRefused, Unavailable
 from functions.logs import fields
 from functions.metrics import Metrics
 from functions.model import Action, HistoryPlan, Outcome, RepeatableGet, Request, Task
 from functions.outcome import final_failure
 from functions.phases import seconds_by_phase
+from functions.replies import discovered_events, reply_event
 from functions.runtimes import Runtime
 from functions.service import checks, shared_check
 from functions.service.cache_memory import CacheMemory
 from functions.service.flights import Flights
 from functions.service.request_data import parse_request_data
 from functions.settings import Settings
-from functions.task import steps
-from functions.task.contract import async_lease_seconds, discovered_events, reply_event
-from functions.task.sink import post_events
+from functions.sink import post_events
 from functions.tracing import RunTracer, trace_context
 from storage import Store
 from storage.base import url_prefix
@@ -80,7 +80,7 @@ class Service:
         except InvalidRequest:
             # A redelivery of a finished run replays its answer, even if a credential it
             # used has been deleted since; only a request that would run is refused.
-            stored = steps.read_outcome(self.store, run)
+            stored = records.read_outcome(self.store, run)
             if stored is None:
                 raise
             return self._reply(request, run, stored)
@@ -220,7 +220,7 @@ class Service:
             self.metrics.joined.labels(self.action).inc()
             # The run may have been another request's: record the answer under this request's
             # run id too, so its redelivery replays it instead of running again.
-            steps.record_if_absent(self.store, run, outcome)
+            records.record_if_absent(self.store, run, outcome)
         return self._reply(request, run, outcome)
 
     def _start(
@@ -291,7 +291,7 @@ class Service:
         that its redelivery replays it."""
         self.metrics.joined.labels(self.action).inc()
         answer = checks.joined_answer(self.store, request, plan, shared)
-        return steps.record_outcome(self.store, task.run_id, answer)
+        return records.record_outcome(self.store, task.run_id, answer)
 
     def _fresh(self, run: str, fresh: Outcome | None) -> Outcome | None:
         """A check answered from the history (within its interval), recorded as this run's
@@ -299,11 +299,11 @@ class Service:
         if fresh is None:
             return None
         self.metrics.cache_hits.labels(self.action).inc()
-        return steps.record_outcome(self.store, run, fresh)
+        return records.record_outcome(self.store, run, fresh)
 
     def _stored_answer(self, run: str, cache_key: str | None) -> Outcome | None:
         """The stored result of this run (redelivery), or a get's cache entry."""
-        stored = steps.read_outcome(self.store, run)
+        stored = records.read_outcome(self.store, run)
         if stored is not None:
             self.metrics.joined.labels(self.action).inc()
             return stored
@@ -315,7 +315,7 @@ class Service:
 
     def _read_cache(self, cache_key: str) -> dict[str, Any] | None:
         """The cache entry, its record from memory if kept, its artifact looked for."""
-        cached = steps.read_cache(self.store, cache_key, self.cache_memory.record(cache_key))
+        cached = records.read_cache(self.store, cache_key, self.cache_memory.record(cache_key))
         if cached is None:
             self.cache_memory.forget(cache_key)
         else:

@@ -19,10 +19,9 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from functions import lease
+from functions import lease, records
 from functions.errors import Unavailable
 from functions.model import LeaseHold, Outcome
-from functions.task import steps
 from storage import Store
 
 FIRST_PAUSE = 0.05  # seconds between lease reads at first; grows by GROWTH up to MAX_PAUSE
@@ -72,7 +71,7 @@ def start_or_wait(
         try:
             start(held)
         except BaseException:
-            steps.release_lease(store, held)
+            lease.release_held(store, held)
             raise
 
     def rejoin(claim: lease.Claim) -> None:
@@ -104,7 +103,7 @@ def lead_or_wait(
             seen is None or seen.lease.run != followed or seen.lease.free(now)
         ):
             # The holder's run ended (or changed hands): its result, if it left one, is ours.
-            done = steps.read_outcome(store, followed)
+            done = records.read_outcome(store, followed)
             if done is not None:
                 return done, followed
         if seen is None or seen.lease.free(now):

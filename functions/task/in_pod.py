@@ -1,5 +1,5 @@
 """The steps that run inside a task pod: ``python -m functions stage|collect`` (see
-``functions.runtimes.podspec`` for the pod layout). Thin: the work is ``functions.task.steps``.
+``functions.runtimes.podspec`` for the pod layout). Thin: the work is ``functions.steps``.
 
 stage: unpack a put's inputs into its working directory. A missing or unsafe input fails the
 request, not the pod: its message goes to ``.task/stage-error`` (the resource step then does
@@ -29,18 +29,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from functions import keys
+from functions import keys, lease, records, steps
 from functions.errors import SinkRefused, is_retryable
 from functions.model import Action, ArtifactRef, HistoryPlan, LeaseHold, Outcome
-from functions.outcome import failed
-from functions.protocol import MAX_STDOUT_BYTES
-from functions.redaction import redact, secret_strings
-from functions.task import steps
-from functions.task.contract import (
+from functions.outcome import failed, script_timeout
+from functions.pod_contract import (
     EXIT_CODE_FILE,
     EXIT_UNAVAILABLE,
-    MAX_STDERR_BYTES,
-    MAX_STDIN_BYTES,
     REDACT_KEY,
     STAGE_ERROR_FILE,
     STDERR_FILE,
@@ -49,10 +44,11 @@ from functions.task.contract import (
     TIMED_OUT_FILE,
     UNAVAILABLE_MARKER,
     ReplyPlan,
-    reply_events,
-    script_timeout,
 )
-from functions.task.sink import post_events
+from functions.protocol import MAX_STDERR_BYTES, MAX_STDIN_BYTES, MAX_STDOUT_BYTES
+from functions.redaction import redact, secret_strings
+from functions.replies import reply_events
+from functions.sink import post_events
 from functions.task.step_settings import StepSettings
 from storage import Store, open_store
 from storage.archive import ArchiveOptions
@@ -109,7 +105,7 @@ def collect_main(args: CollectArgs, settings: StepSettings) -> int:
         try:
             outcome = record(store, args, settings.archive)
         finally:  # recorded, or not at all: either way the check's waiters may go on
-            steps.release_lease(store, args.lease)
+            lease.release_held(store, args.lease)
     except StorageError as err:
         if is_retryable(err):
             return unavailable(f"collect: the store is unavailable: {err}")
@@ -183,8 +179,8 @@ def _record_failure(
 
 
 def _record_outcome(store: Store, args: CollectArgs, outcome: Outcome, log: str) -> Outcome:
-    steps.write_once(store, keys.log_key(args.run_id), log.encode())
-    return steps.record_outcome(store, args.run_id, outcome)
+    records.write_once(store, keys.log_key(args.run_id), log.encode())
+    return records.record_outcome(store, args.run_id, outcome)
 
 
 def _post(args: CollectArgs, outcome: Outcome, sink: str) -> int:

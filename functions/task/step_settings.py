@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from functions.errors import ConfigError
-from functions.task.contract import SINK_ENV, STORE_URL_ENV
+from functions.pod_contract import SINK_ENV, STORE_URL_ENV
 from storage.archive import ArchiveOptions, Limits
 from storage.options import StoreOptions
 

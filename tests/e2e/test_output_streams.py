@@ -11,9 +11,8 @@ import docker
 import pytest
 
 from functions.model import Action, ResourceType, Task
-from functions.protocol import MAX_STDOUT_BYTES, stdin_payload
+from functions.protocol import MAX_STDERR_BYTES, MAX_STDOUT_BYTES, stdin_payload
 from functions.runtimes.container import ContainerConfig, ContainerRuntime
-from functions.task.contract import MAX_STDERR_BYTES
 from storage import open_store
 from storage.archive import ArchiveOptions, Limits
 

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from functions import cli
+from functions.budget import async_lease_seconds
 from functions.model import HistoryPlan, LeaseHold, ResourceType, Task
 from functions.runtimes.podspec import KubernetesConfig, job_manifest, plan_for
 from functions.task import in_pod
-from functions.task.contract import async_lease_seconds
 
 CONFIG = KubernetesConfig(namespace="tasks", service_account="task", task_image="rf:test")
 HELD = LeaseHold(key="leases/" + "r" * 64 + ".json", holder="0123456789abcdef")

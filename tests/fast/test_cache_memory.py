@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from functions import records
 from functions.service.cache_memory import CacheMemory
-from functions.task import steps
 from storage import Store, put_json
 from tests.fast.test_http_service import FakeRuntime, event, make_client, post, reply_of
 
@@ -99,7 +99,7 @@ GET = {"type": "mock", "source": {"uri": "x"}, "version": {"ref": "v1"}}
 def cache_entry(store: Store, cache_key: str) -> str:
     """Store an artifact and its cache record, as a get's collect does; return the key."""
     key = f"artifacts/{cache_key}.tar.zst"
-    steps.write_once(store, key, b"bytes")
+    records.write_once(store, key, b"bytes")
     artifact = {"url": store.url_for(key), "digest": "sha256:" + "0" * 64, "size": 5}
     put_json(store, f"artifacts/{cache_key}.json", {**RECORD, "artifact": artifact})
     return key

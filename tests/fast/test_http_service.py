@@ -18,11 +18,11 @@ from cloudevents.core.bindings.http import (
 )
 from cloudevents.core.v1.event import CloudEvent
 
+from functions import records
 from functions.errors import Unavailable
 from functions.http.app import create_app
 from functions.model import Failure, Outcome, ResourceType, Task
 from functions.settings import Settings
-from functions.task import steps
 from storage import Store, open_store
 
 IMAGE = "example.org/mock-resource@sha256:" + "a" * 64
@@ -42,7 +42,7 @@ class FakeRuntime:
         if isinstance(self.outcome, Exception):
             raise self.outcome
         outcome = self.outcome or Outcome(action=task.action, data=_data(task))
-        return steps.record_outcome(self.store, task.run_id, outcome)
+        return records.record_outcome(self.store, task.run_id, outcome)
 
     def start(self, task: Task) -> None:
         self.started.append(task)
@@ -189,7 +189,7 @@ def test_a_get_of_a_cached_version_answers_without_a_run(store: Store) -> None:
     task = runtime.ran[0]
     assert task.cache_key
     artifact_key = f"artifacts/{task.cache_key}.tar.zst"
-    steps.write_once(store, artifact_key, b"bytes")
+    records.write_once(store, artifact_key, b"bytes")
     record = {
         "version": {"ref": "v1"},
         "metadata": [],

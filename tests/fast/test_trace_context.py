@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from functions.model import HistoryPlan, Outcome, TraceContext
-from functions.task.contract import reply_events
+from functions.replies import reply_events
 from functions.tracing import trace_context
 from storage import Store
 from tests.event_sink import event_sink

@@ -12,7 +12,7 @@ from urllib3.util.retry import Retry
 from functions.errors import SinkRefused
 from functions.events import to_http
 from functions.model import Outcome, Task
-from functions.task.contract import reply_events
+from functions.replies import reply_events
 
 RETRYABLE = frozenset({408, 409, 429, 500, 502, 503, 504})
 
@@ -56,7 +56,7 @@ def post_events(sink: str, events: Sequence[CloudEvent]) -> None:
 
 def post_outcome(sink: str, task: Task, outcome: Outcome) -> None:
     """Send the events of an asynchronous task to ``sink``: its discovered versions and its
-    reply (``contract.reply_events``)."""
+    reply (``replies.reply_events``)."""
     events = reply_events(
         action=task.action,
         outcome=outcome,

@@ -11,17 +11,13 @@ runtime calls them in-process; on Kubernetes they run in the task pod
 from __future__ import annotations
 
 import hashlib
-import io
-import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
-from functions import history, keys, lease
-from functions.logs import fields
-from functions.model import Action, ArtifactRef, HistoryPlan, LeaseHold, Outcome
+from functions import history, keys, records
+from functions.model import Action, ArtifactRef, HistoryPlan, Outcome
 from functions.outcome import failed, outcome_of_script, redact_failure
 from functions.phases import PhaseClock, timed
 from functions.redaction import redact, secret_strings
@@ -29,9 +25,8 @@ from storage import Store, get_json, put_json
 from storage.archive import ArchiveOptions, Limits, suffix_for
 from storage.artifacts import download_tree, upload_tree
 from storage.base import key_for_url
-from storage.errors import ArchiveError, ObjectExists, ObjectNotFound, StorageError
+from storage.errors import ArchiveError, ObjectExists, ObjectNotFound
 
-log = logging.getLogger("functions.steps")
 FORMAT_NAMES = {"zstd": "tar+zstd", "gzip": "tar+gzip", "none": "tar"}
 
 
@@ -127,14 +122,14 @@ def collect(
         with timed(clock, "upload"):
             outcome = store_artifact(store, spec, outcome, output_dir, log)
     if outcome.succeeded and spec.action == "check" and spec.history:
-        stored = read_outcome(store, spec.run_id)
+        stored = records.read_outcome(store, spec.run_id)
         if stored is not None:  # a redelivered run: its versions are in the history already
             return stored
         with timed(clock, "history"):
             outcome = with_history(store, spec.history, outcome)
     with timed(clock, "store"):
-        write_once(store, keys.log_key(spec.run_id), log.encode())
-        return record_outcome(store, spec.run_id, outcome)
+        records.write_once(store, keys.log_key(spec.run_id), log.encode())
+        return records.record_outcome(store, spec.run_id, outcome)
 
 
 def store_artifact(
@@ -186,68 +181,3 @@ def describe_existing(store: Store, key: str) -> tuple[str, int]:
             digest.update(chunk)
             size += len(chunk)
     return "sha256:" + digest.hexdigest(), size
-
-
-def record_outcome(store: Store, run: str, outcome: Outcome) -> Outcome:
-    """Store ``results/<run>.json``; if a record exists already, the first one wins."""
-    try:
-        put_json(store, keys.result_key(run), outcome.as_record())
-    except ObjectExists:
-        return Outcome.from_record(get_json(store, keys.result_key(run)))
-    return outcome
-
-
-def release_lease(store: Store, held: LeaseHold | None) -> None:
-    """Release an asynchronous check's lease once its task has recorded its outcome (and the
-    history), or has ended without one: waiters then answer from the result, or one of them
-    runs the check. THE one place a task lets go of its lease, whichever runtime ran it (in
-    a task pod ``collect``; the runtimes for failures collect never saw). Best effort: a
-    failure is logged, never the task's; the lease's expiry frees it then."""
-    if held is None:
-        return
-    try:
-        lease.release_holding(store, held.key, held.holder)
-    except StorageError as err:
-        log.warning("cannot release the check lease", extra=fields(key=held.key, error=str(err)))
-
-
-def record_if_absent(store: Store, run: str, outcome: Outcome) -> None:
-    """Store ``results/<run>.json`` unless it exists (one write, no read)."""
-    try:
-        put_json(store, keys.result_key(run), outcome.as_record())
-    except ObjectExists:
-        pass
-
-
-def read_outcome(store: Store, run: str) -> Outcome | None:
-    try:
-        return Outcome.from_record(get_json(store, keys.result_key(run)))
-    except ObjectNotFound:
-        return None
-
-
-def read_cache(
-    store: Store, cache_key: str, record: dict[str, Any] | None = None
-) -> dict[str, Any] | None:
-    """The reply data of a cached get, or None on a miss. A record whose artifact is gone
-    (e.g. expired by a bucket lifecycle rule) is removed, so the get runs and stores both
-    afresh. ``record``: the cache record if known already (records are written once), so
-    only the artifact is looked for."""
-    record_key = keys.cache_record_key(cache_key)
-    if record is None:
-        try:
-            record = get_json(store, record_key)
-        except ObjectNotFound:
-            return None
-    key = key_for_url(store, record.get("artifact", {}).get("url", ""))
-    if key is None or store.stat(key) is None:
-        store.delete(record_key)
-        return None
-    return {**record, "cached": True}
-
-
-def write_once(store: Store, key: str, body: bytes) -> None:
-    try:
-        store.put(key, io.BytesIO(body))
-    except ObjectExists:
-        pass  # a redelivered run already stored it

@@ -1,0 +1,129 @@
+"""The events a run answers with (pure): its reply, and a check's ``version.discovered``
+events. The function and ``collect`` (asynchronous completion) both send them, so they are
+built here and nowhere else; the same run gives the same event ids, so a consumer can drop
+the double.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from cloudevents.core.v1.event import CloudEvent
+
+from functions.events import TYPE_PREFIX
+from functions.keys import canonical_json
+from functions.model import Action, HistoryPlan, Outcome, TraceContext
+from functions.tracing import trace_attributes
+
+REPLY_SOURCE = "/resource-functions/{action}"
+DISCOVERED_TYPE = f"{TYPE_PREFIX}version.discovered"
+
+
+def reply_type(action: str, succeeded: bool) -> str:
+    return f"{TYPE_PREFIX}{action}.{'succeeded' if succeeded else 'failed'}"
+
+
+def reply_event(
+    *,
+    action: Action,
+    outcome: Outcome,
+    request_id: str,
+    subject: str | None,
+    run_id: str,
+    trace: TraceContext | None = None,
+) -> CloudEvent:
+    """The reply CloudEvent for an outcome (pure: same inputs, same event but for ``time``).
+    ``trace``: the request's trace context, carried on as the distributed-tracing extension."""
+    attributes: dict[str, Any] = {
+        "specversion": "1.0",
+        "type": reply_type(action, outcome.succeeded),
+        "source": REPLY_SOURCE.format(action=action),
+        "id": reply_id(run_id, outcome.succeeded),
+        "datacontenttype": "application/json",
+        "requestid": request_id,
+    }
+    if subject:
+        attributes["subject"] = subject
+    attributes.update(trace_attributes(trace))
+    return CloudEvent(attributes=attributes, data=reply_data(outcome))
+
+
+def reply_id(run_id: str, succeeded: bool) -> str:
+    """A reply's event id: derived from its run, so a replayed reply is the same event."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"{run_id}/{succeeded}"))
+
+
+def reply_data(outcome: Outcome) -> dict[str, Any]:
+    if outcome.failure is not None:
+        return {"error": outcome.failure.as_dict()}
+    return dict(outcome.data or {})
+
+
+def discovered_events(
+    *,
+    outcome: Outcome,
+    request_id: str,
+    subject: str | None,
+    run_id: str,
+    history: HistoryPlan | None,
+    trace: TraceContext | None = None,
+) -> list[CloudEvent]:
+    """One ``version.discovered`` event per version in a check's ``new`` (none without a
+    history). Ids derive from the run and the version, so a redelivered run's events are the
+    same events. Data: the version and the resource's key (an HMAC: no source in it).
+    ``trace``: the request's trace context, carried on as on the reply."""
+    if history is None or outcome.data is None:
+        return []
+    return [
+        CloudEvent(
+            attributes={
+                "specversion": "1.0",
+                "type": DISCOVERED_TYPE,
+                "source": REPLY_SOURCE.format(action="check"),
+                "id": str(
+                    uuid.uuid5(
+                        uuid.NAMESPACE_URL,
+                        f"{run_id}/discovered/{canonical_json(version).decode()}",
+                    )
+                ),
+                "datacontenttype": "application/json",
+                "requestid": request_id,
+                **({"subject": subject} if subject else {}),
+                **trace_attributes(trace),
+            },
+            data={"version": version, "resource": history.resource_key},
+        )
+        for version in outcome.data.get("new") or []
+    ]
+
+
+def reply_events(
+    *,
+    action: Action,
+    outcome: Outcome,
+    request_id: str,
+    subject: str | None,
+    run_id: str,
+    history: HistoryPlan | None,
+    trace: TraceContext | None = None,
+) -> list[CloudEvent]:
+    """Everything an asynchronous run posts to the sink: the discovered versions, then the
+    reply (so a consumer of the reply finds the discoveries already sent)."""
+    found = discovered_events(
+        outcome=outcome,
+        request_id=request_id,
+        subject=subject,
+        run_id=run_id,
+        history=history,
+        trace=trace,
+    )
+    reply = reply_event(
+        action=action,
+        outcome=outcome,
+        request_id=request_id,
+        subject=subject,
+        run_id=run_id,
+        trace=trace,
+    )
+    return [*found, reply]
