@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from functions import cli, keys
-from functions.model import ArtifactRef
-from functions.pod_contract import format_input
+from functions.model import ArtifactRef, HistoryPlan, TraceContext
+from functions.pod_contract import CollectStep, ReplyPlan, StageStep
 from functions.task import in_pod
 from functions.task.step_settings import StepSettings
 from storage import StoreOptions, get_json, open_store
@@ -43,21 +43,15 @@ def build(tmp_path: Path) -> Path:
     return tmp_path / "build"
 
 
-def collect(build: Path, action: str = "check", *extra: str) -> int:
-    return cli.main(
-        [
-            "collect",
-            "--run-id",
-            RUN,
-            "--action",
-            action,
-            "--dir",
-            str(build),
-            "--stdin-file",
-            str(build.parent / "stdin"),
-            *extra,
-        ]
+def collect(build: Path, action: str = "check", **given: Any) -> int:
+    step = CollectStep(
+        run_id=RUN,
+        action=action,  # type: ignore[arg-type]
+        build_dir=str(build),
+        stdin_file=str(build.parent / "stdin"),
+        **given,
     )
+    return cli.main(step.argv())
 
 
 def result(store: Any, run: str = RUN) -> dict[str, Any]:
@@ -70,16 +64,12 @@ def stage_as_input_repo(store: Any, source: Path, tmp_path: Path) -> Path:
     key = f"artifacts/{uuid.uuid4().hex}.tar.zst"
     info = upload_tree(store, key, source, ArchiveOptions())
     put = tmp_path / "build/put"
-    argv = [
-        "stage",
-        "--dir",
-        str(put),
-        "--task-dir",
-        str(tmp_path / "build/.task"),
-        "--input",
-        format_input("repo", ArtifactRef(key, info.digest)),
-    ]
-    assert cli.main(argv) == 0
+    step = StageStep(
+        directory=str(put),
+        inputs=(("repo", ArtifactRef(key, info.digest)),),
+        task_dir=str(tmp_path / "build/.task"),
+    )
+    assert cli.main(step.argv()) == 0
     return put
 
 
@@ -151,9 +141,11 @@ def test_an_unreachable_store_fails_the_stage_step_as_retryable(
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
     monkeypatch.setenv("STORE_URL", "s3://bucket/prefix")
     status = in_pod.stage_main(
-        directory=tmp_path / "put",
-        task_dir=tmp_path / ".task",
-        inputs={"repo": ArtifactRef("artifacts/x.tar.zst")},
+        StageStep(
+            directory=str(tmp_path / "put"),
+            inputs=(("repo", ArtifactRef("artifacts/x.tar.zst")),),
+            task_dir=str(tmp_path / ".task"),
+        ),
         settings=StepSettings.from_env({"STORE_URL": "s3://bucket/prefix"}),
     )
     assert status == in_pod.EXIT_UNAVAILABLE == 75
@@ -205,7 +197,7 @@ def test_reply_without_k_sink_records_then_fails(
 ) -> None:
     (build / ".task/exit-code").write_text("0")
     (build / ".task/stdout").write_text("[]")
-    assert collect(build, "check", "--reply-to-sink", "--request-id", "r1") != 0
+    assert collect(build, "check", reply=ReplyPlan("r1")) != 0
     assert "K_SINK" in capsys.readouterr().err
     assert result(store)["data"] == {"versions": []}
 
@@ -235,7 +227,7 @@ def test_a_timed_out_script_is_a_timeout_with_its_log(store: Any, build: Path) -
     (build / ".task/timed-out").write_text("45\n")
     (build / ".task/stdout").write_text('{"version": {"ref": "half-done"}}')
     (build / ".task/stderr").write_text(f"cloning with {CANARY}...\n")
-    assert collect(build, "get", "--cache-key", "c" * 64) == 0
+    assert collect(build, "get", cache_key="c" * 64) == 0
     assert result(store)["error"] == {
         "kind": "timeout",
         "message": "the resource script ran longer than 45s",
@@ -272,12 +264,11 @@ def test_collect_of_an_async_check_records_the_history_and_posts_discoveries_the
     store.write_record(f"history/{resource}.json", b'{"versions": [{"ref": "1"}]}', None)
     (build / ".task/exit-code").write_text("0")
     (build / ".task/stdout").write_text('[{"ref": "1"}, {"ref": "2"}, {"ref": "3"}]')
-    history = ["--history-key", resource, "--history-limit", "2"]
-    reply = ["--reply-to-sink", "--request-id", "r1", "--subject", "main/repo"]
-    trace = ["--traceparent", PARENT, "--tracestate", "congo=t61rcWkgMzE"]
+    history = HistoryPlan(resource, limit=2)
+    reply = ReplyPlan("r1", "main/repo", trace=TraceContext(PARENT, "congo=t61rcWkgMzE"))
     with event_sink() as sink:
         monkeypatch.setenv("K_SINK", sink.url)
-        assert collect(build, "check", *history, *reply, *trace) == 0
+        assert collect(build, "check", history=history, reply=reply) == 0
         posted = sink.drain()
     assert [e.get_type().rsplit(".", 1)[-1] for e in posted] == ["discovered"] * 2 + ["succeeded"]
     assert [e.get_data()["version"] for e in posted[:2]] == [{"ref": "2"}, {"ref": "3"}]

@@ -45,8 +45,9 @@ from functions.pod_contract import (
     TASK_DIR,
     TIMED_OUT_EXIT_CODE,
     TIMED_OUT_FILE,
+    CollectStep,
     ReplyPlan,
-    format_input,
+    StageStep,
 )
 
 if TYPE_CHECKING:
@@ -315,40 +316,20 @@ def _mounts(*, stdin: bool) -> list[dict[str, Any]]:
 def _stage_containers(plan: JobPlan) -> list[dict[str, Any]]:
     if plan.action != "put":
         return []
-    args = ["stage", "--dir", str(WORKDIRS["put"])]
-    for name, ref in plan.inputs:
-        args += ["--input", format_input(name, ref)]
-    return [_step_container(plan, "stage", args, stdin=False)]
+    step = StageStep(directory=str(WORKDIRS["put"]), inputs=plan.inputs)
+    return [_step_container(plan, "stage", step.argv(), stdin=False)]
 
 
 def _collect_container(plan: JobPlan) -> dict[str, Any]:
-    args = [
-        "collect",
-        "--run-id",
-        plan.run_id,
-        "--action",
-        plan.action,
-        "--dir",
-        BUILD_DIR,
-        "--stdin-file",
-        STDIN_FILE,
-    ]
-    if plan.cache_key:
-        args += ["--cache-key", plan.cache_key]
-    if plan.history:
-        args += ["--history-key", plan.history.resource_key]
-        args += ["--history-limit", str(plan.history.limit)]
-    if plan.lease:
-        args += ["--lease-key", plan.lease.key, "--lease-holder", plan.lease.holder]
-    if plan.reply:
-        args += ["--reply-to-sink", "--request-id", plan.reply.request_id]
-        if plan.reply.subject is not None:
-            args += ["--subject", plan.reply.subject]
-        if plan.reply.trace is not None:
-            args += ["--traceparent", plan.reply.trace.traceparent]
-            if plan.reply.trace.tracestate:
-                args += ["--tracestate", plan.reply.trace.tracestate]
-    container = _step_container(plan, "collect", args, stdin=True)
+    step = CollectStep(
+        run_id=plan.run_id,
+        action=plan.action,
+        cache_key=plan.cache_key,
+        history=plan.history,
+        lease=plan.lease,
+        reply=plan.reply,
+    )
+    container = _step_container(plan, "collect", step.argv(), stdin=True)
     if plan.reply and plan.reply.sink:
         # The reply address goes to collect alone (never to the resource container, whose
         # image could otherwise post forged replies into the Broker).

@@ -26,12 +26,11 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from functions import keys, lease, records, steps
-from functions.errors import SinkRefused, is_retryable
-from functions.model import Action, ArtifactRef, HistoryPlan, LeaseHold, Outcome
+from functions.errors import ConfigError, SinkRefused, is_retryable
+from functions.model import Outcome
 from functions.outcome import failed, script_timeout
 from functions.pod_contract import (
     EXIT_CODE_FILE,
@@ -43,7 +42,8 @@ from functions.pod_contract import (
     TASK_SUBDIR,
     TIMED_OUT_FILE,
     UNAVAILABLE_MARKER,
-    ReplyPlan,
+    CollectStep,
+    StageStep,
 )
 from functions.protocol import MAX_STDERR_BYTES, MAX_STDIN_BYTES, MAX_STDOUT_BYTES
 from functions.redaction import redact, secret_strings
@@ -57,22 +57,27 @@ from storage.errors import StorageError
 TERMINATION_LOG = Path("/dev/termination-log")  # kubelet mounts it; absent elsewhere
 
 
-@dataclass(frozen=True)
-class CollectArgs:
-    run_id: str
-    action: Action
-    build_dir: Path  # /tmp/build: holds .task/ and the get's output directory
-    stdin_file: Path  # the mounted Secret, read only to redact secrets from the log
-    cache_key: str | None = None
-    reply: ReplyPlan | None = None
-    history: HistoryPlan | None = None  # check: where the versions found are recorded
-    lease: LeaseHold | None = None  # async check: released once the outcome is recorded
+class StepCannotStart(Exception):
+    """A step's settings are missing or malformed; ``status`` is its exit status (the
+    message is in the termination log already)."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
 
 
-def stage_main(
-    *, directory: Path, inputs: dict[str, ArtifactRef], task_dir: Path, settings: StepSettings
-) -> int:
-    """Unpack ``inputs`` into ``directory``; the exit status of the stage container."""
+def step_settings(prefix: str) -> StepSettings:
+    """The step's settings from the task pod's env; ``StepCannotStart`` if they are wrong
+    (the message, behind ``prefix``, goes to the termination log as every step failure)."""
+    try:
+        return StepSettings.from_env(os.environ)
+    except ConfigError as err:
+        raise StepCannotStart(fail(f"{prefix}: {err}")) from None
+
+
+def stage_main(step: StageStep, *, settings: StepSettings) -> int:
+    """Unpack the step's inputs into its directory; the exit status of the stage container."""
+    directory, task_dir, inputs = Path(step.directory), Path(step.task_dir), dict(step.inputs)
     try:
         store = open_store(settings.store_url, settings.store_options)
         directory.mkdir(parents=True, exist_ok=True)
@@ -98,7 +103,7 @@ def _stage_failed(task_dir: Path, message: str) -> int:
     return 0
 
 
-def collect_main(args: CollectArgs, settings: StepSettings) -> int:
+def collect_main(args: CollectStep, settings: StepSettings) -> int:
     """Record the outcome (and post the reply); the exit status of the collect container."""
     try:
         store = open_store(settings.store_url, settings.store_options)
@@ -117,11 +122,12 @@ def collect_main(args: CollectArgs, settings: StepSettings) -> int:
     return _post(args, outcome, settings.sink)
 
 
-def record(store: Store, args: CollectArgs, archive: ArchiveOptions) -> Outcome:
+def record(store: Store, args: CollectStep, archive: ArchiveOptions) -> Outcome:
     """The outcome of what the resource step left behind, stored (first record wins)."""
-    task_dir = args.build_dir / TASK_SUBDIR
-    stdin = read_head(args.stdin_file, MAX_STDIN_BYTES)
-    extra = resolved_values(args.stdin_file.with_name(REDACT_KEY))
+    task_dir = Path(args.build_dir) / TASK_SUBDIR
+    stdin_file = Path(args.stdin_file)
+    stdin = read_head(stdin_file, MAX_STDIN_BYTES)
+    extra = resolved_values(stdin_file.with_name(REDACT_KEY))
     stage_error = read_head(task_dir / STAGE_ERROR_FILE, 64 * 1024)
     if stage_error:
         return _record_failure(store, args, "storage", stage_error.decode(errors="replace"))
@@ -156,7 +162,7 @@ def record(store: Store, args: CollectArgs, archive: ArchiveOptions) -> Outcome:
         stdout=read_head(task_dir / STDOUT_FILE, MAX_STDOUT_BYTES + 1),
         stderr=stderr,
         stdin=stdin,
-        output_dir=args.build_dir / "get" if args.action == "get" else None,
+        output_dir=Path(args.build_dir) / "get" if args.action == "get" else None,
         extra_secrets=extra,
     )
 
@@ -171,19 +177,19 @@ def resolved_values(path: Path) -> list[str]:
 
 
 def _record_failure(
-    store: Store, args: CollectArgs, kind: str, message: str, log: str = ""
+    store: Store, args: CollectStep, kind: str, message: str, log: str = ""
 ) -> Outcome:
     return _record_outcome(
         store, args, failed(args.action, kind, message.strip(), log), log or message
     )
 
 
-def _record_outcome(store: Store, args: CollectArgs, outcome: Outcome, log: str) -> Outcome:
+def _record_outcome(store: Store, args: CollectStep, outcome: Outcome, log: str) -> Outcome:
     records.write_once(store, keys.log_key(args.run_id), log.encode())
     return records.record_outcome(store, args.run_id, outcome)
 
 
-def _post(args: CollectArgs, outcome: Outcome, sink: str) -> int:
+def _post(args: CollectStep, outcome: Outcome, sink: str) -> int:
     assert args.reply is not None
     if not sink:
         return fail(

@@ -1,5 +1,5 @@
 """The settings of the in-pod steps (``stage``, ``collect``), read once from the environment
-the task pod gets (see ``functions.settings.STEP_ENV``): the store, the sink and the archive options."""
+the task pod gets (see ``functions.pod_contract.STEP_ENV``): the store, the sink and the archive options."""
 
 from __future__ import annotations
 
