@@ -13,6 +13,9 @@ Layout of the shared build volume (``BUILD_DIR``)::
         timed-out               the timeout in whole seconds, if the watchdog stopped it
     /secret/stdin               the stdin payload (a Secret), read by resource and collect
     /secret/redact              resolved credential values (JSON list), for collect to redact
+    /var/run/secrets/resource-functions/store/
+                                the store's credentials (the deployment's store Secret, one
+                                file per key), mounted into stage and collect only
 """
 
 from __future__ import annotations
@@ -54,6 +57,10 @@ UNAVAILABLE_MARKER = "unavailable:"
 # the store the way the function does (copied into every task pod's env when set).
 STORE_URL_ENV = "STORE_URL"
 SINK_ENV = "K_SINK"
+# The store Secret reaches stage and collect as files, never as env vars: the resource image
+# shares their volume and could otherwise point a file at /proc/self/environ.
+STORE_CREDENTIALS_DIR = "/var/run/secrets/resource-functions/store"
+STORE_CREDENTIALS_ENV = "STORE_CREDENTIALS_DIR"
 STEP_ENV = (
     "ARCHIVE_FORMAT",
     "ARCHIVE_LEVEL",

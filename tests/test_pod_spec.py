@@ -206,26 +206,38 @@ def test_env_args_labels_and_annotations_hold_no_secret() -> None:
     assert texts and not [t for t in texts if CANARY in t]
 
 
-def test_only_the_steps_get_store_credentials() -> None:
-    cs = containers(job_manifest(make_plan("put")))
+def mount_paths(container: dict[str, Any]) -> dict[str, str]:
+    return {m["name"]: m["mountPath"] for m in container.get("volumeMounts", [])}
+
+
+def test_only_the_steps_get_store_credentials_and_only_as_files() -> None:
+    job = job_manifest(make_plan("put"))
+    cs = containers(job)
+    volumes = {v["name"]: v for v in job["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["store-credentials"]["secret"]["secretName"] == "resource-functions-store"
     for name in ("stage", "collect"):
-        assert cs[name]["envFrom"] == [{"secretRef": {"name": "resource-functions-store"}}]
+        assert "envFrom" not in cs[name]  # never env vars: /proc/<pid>/environ stays clean
+        assert mount_paths(cs[name])["store-credentials"] == pod_contract.STORE_CREDENTIALS_DIR
         env = {e["name"]: e["value"] for e in cs[name]["env"]}
+        assert env["STORE_CREDENTIALS_DIR"] == pod_contract.STORE_CREDENTIALS_DIR
         assert env["STORE_URL"] == STORE_URL
         assert env["ARCHIVE_FORMAT"] == "zstd" and env["ARCHIVE_LEVEL"] == "3"
         assert env["AWS_ENDPOINT_URL_S3"] == "http://minio:9000"
     assert "envFrom" not in cs["resource"]
+    assert "store-credentials" not in mount_paths(cs["resource"])
     assert {e["name"] for e in cs["resource"]["env"]} == set(protocol.build_env("get", Build()))
 
 
-def test_no_store_secret_means_no_env_from() -> None:
+def test_no_store_secret_means_no_store_volume() -> None:
     config = KubernetesConfig(namespace="ns", service_account="sa", task_image="img")
     job = job_manifest(plan_for(make_task("get"), config, STORE_URL, reply=False))
     assert all("envFrom" not in c for c in containers(job).values())
-
-
-def test_check_gets_no_build_env() -> None:
-    assert "env" not in containers(job_manifest(make_plan("check")))["resource"]
+    assert all("store-credentials" not in mount_paths(c) for c in containers(job).values())
+    assert "store-credentials" not in {
+        v["name"] for v in job["spec"]["template"]["spec"]["volumes"]
+    }
+    env = {e["name"] for c in containers(job).values() for e in c.get("env", [])}
+    assert "STORE_CREDENTIALS_DIR" not in env
 
 
 @pytest.mark.parametrize("action", ACTIONS)

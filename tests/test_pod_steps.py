@@ -16,7 +16,7 @@ import pytest
 from functions import cli, keys
 from functions.model import ArtifactRef, HistoryPlan, TraceContext
 from functions.pod_contract import CollectStep, ReplyPlan, StageStep
-from functions.task import in_pod
+from functions.task import in_pod, untrusted_files
 from functions.task.step_settings import StepSettings
 from storage import StoreOptions, get_json, open_store
 from storage.archive import ArchiveOptions
@@ -252,9 +252,14 @@ def test_bounded_reads(tmp_path: Path) -> None:
     path = tmp_path / "f"
     path.write_bytes(b"0123456789")
     assert in_pod.read_head(path, 4) == b"0123"
-    assert in_pod.read_tail(path, 4) == b"6789"
     assert in_pod.read_head(tmp_path / "missing", 4) == b""
-    assert io.BytesIO(in_pod.read_tail(tmp_path / "missing", 4)).read() == b""
+    with untrusted_files.directory(str(tmp_path), ".") as here:
+        assert untrusted_files.read_head(here, "f", 4) == b"0123"
+        assert untrusted_files.read_tail(here, "f", 4) == b"6789"
+        assert untrusted_files.read_tail(here, "f", 40) == b"0123456789"
+        assert untrusted_files.read_tail(here, "missing", 4) is None
+    with untrusted_files.directory(str(tmp_path), "absent") as absent:
+        assert absent is None and untrusted_files.read_head(absent, "f", 4) is None
 
 
 def test_collect_of_an_async_check_records_the_history_and_posts_discoveries_then_reply(
@@ -283,3 +288,38 @@ def test_collect_of_an_async_check_records_the_history_and_posts_discoveries_the
     assert not [body for body in sink.bodies if CANARY.encode() in body]
     recorded = json.loads(store.read_record(f"history/{resource}.json").data)
     assert recorded["versions"] == [{"ref": "2"}, {"ref": "3"}]  # bounded to the limit
+
+
+def test_the_steps_reach_s3_with_the_store_secret_as_files_and_no_credential_in_env(
+    s3_env: Any, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = tmp_path / "store-secret"
+    secret.mkdir()
+    key = os.environ["AWS_SECRET_ACCESS_KEY"]
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL_S3"):
+        (secret / name).write_text(os.environ[name] + "\n")  # as a Secret's file may end
+        monkeypatch.delenv(name)
+    (secret / "AWS_REGION").write_text("us-east-1")
+    for name in ("AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION", "AWS_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-such-file"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-such-file"))
+    url = f"s3://{s3_bucket}/files-{uuid.uuid4().hex[:8]}"
+
+    settings = StepSettings.from_env({"STORE_URL": url, "STORE_CREDENTIALS_DIR": str(secret)})
+    store = open_store(settings.store_url, settings.store_options)
+    store.put("results/x.json", io.BytesIO(b"{}"))
+
+    assert store.stat("results/x.json") is not None
+    assert "AWS_SECRET_ACCESS_KEY" not in os.environ
+    assert key not in repr(settings)  # the keys are kept out of reprs (logs)
+
+
+def test_an_unmounted_store_secret_makes_the_step_retry(
+    tmp_path: Path, termination: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STORE_URL", "s3://bucket/prefix")
+    monkeypatch.setenv("STORE_CREDENTIALS_DIR", str(tmp_path / "not-mounted"))
+    step = CollectStep(run_id=RUN, action="check", build_dir=str(tmp_path))
+    assert cli.main(step.argv()) == in_pod.EXIT_UNAVAILABLE
+    assert termination.read_text().startswith("unavailable: collect")

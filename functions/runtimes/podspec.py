@@ -14,7 +14,7 @@ check and get have no inputs, so they have no ``stage`` container (one image sta
 request's ``source``/``params`` live) is mounted into ``resource`` and ``collect`` (which
 needs it to redact secrets from the log) and nowhere else; no env var, argument, label or
 annotation carries anything from it. Store credentials reach ``stage``/``collect`` only,
-through ``envFrom`` of the deployment's store Secret.
+as the files of the deployment's store Secret, which no other container mounts.
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ from functions.pod_contract import (
     STDIN_FILE,
     STDIN_KEY,
     STDOUT_FILE,
+    STORE_CREDENTIALS_DIR,
+    STORE_CREDENTIALS_ENV,
     STORE_URL_ENV,
     TASK_DIR,
     TIMED_OUT_EXIT_CODE,
@@ -57,6 +59,7 @@ LABEL_PREFIX = "resource-functions.dev/"
 STEP_UID = 65532  # stage/collect: the project image's non-root user
 BUILD_VOLUME = "build"
 STDIN_VOLUME = "stdin"
+STORE_VOLUME = "store-credentials"
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _RUN_ID = re.compile(r"^[0-9a-f]{20,64}$")
 TERMINATION_GRACE_SECONDS = 5  # the resource step ignores SIGTERM; see pod_spec
@@ -289,7 +292,14 @@ def pod_spec(plan: JobPlan) -> dict[str, Any]:
 
 
 def _volumes(plan: JobPlan) -> list[dict[str, Any]]:
+    store = [
+        {
+            "name": STORE_VOLUME,
+            "secret": {"secretName": plan.store_secret, "optional": False, "defaultMode": 0o400},
+        }
+    ]
     return [
+        *(store if plan.store_secret else []),
         {"name": BUILD_VOLUME, "emptyDir": {}},
         {
             "name": STDIN_VOLUME,
@@ -306,10 +316,12 @@ def _volumes(plan: JobPlan) -> list[dict[str, Any]]:
     ]
 
 
-def _mounts(*, stdin: bool) -> list[dict[str, Any]]:
+def _mounts(*, stdin: bool, store: bool = False) -> list[dict[str, Any]]:
     mounts: list[dict[str, Any]] = [{"name": BUILD_VOLUME, "mountPath": BUILD_DIR}]
     if stdin:
         mounts.append({"name": STDIN_VOLUME, "mountPath": SECRET_DIR, "readOnly": True})
+    if store:
+        mounts.append({"name": STORE_VOLUME, "mountPath": STORE_CREDENTIALS_DIR, "readOnly": True})
     return mounts
 
 
@@ -338,15 +350,19 @@ def _collect_container(plan: JobPlan) -> dict[str, Any]:
 
 
 def _step_container(plan: JobPlan, name: str, args: list[str], *, stdin: bool) -> dict[str, Any]:
-    """stage/collect: the project image, non-root, no privileges, store access by envFrom."""
+    """stage/collect: the project image, non-root, no privileges; the store's credentials
+    as the files of its Secret (never env vars: see ``pod_contract.STORE_CREDENTIALS_DIR``)."""
     env = [{"name": STORE_URL_ENV, "value": plan.store_url}, {"name": "TMPDIR", "value": BUILD_DIR}]
-    env += [{"name": k, "value": v} for k, v in plan.step_env if k not in (STORE_URL_ENV, "TMPDIR")]
+    if plan.store_secret:
+        env.append({"name": STORE_CREDENTIALS_ENV, "value": STORE_CREDENTIALS_DIR})
+    ours = (STORE_URL_ENV, "TMPDIR", STORE_CREDENTIALS_ENV)
+    env += [{"name": k, "value": v} for k, v in plan.step_env if k not in ours]
     container: dict[str, Any] = {
         "name": name,
         "image": plan.task_image,
         "command": ["python", "-m", "functions", *args],
         "env": env,
-        "volumeMounts": _mounts(stdin=stdin),
+        "volumeMounts": _mounts(stdin=stdin, store=bool(plan.store_secret)),
         # Without API rights to read logs, this is how the function learns why a step failed.
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {
@@ -358,8 +374,6 @@ def _step_container(plan: JobPlan, name: str, args: list[str], *, stdin: bool) -
             "capabilities": {"drop": ["ALL"]},
         },
     }
-    if plan.store_secret:
-        container["envFrom"] = [{"secretRef": {"name": plan.store_secret}}]
     return _with_resources(container, plan)
 
 

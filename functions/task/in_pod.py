@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from functions import keys, lease, records, steps
@@ -49,6 +50,7 @@ from functions.protocol import MAX_STDERR_BYTES, MAX_STDIN_BYTES, MAX_STDOUT_BYT
 from functions.redaction import redact, secret_strings
 from functions.replies import reply_events
 from functions.sink import post_events
+from functions.task import untrusted_files
 from functions.task.step_settings import StepSettings
 from storage import Store, open_store
 from storage.archive import ArchiveOptions
@@ -73,6 +75,8 @@ def step_settings(prefix: str) -> StepSettings:
         return StepSettings.from_env(os.environ)
     except ConfigError as err:
         raise StepCannotStart(fail(f"{prefix}: {err}")) from None
+    except StorageError as err:  # the store Secret's files: not mounted (yet), unreadable
+        raise StepCannotStart(unavailable(f"{prefix}: {err}")) from None
 
 
 def stage_main(step: StageStep, *, settings: StepSettings) -> int:
@@ -122,19 +126,42 @@ def collect_main(args: CollectStep, settings: StepSettings) -> int:
     return _post(args, outcome, settings.sink)
 
 
+@dataclass(frozen=True)
+class ResourceStepFiles:
+    """What the resource step left in ``.task/``, read as data (``untrusted_files``)."""
+
+    stage_error: bytes | None
+    exit_code: int | None
+    timed_out: bytes | None  # the timeout in whole seconds, if the watchdog stopped the script
+    stdout: bytes
+    stderr: bytes
+
+    @classmethod
+    def read(cls, build_dir: str) -> ResourceStepFiles:
+        """Raises ``UntrustedFile`` naming a file that is not a plain file to read."""
+        with untrusted_files.directory(build_dir, TASK_SUBDIR) as task:
+            return cls(
+                stage_error=untrusted_files.read_head(task, STAGE_ERROR_FILE, 64 * 1024),
+                exit_code=_as_int(untrusted_files.read_head(task, EXIT_CODE_FILE, 64)),
+                timed_out=untrusted_files.read_head(task, TIMED_OUT_FILE, 64),
+                stdout=untrusted_files.read_head(task, STDOUT_FILE, MAX_STDOUT_BYTES + 1) or b"",
+                stderr=untrusted_files.read_tail(task, STDERR_FILE, MAX_STDERR_BYTES) or b"",
+            )
+
+
 def record(store: Store, args: CollectStep, archive: ArchiveOptions) -> Outcome:
     """The outcome of what the resource step left behind, stored (first record wins)."""
-    task_dir = Path(args.build_dir) / TASK_SUBDIR
     stdin_file = Path(args.stdin_file)
     stdin = read_head(stdin_file, MAX_STDIN_BYTES)
     extra = resolved_values(stdin_file.with_name(REDACT_KEY))
-    stage_error = read_head(task_dir / STAGE_ERROR_FILE, 64 * 1024)
-    if stage_error:
-        return _record_failure(store, args, "storage", stage_error.decode(errors="replace"))
-    exit_code = _read_int(task_dir / EXIT_CODE_FILE)
-    stderr = read_tail(task_dir / STDERR_FILE, MAX_STDERR_BYTES)
-    if exit_code is None:
-        log = redact(stderr.decode(errors="replace"), secret_strings(stdin, extra))
+    try:
+        left = ResourceStepFiles.read(args.build_dir)
+    except untrusted_files.UntrustedFile as err:
+        return _record_failure(store, args, "runtime", f"the resource step's output: {err}")
+    if left.stage_error:
+        return _record_failure(store, args, "storage", left.stage_error.decode(errors="replace"))
+    if left.exit_code is None:
+        log = redact(left.stderr.decode(errors="replace"), secret_strings(stdin, extra))
         return _record_failure(
             store,
             args,
@@ -142,10 +169,9 @@ def record(store: Store, args: CollectStep, archive: ArchiveOptions) -> Outcome:
             "the resource step recorded no exit code (does the image have /bin/sh?)",
             log,
         )
-    if (task_dir / TIMED_OUT_FILE).exists():  # the same failure as the container runtime's
-        limit = _read_int(task_dir / TIMED_OUT_FILE)  # the watchdog wrote the timeout there
-        log = redact(stderr.decode(errors="replace"), secret_strings(stdin, extra))
-        outcome = script_timeout(args.action, limit, log)
+    if left.timed_out is not None:  # the same failure as the container runtime's
+        log = redact(left.stderr.decode(errors="replace"), secret_strings(stdin, extra))
+        outcome = script_timeout(args.action, _as_int(left.timed_out), log)
         message = outcome.failure.message if outcome.failure else ""
         return _record_outcome(store, args, outcome, log or message)
     spec = steps.CollectSpec(
@@ -158,9 +184,9 @@ def record(store: Store, args: CollectStep, archive: ArchiveOptions) -> Outcome:
     return steps.collect(
         store,
         spec,
-        exit_code=exit_code,
-        stdout=read_head(task_dir / STDOUT_FILE, MAX_STDOUT_BYTES + 1),
-        stderr=stderr,
+        exit_code=left.exit_code,
+        stdout=left.stdout,
+        stderr=left.stderr,
         stdin=stdin,
         output_dir=Path(args.build_dir) / "get" if args.action == "get" else None,
         extra_secrets=extra,
@@ -229,7 +255,9 @@ def unavailable(message: str) -> int:
 
 
 def read_head(path: Path, limit: int) -> bytes:
-    """Up to ``limit`` bytes from the start of ``path``; empty if it does not exist."""
+    """Up to ``limit`` bytes from the start of ``path`` (one of ours: the mounted stdin
+    Secret); empty if it does not exist. Files the resource step wrote go through
+    ``untrusted_files`` instead."""
     try:
         with path.open("rb") as stream:
             return stream.read(limit)
@@ -237,22 +265,10 @@ def read_head(path: Path, limit: int) -> bytes:
         return b""
 
 
-def read_tail(path: Path, limit: int) -> bytes:
-    """The last ``limit`` bytes of ``path``; empty if it does not exist."""
-    try:
-        with path.open("rb") as stream:
-            size = stream.seek(0, 2)
-            stream.seek(max(0, size - limit))
-            return stream.read()
-    except FileNotFoundError:
-        return b""
-
-
-def _read_int(path: Path) -> int | None:
+def _as_int(text: bytes | None) -> int | None:
     """The integer in a small file the resource step wrote, or None."""
-    text = read_head(path, 64).strip()
     try:
-        return int(text) if text else None
+        return int(text.strip()) if text and text.strip() else None
     except ValueError:
         return None
 
