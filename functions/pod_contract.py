@@ -158,9 +158,12 @@ class CollectStep:
     history: HistoryPlan | None = None  # check: where the versions found are recorded
     lease: LeaseHold | None = None  # async check: released once the outcome is recorded
     reply: ReplyPlan | None = None  # async: post the reply (its sink is given by env)
+    request: str = ""  # keys.request_digest: recorded with the result (a keyed hash)
 
     def argv(self) -> list[str]:
         args = ["collect", _opt("run-id", self.run_id), _opt("action", self.action)]
+        if self.request:
+            args.append(_opt("request", self.request))
         args += [_opt("dir", self.build_dir), _opt("stdin-file", self.stdin_file)]
         if self.cache_key:
             args.append(_opt("cache-key", self.cache_key))
@@ -190,6 +193,7 @@ class CollectStep:
             history=history,
             lease=lease,
             reply=_reply_of(args),
+            request=args.request,
         )
 
 
@@ -233,6 +237,7 @@ def _collect_parser() -> argparse.ArgumentParser:
     parser.add_argument("--action", required=True, choices=ACTIONS)
     parser.add_argument("--dir", default=BUILD_DIR, help="the build dir (/tmp/build)")
     parser.add_argument("--stdin-file", default=STDIN_FILE)
+    parser.add_argument("--request", default="", help="the request's digest, kept with its result")
     parser.add_argument("--cache-key")
     parser.add_argument("--history-key", help="check: the resource key of its version history")
     parser.add_argument("--history-limit", type=int, default=1000)

@@ -78,6 +78,8 @@ class Settings:
     allowed_images: tuple[str, ...] = ("*",)  # ALLOWED_IMAGES: globs for an explicit image
     sender_audience: str = ""  # SENDER_AUDIENCE: require a Kubernetes token for it
     allowed_senders: tuple[str, ...] = ("*",)  # ALLOWED_SENDERS: globs of token usernames
+    # SENDER_TEAMS: sender identity glob -> team globs it may name (service.teams)
+    sender_teams: tuple[tuple[str, tuple[str, ...]], ...] = ()
     docker_api_version: str = "1.41"
     container_network: str = ""
     work_dir: str = ""
@@ -137,6 +139,7 @@ class Settings:
             allowed_images=patterns(env.get("ALLOWED_IMAGES")),
             sender_audience=env.get("SENDER_AUDIENCE", "").strip(),
             allowed_senders=patterns(env.get("ALLOWED_SENDERS")),
+            sender_teams=sender_teams(env.get("SENDER_TEAMS", ""), env.get("SENDER_AUDIENCE", "")),
             docker_api_version=env.get("DOCKER_API_VERSION") or "1.41",
             container_network=env.get("CONTAINER_NETWORK", ""),
             work_dir=env.get("WORK_DIR", ""),
@@ -163,6 +166,26 @@ def patterns(value: str | None) -> tuple[str, ...]:
         return ("*",)
     found = tuple(p for p in re.split(r"[,\s]+", value.strip()) if p)
     return () if found == ("none",) else found
+
+
+def sender_teams(value: str, audience: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """SENDER_TEAMS: a JSON object of sender identity globs to lists of team globs."""
+    if not value.strip():
+        return ()
+    if not audience.strip():
+        raise ConfigError("SENDER_TEAMS needs SENDER_AUDIENCE: without it no sender is known")
+    try:
+        raw = json.loads(value)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"SENDER_TEAMS is not valid JSON: {err}") from None
+    if not isinstance(raw, dict) or not all(
+        isinstance(teams, list) and all(isinstance(t, str) for t in teams) for teams in raw.values()
+    ):
+        raise ConfigError(
+            "SENDER_TEAMS must be a JSON object of sender globs to lists of team globs, e.g. "
+            '{"system:serviceaccount:ci:engine": ["main", "blue-*"]}'
+        )
+    return tuple((sender, tuple(teams)) for sender, teams in raw.items())
 
 
 def _storage_setting(read: Callable[[Mapping[str, str]], T], env: Mapping[str, str]) -> T:

@@ -19,7 +19,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from functions import keys, pod_contract, protocol
+from functions import pod_contract, protocol
 from functions.model import ArtifactRef, Build, HistoryPlan, ResourceType, Task, TraceContext
 from functions.pod_contract import CollectStep, StageStep, parse_input
 from functions.runtimes import podspec
@@ -31,6 +31,7 @@ from functions.runtimes.podspec import (
     plan_for,
     stdin_secret_manifest,
 )
+from tests.runs import run_of
 
 VERSIONS = ("1.30", "1.37")
 CANARY = "canary-7d3f9b2e-do-not-leak"
@@ -82,7 +83,7 @@ def make_task(
     )
     build = Build(id="17", name="42", job="unit", pipeline="main", team="main")
     return Task(
-        run_id=keys.run_id("//ci.example.com", request_id),
+        run_id=run_of(b"test", "//ci.example.com", request_id, action),
         action=action,  # type: ignore[arg-type]
         resource_type=resource_type or ResourceType(image="docker.io/concourse/git-resource:1.17"),
         stdin=protocol.stdin_payload(action, source, version, params),  # type: ignore[arg-type]

@@ -24,6 +24,7 @@ import pytest
 
 from functions import keys
 from functions.model import Action, ArtifactRef, Build, ResourceType, Task
+from functions.pod_contract import STEP_ENV
 from functions.protocol import build_env, stdin_payload
 from functions.runtimes.podspec import (
     BUILD_VOLUME,
@@ -33,7 +34,6 @@ from functions.runtimes.podspec import (
     plan_for,
     stdin_secret_manifest,
 )
-from functions.pod_contract import STEP_ENV
 from storage import Store, StoreOptions, get_json, open_store
 from storage.artifacts import download_tree, upload_tree
 from tests.conftest import Server

@@ -34,6 +34,7 @@ from functions.errors import (
     KubeApiError,
     NotFound,
     Rejected,
+    RequestIdReused,
     SinkRefused,
     Unavailable,
     failure_kind,
@@ -158,7 +159,9 @@ class KubernetesRuntime:
         self._api.delete_job(plan.job_name)
         outcome = failed(task.action, "runtime", f"cannot start the task: {err}")
         try:
-            return records.record_outcome(self._store, task.run_id, outcome)
+            return records.record_outcome(
+                self._store, task.run_id, outcome, request=task.request_digest
+            )
         except StorageError as store_err:
             return final_failure(task.action, store_err)
 
@@ -170,6 +173,9 @@ class KubernetesRuntime:
         owner = (metadata.get("labels") or {}).get(f"{podspec.LABEL_PREFIX}run-id")
         if owner != plan.run_id:
             raise Unavailable(f"Job {plan.job_name} exists but belongs to run {owner!r}")
+        attached = (metadata.get("annotations") or {}).get(podspec.REQUEST_ANNOTATION, "")
+        if attached not in ("", plan.request_digest):
+            raise RequestIdReused()
         if metadata.get("deletionTimestamp"):  # deleted to run again (the store was down)
             raise Unavailable(f"task Job {plan.job_name} is being deleted: try again")
         return job
@@ -286,13 +292,16 @@ class KubernetesRuntime:
             )
         if verdict.kind in ("complete", "gone"):
             wait = self._config.result_wait_seconds if verdict.kind == "complete" else 0
-            stored = self._read_result(task.run_id, wait)
+            stored = self._read_result(task, wait)
             if stored is not None:
                 return Settled(stored, by_collect=True)
             if verdict.kind == "complete":
                 verdict = Verdict("runtime", "the task Job completed but stored no result")
         outcome = records.record_outcome(
-            self._store, task.run_id, self._failure(task, plan, verdict)
+            self._store,
+            task.run_id,
+            self._failure(task, plan, verdict),
+            request=task.request_digest,
         )
         if verdict.kind in ("image_pull", "timeout"):
             self._api.delete_job(plan.job_name)  # after recording: a redelivery replays it
@@ -306,10 +315,10 @@ class KubernetesRuntime:
         kind = "image_pull" if verdict.kind == "image_pull" else "runtime"
         return failed(task.action, kind, verdict.message, verdict.detail)
 
-    def _read_result(self, run_id: str, wait: float) -> Outcome | None:
+    def _read_result(self, task: Task, wait: float) -> Outcome | None:
         end = time.monotonic() + wait
         while True:
-            outcome = records.read_outcome(self._store, run_id)
+            outcome = records.read_outcome(self._store, task.run_id, request=task.request_digest)
             if outcome is not None or time.monotonic() >= end:
                 return outcome
             time.sleep(0.2)

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from functions.settings import Settings
 
 LABEL_PREFIX = "resource-functions.dev/"
+REQUEST_ANNOTATION = f"{LABEL_PREFIX}request"  # the Job's request digest
 STEP_UID = 65532  # stage/collect: the project image's non-root user
 BUILD_VOLUME = "build"
 STDIN_VOLUME = "stdin"
@@ -132,6 +133,7 @@ class JobPlan:
     image_pull_secrets: tuple[str, ...] = ()
     reply: ReplyPlan | None = None
     request_source: str = ""  # for operators: an annotation on the Job
+    request_digest: str = ""  # keys.request_digest: an annotation, checked on attaching
 
     @property
     def job_name(self) -> str:
@@ -219,6 +221,7 @@ def plan_for(task: Task, config: KubernetesConfig, store_url: str, *, reply: boo
         image_pull_secrets=tuple(rt.image_pull_secrets or c.image_pull_secrets),
         reply=ReplyPlan(task.request_id, task.subject, c.sink, task.trace) if reply else None,
         request_source=task.request_source,
+        request_digest=task.request_digest,
     )
 
 
@@ -251,8 +254,13 @@ def job_manifest(plan: JobPlan) -> dict[str, Any]:
         "namespace": plan.namespace,
         "labels": labels(plan),
     }
-    if plan.request_source:
-        metadata["annotations"] = {f"{LABEL_PREFIX}request-source": plan.request_source}
+    annotations = (
+        {f"{LABEL_PREFIX}request-source": plan.request_source} if plan.request_source else {}
+    )
+    if plan.request_digest:
+        annotations[REQUEST_ANNOTATION] = plan.request_digest
+    if annotations:
+        metadata["annotations"] = annotations
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -340,6 +348,7 @@ def _collect_container(plan: JobPlan) -> dict[str, Any]:
         history=plan.history,
         lease=plan.lease,
         reply=plan.reply,
+        request=plan.request_digest,
     )
     container = _step_container(plan, "collect", step.argv(), stdin=True)
     if plan.reply and plan.reply.sink:

@@ -26,6 +26,7 @@ from functions.service import checks, shared_check
 from functions.service.cache_memory import CacheMemory
 from functions.service.flights import Flights
 from functions.service.request_data import parse_request_data
+from functions.service.teams import TEAM_ATTRIBUTE, check_team
 from functions.settings import Settings
 from functions.sink import post_events
 from functions.tracing import RunTracer, trace_context
@@ -64,10 +65,13 @@ class Service:
         self.cache_memory = CacheMemory(settings.cache_recheck_seconds)
         self.tracer = RunTracer(f"resource-functions-{action}") if settings.tracing else None
 
-    def handle(self, event: CloudEvent) -> Reply:
-        """Serve one request event. Raises ``InvalidRequest`` (400) or ``Unavailable`` (503)."""
-        request = self.parse(event)
-        run = keys.run_id(request.event_source, request.event_id, self.action)
+    def handle(self, event: CloudEvent, sender: str = keys.ANONYMOUS) -> Reply:
+        """Serve one request event from ``sender`` (its authenticated identity). Raises
+        ``InvalidRequest`` (400), ``TeamNotAllowed`` (403) or ``Unavailable`` (503)."""
+        request = self.parse(event, sender)
+        run = self.run_id(
+            request.sender, request.build.team, request.event_source, request.event_id
+        )
         self._log_request(
             request.event_id,
             request.event_source,
@@ -80,7 +84,7 @@ class Service:
         except InvalidRequest:
             # A redelivery of a finished run replays its answer, even if a credential it
             # used has been deleted since; only a request that would run is refused.
-            stored = records.read_outcome(self.store, run)
+            stored = records.read_outcome(self.store, run, request=request.digest)
             if stored is None:
                 raise
             return self._reply(request, run, stored)
@@ -90,11 +94,22 @@ class Service:
             # A permanent store refusal (e.g. a key the store will not take): final, not retried.
             return self._reply(request, run, final_failure(self.action, err))
 
-    def repeatable(self, event: CloudEvent) -> RepeatableGet | None:
+    def run_id(self, sender: str, team: str, event_source: str, event_id: str) -> str:
+        """The run of a request: ``keys.run_id`` under this deployment's key."""
+        return keys.run_id(
+            self.settings.cache_secret,
+            sender=sender,
+            team=team,
+            event_source=event_source,
+            event_id=event_id,
+            action=self.action,
+        )
+
+    def repeatable(self, event: CloudEvent, sender: str = keys.ANONYMOUS) -> RepeatableGet | None:
         """What answers a repeat of this event from the cache memory (``answer_repeat``): a
         get without ``((var))`` references (those are looked up on each request). None for
         anything else; ``InvalidRequest`` as ``handle`` would raise it."""
-        request = self.parse(event)
+        request = self.parse(event, sender)
         cache_key = self._cache_key(request)
         if cache_key is None:
             return None
@@ -106,6 +121,8 @@ class Service:
             type_name=request.type_name,
             image=request.resource_type.image,
             cache_key=cache_key,
+            sender=request.sender,
+            team=request.build.team,
         )
 
     def answer_repeat(self, get: RepeatableGet, event_id: str) -> tuple[str, Outcome] | None:
@@ -115,7 +132,7 @@ class Service:
         remembered = self.cache_memory.peek(get.cache_key)
         if remembered is None:
             return None
-        run = keys.run_id(get.event_source, event_id, self.action)
+        run = self.run_id(get.sender, get.team, get.event_source, event_id)
         self._log_request(event_id, get.event_source, run, get.type_name, get.image, short_way=True)
         self.metrics.cache_hits.labels(self.action).inc()
         return run, Outcome(action=self.action, data=remembered)
@@ -142,19 +159,32 @@ class Service:
             values["short_way"] = True
         log.info("request", extra=fields(**values))
 
-    def parse(self, event: CloudEvent) -> Request:
+    def parse(self, event: CloudEvent, sender: str = keys.ANONYMOUS) -> Request:
+        """The validated request; raises ``InvalidRequest``, or ``TeamNotAllowed`` for a team
+        its sender may not name (``teams.check_team``): all before any lookup or run."""
         events.check_type(event, self.action)
         reply_async = self._wants_async(event)
+        data = events.event_data(event)
         request = parse_request_data(
-            events.event_data(event),
+            data,
             action=self.action,
             event=event.get_attributes(),
             resource_types=self.settings.resource_types,
             artifact_url_prefix=url_prefix(self.store) + "artifacts/",
             reply_async=reply_async,
         )
+        check_team(
+            self.settings.sender_teams,
+            enforced=bool(self.settings.sender_audience),
+            sender=sender,
+            team=request.build.team,
+            attribute=event.get_extension(TEAM_ATTRIBUTE),
+        )
         trace = trace_context(event.get_extension("traceparent"), event.get_extension("tracestate"))
-        request = replace(request, trace=trace)
+        digest = keys.request_digest(
+            self.settings.cache_secret, action=self.action, subject=request.subject, data=data
+        )
+        request = replace(request, trace=trace, sender=sender, digest=digest)
         image = request.resource_type.image
         if request.type_name is None and not any(
             fnmatch.fnmatchcase(image, pattern) for pattern in self.settings.allowed_images
@@ -220,7 +250,7 @@ class Service:
             self.metrics.joined.labels(self.action).inc()
             # The run may have been another request's: record the answer under this request's
             # run id too, so its redelivery replays it instead of running again.
-            records.record_if_absent(self.store, run, outcome)
+            records.record_if_absent(self.store, run, outcome, request=request.digest)
         return self._reply(request, run, outcome)
 
     def _start(
@@ -228,7 +258,7 @@ class Service:
     ) -> Reply:
         """Asynchronous completion: 202 once the task is started (idempotent per run id), or
         the answer at once when there is one (stored, cached, fresh, another run's check)."""
-        stored = self._stored_answer(run, cache_key) or self._fresh(run, fresh)
+        stored = self._stored_answer(request, run, cache_key) or self._fresh(request, run, fresh)
         if stored is not None:
             return self._reply(request, run, stored)
         task = self._task(request, run, cache_key)
@@ -262,7 +292,7 @@ class Service:
         self, request: Request, run: str, cache_key: str | None, fresh: Outcome | None
     ) -> Outcome:
         """Inside the flight, so a redelivery arriving as a run ends sees its result."""
-        stored = self._stored_answer(run, cache_key) or self._fresh(run, fresh)
+        stored = self._stored_answer(request, run, cache_key) or self._fresh(request, run, fresh)
         if stored is not None:
             return stored
         task = self._task(request, run, cache_key)
@@ -291,19 +321,19 @@ class Service:
         that its redelivery replays it."""
         self.metrics.joined.labels(self.action).inc()
         answer = checks.joined_answer(self.store, request, plan, shared)
-        return records.record_outcome(self.store, task.run_id, answer)
+        return records.record_outcome(self.store, task.run_id, answer, request=request.digest)
 
-    def _fresh(self, run: str, fresh: Outcome | None) -> Outcome | None:
+    def _fresh(self, request: Request, run: str, fresh: Outcome | None) -> Outcome | None:
         """A check answered from the history (within its interval), recorded as this run's
         result so that a redelivery replays it, whatever the history says by then."""
         if fresh is None:
             return None
         self.metrics.cache_hits.labels(self.action).inc()
-        return records.record_outcome(self.store, run, fresh)
+        return records.record_outcome(self.store, run, fresh, request=request.digest)
 
-    def _stored_answer(self, run: str, cache_key: str | None) -> Outcome | None:
+    def _stored_answer(self, request: Request, run: str, cache_key: str | None) -> Outcome | None:
         """The stored result of this run (redelivery), or a get's cache entry."""
-        stored = records.read_outcome(self.store, run)
+        stored = records.read_outcome(self.store, run, request=request.digest)
         if stored is not None:
             self.metrics.joined.labels(self.action).inc()
             return stored
@@ -421,6 +451,7 @@ class Service:
             secrets=request.secrets,
             history=checks.history_plan(self.settings, request),
             trace=request.trace,
+            request_digest=request.digest,
         )
 
     def _reply(self, request: Request, run: str, outcome: Outcome) -> Reply:

@@ -180,6 +180,7 @@ def record(store: Store, args: CollectStep, archive: ArchiveOptions) -> Outcome:
         cache_key=args.cache_key,
         archive=archive,
         history=args.history,
+        request=args.request,
     )
     return steps.collect(
         store,
@@ -212,7 +213,7 @@ def _record_failure(
 
 def _record_outcome(store: Store, args: CollectStep, outcome: Outcome, log: str) -> Outcome:
     records.write_once(store, keys.log_key(args.run_id), log.encode())
-    return records.record_outcome(store, args.run_id, outcome)
+    return records.record_outcome(store, args.run_id, outcome, request=args.request)
 
 
 def _post(args: CollectStep, outcome: Outcome, sink: str) -> int:
