@@ -83,4 +83,3 @@ def result_key(run: str) -> str:
 
 def log_key(run: str) -> str:
     return f"logs/{run}.log"
-
