@@ -7,6 +7,7 @@ the service and the in-pod steps read and write them through here.
 from __future__ import annotations
 
 import io
+import time
 from typing import Any
 
 from functions import keys
@@ -19,7 +20,7 @@ from storage.errors import ObjectExists, ObjectNotFound
 def record_outcome(store: Store, run: str, outcome: Outcome) -> Outcome:
     """Store ``results/<run>.json``; if a record exists already, the first one wins."""
     try:
-        put_json(store, keys.result_key(run), outcome.as_record())
+        put_json(store, keys.result_key(run), result_body(outcome))
     except ObjectExists:
         return Outcome.from_record(get_json(store, keys.result_key(run)))
     return outcome
@@ -28,9 +29,15 @@ def record_outcome(store: Store, run: str, outcome: Outcome) -> Outcome:
 def record_if_absent(store: Store, run: str, outcome: Outcome) -> None:
     """Store ``results/<run>.json`` unless it exists (one write, no read)."""
     try:
-        put_json(store, keys.result_key(run), outcome.as_record())
+        put_json(store, keys.result_key(run), result_body(outcome))
     except ObjectExists:
         pass
+
+
+def result_body(outcome: Outcome) -> dict[str, Any]:
+    """The result record: the outcome and ``finished_at`` (epoch seconds, when it was
+    recorded: ``functions.run_index`` shows a run's duration from it)."""
+    return {**outcome.as_record(), "finished_at": round(time.time(), 3)}
 
 
 def read_outcome(store: Store, run: str) -> Outcome | None:
