@@ -5,16 +5,20 @@ services export; the Prometheus Operator objects have the shape the operator's C
 
 from __future__ import annotations
 
+import copy
+import functools
 import re
 import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import yaml
 
 from functions.metrics import Metrics
+from tests.test_knative_manifests import _strict_schema as strict_schema
 
 REPO = Path(__file__).resolve().parents[1]
 MONITORING = REPO / "knative" / "monitoring"
@@ -84,41 +88,110 @@ def test_every_alert_says_what_and_how_bad() -> None:
         assert {"summary", "description"} <= set(rule["annotations"])
 
 
-def test_rules_read_only_metrics_the_services_export() -> None:
-    exported = {
-        sample.name
+def exported_series() -> set[str]:
+    """Every series name the services' metrics expose (histograms: _bucket, _count, _sum)."""
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}
+    return {
+        family.name + suffix
         for family in Metrics().registry.collect()
-        for sample in _samples_and_names(family)
+        for suffix in suffixes[family.type]
     }
+
+
+def test_rules_read_only_metrics_the_services_export() -> None:
     read = {
         name
         for group in groups()
         for rule in group["rules"]
         for name in METRIC.findall(rule["expr"])
     }
-    assert read and read <= exported, sorted(read - exported)
-
-
-def _samples_and_names(family: Any) -> Any:
-    """Every series name a family exposes (histograms: _bucket, _count, _sum), even unused."""
-    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}
-    for suffix in suffixes.get(family.type, ("",)):
-        yield type("Name", (), {"name": family.name + suffix})
+    assert read and read <= exported_series(), sorted(read - exported_series())
 
 
 def test_the_prometheusrule_holds_the_rule_files_groups() -> None:
-    (rule,) = _operator_docs("PrometheusRule")
+    (rule,) = operator_docs("PrometheusRule")
     assert rule["spec"] == {"groups": groups()}, (
         "prometheusrule.yaml's spec must be rules.yaml's groups: copy them over"
     )
 
 
-def _operator_docs(kind: str) -> list[dict[str, Any]]:
-    docs = [
+def operator_docs(kind: str) -> list[dict[str, Any]]:
+    return [
         doc
-        for path in MONITORING.glob("*.yaml")
+        for path in sorted(MONITORING.glob("*.yaml"))
         if path != RULES
         for doc in yaml.safe_load_all(path.read_text())
         if doc and doc.get("kind") == kind
     ]
-    return docs
+
+
+@functools.cache
+def operator_schema(plural: str) -> dict[str, Any]:
+    """The strict schema of a Prometheus Operator kind's v1, from CRDs generated from the
+    operator's API types (tests/servers/build_prometheus_operator_crds.sh; .ci/setup runs it)."""
+    done = subprocess.run(
+        ["bash", str(REPO / "tests/servers/build_prometheus_operator_crds.sh")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.fail(f"cannot generate the Prometheus Operator CRDs:\n{done.stderr[-3000:]}")
+    crd = yaml.safe_load(
+        (Path(done.stdout.strip()) / f"monitoring.coreos.com_{plural}.yaml").read_text()
+    )
+    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+    schema = strict_schema(copy.deepcopy(version["schema"]["openAPIV3Schema"]))
+    schema["properties"]["metadata"] = {"type": "object"}  # the API server checks it
+    return schema
+
+
+@pytest.mark.parametrize(
+    ("kind", "plural"), [("PrometheusRule", "prometheusrules"), ("PodMonitor", "podmonitors")]
+)
+def test_operator_objects_validate_against_their_crds(kind: str, plural: str) -> None:
+    (doc,) = operator_docs(kind)
+    assert doc["apiVersion"] == "monitoring.coreos.com/v1"
+    validator = jsonschema.Draft7Validator(operator_schema(plural))
+    errors = [
+        f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(doc)
+    ]
+    assert not errors, "\n".join(errors)
+    misspelled = copy.deepcopy(doc)
+    misspelled["spec"]["selectr"] = {}
+    assert list(validator.iter_errors(misspelled)), "the strict schema must refuse unknown fields"
+
+
+def test_podmonitor_selects_the_function_pods() -> None:
+    (monitor,) = operator_docs("PodMonitor")
+    services = [
+        doc
+        for doc in yaml.safe_load_all((REPO / "knative" / "services.yaml").read_text())
+        if doc and doc["kind"] == "Service" and doc["metadata"]["name"] in {"check", "get", "put"}
+    ]
+    selector = monitor["spec"]["selector"]
+    (components,) = selector["matchExpressions"]
+    for service in services:
+        labels = service["spec"]["template"]["metadata"]["labels"]
+        assert selector["matchLabels"].items() <= labels.items()
+        assert labels["app.kubernetes.io/component"] in components["values"]
+    assert monitor["spec"]["podMetricsEndpoints"] == [
+        {"port": "user-port", "path": "/metrics", "interval": "30s"}
+    ]
+
+
+def test_monitoring_kustomization_renders() -> None:
+    kustomize = shutil.which("kustomize")
+    command = [kustomize, "build"] if kustomize else ["kubectl", "kustomize"]
+    if not shutil.which(command[0]):
+        pytest.fail("neither kustomize nor kubectl is installed (.ci/setup installs kustomize)")
+    done = subprocess.run(
+        [*command, str(MONITORING)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    rendered = [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+    assert sorted(doc["kind"] for doc in rendered) == ["PodMonitor", "PrometheusRule"]
+    for doc in rendered:
+        assert doc["metadata"]["namespace"] == "resource-functions"
+        assert doc["metadata"]["labels"]["app.kubernetes.io/part-of"] == "resource-functions"
