@@ -18,6 +18,7 @@ from typing import Any, TypeVar, cast
 
 from functions.errors import ConfigError
 from functions.model import ResourceType
+from functions.pod_contract import STEP_ENV
 from functions.tracing import tracing_wanted
 from storage.archive import ArchiveOptions, Limits
 from storage.options import StoreOptions, env_int
@@ -35,27 +36,6 @@ DEFAULT_RESOURCE_TYPES = {
     "mock": "docker.io/concourse/mock-resource:0.13",
 }
 
-# The function's own non-secret settings that the in-pod steps (stage, collect) need to reach
-# the store the way the function does: copied into every task pod's env. A setting, not part
-# of the task contract, so that this root module imports nothing from functions.task.
-STEP_ENV = (
-    "ARCHIVE_FORMAT",
-    "ARCHIVE_LEVEL",
-    "ARCHIVE_THREADS",
-    "ARCHIVE_MAX_ENTRY_BYTES",
-    "ARCHIVE_MAX_TOTAL_BYTES",
-    "ARCHIVE_MAX_ENTRIES",
-    "STORE_PART_SIZE",
-    "STORE_CONCURRENCY",
-    "S3_ADDRESSING_STYLE",
-    "AWS_ENDPOINT_URL",
-    "AWS_ENDPOINT_URL_S3",
-    "AWS_REGION",
-    "AWS_DEFAULT_REGION",
-    "STORAGE_EMULATOR_HOST",
-    "GOOGLE_CLOUD_PROJECT",
-    "LOG_LEVEL",
-)
 RUNTIMES = ("container", "kubernetes")
 REPLY_MODES = ("sync", "async")
 CREDENTIALS_PROVIDERS = ("none", "dir", "kubernetes")

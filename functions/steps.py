@@ -137,6 +137,11 @@ def store_artifact(
 ) -> Outcome:
     """Upload the get's output directory and its cache record; add ``artifact`` to the data."""
     assert spec.cache_key and outcome.data is not None
+    if output_dir.is_symlink() or not output_dir.is_dir():
+        # The resource wrote it: a link is data, never followed (it could point at the
+        # packing process's own secrets).
+        what = "a symbolic link" if output_dir.is_symlink() else "not a directory"
+        return failed(spec.action, "invalid_output", f"the output directory is {what}", log)
     key = keys.artifact_key(spec.cache_key, suffix_for(spec.archive.format))
     try:
         info = upload_tree(store, key, output_dir, spec.archive)

@@ -35,8 +35,8 @@ REPO = Path(__file__).resolve().parents[1]
 def deployment(store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
     """The services' environment for the command line, and the same settings for the app."""
     creds = tmp_path / "creds"
-    (creds / "main").mkdir(parents=True)
-    (creds / "main" / "repo").write_text(REPO_URL + "\n")
+    (creds / "teams" / "main").mkdir(parents=True)
+    (creds / "teams" / "main" / "repo").write_text(REPO_URL + "\n")
     monkeypatch.setenv("STORE_URL", store_url)
     monkeypatch.setenv("CACHE_SECRET", SECRET)
     monkeypatch.setenv("RESOURCE_TYPES", json.dumps({"test": IMAGE}))

@@ -372,15 +372,17 @@ class Node:
             if c["name"] == step
         )["command"]
         assert command[:3] == ["python", "-m", "functions"]
-        argv = [
-            {
-                "/tmp/build": str(build),
-                "/secret/stdin": str(stdin),
-                "/tmp/build/put": str(build / "put"),
-            }.get(a, a)
-            for a in command[3:]
-        ]
-        return cli.main(argv)
+        paths = {
+            "/tmp/build": str(build),
+            "/secret/stdin": str(stdin),
+            "/tmp/build/put": str(build / "put"),
+        }
+
+        def local(arg: str) -> str:  # the pod's paths here; arguments are --name=value
+            name, sep, value = arg.partition("=")
+            return f"{name}={paths.get(value, value)}" if sep else paths.get(arg, arg)
+
+        return cli.main([local(a) for a in command[3:]])
 
 
 @pytest.fixture

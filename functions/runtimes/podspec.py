@@ -14,7 +14,7 @@ check and get have no inputs, so they have no ``stage`` container (one image sta
 request's ``source``/``params`` live) is mounted into ``resource`` and ``collect`` (which
 needs it to redact secrets from the log) and nowhere else; no env var, argument, label or
 annotation carries anything from it. Store credentials reach ``stage``/``collect`` only,
-through ``envFrom`` of the deployment's store Secret.
+as the files of the deployment's store Secret, which no other container mounts.
 """
 
 from __future__ import annotations
@@ -41,12 +41,15 @@ from functions.pod_contract import (
     STDIN_FILE,
     STDIN_KEY,
     STDOUT_FILE,
+    STORE_CREDENTIALS_DIR,
+    STORE_CREDENTIALS_ENV,
     STORE_URL_ENV,
     TASK_DIR,
     TIMED_OUT_EXIT_CODE,
     TIMED_OUT_FILE,
+    CollectStep,
     ReplyPlan,
-    format_input,
+    StageStep,
 )
 
 if TYPE_CHECKING:
@@ -56,6 +59,7 @@ LABEL_PREFIX = "resource-functions.dev/"
 STEP_UID = 65532  # stage/collect: the project image's non-root user
 BUILD_VOLUME = "build"
 STDIN_VOLUME = "stdin"
+STORE_VOLUME = "store-credentials"
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _RUN_ID = re.compile(r"^[0-9a-f]{20,64}$")
 TERMINATION_GRACE_SECONDS = 5  # the resource step ignores SIGTERM; see pod_spec
@@ -288,7 +292,14 @@ def pod_spec(plan: JobPlan) -> dict[str, Any]:
 
 
 def _volumes(plan: JobPlan) -> list[dict[str, Any]]:
+    store = [
+        {
+            "name": STORE_VOLUME,
+            "secret": {"secretName": plan.store_secret, "optional": False, "defaultMode": 0o400},
+        }
+    ]
     return [
+        *(store if plan.store_secret else []),
         {"name": BUILD_VOLUME, "emptyDir": {}},
         {
             "name": STDIN_VOLUME,
@@ -305,50 +316,32 @@ def _volumes(plan: JobPlan) -> list[dict[str, Any]]:
     ]
 
 
-def _mounts(*, stdin: bool) -> list[dict[str, Any]]:
+def _mounts(*, stdin: bool, store: bool = False) -> list[dict[str, Any]]:
     mounts: list[dict[str, Any]] = [{"name": BUILD_VOLUME, "mountPath": BUILD_DIR}]
     if stdin:
         mounts.append({"name": STDIN_VOLUME, "mountPath": SECRET_DIR, "readOnly": True})
+    if store:
+        mounts.append({"name": STORE_VOLUME, "mountPath": STORE_CREDENTIALS_DIR, "readOnly": True})
     return mounts
 
 
 def _stage_containers(plan: JobPlan) -> list[dict[str, Any]]:
     if plan.action != "put":
         return []
-    args = ["stage", "--dir", str(WORKDIRS["put"])]
-    for name, ref in plan.inputs:
-        args += ["--input", format_input(name, ref)]
-    return [_step_container(plan, "stage", args, stdin=False)]
+    step = StageStep(directory=str(WORKDIRS["put"]), inputs=plan.inputs)
+    return [_step_container(plan, "stage", step.argv(), stdin=False)]
 
 
 def _collect_container(plan: JobPlan) -> dict[str, Any]:
-    args = [
-        "collect",
-        "--run-id",
-        plan.run_id,
-        "--action",
-        plan.action,
-        "--dir",
-        BUILD_DIR,
-        "--stdin-file",
-        STDIN_FILE,
-    ]
-    if plan.cache_key:
-        args += ["--cache-key", plan.cache_key]
-    if plan.history:
-        args += ["--history-key", plan.history.resource_key]
-        args += ["--history-limit", str(plan.history.limit)]
-    if plan.lease:
-        args += ["--lease-key", plan.lease.key, "--lease-holder", plan.lease.holder]
-    if plan.reply:
-        args += ["--reply-to-sink", "--request-id", plan.reply.request_id]
-        if plan.reply.subject is not None:
-            args += ["--subject", plan.reply.subject]
-        if plan.reply.trace is not None:
-            args += ["--traceparent", plan.reply.trace.traceparent]
-            if plan.reply.trace.tracestate:
-                args += ["--tracestate", plan.reply.trace.tracestate]
-    container = _step_container(plan, "collect", args, stdin=True)
+    step = CollectStep(
+        run_id=plan.run_id,
+        action=plan.action,
+        cache_key=plan.cache_key,
+        history=plan.history,
+        lease=plan.lease,
+        reply=plan.reply,
+    )
+    container = _step_container(plan, "collect", step.argv(), stdin=True)
     if plan.reply and plan.reply.sink:
         # The reply address goes to collect alone (never to the resource container, whose
         # image could otherwise post forged replies into the Broker).
@@ -357,15 +350,19 @@ def _collect_container(plan: JobPlan) -> dict[str, Any]:
 
 
 def _step_container(plan: JobPlan, name: str, args: list[str], *, stdin: bool) -> dict[str, Any]:
-    """stage/collect: the project image, non-root, no privileges, store access by envFrom."""
+    """stage/collect: the project image, non-root, no privileges; the store's credentials
+    as the files of its Secret (never env vars: see ``pod_contract.STORE_CREDENTIALS_DIR``)."""
     env = [{"name": STORE_URL_ENV, "value": plan.store_url}, {"name": "TMPDIR", "value": BUILD_DIR}]
-    env += [{"name": k, "value": v} for k, v in plan.step_env if k not in (STORE_URL_ENV, "TMPDIR")]
+    if plan.store_secret:
+        env.append({"name": STORE_CREDENTIALS_ENV, "value": STORE_CREDENTIALS_DIR})
+    ours = (STORE_URL_ENV, "TMPDIR", STORE_CREDENTIALS_ENV)
+    env += [{"name": k, "value": v} for k, v in plan.step_env if k not in ours]
     container: dict[str, Any] = {
         "name": name,
         "image": plan.task_image,
         "command": ["python", "-m", "functions", *args],
         "env": env,
-        "volumeMounts": _mounts(stdin=stdin),
+        "volumeMounts": _mounts(stdin=stdin, store=bool(plan.store_secret)),
         # Without API rights to read logs, this is how the function learns why a step failed.
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {
@@ -377,8 +374,6 @@ def _step_container(plan: JobPlan, name: str, args: list[str], *, stdin: bool) -
             "capabilities": {"drop": ["ALL"]},
         },
     }
-    if plan.store_secret:
-        container["envFrom"] = [{"secretRef": {"name": plan.store_secret}}]
     return _with_resources(container, plan)
 
 
