@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, TextIO
 
-from functions import credentials, history, run_index
+from functions import credentials, history, keys, run_index
 from functions.errors import ConfigError
 from functions.model import Build, Request
 from functions.service import checks
@@ -76,7 +76,7 @@ def logs(run: str, *, out: Any) -> int:
         raise ConfigError(f"RUN_ID {run!r}: expected the 32 hex digits of a run id")
     _, store = open_settings_store()
     try:
-        with store.open(f"logs/{run}.log") as stream:
+        with store.open(keys.log_key(run)) as stream:
             while chunk := stream.read(1 << 16):
                 out.write(chunk)
     except ObjectNotFound:
