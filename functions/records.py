@@ -7,6 +7,7 @@ the service and the in-pod steps read and write them through here.
 from __future__ import annotations
 
 import io
+import time
 from typing import Any
 
 from functions import keys
@@ -21,7 +22,7 @@ def record_outcome(store: Store, run: str, outcome: Outcome, *, request: str) ->
     """Store ``results/<run>.json`` with the request's digest (``keys.request_digest``); if a
     record exists already, the first one wins (``RequestIdReused`` if another request's)."""
     try:
-        put_json(store, keys.result_key(run), _record(outcome, request))
+        put_json(store, keys.result_key(run), result_body(outcome, request))
     except ObjectExists:
         stored = read_outcome(store, run, request=request)
         assert stored is not None  # written once, never deleted but by expiry
@@ -32,9 +33,16 @@ def record_outcome(store: Store, run: str, outcome: Outcome, *, request: str) ->
 def record_if_absent(store: Store, run: str, outcome: Outcome, *, request: str) -> None:
     """Store ``results/<run>.json`` unless it exists (one write, no read)."""
     try:
-        put_json(store, keys.result_key(run), _record(outcome, request))
+        put_json(store, keys.result_key(run), result_body(outcome, request))
     except ObjectExists:
         pass
+
+
+def result_body(outcome: Outcome, request: str) -> dict[str, Any]:
+    """The result record: the outcome, the request's digest and ``finished_at`` (epoch
+    seconds, when it was recorded: ``functions.run_index`` shows a run's duration from it)."""
+    body = {**outcome.as_record(), "finished_at": round(time.time(), 3)}
+    return {**body, "request": request} if request else body
 
 
 def read_outcome(store: Store, run: str, *, request: str | None) -> Outcome | None:
@@ -49,10 +57,6 @@ def read_outcome(store: Store, run: str, *, request: str | None) -> Outcome | No
     if request is not None and recorded is not None and recorded != request:
         raise RequestIdReused()
     return Outcome.from_record(record)
-
-
-def _record(outcome: Outcome, request: str) -> dict[str, Any]:
-    return {**outcome.as_record(), "request": request} if request else outcome.as_record()
 
 
 def read_cache(

@@ -455,6 +455,51 @@ def pull_failure(reason: str, message: str, image: str = IMAGE) -> Callable[[Nod
 # --- scenarios ------------------------------------------------------------------------------
 
 
+def test_a_job_waits_for_its_pod_until_a_container_starts(
+    make_runtime: Any, node: Node, store: Any
+) -> None:
+    """``tasks_waiting`` (resource_function_tasks_waiting): a followed Job counts while it
+    has no pod, or a pod none of whose containers has started (unscheduled, pulling)."""
+    runtime = make_runtime()
+    seen: list[int] = []
+
+    def until(count: int) -> None:
+        end = time.monotonic() + 10
+        while runtime.tasks_waiting() != count and time.monotonic() < end:
+            time.sleep(0.02)
+        seen.append(runtime.tasks_waiting())
+
+    def script(node: Node) -> None:
+        job = node.wait_job()
+        secret = node.wait_secret(job)
+        pod = node.create_pod(job)
+        node.pod_status(
+            pod,
+            "Pending",
+            [container_status("stage", {"waiting": {"reason": "PodInitializing"}})],
+            [container_status("collect", {"waiting": {"reason": "PodInitializing"}})],
+            conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}],
+        )
+        until(1)
+        node.pod_status(pod, "Pending", [container_status("resource", RUNNING)])
+        until(0)
+        task_files = {"exit-code": b"0\n", "stdout": VERSION_OUT, "stderr": b""}
+        assert node.run_step(job, "collect", secret, task_files, {"f": b"x"}) == 0
+        node.pod_status(
+            pod,
+            "Succeeded",
+            [container_status("resource", terminated())],
+            [container_status("collect", terminated())],
+        )
+        node.job_condition(job, "Complete")
+
+    thread = node.play(script)
+    outcome = runtime.run(make_task("get"))
+    node.check(thread)
+    assert outcome.succeeded, outcome
+    assert seen == [1, 0] and runtime.tasks_waiting() == 0
+
+
 def test_get_succeeds_and_its_artifact_is_in_the_store(
     make_runtime: Any, node: Node, cluster: Cluster, store: Any, tmp_path: Path
 ) -> None:

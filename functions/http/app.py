@@ -28,6 +28,7 @@ from functions.http.repeated_gets import RepeatedGets
 from functions.http.senders import SenderCheck, sender_check_from
 from functions.keys import ANONYMOUS
 from functions.logs import fields
+from functions.metered_store import MeteredStore
 from functions.metrics import Metrics
 from functions.model import Action
 from functions.runtimes import Runtime, make_runtime
@@ -47,14 +48,16 @@ def create_app(
     senders: SenderCheck | None = None,
 ) -> Flask:
     senders = senders or sender_check_from(settings)
-    store = store or open_local_or_remote_store(settings)
+    metrics = Metrics()
+    store = MeteredStore(store or open_local_or_remote_store(settings), metrics.store_seconds)
     runtime = runtime or make_runtime(settings, store)
+    metrics.count_waiting(action, runtime.tasks_waiting)
     if settings.cache_secret_generated:
         log.warning(
             "CACHE_SECRET is not set: using a random key, so cache entries do not "
             "survive a restart and are not shared between replicas"
         )
-    service = Service(action, settings, store, runtime, Metrics())
+    service = Service(action, settings, store, runtime, metrics)
     app = Flask(f"resource-functions-{action}")
     app.config["MAX_CONTENT_LENGTH"] = events.MAX_BODY_BYTES  # refused before it is read
     app.extensions["service"] = service

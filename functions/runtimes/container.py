@@ -34,7 +34,8 @@ from functions.outcome import failed, final_failure, script_timeout
 from functions.phases import PhaseClock
 from functions.pod_contract import MANAGED_BY
 from functions.redaction import redact, secret_strings
-from functions.runtimes.background import BackgroundRuns
+from functions.runtimes import Ended
+from functions.runtimes.background import BackgroundRuns, report_end
 from functions.runtimes.output import STDERR, STDOUT, Output
 from functions.sink import post_outcome
 from storage import Store
@@ -67,8 +68,9 @@ class ContainerRuntime:
         self._client = client
         self._store = store
         self._config = config
-        self._lock = threading.Lock()  # guards the two dicts below
+        self._lock = threading.Lock()  # guards the dicts and sets below
         self._started: dict[str, str] = {}  # run id -> request digest, while it runs
+        self._waiting: set[str] = set()  # run ids accepted whose script has not started
         self._pull_locks: dict[str, threading.Lock] = {}
         self._background = BackgroundRuns("container-run")
         self._cleanup = BackgroundRuns("container-remove", limit=2)
@@ -100,7 +102,7 @@ class ContainerRuntime:
         self._cleanup.close()
         self._client.close()
 
-    def start(self, task: Task) -> None:
+    def start(self, task: Task, ended: Ended | None = None) -> None:
         """Run in the background and post the reply to K_SINK (once per run id)."""
         with self._lock:
             if task.run_id in self._started:
@@ -108,15 +110,27 @@ class ContainerRuntime:
                     raise RequestIdReused()
                 return
             self._started[task.run_id] = task.request_digest
-        self._background.submit(self._run_and_reply, task)
+            self._waiting.add(task.run_id)
+        self._background.submit(self._run_and_reply, task, ended)
 
-    def _run_and_reply(self, task: Task) -> None:
+    def tasks_waiting(self) -> int:
+        """Tasks accepted whose script has not started: queued behind ``ASYNC_RUN_LIMIT``
+        others, pulling the image, staging inputs, creating the container."""
+        with self._lock:
+            return len(self._waiting)
+
+    def _script_starts(self, run: str) -> None:
+        with self._lock:
+            self._waiting.discard(run)
+
+    def _run_and_reply(self, task: Task, ended: Ended | None) -> None:
         try:
             outcome = self.run(task)
         except Exception as err:  # after a 202 nobody redelivers: reply with the failure
             log.exception("asynchronous task failed", extra=fields(run_id=task.run_id))
             outcome = failed(task.action, failure_kind(err), f"the task could not run: {err}")
         lease.release_held(self._store, task.lease)  # recorded, or it never will be
+        report_end(ended, task, outcome)
         try:
             post_outcome(self._config.sink, task, outcome)
         except Exception:
@@ -134,14 +148,18 @@ class ContainerRuntime:
         root = self._run_root(task.run_id)
         workdir = root / task.action
         clock = PhaseClock()
-        container = self._existing(task)
-        if container is None and WORKDIRS[task.action]:  # a check mounts no work dir
-            shutil.rmtree(root, ignore_errors=True)  # a crash's leftovers, nothing ran in it
-            workdir.mkdir(parents=True)
+        with self._lock:
+            self._waiting.add(task.run_id)
         try:
+            container = self._existing(task)
+            if container is None and WORKDIRS[task.action]:  # a check mounts no work dir
+                shutil.rmtree(root, ignore_errors=True)  # a crash's leftovers: nothing ran
+                workdir.mkdir(parents=True)
             outcome = self._outcome(task, workdir, container, clock)
         except StorageError as err:  # a permanent store refusal; retryable ones raise here
             outcome = self._record(task, final_failure(task.action, err))
+        finally:
+            self._script_starts(task.run_id)  # or it never will
         # The result is stored, so nothing is left to adopt and a redelivery replays the
         # record: the removal need not hold up the reply.
         self._cleanup.submit(self._remove_run, task.run_id, root)
@@ -193,9 +211,11 @@ class ContainerRuntime:
                     container = self._create(task, workdir)
                 if container is None:
                     raise Unavailable(f"image {task.resource_type.image} vanished after its pull")
+            self._script_starts(task.run_id)
             with clock.phase("script"):
                 exit_code, output = self._feed_and_wait(container, task)
         else:
+            self._script_starts(task.run_id)  # an adopted container's script has started
             try:
                 with clock.phase("script"):
                     remaining = _remaining(container, task.timeout_seconds)

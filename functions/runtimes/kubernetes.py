@@ -43,9 +43,9 @@ from functions.logs import fields
 from functions.model import Outcome, Task
 from functions.outcome import failed, final_failure, task_deadline
 from functions.phases import PhaseClock, timed
-from functions.runtimes import podspec
-from functions.runtimes.background import BackgroundRuns
-from functions.runtimes.job_status import Verdict, is_finished, judge, started_at
+from functions.runtimes import Ended, podspec
+from functions.runtimes.background import BackgroundRuns, report_end
+from functions.runtimes.job_status import Verdict, is_finished, judge, pod_started, started_at
 from functions.runtimes.kube_api import (
     KubeApi,
     api_client_from_env,
@@ -90,6 +90,7 @@ class KubernetesRuntime:
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self._following: set[str] = set()
+        self._waiting: set[str] = set()  # run ids whose Job's pod has not started
         self._background = BackgroundRuns("follow")
 
     @classmethod
@@ -118,7 +119,17 @@ class KubernetesRuntime:
             return self._rejected(task, plan, err)
         return clock.attach(self._settle(task, plan, job, clock).outcome)
 
-    def start(self, task: Task) -> None:
+    def tasks_waiting(self) -> int:
+        """Followed Jobs whose pod has not started (not created, not scheduled, pulling
+        its first image). Asynchronous Jobs count while this replica follows them."""
+        with self._lock:
+            return len(self._waiting)
+
+    def _pod_waits(self, run: str, waiting: bool) -> None:
+        with self._lock:
+            (self._waiting.add if waiting else self._waiting.discard)(run)
+
+    def start(self, task: Task, ended: Ended | None = None) -> None:
         """Create the Job (idempotent) and return; the task posts its own reply."""
         plan = plan_for(task, self._config, self._store.url, reply=True)
         try:
@@ -126,6 +137,7 @@ class KubernetesRuntime:
         except Rejected as err:
             outcome = self._rejected(task, plan, err)
             lease.release_held(self._store, task.lease)
+            report_end(ended, task, outcome)
             try:
                 post_outcome(self._config.sink, task, outcome)
             except SinkRefused as post_err:  # 503: a redelivery replays the record
@@ -135,7 +147,7 @@ class KubernetesRuntime:
             if task.run_id in self._following:
                 return
             self._following.add(task.run_id)
-        self._background.submit(self._follow_and_reply, task, plan, job)
+        self._background.submit(self._follow_and_reply, task, plan, job, ended)
 
     # --- creating ------------------------------------------------------------------------
 
@@ -217,6 +229,8 @@ class KubernetesRuntime:
             settled = Settled(final_failure(task.action, err), by_collect=False)
         except KubeApiError as err:  # none expected while following
             raise Unavailable(f"Kubernetes API, following {plan.job_name}: {err}") from err
+        finally:
+            self._pod_waits(plan.run_id, False)
         self._drop_secret(plan)
         return settled
 
@@ -235,6 +249,7 @@ class KubernetesRuntime:
             if current is not None and uid and uid_of(current) != uid:
                 raise Unavailable(f"task Job {plan.job_name} was replaced while followed")
             passed = _now().timestamp() >= budget_end
+            self._pod_waits(plan.run_id, not pod_started(pods.values()))
             verdict = judge(current, pods.values(), deadline_passed=passed)
             if verdict is None and time.monotonic() >= deadline:
                 verdict = Verdict("timeout")
@@ -272,6 +287,7 @@ class KubernetesRuntime:
                     # ran, so it never turns Failed): the Job's state decides; list again.
                     return None
                 pods[name] = pod
+                self._pod_waits(plan.run_id, not pod_started(pods.values()))
                 verdict = judge(job, pods.values(), deadline_passed=False)
                 if verdict is not None or time.monotonic() >= until:
                     return verdict
@@ -340,7 +356,9 @@ class KubernetesRuntime:
         except Exception:  # best effort: already logged above, nothing else to try
             log.exception("cannot post the reply", extra=fields(run_id=task.run_id))
 
-    def _follow_and_reply(self, task: Task, plan: JobPlan, job: dict[str, Any]) -> None:
+    def _follow_and_reply(
+        self, task: Task, plan: JobPlan, job: dict[str, Any], ended: Ended | None
+    ) -> None:
         """Async tasks: post the failures collect never saw (best effort: the function may
         be scaled down before the task ends; collect replies for every task it finishes)."""
         try:
@@ -349,6 +367,7 @@ class KubernetesRuntime:
             # then one read); else the failure is recorded here, or nothing if the store is
             # down (a waiter then runs the check).
             lease.release_held(self._store, task.lease)
+            report_end(ended, task, settled.outcome)
             if not settled.by_collect:
                 post_outcome(self._config.sink, task, settled.outcome)
         except StoppedFollowing:
@@ -364,15 +383,17 @@ class KubernetesRuntime:
                 extra=fields(run_id=task.run_id, job=plan.job_name, error=str(err)),
             )
             lease.release_held(self._store, task.lease)  # no result: a waiter runs the check
-            self._post_quietly(task, failed(task.action, failure_kind(err), str(err)))
+            outcome = failed(task.action, failure_kind(err), str(err))
+            report_end(ended, task, outcome)
+            self._post_quietly(task, outcome)
         except Exception as err:  # the task may still run: its lease is left to collect
             log.exception(
                 "following an asynchronous task failed",
                 extra=fields(run_id=task.run_id, job=plan.job_name),
             )
-            self._post_quietly(
-                task, failed(task.action, "runtime", f"following the task failed: {err}")
-            )
+            outcome = failed(task.action, "runtime", f"following the task failed: {err}")
+            report_end(ended, task, outcome)
+            self._post_quietly(task, outcome)
         finally:
             with self._lock:
                 self._following.discard(task.run_id)

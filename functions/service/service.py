@@ -16,16 +16,16 @@ from functions import credentials, events, keys, protocol, records
 from functions.budget import async_lease_seconds
 from functions.errors import InvalidRequest, SinkRefused, Unavailable
 from functions.logs import fields
-from functions.metrics import Metrics
+from functions.metrics import Metrics, type_label
 from functions.model import Action, HistoryPlan, Outcome, RepeatableGet, Request, Task
 from functions.outcome import final_failure
-from functions.phases import seconds_by_phase
 from functions.replies import discovered_events, reply_event
 from functions.runtimes import Runtime
 from functions.service import checks, shared_check
 from functions.service.cache_memory import CacheMemory
 from functions.service.flights import Flights
 from functions.service.request_data import parse_request_data
+from functions.service.run_report import RunReport
 from functions.service.teams import TEAM_ATTRIBUTE, check_team
 from functions.settings import Settings
 from functions.sink import post_events
@@ -63,7 +63,8 @@ class Service:
         self.metrics = metrics
         self.flights = Flights()
         self.cache_memory = CacheMemory(settings.cache_recheck_seconds)
-        self.tracer = RunTracer(f"resource-functions-{action}") if settings.tracing else None
+        tracer = RunTracer(f"resource-functions-{action}") if settings.tracing else None
+        self.report = RunReport(action, store, metrics, tracer)
 
     def handle(self, event: CloudEvent, sender: str = keys.ANONYMOUS) -> Reply:
         """Serve one request event from ``sender`` (its authenticated identity). Raises
@@ -239,7 +240,9 @@ class Service:
         plan = checks.history_plan(self.settings, request)
         fresh = None
         if plan is not None:
-            request, fresh = checks.from_history(self.store, request, plan, time.time())
+            request, fresh, age = checks.from_history(self.store, request, plan, time.time())
+            if age is not None:
+                self.metrics.check_age.labels(type_label(request.type_name)).observe(age)
         if request.reply_async:
             return self._start(request, run, cache_key, fresh)
         outcome, joined = self.flights.run(
@@ -264,8 +267,13 @@ class Service:
         task = self._task(request, run, cache_key)
         if task.history is not None and self.settings.check_lease_seconds > 0:
             return self._start_once(request, task, task.history)
-        self.runtime.start(task)
+        self._begin(task, request.type_name)
         return Reply(status=202)
+
+    def _begin(self, task: Task, type_name: str | None) -> None:
+        """Start an asynchronous run; it is reported when the runtime sees it end."""
+        began = self.report.began(task, type_name)
+        self.runtime.start(task, ended=lambda outcome: self.report.ended(task, began, outcome))
 
     def _start_once(self, request: Request, task: Task, plan: HistoryPlan) -> Reply:
         """An asynchronous check shared across replicas through its resource's lease: start
@@ -282,7 +290,7 @@ class Service:
             run=task.run_id,
             ttl=ttl,
             timeout=ttl,
-            start=lambda held: self.runtime.start(replace(task, lease=held)),
+            start=lambda held: self._begin(replace(task, lease=held), request.type_name),
         )
         if outcome is None:
             return Reply(status=202)
@@ -297,21 +305,35 @@ class Service:
             return stored
         task = self._task(request, run, cache_key)
         if task.history is None or self.settings.check_lease_seconds <= 0:
-            return self._run(task)
+            return self._run(task, request.type_name)
         return self._check_once(request, task, task.history)
 
     def _check_once(self, request: Request, task: Task, plan: HistoryPlan) -> Outcome:
         """A check shared across replicas through its resource's lease: run it, or wait for
         the run of the replica holding the lease and answer from it. A waiter's answer is
         stored under its own run id, so its redelivery replays it."""
-        outcome, holder = shared_check.run_or_wait(
-            self.store,
-            keys.lease_record_key(plan.resource_key),
-            run=task.run_id,
-            ttl=self.settings.check_lease_seconds,
-            timeout=task.timeout_seconds,
-            work=lambda: self._run(task),
-        )
+        holding = False
+
+        def work() -> Outcome:
+            nonlocal holding
+            holding = True
+            self.metrics.lease_waiters.dec()
+            with self.metrics.leases_held.track_inprogress():
+                return self._run(task, request.type_name)
+
+        self.metrics.lease_waiters.inc()  # until it holds the lease, or the holder's run ends
+        try:
+            outcome, holder = shared_check.run_or_wait(
+                self.store,
+                keys.lease_record_key(plan.resource_key),
+                run=task.run_id,
+                ttl=self.settings.check_lease_seconds,
+                timeout=task.timeout_seconds,
+                work=work,
+            )
+        finally:
+            if not holding:
+                self.metrics.lease_waiters.dec()
         if holder == task.run_id:  # our run, or our own earlier delivery's on another replica
             return outcome
         return self._joined(request, task, plan, outcome)
@@ -337,11 +359,14 @@ class Service:
         if stored is not None:
             self.metrics.joined.labels(self.action).inc()
             return stored
-        cached = self._read_cache(cache_key) if cache_key else None
-        if cached is not None:
-            self.metrics.cache_hits.labels(self.action).inc()
-            return Outcome(action=self.action, data=cached)
-        return None
+        if cache_key is None:
+            return None
+        cached = self._read_cache(cache_key)
+        if cached is None:
+            self.metrics.cache_misses.labels(self.action).inc()
+            return None
+        self.metrics.cache_hits.labels(self.action).inc()
+        return Outcome(action=self.action, data=cached)
 
     def _read_cache(self, cache_key: str) -> dict[str, Any] | None:
         """The cache entry, its record from memory if kept, its artifact looked for."""
@@ -352,51 +377,11 @@ class Service:
             self.cache_memory.seen(cache_key, cached)
         return cached
 
-    def _run(self, task: Task) -> Outcome:
-        started, started_ns = time.monotonic(), time.time_ns()
+    def _run(self, task: Task, type_name: str | None) -> Outcome:
+        began = self.report.began(task, type_name)
         outcome = self.runtime.run(task)
-        kind = "succeeded" if outcome.failure is None else outcome.failure.kind
-        self.metrics.runs.labels(self.action, kind).inc()
-        self.metrics.duration.labels(self.action).observe(time.monotonic() - started)
-        artifact = (outcome.data or {}).get("artifact")
-        if artifact:
-            self.metrics.bytes.labels(self.action).inc(artifact["size"])
-        phases = seconds_by_phase(outcome.phases)
-        for phase, seconds in phases.items():
-            self.metrics.phase_duration.labels(self.action, phase).observe(seconds)
-        log.info(
-            "run finished",
-            extra=fields(
-                action=self.action,
-                run_id=task.run_id,
-                outcome=kind,
-                seconds=time.monotonic() - started,
-                phases=phases,
-            ),
-        )
-        if self.tracer is not None:
-            self._export(task, outcome, kind, started_ns)
+        self.report.ended(task, began, outcome)
         return outcome
-
-    def _export(self, task: Task, outcome: Outcome, kind: str, started_ns: int) -> None:
-        """The run as a span (a child of the request's), a child span per phase."""
-        try:
-            assert self.tracer is not None
-            self.tracer.export_run(
-                name=f"{self.action} run",
-                outcome=outcome,
-                start_ns=started_ns,
-                end_ns=time.time_ns(),
-                trace=task.trace,
-                attributes={
-                    "resource_functions.action": self.action,
-                    "resource_functions.run_id": task.run_id,
-                    "resource_functions.outcome": kind,
-                    "resource_functions.image": task.resource_type.image,
-                },
-            )
-        except Exception:  # tracing must never fail a request
-            log.exception("cannot export the run's spans", extra=fields(run_id=task.run_id))
 
     def _cache_key(self, request: Request) -> str | None:
         if request.action != "get":

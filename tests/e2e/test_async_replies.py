@@ -144,6 +144,10 @@ def test_async_failure_is_replied_as_failed_event(async_services, sink):
     reply = sink[1].get(timeout=60)
     assert reply.get_type() == "dev.resourcefunctions.check.failed"
     assert reply.get_data()["error"]["kind"] == "resource_failed"
+    # Counted as a run like a synchronous one (before its reply was posted).
+    runs = async_services.metric("check", "resource_function_runs_total", outcome="resource_failed")
+    assert runs == 1
+    assert async_services.metric("check", "resource_function_run_duration_seconds_count") >= 1
 
 
 def test_bad_replymode_is_rejected(async_services):
