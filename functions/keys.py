@@ -83,3 +83,10 @@ def result_key(run: str) -> str:
 
 def log_key(run: str) -> str:
     return f"logs/{run}.log"
+
+
+def reply_token(secret: bytes, run: str) -> str:
+    """The token a run's ``collect`` step shows the reply relay to post that run's events
+    (``functions.http.reply_relay``): a keyed hash of the run id, so only whoever was given
+    it (the collect container, through the run's Secret) can post for the run."""
+    return hmac.new(secret, f"reply-token:{run}".encode(), hashlib.sha256).hexdigest()

@@ -54,6 +54,7 @@ class ResourceType:
     # Like Concourse's check_every: a check within this many seconds of the last one is
     # answered from the version history without a run (None or 0: every check runs).
     check_every: float | None = None
+    build_size_limit: str = ""  # Kubernetes: the task's build emptyDir sizeLimit (a quantity)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,9 @@ Layout of the shared build volume (``BUILD_DIR``)::
     /var/run/secrets/resource-functions/store/
                                 the store's credentials (the deployment's store Secret, one
                                 file per key), mounted into stage and collect only
+    /var/run/secrets/resource-functions/reply/reply-token
+                                an asynchronous run's token for the reply relay (its
+                                stdin Secret's key), mounted into collect only
 """
 
 from __future__ import annotations
@@ -39,6 +42,11 @@ STDIN_FILE = f"{SECRET_DIR}/{STDIN_KEY}"
 # Beside stdin in the same Secret: a JSON list of the resolved credential values, which
 # collect redacts whatever their length (they are all in stdin already).
 REDACT_KEY = "redact"
+# In the same Secret, mounted into collect alone: the run's reply token for the reply relay
+# (an asynchronous task's collect posts its events there; the resource image never sees it).
+REPLY_TOKEN_KEY = "reply-token"
+REPLY_TOKEN_DIR = "/var/run/secrets/resource-functions/reply"
+REPLY_TOKEN_FILE = f"{REPLY_TOKEN_DIR}/{REPLY_TOKEN_KEY}"
 STAGE_ERROR_FILE = "stage-error"
 STDOUT_FILE = "stdout"
 STDERR_FILE = "stderr"
@@ -61,6 +69,7 @@ SINK_ENV = "K_SINK"
 # shares their volume and could otherwise point a file at /proc/self/environ.
 STORE_CREDENTIALS_DIR = "/var/run/secrets/resource-functions/store"
 STORE_CREDENTIALS_ENV = "STORE_CREDENTIALS_DIR"
+REPLY_TOKEN_ENV = "REPLY_TOKEN_FILE"  # collect of an asynchronous task: where its token is
 STEP_ENV = (
     "ARCHIVE_FORMAT",
     "ARCHIVE_LEVEL",

@@ -36,6 +36,11 @@ DEFAULT_RESOURCE_TYPES = {
     "mock": "docker.io/concourse/mock-resource:0.13",
 }
 
+# Every task container's requests and limits unless TASK_RESOURCES or a type's "resources"
+# say otherwise (a type's "requests" or "limits" replace these as a whole).
+DEFAULT_TASK_RESOURCES = (
+    '{"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "2", "memory": "2Gi"}}'
+)
 RUNTIMES = ("container", "kubernetes")
 REPLY_MODES = ("sync", "async")
 CREDENTIALS_PROVIDERS = ("none", "dir", "kubernetes")
@@ -72,6 +77,8 @@ class Settings:
     task_tolerations: list[dict[str, Any]] = field(default_factory=list)
     task_image_pull_secrets: list[str] = field(default_factory=list)
     sink: str = ""  # K_SINK: where asynchronous replies go
+    task_reply_sink: str = ""  # TASK_REPLY_SINK: where task pods post them (the reply relay)
+    task_build_size_limit: str = "8Gi"  # TASK_BUILD_SIZE_LIMIT: the build emptyDir's sizeLimit
     credentials_provider: str = "none"  # CREDENTIALS_PROVIDER: resolves ((var)) references
     credentials_dir: str = ""  # CREDENTIALS_DIR
     credentials_kubernetes_namespace_prefix: str = "concourse-"
@@ -119,13 +126,17 @@ class Settings:
             task_ttl_seconds=int(_number(env, "TASK_TTL_SECONDS", 600)),
             task_store_secret=_dns_name(env, "TASK_STORE_SECRET"),
             task_margin_seconds=_number(env, "TASK_MARGIN_SECONDS", 300.0),
-            task_resources=task_resources(env.get("TASK_RESOURCES", ""), "TASK_RESOURCES"),
+            task_resources=task_resources(
+                env.get("TASK_RESOURCES", DEFAULT_TASK_RESOURCES), "TASK_RESOURCES"
+            ),
             task_node_selector=node_selector(
                 env.get("TASK_NODE_SELECTOR", ""), "TASK_NODE_SELECTOR"
             ),
             task_tolerations=tolerations(env.get("TASK_TOLERATIONS", ""), "TASK_TOLERATIONS"),
             task_image_pull_secrets=_name_list(env, "TASK_IMAGE_PULL_SECRETS"),
             sink=env.get("K_SINK", ""),
+            task_reply_sink=env.get("TASK_REPLY_SINK", "").strip(),
+            task_build_size_limit=_quantity(env, "TASK_BUILD_SIZE_LIMIT", "8Gi"),
             credentials_provider=_choice(
                 env,
                 "CREDENTIALS_PROVIDER",
@@ -239,6 +250,10 @@ def _check_pod_settings(spec: ResourceType, where: str) -> None:
         isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0
     ):
         raise ConfigError(f"{where}.timeout_seconds must be a positive number of seconds")
+    if not isinstance(spec.build_size_limit, str) or (
+        spec.build_size_limit and not _QUANTITY.match(spec.build_size_limit)
+    ):
+        raise ConfigError(f"{where}.build_size_limit must be a Kubernetes quantity such as 8Gi")
     if spec.check_every is not None and not is_seconds(spec.check_every):
         raise ConfigError(f"{where}.check_every must be a number of seconds, 0 or more")
     pull = spec.image_pull_secrets
@@ -307,6 +322,17 @@ def _json_value(value: Any, where: str, kind: type) -> Any:
             raise ConfigError(f"{where} is not valid JSON: {err}") from None
     if not isinstance(value, kind):
         raise ConfigError(f"{where} must be a JSON {'object' if kind is dict else 'list'}")
+    return value
+
+
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+
+
+def _quantity(env: Mapping[str, str], name: str, default: str) -> str:
+    """A Kubernetes quantity (e.g. 8Gi); empty: none (no limit)."""
+    value = env.get(name, default).strip()
+    if value and not _QUANTITY.match(value):
+        raise ConfigError(f"{name}={value!r}: expected a Kubernetes quantity such as 8Gi")
     return value
 
 

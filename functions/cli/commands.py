@@ -1,6 +1,6 @@
 """The command line for people and for task pods.
 
-serve ACTION            run one service (check, get, put or dead-letter) under gunicorn
+serve ACTION            run one service (check, get, put, dead-letter, reply-relay) under gunicorn
 run ACTION …            run one action locally and print the reply (progress on stderr)
 demo [--serve]          start the three services locally and show a check/get/put round trip
 runs [--since 1h] [--failed]   the runs recorded in STORE_URL lately
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from functions import pod_contract
-from functions.errors import FunctionError
+from functions.errors import ConfigError, FunctionError
 from storage.errors import StorageError
 
 
@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(required=True, dest="command")
     serve = sub.add_parser("serve", help="serve one action over HTTP (CloudEvents)")
-    serve.add_argument("action", choices=["check", "get", "put", "dead-letter"])
+    serve.add_argument("action", choices=["check", "get", "put", "dead-letter", "reply-relay"])
     serve.add_argument("--host", help="default: $HOST, else 0.0.0.0")
     serve.add_argument("--port", type=int, help="default: $PORT, else 8080")
     serve.add_argument("--threads", type=int, help="default: $THREADS, else 16")
@@ -157,6 +157,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from functions.http.dead_letter import create_dead_letter_app
 
         app = create_dead_letter_app()
+    elif args.action == "reply-relay":
+        from functions.http.reply_relay import create_relay_app
+
+        if settings.cache_secret_generated:
+            raise ConfigError("the reply relay needs CACHE_SECRET: the functions' own key")
+        app = create_relay_app(settings.cache_secret, settings.sink)
     else:
         from functions.http.app import create_app
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from functions import lease, records
+from functions import keys, lease, records
 from functions.errors import (
     Conflict,
     Gone,
@@ -198,7 +198,8 @@ class KubernetesRuntime:
         uid = uid_of(job)
         if not uid:
             raise Unavailable(f"the Kubernetes API returned Job {plan.job_name} without a uid")
-        manifest = podspec.stdin_secret_manifest(plan, stdin, uid, secrets)
+        token = keys.reply_token(self._config.reply_secret, plan.run_id) if plan.reply else ""
+        manifest = podspec.stdin_secret_manifest(plan, stdin, uid, secrets, token)
         for attempt in range(2):
             try:
                 self._api.create_secret(manifest)

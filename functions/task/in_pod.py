@@ -49,7 +49,7 @@ from functions.pod_contract import (
 from functions.protocol import MAX_STDERR_BYTES, MAX_STDIN_BYTES, MAX_STDOUT_BYTES
 from functions.redaction import redact, secret_strings
 from functions.replies import reply_events
-from functions.sink import post_events
+from functions.sink import RelayToken, post_events
 from functions.task import untrusted_files
 from functions.task.step_settings import StepSettings
 from storage import Store, open_store
@@ -123,7 +123,7 @@ def collect_main(args: CollectStep, settings: StepSettings) -> int:
         return fail(f"collect: cannot record the outcome: {err}")
     if args.reply is None:
         return 0
-    return _post(args, outcome, settings.sink)
+    return _post(args, outcome, settings.sink, settings.reply_token)
 
 
 @dataclass(frozen=True)
@@ -216,7 +216,7 @@ def _record_outcome(store: Store, args: CollectStep, outcome: Outcome, log: str)
     return records.record_outcome(store, args.run_id, outcome, request=args.request)
 
 
-def _post(args: CollectStep, outcome: Outcome, sink: str) -> int:
+def _post(args: CollectStep, outcome: Outcome, sink: str, reply_token: str) -> int:
     assert args.reply is not None
     if not sink:
         return fail(
@@ -233,7 +233,7 @@ def _post(args: CollectStep, outcome: Outcome, sink: str) -> int:
         trace=args.reply.trace,
     )
     try:
-        post_events(sink, events)
+        post_events(sink, events, RelayToken(args.run_id, reply_token) if reply_token else None)
     except SinkRefused as err:
         return fail(f"collect: the outcome is stored but the sink refused the reply: {err}")
     return 0
