@@ -23,6 +23,11 @@ from functions.errors import ConfigError, FunctionError
 from storage.errors import StorageError
 
 
+def console() -> None:
+    """The ``resource-functions`` command of the installed package."""
+    sys.exit(main(sys.argv[1:]))
+
+
 def main(argv: list[str]) -> int:
     if argv and argv[0] in POD_STEPS:  # task pods: the pod contract parses their arguments
         return run_pod_step(argv[0], argv[1:])
@@ -37,7 +42,7 @@ def main(argv: list[str]) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m functions",
+        prog="resource-functions",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
