@@ -27,7 +27,7 @@ import docker.errors
 import requests.exceptions
 
 from functions import keys, lease, records, steps
-from functions.errors import RequestIdReused, Unavailable, failure_kind
+from functions.errors import RequestIdReused, Unavailable, failure_kind, pull_is_transient
 from functions.logs import fields
 from functions.model import SCRIPTS, WORKDIRS, Outcome, Task
 from functions.outcome import failed, final_failure, script_timeout
@@ -368,8 +368,9 @@ class ContainerRuntime:
             raise Unavailable(f"container engine: {err}") from err
 
     def _ensure_image(self, image: str) -> str | None:
-        """Pull the image if the engine lacks it; a problem text if it can't be had. Engine
-        or registry trouble that may pass (5xx, 429, unreachable) is ``Unavailable``."""
+        """Pull the image if the engine lacks it; a problem text if it can't be had. Registry
+        trouble that may pass (``errors.pull_is_transient``: 5xx, 429, no answer in time) or
+        an engine that cannot be reached is ``Unavailable``."""
         try:
             self._client.images.get(image)
             return None
@@ -382,7 +383,7 @@ class ContainerRuntime:
                 self._client.images.pull(image)
                 return None
             except docker.errors.APIError as err:
-                if err.is_server_error() or err.status_code == 429:
+                if pull_is_transient(_explain(err), err.status_code or 0):
                     raise Unavailable(f"cannot pull image {image} now: {_explain(err)}") from err
                 return f"cannot pull image {image}: {_explain(err)}"
             except ENGINE_ERRORS as err:
