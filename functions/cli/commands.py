@@ -166,6 +166,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     settings = Settings.from_env()
     logs.configure(settings.log_level)
+    hooks: dict[str, Any] = {}
     if args.action == "dead-letter":
         from functions.http.dead_letter import create_dead_letter_app
 
@@ -174,11 +175,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from functions.http.app import create_app
 
         app = create_app(settings, args.action)
+        runtime = app.extensions["service"].runtime  # its threads belong in the worker
+        hooks = {"started": runtime.start_sweeps, "stopping": runtime.close}
     serve(
         app,
         host=args.host or settings.host,
         port=args.port or settings.port,
         threads=args.threads or settings.threads,
+        **hooks,
     )
     return 0
 

@@ -23,6 +23,7 @@ from cloudevents.core.bindings.http import HTTPMessage, from_http_event, to_bina
 from cloudevents.core.v1.event import CloudEvent
 
 from functions.cli.busybox_image import build_resource_image
+from functions.http.serving import GRACEFUL_TIMEOUT_SECONDS
 from functions.runtimes.container import engine_environment
 from functions.settings import Settings
 
@@ -34,8 +35,9 @@ PODMAN_SOCKET = "/run/podman/podman.sock"
 def run_demo(*, serve: bool = False, base_port: int = 8081) -> int:
     env = dict(os.environ)
     env.setdefault("LOG_LEVEL", "warning")
-    started_engine = "DOCKER_HOST" not in env and not engine_environment(env).get("DOCKER_HOST")
-    env.setdefault("DOCKER_HOST", _engine(env))
+    engine_pid = None  # of the Podman API service started here, if one was
+    if "DOCKER_HOST" not in env:
+        env["DOCKER_HOST"], engine_pid = _engine(env)
     image = build_resource_image("localhost/hello-resource", EXAMPLE)
     env["RESOURCE_TYPES"] = json.dumps({"hello": image})
     store = Settings.from_env(env).store_url
@@ -52,37 +54,48 @@ def run_demo(*, serve: bool = False, base_port: int = 8081) -> int:
         pass
     finally:
         signal.signal(signal.SIGTERM, previous)
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(15)
+        _stop(procs)
         say("the check, get and put services are stopped")
-        if started_engine:
+        if engine_pid is not None:
             say(
                 f"still running: the Podman API service this demo started on {env['DOCKER_HOST']}"
-                " (stop it with: pkill -f 'podman system service')"
+                f" (pid {engine_pid}; stop it with: kill {engine_pid})"
             )
     return 0
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM, then wait for each service's drain (runs under way, container removals)."""
+    for proc in procs:
+        proc.terminate()
+    deadline = time.monotonic() + GRACEFUL_TIMEOUT_SECONDS + 5
+    for proc in procs:
+        try:
+            proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def _interrupt(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
-def _engine(env: dict[str, str]) -> str:
-    """A Docker-compatible socket: the configured one, or Podman's (started if needed)."""
+def _engine(env: dict[str, str]) -> tuple[str, int | None]:
+    """A Docker-compatible socket: the usual one if present, or Podman's API service started
+    now (its pid: it keeps running after the demo)."""
     found = engine_environment(env).get("DOCKER_HOST")
     if found:
-        return found
+        return found, None
     Path(PODMAN_SOCKET).parent.mkdir(parents=True, exist_ok=True)
-    subprocess.Popen(
+    engine = subprocess.Popen(
         ["podman", "system", "service", "--time=0", f"unix://{PODMAN_SOCKET}"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
     _wait(lambda: Path(PODMAN_SOCKET).exists(), "podman system service")
-    return f"unix://{PODMAN_SOCKET}"
+    return f"unix://{PODMAN_SOCKET}", engine.pid
 
 
 def _start(

@@ -3,7 +3,8 @@
     class Runtime(Protocol):
         def run(self, task: Task) -> Outcome      # blocks until the outcome is stored
         def start(self, task: Task) -> None       # begin; the task replies by itself (async)
-        def close(self) -> None
+        def start_sweeps(self) -> None            # a serving process: remove leftovers, now and then
+        def close(self) -> None                   # drain: wait for runs and their cleanup
 
 Contract: ``run`` stores ``results/<run-id>.json`` and ``logs/<run-id>.log`` before it
 returns, so a redelivered request finds them. A script that fails, a missing image or a
@@ -29,6 +30,8 @@ class Runtime(Protocol):
     def run(self, task: Task) -> Outcome: ...
 
     def start(self, task: Task) -> None: ...
+
+    def start_sweeps(self) -> None: ...
 
     def close(self) -> None: ...
 
