@@ -132,6 +132,11 @@ def _drain(stopping: Callable[[], None]) -> None:
 
 def _ignore_quits() -> None:
     """A Ctrl-C reaches the worker twice (from the terminal, then from the master): gunicorn's
-    quick exit on the second would cut the drain short, or skip it."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGQUIT, signal.SIG_IGN)
+    quick exit on the second would cut the drain short, or skip it. A handler that does
+    nothing, not SIG_IGN: one that arrived meanwhile would be reported as lost."""
+    for quit_signal in (signal.SIGINT, signal.SIGQUIT):
+        signal.signal(quit_signal, _ignored)
+
+
+def _ignored(_signum: int, _frame: object) -> None:
+    pass
