@@ -18,6 +18,7 @@ from typing import Any, TypeVar, cast
 
 from functions.errors import ConfigError
 from functions.model import ResourceType
+from functions.pod_contract import STEP_ENV
 from functions.tracing import tracing_wanted
 from storage.archive import ArchiveOptions, Limits
 from storage.options import StoreOptions, env_int
@@ -35,26 +36,10 @@ DEFAULT_RESOURCE_TYPES = {
     "mock": "docker.io/concourse/mock-resource:0.13",
 }
 
-# The function's own non-secret settings that the in-pod steps (stage, collect) need to reach
-# the store the way the function does: copied into every task pod's env. A setting, not part
-# of the task contract, so that this root module imports nothing from functions.task.
-STEP_ENV = (
-    "ARCHIVE_FORMAT",
-    "ARCHIVE_LEVEL",
-    "ARCHIVE_THREADS",
-    "ARCHIVE_MAX_ENTRY_BYTES",
-    "ARCHIVE_MAX_TOTAL_BYTES",
-    "ARCHIVE_MAX_ENTRIES",
-    "STORE_PART_SIZE",
-    "STORE_CONCURRENCY",
-    "S3_ADDRESSING_STYLE",
-    "AWS_ENDPOINT_URL",
-    "AWS_ENDPOINT_URL_S3",
-    "AWS_REGION",
-    "AWS_DEFAULT_REGION",
-    "STORAGE_EMULATOR_HOST",
-    "GOOGLE_CLOUD_PROJECT",
-    "LOG_LEVEL",
+# Every task container's requests and limits unless TASK_RESOURCES or a type's "resources"
+# say otherwise (a type's "requests" or "limits" replace these as a whole).
+DEFAULT_TASK_RESOURCES = (
+    '{"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "2", "memory": "2Gi"}}'
 )
 RUNTIMES = ("container", "kubernetes")
 REPLY_MODES = ("sync", "async")
@@ -92,12 +77,16 @@ class Settings:
     task_tolerations: list[dict[str, Any]] = field(default_factory=list)
     task_image_pull_secrets: list[str] = field(default_factory=list)
     sink: str = ""  # K_SINK: where asynchronous replies go
+    task_reply_sink: str = ""  # TASK_REPLY_SINK: where task pods post them (the reply relay)
+    task_build_size_limit: str = "8Gi"  # TASK_BUILD_SIZE_LIMIT: the build emptyDir's sizeLimit
     credentials_provider: str = "none"  # CREDENTIALS_PROVIDER: resolves ((var)) references
     credentials_dir: str = ""  # CREDENTIALS_DIR
     credentials_kubernetes_namespace_prefix: str = "concourse-"
     allowed_images: tuple[str, ...] = ("*",)  # ALLOWED_IMAGES: globs for an explicit image
     sender_audience: str = ""  # SENDER_AUDIENCE: require a Kubernetes token for it
     allowed_senders: tuple[str, ...] = ("*",)  # ALLOWED_SENDERS: globs of token usernames
+    # SENDER_TEAMS: sender identity glob -> team globs it may name (service.teams)
+    sender_teams: tuple[tuple[str, tuple[str, ...]], ...] = ()
     docker_api_version: str = "1.41"
     container_network: str = ""
     work_dir: str = ""
@@ -108,7 +97,7 @@ class Settings:
     archive: ArchiveOptions = field(default_factory=ArchiveOptions)
     limits: Limits = field(default_factory=Limits)
     store_options: StoreOptions = field(default_factory=StoreOptions)
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"  # HOST: loopback unless told (Knative's config says 0.0.0.0)
     port: int = 8080
     threads: int = 16
     # The client libraries' own variables, handed to them (not interpreted here):
@@ -137,13 +126,17 @@ class Settings:
             task_ttl_seconds=int(_number(env, "TASK_TTL_SECONDS", 600)),
             task_store_secret=_dns_name(env, "TASK_STORE_SECRET"),
             task_margin_seconds=_number(env, "TASK_MARGIN_SECONDS", 300.0),
-            task_resources=task_resources(env.get("TASK_RESOURCES", ""), "TASK_RESOURCES"),
+            task_resources=task_resources(
+                env.get("TASK_RESOURCES", DEFAULT_TASK_RESOURCES), "TASK_RESOURCES"
+            ),
             task_node_selector=node_selector(
                 env.get("TASK_NODE_SELECTOR", ""), "TASK_NODE_SELECTOR"
             ),
             task_tolerations=tolerations(env.get("TASK_TOLERATIONS", ""), "TASK_TOLERATIONS"),
             task_image_pull_secrets=_name_list(env, "TASK_IMAGE_PULL_SECRETS"),
             sink=env.get("K_SINK", ""),
+            task_reply_sink=env.get("TASK_REPLY_SINK", "").strip(),
+            task_build_size_limit=_quantity(env, "TASK_BUILD_SIZE_LIMIT", "8Gi"),
             credentials_provider=_choice(
                 env,
                 "CREDENTIALS_PROVIDER",
@@ -157,6 +150,7 @@ class Settings:
             allowed_images=patterns(env.get("ALLOWED_IMAGES")),
             sender_audience=env.get("SENDER_AUDIENCE", "").strip(),
             allowed_senders=patterns(env.get("ALLOWED_SENDERS")),
+            sender_teams=sender_teams(env.get("SENDER_TEAMS", ""), env.get("SENDER_AUDIENCE", "")),
             docker_api_version=env.get("DOCKER_API_VERSION") or "1.41",
             container_network=env.get("CONTAINER_NETWORK", ""),
             work_dir=env.get("WORK_DIR", ""),
@@ -165,7 +159,7 @@ class Settings:
             archive=_storage_setting(ArchiveOptions.from_env, env),
             limits=_storage_setting(Limits.from_env, env),
             store_options=_storage_setting(StoreOptions.from_env, env),
-            host=env.get("HOST") or "0.0.0.0",
+            host=env.get("HOST") or "127.0.0.1",
             port=_whole(env, "PORT", 8080),
             threads=_whole(env, "THREADS", 16),
             engine_env={
@@ -176,6 +170,21 @@ class Settings:
         )
 
 
+def open_to_the_network(settings: Settings, host: str) -> str | None:
+    """What a service listening on ``host`` leaves open, or None: beyond loopback, without
+    sender authentication anyone who reaches the port may name any team (and so use its
+    credentials), and without ALLOWED_IMAGES run any image."""
+    if host in ("127.0.0.1", "::1", "localhost") or settings.sender_audience:
+        return None
+    if settings.allowed_images != ("*",):
+        return None
+    return (
+        f"listening on {host} with no sender authentication (SENDER_AUDIENCE) and every image "
+        "allowed (ALLOWED_IMAGES unset): anyone who reaches this port may run any image and "
+        "name any team, whose ((var)) credentials then resolve"
+    )
+
+
 def patterns(value: str | None) -> tuple[str, ...]:
     """A list of glob patterns (comma or whitespace separated): ALLOWED_IMAGES, ALLOWED_SENDERS.
     Unset: ``*`` (everything); empty or ``none``: nothing (for images: catalogue types only)."""
@@ -183,6 +192,26 @@ def patterns(value: str | None) -> tuple[str, ...]:
         return ("*",)
     found = tuple(p for p in re.split(r"[,\s]+", value.strip()) if p)
     return () if found == ("none",) else found
+
+
+def sender_teams(value: str, audience: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """SENDER_TEAMS: a JSON object of sender identity globs to lists of team globs."""
+    if not value.strip():
+        return ()
+    if not audience.strip():
+        raise ConfigError("SENDER_TEAMS needs SENDER_AUDIENCE: without it no sender is known")
+    try:
+        raw = json.loads(value)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"SENDER_TEAMS is not valid JSON: {err}") from None
+    if not isinstance(raw, dict) or not all(
+        isinstance(teams, list) and all(isinstance(t, str) for t in teams) for teams in raw.values()
+    ):
+        raise ConfigError(
+            "SENDER_TEAMS must be a JSON object of sender globs to lists of team globs, e.g. "
+            '{"system:serviceaccount:ci:engine": ["main", "blue-*"]}'
+        )
+    return tuple((sender, tuple(teams)) for sender, teams in raw.items())
 
 
 def _storage_setting(read: Callable[[Mapping[str, str]], T], env: Mapping[str, str]) -> T:
@@ -236,6 +265,10 @@ def _check_pod_settings(spec: ResourceType, where: str) -> None:
         isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0
     ):
         raise ConfigError(f"{where}.timeout_seconds must be a positive number of seconds")
+    if not isinstance(spec.build_size_limit, str) or (
+        spec.build_size_limit and not _QUANTITY.match(spec.build_size_limit)
+    ):
+        raise ConfigError(f"{where}.build_size_limit must be a Kubernetes quantity such as 8Gi")
     if spec.check_every is not None and not is_seconds(spec.check_every):
         raise ConfigError(f"{where}.check_every must be a number of seconds, 0 or more")
     pull = spec.image_pull_secrets
@@ -304,6 +337,17 @@ def _json_value(value: Any, where: str, kind: type) -> Any:
             raise ConfigError(f"{where} is not valid JSON: {err}") from None
     if not isinstance(value, kind):
         raise ConfigError(f"{where} must be a JSON {'object' if kind is dict else 'list'}")
+    return value
+
+
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+
+
+def _quantity(env: Mapping[str, str], name: str, default: str) -> str:
+    """A Kubernetes quantity (e.g. 8Gi); empty: none (no limit)."""
+    value = env.get(name, default).strip()
+    if value and not _QUANTITY.match(value):
+        raise ConfigError(f"{name}={value!r}: expected a Kubernetes quantity such as 8Gi")
     return value
 
 

@@ -43,6 +43,7 @@ class CollectSpec:
     cache_key: str | None  # get only
     archive: ArchiveOptions
     history: HistoryPlan | None = None  # check only
+    request: str = ""  # keys.request_digest of the request: recorded with the result
 
 
 def stage(store: Store, inputs: dict[str, ArtifactRef], workdir: Path, limits: Limits) -> None:
@@ -122,14 +123,14 @@ def collect(
         with timed(clock, "upload"):
             outcome = store_artifact(store, spec, outcome, output_dir, log)
     if outcome.succeeded and spec.action == "check" and spec.history:
-        stored = records.read_outcome(store, spec.run_id)
+        stored = records.read_outcome(store, spec.run_id, request=spec.request)
         if stored is not None:  # a redelivered run: its versions are in the history already
             return stored
         with timed(clock, "history"):
             outcome = with_history(store, spec.history, outcome)
     with timed(clock, "store"):
         records.write_once(store, keys.log_key(spec.run_id), log.encode())
-        return records.record_outcome(store, spec.run_id, outcome)
+        return records.record_outcome(store, spec.run_id, outcome, request=spec.request)
 
 
 def store_artifact(
@@ -137,6 +138,11 @@ def store_artifact(
 ) -> Outcome:
     """Upload the get's output directory and its cache record; add ``artifact`` to the data."""
     assert spec.cache_key and outcome.data is not None
+    if output_dir.is_symlink() or not output_dir.is_dir():
+        # The resource wrote it: a link is data, never followed (it could point at the
+        # packing process's own secrets).
+        what = "a symbolic link" if output_dir.is_symlink() else "not a directory"
+        return failed(spec.action, "invalid_output", f"the output directory is {what}", log)
     key = keys.artifact_key(spec.cache_key, suffix_for(spec.archive.format))
     try:
         info = upload_tree(store, key, output_dir, spec.archive)

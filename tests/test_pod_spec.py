@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import itertools
 import json
 import os
 import re
@@ -20,9 +19,9 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from functions import keys, pod_contract, protocol
+from functions import pod_contract, protocol
 from functions.model import ArtifactRef, Build, HistoryPlan, ResourceType, Task, TraceContext
-from functions.pod_contract import parse_input
+from functions.pod_contract import CollectStep, StageStep, parse_input
 from functions.runtimes import podspec
 from functions.runtimes.podspec import (
     RESOURCE_SCRIPT,
@@ -32,6 +31,7 @@ from functions.runtimes.podspec import (
     plan_for,
     stdin_secret_manifest,
 )
+from tests.runs import run_of
 
 VERSIONS = ("1.30", "1.37")
 CANARY = "canary-7d3f9b2e-do-not-leak"
@@ -46,6 +46,8 @@ CONFIG = KubernetesConfig(
     margin_seconds=300,
     store_secret="resource-functions-store",
     resources={"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+    reply_sink="http://relay.example",
+    build_size_limit="8Gi",
     node_selector={"kubernetes.io/os": "linux"},
     tolerations=({"key": "ci", "operator": "Exists", "effect": "NoSchedule"},),
     image_pull_secrets=("deploy-pull",),
@@ -83,7 +85,7 @@ def make_task(
     )
     build = Build(id="17", name="42", job="unit", pipeline="main", team="main")
     return Task(
-        run_id=keys.run_id("//ci.example.com", request_id),
+        run_id=run_of(b"test", "//ci.example.com", request_id, action),
         action=action,  # type: ignore[arg-type]
         resource_type=resource_type or ResourceType(image="docker.io/concourse/git-resource:1.17"),
         stdin=protocol.stdin_payload(action, source, version, params),  # type: ignore[arg-type]
@@ -177,7 +179,7 @@ def test_steps_run_in_order_around_the_resource(action: str, order: list[str]) -
 def test_build_dir_is_shared_and_stdin_reaches_only_resource_and_collect(action: str) -> None:
     job = job_manifest(make_plan(action))
     volumes = {v["name"]: v for v in job["spec"]["template"]["spec"]["volumes"]}
-    assert volumes["build"] == {"name": "build", "emptyDir": {}}
+    assert volumes["build"] == {"name": "build", "emptyDir": {"sizeLimit": "8Gi"}}
     assert volumes["stdin"]["secret"] == {
         "secretName": podspec.job_name(action, make_task(action).run_id) + "-stdin",
         "optional": False,
@@ -207,26 +209,38 @@ def test_env_args_labels_and_annotations_hold_no_secret() -> None:
     assert texts and not [t for t in texts if CANARY in t]
 
 
-def test_only_the_steps_get_store_credentials() -> None:
-    cs = containers(job_manifest(make_plan("put")))
+def mount_paths(container: dict[str, Any]) -> dict[str, str]:
+    return {m["name"]: m["mountPath"] for m in container.get("volumeMounts", [])}
+
+
+def test_only_the_steps_get_store_credentials_and_only_as_files() -> None:
+    job = job_manifest(make_plan("put"))
+    cs = containers(job)
+    volumes = {v["name"]: v for v in job["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["store-credentials"]["secret"]["secretName"] == "resource-functions-store"
     for name in ("stage", "collect"):
-        assert cs[name]["envFrom"] == [{"secretRef": {"name": "resource-functions-store"}}]
+        assert "envFrom" not in cs[name]  # never env vars: /proc/<pid>/environ stays clean
+        assert mount_paths(cs[name])["store-credentials"] == pod_contract.STORE_CREDENTIALS_DIR
         env = {e["name"]: e["value"] for e in cs[name]["env"]}
+        assert env["STORE_CREDENTIALS_DIR"] == pod_contract.STORE_CREDENTIALS_DIR
         assert env["STORE_URL"] == STORE_URL
         assert env["ARCHIVE_FORMAT"] == "zstd" and env["ARCHIVE_LEVEL"] == "3"
         assert env["AWS_ENDPOINT_URL_S3"] == "http://minio:9000"
     assert "envFrom" not in cs["resource"]
+    assert "store-credentials" not in mount_paths(cs["resource"])
     assert {e["name"] for e in cs["resource"]["env"]} == set(protocol.build_env("get", Build()))
 
 
-def test_no_store_secret_means_no_env_from() -> None:
+def test_no_store_secret_means_no_store_volume() -> None:
     config = KubernetesConfig(namespace="ns", service_account="sa", task_image="img")
     job = job_manifest(plan_for(make_task("get"), config, STORE_URL, reply=False))
     assert all("envFrom" not in c for c in containers(job).values())
-
-
-def test_check_gets_no_build_env() -> None:
-    assert "env" not in containers(job_manifest(make_plan("check")))["resource"]
+    assert all("store-credentials" not in mount_paths(c) for c in containers(job).values())
+    assert "store-credentials" not in {
+        v["name"] for v in job["spec"]["template"]["spec"]["volumes"]
+    }
+    env = {e["name"] for c in containers(job).values() for e in c.get("env", [])}
+    assert "STORE_CREDENTIALS_DIR" not in env
 
 
 @pytest.mark.parametrize("action", ACTIONS)
@@ -292,23 +306,28 @@ def test_managed_by_is_exported_and_labels_every_object() -> None:
     assert podspec.labels(make_plan())["app.kubernetes.io/managed-by"] == pod_contract.MANAGED_BY
 
 
+def collect_step(command: list[str]) -> CollectStep:
+    """What the collect step reads from its container's command."""
+    assert command[:4] == ["python", "-m", "functions", "collect"]
+    return CollectStep.parse(command[4:])
+
+
 def test_step_arguments() -> None:
     cs = containers(job_manifest(make_plan("put")))
     stage = cs["stage"]["command"]
-    assert stage[:6] == ["python", "-m", "functions", "stage", "--dir", "/tmp/build/put"]
-    inputs = [stage[i + 1] for i, arg in enumerate(stage) if arg == "--input"]
-    assert dict(parse_input(i) for i in inputs) == make_task("put").inputs
+    assert stage[:4] == ["python", "-m", "functions", "stage"]
+    staged = StageStep.parse(stage[4:])
+    assert staged.directory == "/tmp/build/put"
+    assert dict(staged.inputs) == make_task("put").inputs
     get = make_plan("get", reply=True)
-    collect = containers(job_manifest(get))["collect"]["command"]
-    assert collect[:4] == ["python", "-m", "functions", "collect"]
-    pairs = dict(itertools.pairwise(collect))
-    assert pairs["--run-id"] == get.run_id and pairs["--action"] == "get"
-    assert pairs["--cache-key"] == "c" * 64 and pairs["--dir"] == "/tmp/build"
-    assert "--reply-to-sink" in collect and pairs["--request-id"] == "evt-1"
-    assert pairs["--subject"] == "pipelines/main"
-    sync = containers(job_manifest(make_plan("check")))["collect"]["command"]
-    assert "--reply-to-sink" not in sync and "--cache-key" not in sync
-    assert "--history-key" not in collect  # a get keeps no version history
+    collect = collect_step(containers(job_manifest(get))["collect"]["command"])
+    assert (collect.run_id, collect.action) == (get.run_id, "get")
+    assert collect.cache_key == "c" * 64 and collect.build_dir == "/tmp/build"
+    assert collect.reply is not None and collect.reply.request_id == "evt-1"
+    assert collect.reply.subject == "pipelines/main"
+    sync = collect_step(containers(job_manifest(make_plan("check")))["collect"]["command"])
+    assert sync.reply is None and sync.cache_key is None
+    assert collect.history is None  # a get keeps no version history
 
 
 @pytest.mark.parametrize(
@@ -324,19 +343,22 @@ def test_an_async_collect_is_given_the_trace_context_of_the_events_it_posts(
     trace: TraceContext | None, args: list[str | None]
 ) -> None:
     task = dataclasses.replace(make_task("check"), trace=trace)
-    collect = containers(job_manifest(plan_for(task, CONFIG, STORE_URL, reply=True)))["collect"]
-    pairs = dict(itertools.pairwise(collect["command"]))
-    assert [pairs.get("--traceparent"), pairs.get("--tracestate")] == args
+    container = containers(job_manifest(plan_for(task, CONFIG, STORE_URL, reply=True)))["collect"]
+    reply = collect_step(container["command"]).reply
+    assert reply is not None and reply.trace == trace
+    command = [arg.partition("=")[0] for arg in container["command"]]
+    assert [a in command for a in ("--traceparent", "--tracestate")] == [
+        v is not None for v in args
+    ]
     sync = containers(job_manifest(plan_for(task, CONFIG, STORE_URL, reply=False)))["collect"]
-    assert "--traceparent" not in sync["command"]  # the function replies, with the trace
+    assert collect_step(sync["command"]).reply is None  # the function replies, with the trace
 
 
 def test_a_check_tells_collect_where_its_version_history_is() -> None:
     task = dataclasses.replace(make_task("check"), history=HistoryPlan("h" * 64, limit=50))
     plan = plan_for(task, CONFIG, STORE_URL, reply=False)
-    collect = containers(job_manifest(plan))["collect"]["command"]
-    pairs = dict(itertools.pairwise(collect))
-    assert (pairs["--history-key"], pairs["--history-limit"]) == ("h" * 64, "50")
+    collect = collect_step(containers(job_manifest(plan))["collect"]["command"])
+    assert collect.history == HistoryPlan("h" * 64, limit=50)
 
 
 @pytest.mark.parametrize("value", ["repo=artifacts/x.tar.zst", f"repo=artifacts/x@y.tar@{DIGEST}"])
@@ -407,7 +429,10 @@ def test_per_type_pod_settings_win() -> None:
     assert pod["nodeSelector"] == {"pool": "builders"}
     assert pod["tolerations"] == [{"key": "builders", "operator": "Equal", "value": "yes"}]
     assert pod["imagePullSecrets"] == [{"name": "type-pull"}]
-    assert cs["resource"]["resources"] == {"limits": {"memory": "4Gi", "cpu": "2"}}
+    assert cs["resource"]["resources"] == {  # the type's limits, the deployment's requests
+        "limits": {"memory": "4Gi", "cpu": "2"},
+        "requests": {"cpu": "100m", "memory": "128Mi"},
+    }
     for version in VERSIONS:
         kubernetes_validate.validate(job, version, strict=True)
 
@@ -599,7 +624,7 @@ def test_a_stage_error_skips_the_script(chroot: Path) -> None:
 @pytest.mark.parametrize("action", ["check", "get", "put"])
 def test_only_collect_gets_the_reply_address_and_only_for_async_replies(action: str) -> None:
     sink = "http://broker-ingress.knative-eventing.svc.cluster.local/rf/default"
-    config = replace(CONFIG, sink=sink)
+    config = replace(CONFIG, sink=sink, reply_sink=sink)
     async_job = job_manifest(plan_for(make_task(action), config, STORE_URL, reply=True))
     for name, container in containers(async_job).items():
         env = {e["name"]: e.get("value") for e in container.get("env", [])}
@@ -607,3 +632,52 @@ def test_only_collect_gets_the_reply_address_and_only_for_async_replies(action: 
     sync_job = job_manifest(plan_for(make_task(action), config, STORE_URL, reply=False))
     assert all("K_SINK" not in json.dumps(c) for c in containers(sync_job).values())
     assert sink not in json.dumps(sync_job)
+
+
+def test_an_async_tasks_reply_token_reaches_collect_alone() -> None:
+    plan = make_plan("get", reply=True)
+    job = job_manifest(plan)
+    volumes = {v["name"]: v for v in job["spec"]["template"]["spec"]["volumes"]}
+    token = volumes["reply-token"]["secret"]
+    assert token["secretName"] == plan.secret_name
+    assert token["items"] == [{"key": "reply-token", "path": "reply-token"}]
+    cs = containers(job)
+    assert mount_paths(cs["collect"])["reply-token"] == pod_contract.REPLY_TOKEN_DIR
+    env = {e["name"]: e.get("value") for e in cs["collect"]["env"]}
+    assert env["REPLY_TOKEN_FILE"] == pod_contract.REPLY_TOKEN_FILE
+    assert env["K_SINK"] == "http://relay.example"  # TASK_REPLY_SINK, not the Broker
+    for name in ("resource",):
+        assert "reply-token" not in mount_paths(cs[name])
+        assert "REPLY_TOKEN_FILE" not in {e["name"] for e in cs[name].get("env", [])}
+    secret = stdin_secret_manifest(plan, b"{}", "uid-1", (), "the-token")
+    assert base64.b64decode(secret["data"]["reply-token"]) == b"the-token"
+
+
+def test_a_sync_task_has_no_reply_token() -> None:
+    plan = make_plan("get", reply=False)
+    job = job_manifest(plan)
+    assert "reply-token" not in {v["name"] for v in job["spec"]["template"]["spec"]["volumes"]}
+    assert "reply-token" not in stdin_secret_manifest(plan, b"{}", "uid-1")["data"]
+
+
+def test_every_task_container_has_requests_and_limits_and_the_build_volume_a_size_limit() -> None:
+    job = job_manifest(make_plan("put"))
+    for name, container in containers(job).items():
+        assert set(container["resources"]) >= {"requests", "limits"}, name
+    (build,) = [v for v in job["spec"]["template"]["spec"]["volumes"] if v["name"] == "build"]
+    assert build["emptyDir"] == {"sizeLimit": "8Gi"}
+
+
+def test_a_type_sets_its_own_requests_limits_and_build_size() -> None:
+    heavy = ResourceType(
+        image="example.org/heavy@sha256:" + "e" * 64,
+        resources={"limits": {"cpu": "4", "memory": "8Gi"}},
+        build_size_limit="50Gi",
+    )
+    task = dataclasses.replace(make_task("get"), resource_type=heavy)
+    job = job_manifest(plan_for(task, CONFIG, STORE_URL, reply=False))
+    for container in containers(job).values():
+        assert container["resources"]["limits"] == {"cpu": "4", "memory": "8Gi"}
+        assert container["resources"]["requests"] == CONFIG.resources["requests"]  # default kept
+    (build,) = [v for v in job["spec"]["template"]["spec"]["volumes"] if v["name"] == "build"]
+    assert build["emptyDir"] == {"sizeLimit": "50Gi"}

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from functions import cli, keys
-from functions.model import ArtifactRef
-from functions.pod_contract import format_input
-from functions.task import in_pod
+from functions.model import ArtifactRef, HistoryPlan, TraceContext
+from functions.pod_contract import CollectStep, ReplyPlan, StageStep
+from functions.task import in_pod, untrusted_files
 from functions.task.step_settings import StepSettings
 from storage import StoreOptions, get_json, open_store
 from storage.archive import ArchiveOptions
@@ -43,21 +43,15 @@ def build(tmp_path: Path) -> Path:
     return tmp_path / "build"
 
 
-def collect(build: Path, action: str = "check", *extra: str) -> int:
-    return cli.main(
-        [
-            "collect",
-            "--run-id",
-            RUN,
-            "--action",
-            action,
-            "--dir",
-            str(build),
-            "--stdin-file",
-            str(build.parent / "stdin"),
-            *extra,
-        ]
+def collect(build: Path, action: str = "check", **given: Any) -> int:
+    step = CollectStep(
+        run_id=RUN,
+        action=action,  # type: ignore[arg-type]
+        build_dir=str(build),
+        stdin_file=str(build.parent / "stdin"),
+        **given,
     )
+    return cli.main(step.argv())
 
 
 def result(store: Any, run: str = RUN) -> dict[str, Any]:
@@ -70,16 +64,12 @@ def stage_as_input_repo(store: Any, source: Path, tmp_path: Path) -> Path:
     key = f"artifacts/{uuid.uuid4().hex}.tar.zst"
     info = upload_tree(store, key, source, ArchiveOptions())
     put = tmp_path / "build/put"
-    argv = [
-        "stage",
-        "--dir",
-        str(put),
-        "--task-dir",
-        str(tmp_path / "build/.task"),
-        "--input",
-        format_input("repo", ArtifactRef(key, info.digest)),
-    ]
-    assert cli.main(argv) == 0
+    step = StageStep(
+        directory=str(put),
+        inputs=(("repo", ArtifactRef(key, info.digest)),),
+        task_dir=str(tmp_path / "build/.task"),
+    )
+    assert cli.main(step.argv()) == 0
     return put
 
 
@@ -151,9 +141,11 @@ def test_an_unreachable_store_fails_the_stage_step_as_retryable(
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
     monkeypatch.setenv("STORE_URL", "s3://bucket/prefix")
     status = in_pod.stage_main(
-        directory=tmp_path / "put",
-        task_dir=tmp_path / ".task",
-        inputs={"repo": ArtifactRef("artifacts/x.tar.zst")},
+        StageStep(
+            directory=str(tmp_path / "put"),
+            inputs=(("repo", ArtifactRef("artifacts/x.tar.zst")),),
+            task_dir=str(tmp_path / ".task"),
+        ),
         settings=StepSettings.from_env({"STORE_URL": "s3://bucket/prefix"}),
     )
     assert status == in_pod.EXIT_UNAVAILABLE == 75
@@ -166,7 +158,9 @@ def test_collect_records_a_check(store: Any, build: Path) -> None:
     (build / ".task/stdout").write_text('[{"ref": "1"}] trailing')
     (build / ".task/stderr").write_text(f"using {CANARY}\n")
     assert collect(build) == 0
-    assert result(store) == {"action": "check", "data": {"versions": [{"ref": "1"}]}}
+    recorded = result(store)
+    assert isinstance(recorded.pop("finished_at"), float)
+    assert recorded == {"action": "check", "data": {"versions": [{"ref": "1"}]}}
     with store.open(keys.log_key(RUN)) as stream:
         assert stream.read() == b"using [redacted]\n"
 
@@ -205,7 +199,7 @@ def test_reply_without_k_sink_records_then_fails(
 ) -> None:
     (build / ".task/exit-code").write_text("0")
     (build / ".task/stdout").write_text("[]")
-    assert collect(build, "check", "--reply-to-sink", "--request-id", "r1") != 0
+    assert collect(build, "check", reply=ReplyPlan("r1")) != 0
     assert "K_SINK" in capsys.readouterr().err
     assert result(store)["data"] == {"versions": []}
 
@@ -235,7 +229,7 @@ def test_a_timed_out_script_is_a_timeout_with_its_log(store: Any, build: Path) -
     (build / ".task/timed-out").write_text("45\n")
     (build / ".task/stdout").write_text('{"version": {"ref": "half-done"}}')
     (build / ".task/stderr").write_text(f"cloning with {CANARY}...\n")
-    assert collect(build, "get", "--cache-key", "c" * 64) == 0
+    assert collect(build, "get", cache_key="c" * 64) == 0
     assert result(store)["error"] == {
         "kind": "timeout",
         "message": "the resource script ran longer than 45s",
@@ -260,9 +254,14 @@ def test_bounded_reads(tmp_path: Path) -> None:
     path = tmp_path / "f"
     path.write_bytes(b"0123456789")
     assert in_pod.read_head(path, 4) == b"0123"
-    assert in_pod.read_tail(path, 4) == b"6789"
     assert in_pod.read_head(tmp_path / "missing", 4) == b""
-    assert io.BytesIO(in_pod.read_tail(tmp_path / "missing", 4)).read() == b""
+    with untrusted_files.directory(str(tmp_path), ".") as here:
+        assert untrusted_files.read_head(here, "f", 4) == b"0123"
+        assert untrusted_files.read_tail(here, "f", 4) == b"6789"
+        assert untrusted_files.read_tail(here, "f", 40) == b"0123456789"
+        assert untrusted_files.read_tail(here, "missing", 4) is None
+    with untrusted_files.directory(str(tmp_path), "absent") as absent:
+        assert absent is None and untrusted_files.read_head(absent, "f", 4) is None
 
 
 def test_collect_of_an_async_check_records_the_history_and_posts_discoveries_then_reply(
@@ -272,12 +271,11 @@ def test_collect_of_an_async_check_records_the_history_and_posts_discoveries_the
     store.write_record(f"history/{resource}.json", b'{"versions": [{"ref": "1"}]}', None)
     (build / ".task/exit-code").write_text("0")
     (build / ".task/stdout").write_text('[{"ref": "1"}, {"ref": "2"}, {"ref": "3"}]')
-    history = ["--history-key", resource, "--history-limit", "2"]
-    reply = ["--reply-to-sink", "--request-id", "r1", "--subject", "main/repo"]
-    trace = ["--traceparent", PARENT, "--tracestate", "congo=t61rcWkgMzE"]
+    history = HistoryPlan(resource, limit=2)
+    reply = ReplyPlan("r1", "main/repo", trace=TraceContext(PARENT, "congo=t61rcWkgMzE"))
     with event_sink() as sink:
         monkeypatch.setenv("K_SINK", sink.url)
-        assert collect(build, "check", *history, *reply, *trace) == 0
+        assert collect(build, "check", history=history, reply=reply) == 0
         posted = sink.drain()
     assert [e.get_type().rsplit(".", 1)[-1] for e in posted] == ["discovered"] * 2 + ["succeeded"]
     assert [e.get_data()["version"] for e in posted[:2]] == [{"ref": "2"}, {"ref": "3"}]
@@ -292,3 +290,38 @@ def test_collect_of_an_async_check_records_the_history_and_posts_discoveries_the
     assert not [body for body in sink.bodies if CANARY.encode() in body]
     recorded = json.loads(store.read_record(f"history/{resource}.json").data)
     assert recorded["versions"] == [{"ref": "2"}, {"ref": "3"}]  # bounded to the limit
+
+
+def test_the_steps_reach_s3_with_the_store_secret_as_files_and_no_credential_in_env(
+    s3_env: Any, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = tmp_path / "store-secret"
+    secret.mkdir()
+    key = os.environ["AWS_SECRET_ACCESS_KEY"]
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL_S3"):
+        (secret / name).write_text(os.environ[name] + "\n")  # as a Secret's file may end
+        monkeypatch.delenv(name)
+    (secret / "AWS_REGION").write_text("us-east-1")
+    for name in ("AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION", "AWS_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-such-file"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-such-file"))
+    url = f"s3://{s3_bucket}/files-{uuid.uuid4().hex[:8]}"
+
+    settings = StepSettings.from_env({"STORE_URL": url, "STORE_CREDENTIALS_DIR": str(secret)})
+    store = open_store(settings.store_url, settings.store_options)
+    store.put("results/x.json", io.BytesIO(b"{}"))
+
+    assert store.stat("results/x.json") is not None
+    assert "AWS_SECRET_ACCESS_KEY" not in os.environ
+    assert key not in repr(settings)  # the keys are kept out of reprs (logs)
+
+
+def test_an_unmounted_store_secret_makes_the_step_retry(
+    tmp_path: Path, termination: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STORE_URL", "s3://bucket/prefix")
+    monkeypatch.setenv("STORE_CREDENTIALS_DIR", str(tmp_path / "not-mounted"))
+    step = CollectStep(run_id=RUN, action="check", build_dir=str(tmp_path))
+    assert cli.main(step.argv()) == in_pod.EXIT_UNAVAILABLE
+    assert termination.read_text().startswith("unavailable: collect")

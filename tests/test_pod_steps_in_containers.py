@@ -24,6 +24,7 @@ import pytest
 
 from functions import keys
 from functions.model import Action, ArtifactRef, Build, ResourceType, Task
+from functions.pod_contract import STEP_ENV
 from functions.protocol import build_env, stdin_payload
 from functions.runtimes.podspec import (
     BUILD_VOLUME,
@@ -33,7 +34,6 @@ from functions.runtimes.podspec import (
     plan_for,
     stdin_secret_manifest,
 )
-from functions.settings import STEP_ENV
 from storage import Store, StoreOptions, get_json, open_store
 from storage.artifacts import download_tree, upload_tree
 from tests.conftest import Server
@@ -218,7 +218,9 @@ def test_check_records_the_versions(pods: TaskPods) -> None:
     run = pods.run("check", {"password": CANARY, "count": 2})
     assert run.names == ["resource", "collect"]
     run.assert_all_succeeded()
-    assert pods.result(run) == {
+    recorded = pods.result(run)
+    assert isinstance(recorded.pop("finished_at"), float)  # the run index's duration
+    assert recorded == {
         "action": "check",
         "data": {"versions": [{"ref": "1"}, {"ref": "2"}]},
     }
@@ -298,3 +300,43 @@ def test_an_unreachable_store_fails_the_stage_step_and_stops_the_pod(
     message = run.steps[0].termination_message
     assert message.startswith("unavailable: stage: the store is unavailable"), message
     assert not (run.build / ".task/stage-error").exists()
+
+
+@pytest.mark.parametrize(
+    ("action", "target", "kind", "expected"),
+    [
+        ("check", "stderr", "link", ("runtime", "stderr is a symbolic link")),
+        ("check", "exit-code", "link", ("runtime", "exit-code is a symbolic link")),
+        ("check", "stdout", "fifo", ("runtime", "stdout is a FIFO")),
+        ("check", ".task", "link", ("runtime", ".task is a symbolic link")),
+        ("get", "get", "link", ("invalid_output", "output directory is a symbolic link")),
+        ("check", "stderr", "sparse", None),  # only its tail is read: a bounded log
+    ],
+    ids=["stderr-link", "exit-code-link", "stdout-fifo", "task-dir-link", "get-dir-link", "sparse"],
+)
+def test_what_a_hostile_resource_leaves_is_read_as_data_and_no_credential_leaks(
+    pods: TaskPods, action: Action, target: str, kind: str, expected: tuple[str, str] | None
+) -> None:
+    """The resource image turns what collect reads into a link to /proc/self/environ (or
+    /proc/self), a FIFO or a 10 GiB sparse file: collect ends cleanly and the store's
+    credentials (mounted as files into collect alone) are nowhere."""
+    source = {"password": CANARY, "mode": "hostile", "target": target, "as": kind}
+    version = {"ref": "1"} if action == "get" else None
+    cache_key = new_cache_key(source, version) if version else None
+    run = pods.run(action, source, version=version, cache_key=cache_key)
+
+    run.assert_all_succeeded()
+    result = pods.result(run)
+    if expected is None:
+        assert "data" in result, result
+        assert len(pods.log(run)) <= 5 * 1024 * 1024
+    else:
+        kind_, message = expected
+        assert (result["error"]["kind"], message in result["error"]["message"]) == (kind_, True)
+    credential = pods.environ["AWS_SECRET_ACCESS_KEY"]
+    seen = [json.dumps(result), *(step.stdout + step.stderr for step in run.steps)]
+    seen += [pods.log(run)] if pods.store.stat(keys.log_key(run.run_id)) else []
+    assert not [text for text in seen if credential in text]
+    for key in pods.store.list(""):
+        with pods.store.open(key) as stream:
+            assert credential.encode() not in stream.read(), key

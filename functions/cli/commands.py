@@ -1,8 +1,11 @@
 """The command line for people and for task pods.
 
-serve ACTION            run one service (check, get, put or dead-letter) under gunicorn
+serve ACTION            run one service (check, get, put, dead-letter, reply-relay) under gunicorn
 run ACTION …            run one action locally and print the reply (progress on stderr)
 demo [--serve]          start the three services locally and show a check/get/put round trip
+runs [--since 1h] [--failed]   the runs recorded in STORE_URL lately
+logs RUN_ID             a run's stored (redacted) log
+versions --type NAME --source JSON|@file   a resource's version history
 stage …, collect …      the steps around the resource script inside a task pod
 """
 
@@ -10,20 +13,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+import logging
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from functions import pod_contract
 from functions.errors import ConfigError, FunctionError
 from storage.errors import StorageError
 
-if TYPE_CHECKING:
-    from functions.task.step_settings import StepSettings
+
+def console() -> None:
+    """The ``resource-functions`` command of the installed package."""
+    sys.exit(main(sys.argv[1:]))
 
 
 def main(argv: list[str]) -> int:
+    if argv and argv[0] in POD_STEPS:  # task pods: the pod contract parses their arguments
+        return run_pod_step(argv[0], argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -35,14 +42,14 @@ def main(argv: list[str]) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m functions",
+        prog="resource-functions",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(required=True, dest="command")
     serve = sub.add_parser("serve", help="serve one action over HTTP (CloudEvents)")
-    serve.add_argument("action", choices=["check", "get", "put", "dead-letter"])
-    serve.add_argument("--host", help="default: $HOST, else 0.0.0.0")
+    serve.add_argument("action", choices=["check", "get", "put", "dead-letter", "reply-relay"])
+    serve.add_argument("--host", help="default: $HOST, else 127.0.0.1")
     serve.add_argument("--port", type=int, help="default: $PORT, else 8080")
     serve.add_argument("--threads", type=int, help="default: $THREADS, else 16")
     serve.set_defaults(handler=cmd_serve)
@@ -67,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--serve", action="store_true", help="keep the services running after")
     demo.add_argument("--port", type=int, default=8081, help="first of three ports")
     demo.set_defaults(handler=cmd_demo)
+    add_inspect_parsers(sub)
     add_pod_step_parsers(sub)
     return parser
 
@@ -79,98 +87,92 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(serve=args.serve, base_port=args.port)
 
 
+POD_STEPS = ("stage", "collect")
+
+
+def add_inspect_parsers(sub: Any) -> None:
+    """``runs``, ``logs``, ``versions``: read the store of STORE_URL (functions.cli.inspect)."""
+    runs = sub.add_parser("runs", help="list the runs started lately (from STORE_URL)")
+    runs.add_argument("--since", default="1h", help="how far back: 90s, 30m, 1h, 2d (1h)")
+    runs.add_argument("--failed", action="store_true", help="failed runs only")
+    runs.set_defaults(handler=cmd_runs)
+    logs = sub.add_parser("logs", help="print a run's stored log")
+    logs.add_argument("run_id", metavar="RUN_ID")
+    logs.set_defaults(handler=cmd_logs)
+    versions = sub.add_parser("versions", help="print a resource's version history")
+    versions.add_argument("--type", required=True, help="resource type name from the catalogue")
+    versions.add_argument("--source", required=True, help="source as JSON, or @file")
+    versions.add_argument("--team", default="", help="build.team, for ((var)) references")
+    versions.add_argument("--pipeline", default="", help="build.pipeline, for ((var)) references")
+    versions.set_defaults(handler=cmd_versions)
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    from functions.cli.inspect import runs
+
+    return runs(args.since, failed=args.failed, out=sys.stdout, err=sys.stderr)
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from functions.cli.inspect import logs
+
+    return logs(args.run_id, out=sys.stdout.buffer)
+
+
+def cmd_versions(args: argparse.Namespace) -> int:
+    from functions.cli.inspect import versions
+
+    source = _json_arg(args.source, "--source")
+    return versions(args.type, source, team=args.team, pipeline=args.pipeline, out=sys.stdout)
+
+
 def add_pod_step_parsers(sub: Any) -> None:
-    """``stage`` and ``collect``: run inside task pods (functions.pod_contract)."""
-    stage = sub.add_parser("stage", help="(task pods) unpack a put's inputs")
-    stage.add_argument("--dir", required=True, type=Path, help="the put's working directory")
-    stage.add_argument("--input", action="append", default=[], metavar="NAME=KEY[@sha256:HEX]")
-    stage.add_argument("--task-dir", type=Path, default=Path(pod_contract.TASK_DIR))
-    stage.set_defaults(handler=cmd_stage)
-    collect = sub.add_parser("collect", help="(task pods) store the resource step's outcome")
-    collect.add_argument("--run-id", required=True)
-    collect.add_argument("--action", required=True, choices=["check", "get", "put"])
-    collect.add_argument("--dir", required=True, type=Path, help="the build dir (/tmp/build)")
-    collect.add_argument("--stdin-file", type=Path, default=Path(pod_contract.STDIN_FILE))
-    collect.add_argument("--cache-key")
-    collect.add_argument("--history-key", help="check: the resource key of its version history")
-    collect.add_argument("--history-limit", type=int, default=1000)
-    collect.add_argument("--lease-key", help="async check: its lease, released once recorded")
-    collect.add_argument("--lease-holder", help="async check: the nonce of its lease's holding")
-    collect.add_argument("--reply-to-sink", action="store_true", help="post the reply to K_SINK")
-    collect.add_argument("--request-id", default="")
-    collect.add_argument("--subject")
-    collect.add_argument("--traceparent", help="the request's: the posted events carry it on")
-    collect.add_argument("--tracestate", default="")
-    collect.set_defaults(handler=cmd_collect)
+    """``stage`` and ``collect``: run inside task pods. Listed here for ``--help``; their
+    arguments are parsed by ``functions.pod_contract`` (the side that the pod spec writes)."""
+    for name, what in (("stage", "unpack a put's inputs"), ("collect", "record the outcome")):
+        step = sub.add_parser(name, help=f"(task pods) {what}", add_help=False)
+        step.add_argument("args", nargs=argparse.REMAINDER)
 
 
-def cmd_stage(args: argparse.Namespace) -> int:
-    from functions.pod_contract import parse_input
-    from functions.task.in_pod import stage_main
+def run_pod_step(name: str, argv: list[str]) -> int:
+    """The exit status of the pod step ``name`` (``stage`` or ``collect``) given ``argv``."""
+    from functions.task import in_pod
 
     try:
-        inputs = dict(parse_input(value) for value in args.input)
-    except ValueError as err:
-        raise SystemExit(str(err)) from None
-    settings = _step_settings("stage")
-    if isinstance(settings, int):
-        return settings
-    return stage_main(directory=args.dir, inputs=inputs, task_dir=args.task_dir, settings=settings)
-
-
-def cmd_collect(args: argparse.Namespace) -> int:
-    from functions.model import HistoryPlan, LeaseHold
-    from functions.pod_contract import ReplyPlan
-    from functions.task.in_pod import CollectArgs, collect_main
-    from functions.tracing import trace_context
-
-    trace = trace_context(args.traceparent, args.tracestate)
-    reply = ReplyPlan(args.request_id, args.subject, trace=trace) if args.reply_to_sink else None
-    history = HistoryPlan(args.history_key, args.history_limit) if args.history_key else None
-    held = args.lease_key and args.lease_holder
-    lease = LeaseHold(args.lease_key, args.lease_holder) if held else None
-    settings = _step_settings("collect: cannot record the outcome")
-    if isinstance(settings, int):
-        return settings
-    return collect_main(
-        CollectArgs(
-            run_id=args.run_id,
-            action=args.action,
-            build_dir=args.dir,
-            stdin_file=args.stdin_file,
-            cache_key=args.cache_key,
-            reply=reply,
-            history=history,
-            lease=lease,
-        ),
-        settings,
-    )
-
-
-def _step_settings(prefix: str) -> StepSettings | int:
-    """The in-pod step's settings, or the exit status of a step that cannot start (its
-    message in the termination log, as every step failure)."""
-    from functions.task.in_pod import fail
-    from functions.task.step_settings import StepSettings
-
-    try:
-        return StepSettings.from_env(os.environ)
-    except ConfigError as err:
-        return fail(f"{prefix}: {err}")
+        if name == "stage":
+            stage = pod_contract.StageStep.parse(argv)
+            return in_pod.stage_main(stage, settings=in_pod.step_settings("stage"))
+        collect = pod_contract.CollectStep.parse(argv)
+        return in_pod.collect_main(
+            collect, in_pod.step_settings("collect: cannot record the outcome")
+        )
+    except pod_contract.StepArgsError as err:
+        return in_pod.fail(str(err), 2)
+    except in_pod.StepCannotStart as err:
+        return err.status
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from functions import logs
     from functions.http.serving import serve
-    from functions.settings import Settings
+    from functions.settings import Settings, open_to_the_network
 
     settings = Settings.from_env()
     logs.configure(settings.log_level)
     hooks: dict[str, Any] = {}
+    host = args.host or settings.host
+    if args.action in ("check", "get", "put") and (warning := open_to_the_network(settings, host)):
+        logging.getLogger("functions").warning(warning)
     if args.action == "dead-letter":
         from functions.http.dead_letter import create_dead_letter_app
 
         app = create_dead_letter_app()
+    elif args.action == "reply-relay":
+        from functions.http.reply_relay import create_relay_app
+
+        if settings.cache_secret_generated:
+            raise ConfigError("the reply relay needs CACHE_SECRET: the functions' own key")
+        app = create_relay_app(settings.cache_secret, settings.sink)
     else:
         from functions.http.app import create_app
 
@@ -179,7 +181,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         hooks = {"started": runtime.start_sweeps, "stopping": runtime.close}
     serve(
         app,
-        host=args.host or settings.host,
+        host=host,
         port=args.port or settings.port,
         threads=args.threads or settings.threads,
         **hooks,

@@ -8,6 +8,7 @@ reply. ``RunsInFlight``: the synchronous runs under way, which ``close`` waits f
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -15,6 +16,10 @@ from contextlib import contextmanager
 from typing import Any
 
 from functions.errors import Unavailable
+from functions.logs import fields
+from functions.model import Outcome, Task
+
+log = logging.getLogger("functions.runtimes")
 
 # As many as the service's default THREADS (16) serves synchronously: going async does not
 # multiply the containers or watches one instance keeps open.
@@ -65,3 +70,14 @@ class RunsInFlight:
         with self._changed:
             self._closed = True
             self._changed.wait_for(lambda: self._count == 0)
+
+
+def report_end(ended: Callable[[Outcome], None] | None, task: Task, outcome: Outcome) -> None:
+    """Tell ``Runtime.start``'s ``ended`` how a task ended (metrics, logs); its trouble never
+    stops the task's reply."""
+    if ended is None:
+        return
+    try:
+        ended(outcome)
+    except Exception:
+        log.exception("cannot report the end of a task", extra=fields(run_id=task.run_id))

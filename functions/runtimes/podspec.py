@@ -14,7 +14,7 @@ check and get have no inputs, so they have no ``stage`` container (one image sta
 request's ``source``/``params`` live) is mounted into ``resource`` and ``collect`` (which
 needs it to redact secrets from the log) and nowhere else; no env var, argument, label or
 annotation carries anything from it. Store credentials reach ``stage``/``collect`` only,
-through ``envFrom`` of the deployment's store Secret.
+as the files of the deployment's store Secret, which no other container mounts.
 """
 
 from __future__ import annotations
@@ -34,6 +34,10 @@ from functions.pod_contract import (
     KILL_AFTER_SECONDS,
     MANAGED_BY,
     REDACT_KEY,
+    REPLY_TOKEN_DIR,
+    REPLY_TOKEN_ENV,
+    REPLY_TOKEN_FILE,
+    REPLY_TOKEN_KEY,
     SECRET_DIR,
     SINK_ENV,
     STAGE_ERROR_FILE,
@@ -41,21 +45,27 @@ from functions.pod_contract import (
     STDIN_FILE,
     STDIN_KEY,
     STDOUT_FILE,
+    STORE_CREDENTIALS_DIR,
+    STORE_CREDENTIALS_ENV,
     STORE_URL_ENV,
     TASK_DIR,
     TIMED_OUT_EXIT_CODE,
     TIMED_OUT_FILE,
+    CollectStep,
     ReplyPlan,
-    format_input,
+    StageStep,
 )
 
 if TYPE_CHECKING:
     from functions.settings import Settings
 
 LABEL_PREFIX = "resource-functions.dev/"
+REQUEST_ANNOTATION = f"{LABEL_PREFIX}request"  # the Job's request digest
 STEP_UID = 65532  # stage/collect: the project image's non-root user
 BUILD_VOLUME = "build"
 STDIN_VOLUME = "stdin"
+STORE_VOLUME = "store-credentials"
+REPLY_VOLUME = "reply-token"
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _RUN_ID = re.compile(r"^[0-9a-f]{20,64}$")
 TERMINATION_GRACE_SECONDS = 5  # the resource step ignores SIGTERM; see pod_spec
@@ -128,6 +138,8 @@ class JobPlan:
     image_pull_secrets: tuple[str, ...] = ()
     reply: ReplyPlan | None = None
     request_source: str = ""  # for operators: an annotation on the Job
+    request_digest: str = ""  # keys.request_digest: an annotation, checked on attaching
+    build_size_limit: str = ""  # the build emptyDir's sizeLimit
 
     @property
     def job_name(self) -> str:
@@ -163,6 +175,11 @@ class KubernetesConfig:
     image_pull_secrets: tuple[str, ...] = ()
     step_env: tuple[tuple[str, str], ...] = ()
     sink: str = ""  # K_SINK, for replies to asynchronous tasks that collect could not send
+    # Where collect posts an asynchronous task's events: the reply relay (TASK_REPLY_SINK),
+    # else K_SINK itself; with the key its reply tokens are made under (CACHE_SECRET).
+    reply_sink: str = ""
+    reply_secret: bytes = field(default=b"", repr=False)
+    build_size_limit: str = ""  # the build emptyDir's sizeLimit (TASK_BUILD_SIZE_LIMIT)
     watch_seconds: float = 60.0  # one watch request; then the runtime lists again
     deadline_slack_seconds: float = DEADLINE_SLACK_SECONDS  # past the Job's deadline: then act
     result_wait_seconds: float = RESULT_WAIT_SECONDS  # a completed Job's result may take this
@@ -183,6 +200,9 @@ class KubernetesConfig:
             image_pull_secrets=tuple(settings.task_image_pull_secrets),
             step_env=settings.step_env,
             sink=settings.sink,
+            reply_sink=settings.task_reply_sink or settings.sink,
+            reply_secret=settings.cache_secret,
+            build_size_limit=settings.task_build_size_limit,
         )
 
 
@@ -209,12 +229,14 @@ def plan_for(task: Task, config: KubernetesConfig, store_url: str, *, reply: boo
         step_env=c.step_env,
         store_secret=c.store_secret,
         privileged=rt.privileged,
-        resources=rt.resources or c.resources,
+        resources={**c.resources, **rt.resources},
         node_selector=rt.node_selector or c.node_selector,
         tolerations=tuple(rt.tolerations or c.tolerations),
         image_pull_secrets=tuple(rt.image_pull_secrets or c.image_pull_secrets),
-        reply=ReplyPlan(task.request_id, task.subject, c.sink, task.trace) if reply else None,
+        reply=ReplyPlan(task.request_id, task.subject, c.reply_sink, task.trace) if reply else None,
+        build_size_limit=rt.build_size_limit or c.build_size_limit,
         request_source=task.request_source,
+        request_digest=task.request_digest,
     )
 
 
@@ -247,8 +269,13 @@ def job_manifest(plan: JobPlan) -> dict[str, Any]:
         "namespace": plan.namespace,
         "labels": labels(plan),
     }
-    if plan.request_source:
-        metadata["annotations"] = {f"{LABEL_PREFIX}request-source": plan.request_source}
+    annotations = (
+        {f"{LABEL_PREFIX}request-source": plan.request_source} if plan.request_source else {}
+    )
+    if plan.request_digest:
+        annotations[REQUEST_ANNOTATION] = plan.request_digest
+    if annotations:
+        metadata["annotations"] = annotations
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -288,84 +315,81 @@ def pod_spec(plan: JobPlan) -> dict[str, Any]:
 
 
 def _volumes(plan: JobPlan) -> list[dict[str, Any]]:
-    return [
-        {"name": BUILD_VOLUME, "emptyDir": {}},
-        {
-            "name": STDIN_VOLUME,
-            "secret": {
-                "secretName": plan.secret_name,
-                "optional": False,
-                "defaultMode": 0o400,
-                "items": [
-                    {"key": STDIN_KEY, "path": STDIN_KEY},
-                    {"key": REDACT_KEY, "path": REDACT_KEY},
-                ],
-            },
-        },
+    build: dict[str, Any] = {"sizeLimit": plan.build_size_limit} if plan.build_size_limit else {}
+    volumes: list[dict[str, Any]] = [
+        {"name": BUILD_VOLUME, "emptyDir": build},
+        _secret_volume(STDIN_VOLUME, plan.secret_name, (STDIN_KEY, REDACT_KEY)),
     ]
+    if plan.reply:
+        volumes.append(_secret_volume(REPLY_VOLUME, plan.secret_name, (REPLY_TOKEN_KEY,)))
+    if plan.store_secret:
+        volumes.append(_secret_volume(STORE_VOLUME, plan.store_secret, ()))
+    return volumes
 
 
-def _mounts(*, stdin: bool) -> list[dict[str, Any]]:
+def _secret_volume(name: str, secret: str, keys: tuple[str, ...]) -> dict[str, Any]:
+    """A Secret as files (0400; the pod's fsGroup makes them group-readable); ``keys``: only
+    those, else every key."""
+    source: dict[str, Any] = {"secretName": secret, "optional": False, "defaultMode": 0o400}
+    if keys:
+        source["items"] = [{"key": key, "path": key} for key in keys]
+    return {"name": name, "secret": source}
+
+
+def _mounts(*, stdin: bool, store: bool = False, reply: bool = False) -> list[dict[str, Any]]:
     mounts: list[dict[str, Any]] = [{"name": BUILD_VOLUME, "mountPath": BUILD_DIR}]
     if stdin:
         mounts.append({"name": STDIN_VOLUME, "mountPath": SECRET_DIR, "readOnly": True})
+    if store:
+        mounts.append({"name": STORE_VOLUME, "mountPath": STORE_CREDENTIALS_DIR, "readOnly": True})
+    if reply:
+        mounts.append({"name": REPLY_VOLUME, "mountPath": REPLY_TOKEN_DIR, "readOnly": True})
     return mounts
 
 
 def _stage_containers(plan: JobPlan) -> list[dict[str, Any]]:
     if plan.action != "put":
         return []
-    args = ["stage", "--dir", str(WORKDIRS["put"])]
-    for name, ref in plan.inputs:
-        args += ["--input", format_input(name, ref)]
-    return [_step_container(plan, "stage", args, stdin=False)]
+    step = StageStep(directory=str(WORKDIRS["put"]), inputs=plan.inputs)
+    return [_step_container(plan, "stage", step.argv(), stdin=False)]
 
 
 def _collect_container(plan: JobPlan) -> dict[str, Any]:
-    args = [
-        "collect",
-        "--run-id",
-        plan.run_id,
-        "--action",
-        plan.action,
-        "--dir",
-        BUILD_DIR,
-        "--stdin-file",
-        STDIN_FILE,
-    ]
-    if plan.cache_key:
-        args += ["--cache-key", plan.cache_key]
-    if plan.history:
-        args += ["--history-key", plan.history.resource_key]
-        args += ["--history-limit", str(plan.history.limit)]
-    if plan.lease:
-        args += ["--lease-key", plan.lease.key, "--lease-holder", plan.lease.holder]
-    if plan.reply:
-        args += ["--reply-to-sink", "--request-id", plan.reply.request_id]
-        if plan.reply.subject is not None:
-            args += ["--subject", plan.reply.subject]
-        if plan.reply.trace is not None:
-            args += ["--traceparent", plan.reply.trace.traceparent]
-            if plan.reply.trace.tracestate:
-                args += ["--tracestate", plan.reply.trace.tracestate]
-    container = _step_container(plan, "collect", args, stdin=True)
+    step = CollectStep(
+        run_id=plan.run_id,
+        action=plan.action,
+        cache_key=plan.cache_key,
+        history=plan.history,
+        lease=plan.lease,
+        reply=plan.reply,
+        request=plan.request_digest,
+    )
+    container = _step_container(plan, "collect", step.argv(), stdin=True, reply=bool(plan.reply))
     if plan.reply and plan.reply.sink:
-        # The reply address goes to collect alone (never to the resource container, whose
-        # image could otherwise post forged replies into the Broker).
+        # The reply address and token go to collect alone (never to the resource container,
+        # whose image could otherwise post forged replies).
         container["env"].append({"name": SINK_ENV, "value": plan.reply.sink})
+    if plan.reply:
+        container["env"].append({"name": REPLY_TOKEN_ENV, "value": REPLY_TOKEN_FILE})
     return container
 
 
-def _step_container(plan: JobPlan, name: str, args: list[str], *, stdin: bool) -> dict[str, Any]:
-    """stage/collect: the project image, non-root, no privileges, store access by envFrom."""
+def _step_container(
+    plan: JobPlan, name: str, args: list[str], *, stdin: bool, reply: bool = False
+) -> dict[str, Any]:
+    """stage/collect: the project image, non-root, no privileges; the store's credentials
+    as the files of its Secret (never env vars: see ``pod_contract.STORE_CREDENTIALS_DIR``)."""
     env = [{"name": STORE_URL_ENV, "value": plan.store_url}, {"name": "TMPDIR", "value": BUILD_DIR}]
-    env += [{"name": k, "value": v} for k, v in plan.step_env if k not in (STORE_URL_ENV, "TMPDIR")]
+    if plan.store_secret:
+        env.append({"name": STORE_CREDENTIALS_ENV, "value": STORE_CREDENTIALS_DIR})
+    ours = (STORE_URL_ENV, "TMPDIR", STORE_CREDENTIALS_ENV)
+    env += [{"name": k, "value": v} for k, v in plan.step_env if k not in ours]
     container: dict[str, Any] = {
         "name": name,
         "image": plan.task_image,
         "command": ["python", "-m", "functions", *args],
         "env": env,
-        "volumeMounts": _mounts(stdin=stdin),
+        "volumeMounts": _mounts(stdin=stdin, store=bool(plan.store_secret), reply=reply),
         # Without API rights to read logs, this is how the function learns why a step failed.
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {
@@ -377,8 +401,6 @@ def _step_container(plan: JobPlan, name: str, args: list[str], *, stdin: bool) -
             "capabilities": {"drop": ["ALL"]},
         },
     }
-    if plan.store_secret:
-        container["envFrom"] = [{"secretRef": {"name": plan.store_secret}}]
     return _with_resources(container, plan)
 
 
@@ -415,13 +437,24 @@ def _with_resources(container: dict[str, Any], plan: JobPlan) -> dict[str, Any]:
 
 
 def stdin_secret_manifest(
-    plan: JobPlan, stdin: bytes, owner_uid: str, secrets: tuple[str, ...] = ()
+    plan: JobPlan,
+    stdin: bytes,
+    owner_uid: str,
+    secrets: tuple[str, ...] = (),
+    reply_token: str = "",
 ) -> dict[str, Any]:
     """The Secret holding the script's stdin (and, for collect to redact, the resolved
-    credential values ``secrets``), owned by the Job (garbage-collected with it).
+    credential values ``secrets``; for an asynchronous task, its ``reply_token``), owned by
+    the Job (garbage-collected with it).
     No ``blockOwnerDeletion``: that needs delete rights on the owner's finalizers."""
     if not owner_uid:
         raise ValueError("the stdin Secret needs the uid of the Job that owns it")
+    data = {
+        STDIN_KEY: base64.b64encode(stdin).decode("ascii"),
+        REDACT_KEY: base64.b64encode(json.dumps(list(secrets)).encode()).decode(),
+    }
+    if reply_token:
+        data[REPLY_TOKEN_KEY] = base64.b64encode(reply_token.encode()).decode()
     return {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -435,8 +468,5 @@ def stdin_secret_manifest(
                 {"apiVersion": "batch/v1", "kind": "Job", "name": plan.job_name, "uid": owner_uid}
             ],
         },
-        "data": {
-            STDIN_KEY: base64.b64encode(stdin).decode("ascii"),
-            REDACT_KEY: base64.b64encode(json.dumps(list(secrets)).encode()).decode(),
-        },
+        "data": data,
     }

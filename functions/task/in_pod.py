@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from functions import keys, lease, records, steps
-from functions.errors import SinkRefused, is_retryable
-from functions.model import Action, ArtifactRef, HistoryPlan, LeaseHold, Outcome
+from functions.errors import ConfigError, SinkRefused, is_retryable
+from functions.model import Outcome
 from functions.outcome import failed, script_timeout
 from functions.pod_contract import (
     EXIT_CODE_FILE,
@@ -43,12 +43,14 @@ from functions.pod_contract import (
     TASK_SUBDIR,
     TIMED_OUT_FILE,
     UNAVAILABLE_MARKER,
-    ReplyPlan,
+    CollectStep,
+    StageStep,
 )
 from functions.protocol import MAX_STDERR_BYTES, MAX_STDIN_BYTES, MAX_STDOUT_BYTES
 from functions.redaction import redact, secret_strings
 from functions.replies import reply_events
-from functions.sink import post_events
+from functions.sink import RelayToken, post_events
+from functions.task import untrusted_files
 from functions.task.step_settings import StepSettings
 from storage import Store, open_store
 from storage.archive import ArchiveOptions
@@ -57,22 +59,29 @@ from storage.errors import StorageError
 TERMINATION_LOG = Path("/dev/termination-log")  # kubelet mounts it; absent elsewhere
 
 
-@dataclass(frozen=True)
-class CollectArgs:
-    run_id: str
-    action: Action
-    build_dir: Path  # /tmp/build: holds .task/ and the get's output directory
-    stdin_file: Path  # the mounted Secret, read only to redact secrets from the log
-    cache_key: str | None = None
-    reply: ReplyPlan | None = None
-    history: HistoryPlan | None = None  # check: where the versions found are recorded
-    lease: LeaseHold | None = None  # async check: released once the outcome is recorded
+class StepCannotStart(Exception):
+    """A step's settings are missing or malformed; ``status`` is its exit status (the
+    message is in the termination log already)."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
 
 
-def stage_main(
-    *, directory: Path, inputs: dict[str, ArtifactRef], task_dir: Path, settings: StepSettings
-) -> int:
-    """Unpack ``inputs`` into ``directory``; the exit status of the stage container."""
+def step_settings(prefix: str) -> StepSettings:
+    """The step's settings from the task pod's env; ``StepCannotStart`` if they are wrong
+    (the message, behind ``prefix``, goes to the termination log as every step failure)."""
+    try:
+        return StepSettings.from_env(os.environ)
+    except ConfigError as err:
+        raise StepCannotStart(fail(f"{prefix}: {err}")) from None
+    except StorageError as err:  # the store Secret's files: not mounted (yet), unreadable
+        raise StepCannotStart(unavailable(f"{prefix}: {err}")) from None
+
+
+def stage_main(step: StageStep, *, settings: StepSettings) -> int:
+    """Unpack the step's inputs into its directory; the exit status of the stage container."""
+    directory, task_dir, inputs = Path(step.directory), Path(step.task_dir), dict(step.inputs)
     try:
         store = open_store(settings.store_url, settings.store_options)
         directory.mkdir(parents=True, exist_ok=True)
@@ -98,7 +107,7 @@ def _stage_failed(task_dir: Path, message: str) -> int:
     return 0
 
 
-def collect_main(args: CollectArgs, settings: StepSettings) -> int:
+def collect_main(args: CollectStep, settings: StepSettings) -> int:
     """Record the outcome (and post the reply); the exit status of the collect container."""
     try:
         store = open_store(settings.store_url, settings.store_options)
@@ -114,21 +123,45 @@ def collect_main(args: CollectArgs, settings: StepSettings) -> int:
         return fail(f"collect: cannot record the outcome: {err}")
     if args.reply is None:
         return 0
-    return _post(args, outcome, settings.sink)
+    return _post(args, outcome, settings.sink, settings.reply_token)
 
 
-def record(store: Store, args: CollectArgs, archive: ArchiveOptions) -> Outcome:
+@dataclass(frozen=True)
+class ResourceStepFiles:
+    """What the resource step left in ``.task/``, read as data (``untrusted_files``)."""
+
+    stage_error: bytes | None
+    exit_code: int | None
+    timed_out: bytes | None  # the timeout in whole seconds, if the watchdog stopped the script
+    stdout: bytes
+    stderr: bytes
+
+    @classmethod
+    def read(cls, build_dir: str) -> ResourceStepFiles:
+        """Raises ``UntrustedFile`` naming a file that is not a plain file to read."""
+        with untrusted_files.directory(build_dir, TASK_SUBDIR) as task:
+            return cls(
+                stage_error=untrusted_files.read_head(task, STAGE_ERROR_FILE, 64 * 1024),
+                exit_code=_as_int(untrusted_files.read_head(task, EXIT_CODE_FILE, 64)),
+                timed_out=untrusted_files.read_head(task, TIMED_OUT_FILE, 64),
+                stdout=untrusted_files.read_head(task, STDOUT_FILE, MAX_STDOUT_BYTES + 1) or b"",
+                stderr=untrusted_files.read_tail(task, STDERR_FILE, MAX_STDERR_BYTES) or b"",
+            )
+
+
+def record(store: Store, args: CollectStep, archive: ArchiveOptions) -> Outcome:
     """The outcome of what the resource step left behind, stored (first record wins)."""
-    task_dir = args.build_dir / TASK_SUBDIR
-    stdin = read_head(args.stdin_file, MAX_STDIN_BYTES)
-    extra = resolved_values(args.stdin_file.with_name(REDACT_KEY))
-    stage_error = read_head(task_dir / STAGE_ERROR_FILE, 64 * 1024)
-    if stage_error:
-        return _record_failure(store, args, "storage", stage_error.decode(errors="replace"))
-    exit_code = _read_int(task_dir / EXIT_CODE_FILE)
-    stderr = read_tail(task_dir / STDERR_FILE, MAX_STDERR_BYTES)
-    if exit_code is None:
-        log = redact(stderr.decode(errors="replace"), secret_strings(stdin, extra))
+    stdin_file = Path(args.stdin_file)
+    stdin = read_head(stdin_file, MAX_STDIN_BYTES)
+    extra = resolved_values(stdin_file.with_name(REDACT_KEY))
+    try:
+        left = ResourceStepFiles.read(args.build_dir)
+    except untrusted_files.UntrustedFile as err:
+        return _record_failure(store, args, "runtime", f"the resource step's output: {err}")
+    if left.stage_error:
+        return _record_failure(store, args, "storage", left.stage_error.decode(errors="replace"))
+    if left.exit_code is None:
+        log = redact(left.stderr.decode(errors="replace"), secret_strings(stdin, extra))
         return _record_failure(
             store,
             args,
@@ -136,10 +169,9 @@ def record(store: Store, args: CollectArgs, archive: ArchiveOptions) -> Outcome:
             "the resource step recorded no exit code (does the image have /bin/sh?)",
             log,
         )
-    if (task_dir / TIMED_OUT_FILE).exists():  # the same failure as the container runtime's
-        limit = _read_int(task_dir / TIMED_OUT_FILE)  # the watchdog wrote the timeout there
-        log = redact(stderr.decode(errors="replace"), secret_strings(stdin, extra))
-        outcome = script_timeout(args.action, limit, log)
+    if left.timed_out is not None:  # the same failure as the container runtime's
+        log = redact(left.stderr.decode(errors="replace"), secret_strings(stdin, extra))
+        outcome = script_timeout(args.action, _as_int(left.timed_out), log)
         message = outcome.failure.message if outcome.failure else ""
         return _record_outcome(store, args, outcome, log or message)
     spec = steps.CollectSpec(
@@ -148,15 +180,16 @@ def record(store: Store, args: CollectArgs, archive: ArchiveOptions) -> Outcome:
         cache_key=args.cache_key,
         archive=archive,
         history=args.history,
+        request=args.request,
     )
     return steps.collect(
         store,
         spec,
-        exit_code=exit_code,
-        stdout=read_head(task_dir / STDOUT_FILE, MAX_STDOUT_BYTES + 1),
-        stderr=stderr,
+        exit_code=left.exit_code,
+        stdout=left.stdout,
+        stderr=left.stderr,
         stdin=stdin,
-        output_dir=args.build_dir / "get" if args.action == "get" else None,
+        output_dir=Path(args.build_dir) / "get" if args.action == "get" else None,
         extra_secrets=extra,
     )
 
@@ -171,19 +204,19 @@ def resolved_values(path: Path) -> list[str]:
 
 
 def _record_failure(
-    store: Store, args: CollectArgs, kind: str, message: str, log: str = ""
+    store: Store, args: CollectStep, kind: str, message: str, log: str = ""
 ) -> Outcome:
     return _record_outcome(
         store, args, failed(args.action, kind, message.strip(), log), log or message
     )
 
 
-def _record_outcome(store: Store, args: CollectArgs, outcome: Outcome, log: str) -> Outcome:
+def _record_outcome(store: Store, args: CollectStep, outcome: Outcome, log: str) -> Outcome:
     records.write_once(store, keys.log_key(args.run_id), log.encode())
-    return records.record_outcome(store, args.run_id, outcome)
+    return records.record_outcome(store, args.run_id, outcome, request=args.request)
 
 
-def _post(args: CollectArgs, outcome: Outcome, sink: str) -> int:
+def _post(args: CollectStep, outcome: Outcome, sink: str, reply_token: str) -> int:
     assert args.reply is not None
     if not sink:
         return fail(
@@ -200,7 +233,7 @@ def _post(args: CollectArgs, outcome: Outcome, sink: str) -> int:
         trace=args.reply.trace,
     )
     try:
-        post_events(sink, events)
+        post_events(sink, events, RelayToken(args.run_id, reply_token) if reply_token else None)
     except SinkRefused as err:
         return fail(f"collect: the outcome is stored but the sink refused the reply: {err}")
     return 0
@@ -223,7 +256,9 @@ def unavailable(message: str) -> int:
 
 
 def read_head(path: Path, limit: int) -> bytes:
-    """Up to ``limit`` bytes from the start of ``path``; empty if it does not exist."""
+    """Up to ``limit`` bytes from the start of ``path`` (one of ours: the mounted stdin
+    Secret); empty if it does not exist. Files the resource step wrote go through
+    ``untrusted_files`` instead."""
     try:
         with path.open("rb") as stream:
             return stream.read(limit)
@@ -231,22 +266,10 @@ def read_head(path: Path, limit: int) -> bytes:
         return b""
 
 
-def read_tail(path: Path, limit: int) -> bytes:
-    """The last ``limit`` bytes of ``path``; empty if it does not exist."""
-    try:
-        with path.open("rb") as stream:
-            size = stream.seek(0, 2)
-            stream.seek(max(0, size - limit))
-            return stream.read()
-    except FileNotFoundError:
-        return b""
-
-
-def _read_int(path: Path) -> int | None:
+def _as_int(text: bytes | None) -> int | None:
     """The integer in a small file the resource step wrote, or None."""
-    text = read_head(path, 64).strip()
     try:
-        return int(text) if text else None
+        return int(text.strip()) if text and text.strip() else None
     except ValueError:
         return None
 

@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 import requests
 
-from functions.keys import run_id
 from tests.e2e.conftest import Services, start_services
 from tests.e2e.events import request_event, send
 from tests.e2e.test_exactly_once_across_crashes import containers_of, service_env, wait_running
 from tests.event_sink import event_sink
+from tests.runs import run_of as run_id_of
 
 
 def get_event(delay: int = 0, **extensions: str) -> Any:
@@ -34,7 +34,7 @@ def get_event(delay: int = 0, **extensions: str) -> Any:
 
 
 def run_of(event: Any) -> str:
-    return run_id(event.get_source(), event.get_id(), "get")
+    return run_id_of("e2e", event.get_source(), event.get_id(), "get")  # service_env's secret
 
 
 def get_service(env: dict[str, str], log: Path) -> Services:

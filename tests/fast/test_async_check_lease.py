@@ -12,6 +12,7 @@ import pytest
 from functions import cli
 from functions.budget import async_lease_seconds
 from functions.model import HistoryPlan, LeaseHold, ResourceType, Task
+from functions.pod_contract import CollectStep
 from functions.runtimes.podspec import KubernetesConfig, job_manifest, plan_for
 from functions.task import in_pod
 
@@ -62,9 +63,9 @@ def test_collect_is_told_the_lease_of_an_async_check_and_of_nothing_else() -> No
     held = collect_command(check_task(lease=HELD))
     plain = collect_command(check_task())
 
-    assert held[held.index("--lease-key") + 1] == HELD.key
-    assert held[held.index("--lease-holder") + 1] == HELD.holder
-    assert "--lease-key" not in plain and "--lease-holder" not in plain
+    python_m_functions_collect = 4
+    assert CollectStep.parse(held[python_m_functions_collect:]).lease == HELD
+    assert CollectStep.parse(plain[python_m_functions_collect:]).lease is None
 
 
 def test_the_collect_step_reads_its_lease_from_the_arguments_of_its_container(

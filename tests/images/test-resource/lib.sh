@@ -10,6 +10,19 @@ delay=$(number delay); [ -n "$delay" ] && sleep "$delay"
 echo "$(basename "$0") mode=${mode:-ok} password=$(field password)" >&2
 # The trace context handed over in the env (the tests look for it in the stored log).
 echo "traceparent=${TRACEPARENT:-none}" >&2
+# "hostile": replace what the resource step leaves for collect ("target": a file of
+# /tmp/build/.task, or the task dir or the get's output dir itself) with a link to
+# /proc/self/environ (a directory: to /proc/self), a FIFO or a 10 GiB sparse file ("as").
+hostile() {
+  case "$1" in .task) path=/tmp/build/.task ;; get) path=/tmp/build/get ;; *) path=/tmp/build/.task/$1 ;; esac
+  rm -rf "$path"
+  case "$2" in
+    link) if [ "$1" = .task ] || [ "$1" = get ]; then ln -s /proc/self "$path"; else ln -s /proc/self/environ "$path"; fi ;;
+    fifo) mkfifo "$path" ;;
+    sparse) truncate -s 10G "$path" ;;
+  esac
+}
+[ "$mode" = hostile ] && hostile "$(field target)" "$(field as)"
 case "$mode" in
   fail) echo "error: cannot reach the repository" >&2; exit 3 ;;
   echo) echo "debug: $payload" >&2; exit 2 ;;
