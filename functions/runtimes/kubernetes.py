@@ -102,6 +102,9 @@ class KubernetesRuntime:
         config_ = KubernetesConfig.from_settings(settings)
         return cls(api_client_from_env(settings.kubeconfig), store, config_)
 
+    def start_sweeps(self) -> None:
+        """Nothing to sweep: finished Jobs go by their ``ttlSecondsAfterFinished``."""
+
     def close(self) -> None:
         """Stop following asynchronous tasks (``collect`` replies for them) and wait until
         the followers have ended (at most one watch request, ``watch_seconds``)."""
