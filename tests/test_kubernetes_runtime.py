@@ -187,6 +187,7 @@ def make_runtime(api: Any, store: Any) -> Iterator[Callable[..., KubernetesRunti
     yield make
     for runtime in made:
         runtime._closed.set()  # background followers stop; the fixture closes the client
+        runtime._pods.close()  # and so does the pod watch
 
 
 def make_task(
