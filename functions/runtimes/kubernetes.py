@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -46,9 +46,16 @@ from functions.phases import PhaseClock, timed
 from functions.pod_contract import MANAGED_BY
 from functions.runtimes import Ended, podspec
 from functions.runtimes.background import BackgroundRuns, report_end
-from functions.runtimes.job_status import Verdict, is_finished, judge, pod_started, started_at
+from functions.runtimes.job_status import (
+    Verdict,
+    is_finished,
+    judge,
+    pod_phases,
+    pod_started,
+    started_at,
+)
 from functions.runtimes.kube_api import KubeApi, api_client_from_env, owner_uids, uid_of
-from functions.runtimes.pod_watch import PodWatch
+from functions.runtimes.pod_watch import Pods, PodWatch
 from functions.runtimes.podspec import JobPlan, KubernetesConfig, plan_for
 from functions.sink import post_outcome
 from storage import Store
@@ -112,10 +119,10 @@ class KubernetesRuntime:
         self._api.close()
 
     def run(self, task: Task) -> Outcome:
-        """Run the task's Job (or attach to it) and return its stored outcome. Its phases
-        are coarser than the container runtime's: ``launch`` (Job and Secret), ``pod`` (the
-        pod from scheduling to its end: image pull, stage, script and collect inside it) and
-        ``result`` (reading what collect stored)."""
+        """Run the task's Job (or attach to it) and return its stored outcome. Its phases:
+        ``launch`` (Job and Secret), ``pod`` (the pod from scheduling to its end, as seen
+        here), ``result`` (reading what collect stored) and, inside ``pod``, those collect
+        reported (``pod_contract.POD_PHASES``, on the node's clock)."""
         plan = plan_for(task, self._config, self._store.url, reply=False)
         clock = PhaseClock()
         try:
@@ -138,8 +145,10 @@ class KubernetesRuntime:
     def start(self, task: Task, ended: Ended | None = None) -> None:
         """Create the Job (idempotent) and return; the task posts its own reply."""
         plan = plan_for(task, self._config, self._store.url, reply=True)
+        clock = PhaseClock()
         try:
-            job = self._launch(plan, task.stdin, task.secrets)
+            with clock.phase("launch"):
+                job = self._launch(plan, task.stdin, task.secrets)
         except Rejected as err:
             outcome = self._rejected(task, plan, err)
             lease.release_held(self._store, task.lease)
@@ -153,7 +162,7 @@ class KubernetesRuntime:
             if task.run_id in self._following:
                 return
             self._following.add(task.run_id)
-        self._background.submit(self._follow_and_reply, task, plan, job, ended)
+        self._background.submit(self._follow_and_reply, task, plan, job, ended, clock)
 
     # --- creating ------------------------------------------------------------------------
 
@@ -229,9 +238,13 @@ class KubernetesRuntime:
     ) -> Settled:
         try:
             with timed(clock, "pod"):
-                verdict = self._follow(plan, job)
+                verdict, pods = self._follow(plan, job)
             with timed(clock, "result"):
                 settled = self._conclude(task, plan, verdict)
+            inside = replace(
+                settled.outcome, phases=(*settled.outcome.phases, *pod_phases(pods.values()))
+            )
+            settled = replace(settled, outcome=inside)
         except StorageError as err:
             settled = Settled(final_failure(task.action, err), by_collect=False)
         except KubeApiError as err:  # none expected while following
@@ -241,8 +254,9 @@ class KubernetesRuntime:
         self._drop_secret(plan)
         return settled
 
-    def _follow(self, plan: JobPlan, job: dict[str, Any]) -> Verdict:
-        """Judge the Job and its pods, as the shared watch sees them, until a verdict. The
+    def _follow(self, plan: JobPlan, job: dict[str, Any]) -> tuple[Verdict, Pods]:
+        """Judge the Job and its pods, as the shared watch sees them, until a verdict (with
+        the pods it was reached on). The
         Job is read again when a pod failed, went or vanished (then the Job's state decides),
         and when its pods have not changed for ``watch_seconds`` (a Job deleted or failed
         without a pod shows no pod event)."""
@@ -261,7 +275,7 @@ class KubernetesRuntime:
                 if verdict is None and time.monotonic() >= deadline:
                     verdict = Verdict("timeout")
                 if verdict is not None:
-                    return verdict
+                    return verdict, pods
                 if self._closed.is_set():
                     raise StoppedFollowing("the runtime was closed while following a task")
                 left = min(self._config.watch_seconds, deadline - time.monotonic())
@@ -338,17 +352,23 @@ class KubernetesRuntime:
             log.exception("cannot post the reply", extra=fields(run_id=task.run_id))
 
     def _follow_and_reply(
-        self, task: Task, plan: JobPlan, job: dict[str, Any], ended: Ended | None
+        self,
+        task: Task,
+        plan: JobPlan,
+        job: dict[str, Any],
+        ended: Ended | None,
+        clock: PhaseClock,
     ) -> None:
         """Async tasks: post the failures collect never saw (best effort: the function may
-        be scaled down before the task ends; collect replies for every task it finishes)."""
+        be scaled down before the task ends; collect replies for every task it finishes).
+        The run's phases are ``run``'s (``pod``: from when this follower began)."""
         try:
-            settled = self._settle(task, plan, job)
+            settled = self._settle(task, plan, job, clock)
             # The task has ended: collect released an async check's lease if it ran (this is
             # then one read); else the failure is recorded here, or nothing if the store is
             # down (a waiter then runs the check).
             lease.release_held(self._store, task.lease)
-            report_end(ended, task, settled.outcome)
+            report_end(ended, task, clock.attach(settled.outcome))
             if not settled.by_collect:
                 post_outcome(self._config.sink, task, settled.outcome)
         except StoppedFollowing:
