@@ -878,7 +878,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "imageGCHighThresholdPercent": 100,
             "imageGCLowThresholdPercent": 99,
             "serializeImagePulls": False,
-            "maxPods": 50,
+            "maxPods": 110,  # the kubelet's default: the load test runs 20 Jobs beside Knative
             "syncFrequency": "10s",
             "fileCheckFrequency": "20s",
             "nodeStatusUpdateFrequency": "5s",
