@@ -19,6 +19,7 @@ import signal
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -222,19 +223,42 @@ def deployment(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[ClusterDeployment]:
     """check/get/put services on this machine, running their tasks as Jobs in the cluster."""
+    with cluster_services(
+        cluster,
+        cluster_images["task"],
+        resource_types(cluster_images["resource"], gateway_registry),
+        gateway_s3,
+        namespace,
+        functions_kubeconfig,
+        tmp_path_factory.mktemp("cluster-deployment"),
+    ) as deployed:
+        yield deployed
+
+
+@contextmanager
+def cluster_services(
+    cluster: Cluster,
+    task_image: str,
+    types: str,
+    gateway_s3: GatewayS3,
+    namespace: str,
+    kubeconfig: Path,
+    tmp: Path,
+) -> Iterator[ClusterDeployment]:
+    """The three services with ``RESOURCE_TYPES=types``, their tasks Jobs in the cluster;
+    their environment is set for the block only."""
     from storage import open_store
     from tests.e2e.conftest import start_services
 
-    tmp = tmp_path_factory.mktemp("cluster-deployment")
     env = {
         "RUNTIME": "kubernetes",
-        "KUBECONFIG": str(functions_kubeconfig),
+        "KUBECONFIG": str(kubeconfig),
         "TASK_NAMESPACE": namespace,
-        "TASK_IMAGE": cluster_images["task"],
+        "TASK_IMAGE": task_image,
         "TASK_STORE_SECRET": STORE_SECRET,
         "TASK_MARGIN_SECONDS": str(TASK_MARGIN_SECONDS),
         "STORE_URL": f"s3://{gateway_s3.bucket}/cluster-{uuid.uuid4().hex[:8]}",
-        "RESOURCE_TYPES": resource_types(cluster_images["resource"], gateway_registry),
+        "RESOURCE_TYPES": types,
         "CACHE_SECRET": "cluster-e2e-cache-secret",
         "LOG_LEVEL": "debug",
         "WORK_DIR": str(tmp),
@@ -259,9 +283,7 @@ def deployment(
         store = open_store(env["STORE_URL"])
         services = start_services(env, tmp / "services.log")
         try:
-            yield ClusterDeployment(
-                cluster, services, store, gateway_s3, namespace, functions_kubeconfig
-            )
+            yield ClusterDeployment(cluster, services, store, gateway_s3, namespace, kubeconfig)
         finally:
             services.stop()
 
