@@ -12,7 +12,7 @@ Layout of the shared build volume (``BUILD_DIR``)::
         exit-code               the script's exit code (TIMED_OUT_EXIT_CODE after a timeout)
         timed-out               the timeout in whole seconds, if the watchdog stopped it
     /secret/stdin               the stdin payload (a Secret), read by resource and collect
-    /secret/redact              resolved credential values (JSON list), for collect to redact
+    /secret/redact              the values to redact (JSON list), computed by the function
     /var/run/secrets/resource-functions/store/
                                 the store's credentials (the deployment's store Secret, one
                                 file per key), mounted into stage and collect only
@@ -36,8 +36,8 @@ TASK_DIR = f"{BUILD_DIR}/{TASK_SUBDIR}"
 SECRET_DIR = "/secret"
 STDIN_KEY = "stdin"
 STDIN_FILE = f"{SECRET_DIR}/{STDIN_KEY}"
-# Beside stdin in the same Secret: a JSON list of the resolved credential values, which
-# collect redacts whatever their length (they are all in stdin already).
+# Beside stdin in the same Secret: a JSON list of the values collect redacts (Task.secrets:
+# the function applies the policy, REDACT_KEYS included, so collect needs no setting).
 REDACT_KEY = "redact"
 STAGE_ERROR_FILE = "stage-error"
 STDOUT_FILE = "stdout"

@@ -19,6 +19,7 @@ from typing import Any, TypeVar, cast
 from functions.errors import ConfigError
 from functions.model import ResourceType
 from functions.pod_contract import STEP_ENV
+from functions.redaction import DEFAULT_REDACT_KEYS
 from functions.tracing import tracing_wanted
 from storage.archive import ArchiveOptions, Limits
 from storage.options import StoreOptions, env_int
@@ -78,6 +79,8 @@ class Settings:
     allowed_images: tuple[str, ...] = ("*",)  # ALLOWED_IMAGES: globs for an explicit image
     sender_audience: str = ""  # SENDER_AUDIENCE: require a Kubernetes token for it
     allowed_senders: tuple[str, ...] = ("*",)  # ALLOWED_SENDERS: globs of token usernames
+    # REDACT_KEYS: globs of the keys of source/params whose literal values are secrets
+    redact_keys: tuple[str, ...] = DEFAULT_REDACT_KEYS
     docker_api_version: str = "1.41"
     container_network: str = ""
     work_dir: str = ""
@@ -137,6 +140,7 @@ class Settings:
             allowed_images=patterns(env.get("ALLOWED_IMAGES")),
             sender_audience=env.get("SENDER_AUDIENCE", "").strip(),
             allowed_senders=patterns(env.get("ALLOWED_SENDERS")),
+            redact_keys=redact_keys(env.get("REDACT_KEYS")),
             docker_api_version=env.get("DOCKER_API_VERSION") or "1.41",
             container_network=env.get("CONTAINER_NETWORK", ""),
             work_dir=env.get("WORK_DIR", ""),
@@ -163,6 +167,19 @@ def patterns(value: str | None) -> tuple[str, ...]:
         return ("*",)
     found = tuple(p for p in re.split(r"[,\s]+", value.strip()) if p)
     return () if found == ("none",) else found
+
+
+def redact_keys(value: str | None) -> tuple[str, ...]:
+    """REDACT_KEYS: globs (comma or whitespace separated); ``default`` stands for the
+    built-in list, so ``default,access_key_id`` adds one. Unset: the built-in list; empty or
+    ``none``: no literal value is redacted (resolved values and URL userinfo still are)."""
+    if value is None:
+        return DEFAULT_REDACT_KEYS
+    found = [p for p in re.split(r"[,\s]+", value.strip()) if p]
+    if found == ["none"]:
+        return ()
+    expanded = (DEFAULT_REDACT_KEYS if p == "default" else (p,) for p in found)
+    return tuple(dict.fromkeys(key for keys in expanded for key in keys))
 
 
 def _storage_setting(read: Callable[[Mapping[str, str]], T], env: Mapping[str, str]) -> T:

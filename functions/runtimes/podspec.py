@@ -12,7 +12,7 @@ Pod layout (one shared ``emptyDir`` mounted at ``/tmp/build`` in every container
 check and get have no inputs, so they have no ``stage`` container (one image start less);
 ``RESOURCE_SCRIPT`` creates ``/tmp/build/.task`` itself. The stdin Secret (the only place the
 request's ``source``/``params`` live) is mounted into ``resource`` and ``collect`` (which
-needs it to redact secrets from the log) and nowhere else; no env var, argument, label or
+reads the values to redact beside stdin) and nowhere else; no env var, argument, label or
 annotation carries anything from it. Store credentials reach ``stage``/``collect`` only,
 as the files of the deployment's store Secret, which no other container mounts.
 """
@@ -412,8 +412,8 @@ def _with_resources(container: dict[str, Any], plan: JobPlan) -> dict[str, Any]:
 def stdin_secret_manifest(
     plan: JobPlan, stdin: bytes, owner_uid: str, secrets: tuple[str, ...] = ()
 ) -> dict[str, Any]:
-    """The Secret holding the script's stdin (and, for collect to redact, the resolved
-    credential values ``secrets``), owned by the Job (garbage-collected with it).
+    """The Secret holding the script's stdin (and, for collect to redact, the values
+    ``secrets``: ``Task.secrets``), owned by the Job (garbage-collected with it).
     No ``blockOwnerDeletion``: that needs delete rights on the owner's finalizers."""
     if not owner_uid:
         raise ValueError("the stdin Secret needs the uid of the Job that owns it")

@@ -20,6 +20,7 @@ from functions.metrics import Metrics
 from functions.model import Action, HistoryPlan, Outcome, RepeatableGet, Request, Task
 from functions.outcome import final_failure
 from functions.phases import seconds_by_phase
+from functions.redaction import secret_values
 from functions.replies import discovered_events, reply_event
 from functions.runtimes import Runtime
 from functions.service import checks, shared_check
@@ -418,7 +419,12 @@ class Service:
             request_id=request.event_id,
             request_source=request.event_source,
             subject=request.subject,
-            secrets=request.secrets,
+            secrets=secret_values(
+                source=request.source,
+                params=request.params,
+                resolved=request.secrets,
+                keys=self.settings.redact_keys,
+            ),
             history=checks.history_plan(self.settings, request),
             trace=request.trace,
         )
