@@ -49,12 +49,16 @@ def test_paths_var_sources_and_nested_fields_are_refused(text: str) -> None:
 
 @pytest.fixture
 def creds(tmp_path: Path) -> CredentialsDir:
-    (tmp_path / "user").write_text("global-user\n")
-    (tmp_path / "pw").write_text("p")
-    (tmp_path / "aws").mkdir()
-    (tmp_path / "aws" / "secret").write_text("aws-secret\n\n")
-    (tmp_path / "main").mkdir()
-    (tmp_path / "main" / "user").write_text("main-user")
+    shared, main = tmp_path / "shared", tmp_path / "teams" / "main"
+    (shared / "aws").mkdir(parents=True)
+    (shared / "user").write_text("global-user\n")
+    (shared / "pw").write_text("p")
+    (shared / "aws" / "secret").write_text("aws-secret\n\n")
+    main.mkdir(parents=True)
+    (main / "user").write_text("main-user")
+    (tmp_path / "teams" / "blue" / "token").mkdir(parents=True)
+    (tmp_path / "teams" / "blue" / "token" / "value").write_text("blue-secret")
+    (tmp_path / "teams" / "blue" / "plain").write_text("blue-plain")
     return CredentialsDir(tmp_path)
 
 
@@ -67,6 +71,38 @@ def test_dir_provider_files_fields_and_team_scope(creds: CredentialsDir) -> None
     assert creds.lookup(Reference("nope"), Build()) is None
     with pytest.raises(InvalidRequest):
         creds.lookup(Reference("user"), Build(team=".."))
+
+
+@pytest.mark.parametrize("team", ["", "main", "other"], ids=["no-team", "team-main", "team-other"])
+@pytest.mark.parametrize(
+    "ref",
+    [
+        Reference("blue", "plain"),
+        Reference("blue", "token"),
+        Reference("teams", "blue"),
+        Reference("token", "value"),
+        Reference("plain"),
+    ],
+    ids=str,
+)
+def test_no_team_and_no_name_reaches_another_teams_values(
+    creds: CredentialsDir, team: str, ref: Reference
+) -> None:
+    assert creds.lookup(ref, Build(team=team)) is None
+    assert creds.lookup(Reference("plain"), Build(team="blue")) == "blue-plain"  # blue's own
+
+
+def test_a_directory_in_the_old_layout_says_so_at_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "blue").mkdir()
+    (tmp_path / "blue" / "token").write_text("blue-secret")  # team blue's, in the old layout
+    (tmp_path / "user").write_text("old")
+    provider = CredentialsDir(tmp_path)
+    assert "shared/" in caplog.text and "teams/" in caplog.text
+    assert provider.lookup(Reference("user"), Build(team="main")) is None
+    for build in (Build(), Build(team="main")):  # the old fallback to the root read it
+        assert provider.lookup(Reference("blue", "token"), build) is None
 
 
 def test_a_missing_credentials_dir_is_unavailable(tmp_path: Path) -> None:

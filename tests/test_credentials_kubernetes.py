@@ -55,6 +55,24 @@ def test_concourse_lookup_order_and_keys(secrets: KubernetesSecrets) -> None:
     assert secrets.lookup(Reference("token"), Build()) is None  # no team, no namespace
 
 
+@pytest.mark.parametrize(
+    "build",
+    [Build(), Build(team="main"), Build(team="main", pipeline="other"), Build(pipeline="other")],
+    ids=["no-team", "team-main", "team-main-pipeline", "pipeline-alone"],
+)
+@pytest.mark.parametrize(
+    "ref",
+    [Reference("token"), Reference("other", "token"), Reference("concourse-other", "token")],
+    ids=str,
+)
+def test_no_team_and_no_name_reaches_another_teams_secrets(
+    api: Any, secrets: KubernetesSecrets, build: Build, ref: Reference
+) -> None:
+    put_secret(api, "concourse-other", "other.token", value="other-team")
+    put_secret(api, "concourse-other", "other", token="other-team")
+    assert secrets.lookup(ref, build) != "other-team"
+
+
 def test_the_namespace_prefix_is_configurable(api: Any, secrets: KubernetesSecrets) -> None:
     prefixed = KubernetesSecrets(secrets.api, prefix="ci-")
     assert prefixed.lookup(Reference("token"), Build(team="main")) == "prefixed"

@@ -20,9 +20,10 @@ SHORT = "fail"  # a 4-character credential: literal values this short are not re
 def deployment(docker_host, resource_image, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("creds")
     creds = tmp / "credentials"
-    (creds / "main" / "git").mkdir(parents=True)
-    (creds / "main" / "git" / "password").write_text(CANARY + "\n")
-    (creds / "mode").write_text(SHORT + "\n")
+    (creds / "teams" / "main" / "git").mkdir(parents=True)
+    (creds / "teams" / "main" / "git" / "password").write_text(CANARY + "\n")
+    (creds / "shared").mkdir()
+    (creds / "shared" / "mode").write_text(SHORT + "\n")
     (tmp / "store").mkdir()
     env = {
         "DOCKER_HOST": docker_host,

@@ -22,9 +22,10 @@ SECRET = "s3cr"  # short on purpose: resolved values are redacted whatever their
 @pytest.fixture
 def creds(tmp_path: Path) -> Path:
     root = tmp_path / "creds"
-    (root / "main" / "git").mkdir(parents=True)
-    (root / "main" / "git" / "password").write_text(SECRET + "\n")
-    (root / "uri").write_text("https://git.example.com/r.git\n")
+    (root / "teams" / "main" / "git").mkdir(parents=True)
+    (root / "teams" / "main" / "git" / "password").write_text(SECRET + "\n")
+    (root / "shared").mkdir()
+    (root / "shared" / "uri").write_text("https://git.example.com/r.git\n")
     return root
 
 
@@ -118,12 +119,12 @@ def test_cache_key_follows_the_resolved_source(store: Store, creds: Path) -> Non
 
     by_reference = key({"password": "((git.password))"}, "a")
     assert key({"password": SECRET}, "b") == by_reference  # literal, same value
-    (creds / "main" / "git" / "password").write_text("rotated\n")
+    (creds / "teams" / "main" / "git" / "password").write_text("rotated\n")
     assert key({"password": "((git.password))"}, "c") != by_reference
-    (creds / "main" / "git" / "password").write_text(SECRET)
+    (creds / "teams" / "main" / "git" / "password").write_text(SECRET)
     assert key({"password": "((git.password))"}, "d") == by_reference
-    (creds / "other" / "git").mkdir(parents=True)
-    (creds / "other" / "git" / "password").write_text("team-b")
+    (creds / "teams" / "other" / "git").mkdir(parents=True)
+    (creds / "teams" / "other" / "git" / "password").write_text("team-b")
     assert key({"password": "((git.password))"}, "e", team="other") != by_reference
 
 
@@ -162,7 +163,7 @@ def test_a_redelivery_replays_its_answer_after_its_credential_is_deleted(
     request = get_event({"password": "((git.password))"})
     first = post(app, request)
     assert first.status_code == 200
-    (creds / "main" / "git" / "password").unlink()
+    (creds / "teams" / "main" / "git" / "password").unlink()
     again = post(app, request)
     assert again.status_code == 200 and len(runtime.ran) == 1
     assert reply_of(again).get_data() == reply_of(first).get_data()

@@ -234,14 +234,14 @@ def test_a_removed_artifact_is_noticed_by_the_look_the_full_way_takes(store: Sto
 
 def test_gets_with_references_are_resolved_on_every_request(store: Store, tmp_path: Path) -> None:
     creds = tmp_path / "creds"
-    (creds / "main").mkdir(parents=True)
-    (creds / "main" / "token").write_text("one\n")
+    (creds / "teams" / "main").mkdir(parents=True)
+    (creds / "teams" / "main" / "token").write_text("one\n")
     ways = Ways(store, credentials_provider="dir", credentials_dir=str(creds))
     data = {**GET, "source": {"token": "((token))"}, "build": {"team": "main"}}
     ways.cached(store, data)
     calls = ways.full_calls
     assert reply_of(post(ways.short, event("get", data, id="h"))).get_data()["cached"] is True
-    (creds / "main" / "token").write_text("two\n")  # rotated: another source, another key
+    (creds / "teams" / "main" / "token").write_text("two\n")  # rotated: another source, another key
     rotated = reply_of(post(ways.short, event("get", data, id="rotated")))
     assert rotated.get_data().get("cached") is not True and len(ways.runtime.ran) == 2
     assert ways.full_calls == calls + 2
