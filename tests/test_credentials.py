@@ -150,7 +150,7 @@ def test_without_references_nothing_is_looked_up() -> None:
 def test_a_resolved_value_too_short_to_redact_is_named_in_a_warning_never_shown(
     creds: CredentialsDir, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    (tmp_path / "short").write_text("e\n")
+    (tmp_path / "shared" / "short").write_text("e\n")
     with caplog.at_level("WARNING", logger="functions.credentials"):
         resolved = resolve(
             creds, Build(), source={"a": "((short))", "b": "((user))"}, params={}, version=None
