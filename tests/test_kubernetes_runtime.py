@@ -33,6 +33,7 @@ from kubernetes import client
 from functions import cli, keys, lease, pod_contract, protocol, records
 from functions.errors import Unavailable
 from functions.model import Build, LeaseHold, ResourceType, Task
+from functions.redaction import secret_values
 from functions.runtimes.job_status import judge
 from functions.runtimes.kube_api import Rejected, belongs, translate
 from functions.runtimes.kubernetes import KubernetesRuntime
@@ -204,6 +205,7 @@ def make_task(
         request_id=request_id,
         request_source="//ci.example.com",
         subject="pipelines/main",
+        secrets=secret_values(source=source, params={}),  # as the service computes them
     )
 
 
@@ -363,8 +365,9 @@ class Node:
             (build / "get" / name).parent.mkdir(parents=True, exist_ok=True)
             (build / "get" / name).write_bytes(body)
         stdin = build.parent / "stdin"
-        if secret is not None:
-            stdin.write_bytes(base64.b64decode(secret["data"]["stdin"]))
+        if secret is not None:  # each key of the Secret is a file of its volume
+            for key, value in secret["data"].items():
+                stdin.with_name(key).write_bytes(base64.b64decode(value))
         command = next(
             c
             for c in job["spec"]["template"]["spec"]["containers"]
@@ -372,13 +375,16 @@ class Node:
             if c["name"] == step
         )["command"]
         assert command[:3] == ["python", "-m", "functions"]
+        paths = {
+            "/tmp/build": str(build),
+            "/secret/stdin": str(stdin),
+            "/tmp/build/put": str(build / "put"),
+        }
+        # Arguments are --name=value (pod_contract): map the value of each.
         argv = [
-            {
-                "/tmp/build": str(build),
-                "/secret/stdin": str(stdin),
-                "/tmp/build/put": str(build / "put"),
-            }.get(a, a)
+            f"{name}={paths.get(value, value)}" if sep else paths.get(a, a)
             for a in command[3:]
+            for name, sep, value in [a.partition("=")]
         ]
         return cli.main(argv)
 

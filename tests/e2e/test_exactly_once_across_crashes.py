@@ -17,7 +17,7 @@ import requests
 
 from functions.keys import run_id
 from functions.model import ResourceType, Task
-from functions.protocol import stdin_payload
+from functions.protocol import MAX_STDERR_BYTES, stdin_payload
 from functions.runtimes.container import ContainerConfig, ContainerRuntime
 from storage import open_store
 from storage.archive import ArchiveOptions, Limits
@@ -181,7 +181,9 @@ def test_an_exited_container_left_behind_is_adopted(docker_host, resource_image,
     task = check_task(resource_image, {"count": 1, "nonce": uuid.uuid4().hex})
     since = time.time() - 1
     leftover = runtime._create(task, tmp_path)
-    runtime._feed_and_wait(leftover, task)  # ran and exited; then "the service died"
+    runtime._feed_and_wait(
+        leftover, task, MAX_STDERR_BYTES
+    )  # ran and exited; then "the service died"
     outcome = runtime.run(task)
     runtime.close()  # waits for the removal, which no longer holds up the reply
     assert outcome.data == {"versions": [{"ref": "1"}]}
