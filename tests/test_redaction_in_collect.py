@@ -42,11 +42,12 @@ def collect(
     stdout: str = "[]",
     values: list[str] = RESOLVED,
     action: str = "check",
+    exit_code: int = 0,
 ) -> tuple[dict[str, Any], str]:
     """Run collect on what a resource step left; the result record and the stored log."""
     task = tmp_path / "build/.task"
     task.mkdir(parents=True, exist_ok=True)
-    (task / "exit-code").write_text("0\n")
+    (task / "exit-code").write_text(f"{exit_code}\n")
     (task / "stdout").write_text(stdout)
     (task / "stderr").write_bytes(stderr)
     (tmp_path / "stdin").write_text(json.dumps({"source": {}}))
@@ -103,6 +104,20 @@ def test_each_form_of_a_secret_is_redacted(tmp_path: Path, store_dir: Path, form
     assert form[4:-4] not in log  # base64: the ends hold bits of the neighbours too
     assert log.startswith("before ") and log.endswith(" after\n") and "[redacted]" in log
     assert len(log) <= len("before [redacted] after\n") + 8  # base64: the neighbours' bits
+
+
+def test_the_log_tail_s_progress_collapse_shows_redacted_states_only(
+    tmp_path: Path, store_dir: Path
+) -> None:
+    header = "Authorization: Basic " + b64(f"ci:{SECRET}".encode())
+    progress = "".join(f"\rReceiving objects: {n}% {header}" for n in range(0, 101, 25))
+    stderr = f"Cloning...\n{progress}\nfatal: Authentication failed\n".encode()
+    result, _ = collect(tmp_path, store_dir, stderr, exit_code=128)
+    tail = result["error"]["log_tail"]
+    assert tail == (
+        "Cloning...\nReceiving objects: 100% Authorization: Basic Y2k6[redacted]==\n"
+        "fatal: Authentication failed\n"
+    )
 
 
 def test_overlapping_secrets_leave_nothing(tmp_path: Path, store_dir: Path) -> None:

@@ -89,25 +89,31 @@ class Redactor:
         flat = _flat(data)
         offsets = _Offsets(data) if len(flat) != len(data) else None
         found: list[tuple[int, int]] = []
-        overlap = self._longest - 1
-        view = memoryview(flat)
-        for block in range(0, len(flat), _BLOCK):
+        view, overlap = memoryview(flat), self._longest - 1
+        for block in range(0, len(flat), _BLOCK):  # blocks overlap: a match may cross one
             base = max(0, block - overlap)
             matches = self._automaton.find_matches_as_indexes(
                 view[base : block + _BLOCK], overlapping=True
             )
-            spans = []
-            for index, begin, end in matches:
-                if base + end <= block:
-                    continue  # the block before found it
-                begin, end = base + begin, base + end
-                if offsets is not None:
-                    begin, end = offsets.original(begin), offsets.original(end - 1) + 1
-                    if end - begin > self._spans[index]:
-                        continue  # too many line breaks in it to be a folded form
-                spans.append((begin, end))
-            found += _merged(spans)
+            found += _merged(self._spans_in(matches, base, block, offsets))
         return _merged(found)
+
+    def _spans_in(
+        self, matches: list[tuple[int, int, int]], base: int, block: int, offsets: _Offsets | None
+    ) -> list[tuple[int, int]]:
+        """The ranges of ``data`` that the matches in a block (from flat position ``base``)
+        cover; those ending before ``block`` belong to the block before."""
+        spans = []
+        for index, begin, end in matches:
+            if base + end <= block:
+                continue
+            begin, end = base + begin, base + end
+            if offsets is not None:
+                begin, end = offsets.original(begin), offsets.original(end - 1) + 1
+                if end - begin > self._spans[index]:
+                    continue  # too many line breaks in it to be a folded form
+            spans.append((begin, end))
+        return spans
 
 
 def span(form: bytes, flat: bytes) -> int:
