@@ -46,7 +46,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from functions.cli.busybox_image import build_resource_image
-from functions.keys import run_id
+from functions.keys import ANONYMOUS, run_id
 from functions.protocol import stdin_payload
 from tests.servers.versitygw import free_port, start_versitygw
 
@@ -54,6 +54,7 @@ EXAMPLE = REPO / "examples" / "hello-resource"
 BUCKET = "bench-latency"
 SOURCE = {"latest": "3", "greeting": "hello"}
 EVENT_SOURCE = "/bench/latency"
+CACHE_SECRET = b"bench-latency"
 
 
 # --- the parts: engine, S3 server, services ------------------------------------------------
@@ -285,7 +286,15 @@ def check_vs_bare_run(url: str, image: str, args: argparse.Namespace) -> dict[st
             sys.exit(f"check through the service failed: {status} {body[:300]!r}")
         # The service removes its container after replying: let that end before the bare
         # run, so it is not timed as part of the bare run.
-        gone(f"rf-{run_id(EVENT_SOURCE, event_id, 'check')}")
+        run = run_id(
+            CACHE_SECRET,
+            sender=ANONYMOUS,
+            team="",
+            event_source=EVENT_SOURCE,
+            event_id=event_id,
+            action="check",
+        )
+        gone(f"rf-{run}")
         return took
 
     def bare_run() -> float:
@@ -382,7 +391,7 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
         common = {
             "DOCKER_HOST": docker_host,
             "RESOURCE_TYPES": json.dumps({"hello": image}),
-            "CACHE_SECRET": "bench-latency",
+            "CACHE_SECRET": CACHE_SECRET.decode(),
             "WORK_DIR": str(tmp),
             "CONTAINER_NETWORK": args.network,
         }

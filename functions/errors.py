@@ -2,8 +2,10 @@
 
     FunctionError             retryable = False
     ├── InvalidRequest        the event or its data is wrong: HTTP 400, nothing started
+    │   └── RequestIdReused   the run's (source, id) was used by another request: 400
     ├── NotAuthenticated      SENDER_AUDIENCE is set and the request has no valid token: 401
     ├── SenderNotAllowed      the token's identity is not in ALLOWED_SENDERS: 403
+    │   └── TeamNotAllowed    the sender may not name the request's team (SENDER_TEAMS): 403
     ├── Unavailable           retryable = True: infrastructure trouble (store, engine or
     │   │                     cluster unreachable): HTTP 503, so Knative redelivers
     │   └── SinkRefused       K_SINK did not take a reply event (requests' error is the cause)
@@ -40,12 +42,27 @@ class InvalidRequest(FunctionError):
         self.problems = list(problems)
 
 
+class RequestIdReused(InvalidRequest):
+    """Another request with the same sender, team and event ``(source, id)`` exists (stored,
+    running, or adopted after a crash): this one is refused, never given its reply."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "event id reused for another request: this (source, id) already names a request "
+            "with other data from this sender and team; give each request its own id"
+        )
+
+
 class NotAuthenticated(FunctionError):
     """The request carries no bearer token valid for this service's audience."""
 
 
 class SenderNotAllowed(FunctionError):
     """The request's token is valid, for an identity this service does not accept."""
+
+
+class TeamNotAllowed(SenderNotAllowed):
+    """The sender is allowed, but not for the team its request names."""
 
 
 class Unavailable(FunctionError):

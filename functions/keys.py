@@ -17,12 +17,26 @@ def canonical_json(value: Any) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
 
 
-def run_id(event_source: str, event_id: str, action: str = "") -> str:
-    """Identity of one request: the CloudEvent (source, id) pair, as 32 hex chars. The action
-    keeps a client that reuses an id across the three services from getting another
-    service's stored answer."""
-    parts = [event_source, event_id, action] if action else [event_source, event_id]
-    return hashlib.sha256(canonical_json(parts)).hexdigest()[:32]
+ANONYMOUS = "-"  # the sender of a request when no sender authentication is configured
+
+
+def run_id(
+    secret: bytes, *, sender: str, team: str, event_source: str, event_id: str, action: str
+) -> str:
+    """Identity of one request, as 32 hex chars: a keyed hash (``CACHE_SECRET``) of who sent
+    it (the authenticated sender, or ``ANONYMOUS``), the team it names, and its CloudEvent
+    ``(source, id)`` pair for this action. So a pair reused by another sender, for another
+    team or another service never names this request's run, and the id reveals nothing."""
+    message = canonical_json([sender, team, event_source, event_id, action])
+    return hmac.new(secret, message, hashlib.sha256).hexdigest()[:32]
+
+
+def request_digest(secret: bytes, *, action: str, subject: str | None, data: Any) -> str:
+    """A keyed hash of what a request asks for (its action, subject and ``data`` as sent,
+    ``((var))`` references unresolved): stored with its result, so a later request reusing the
+    run's ``(source, id)`` for something else is told so instead of getting this reply."""
+    message = canonical_json({"action": action, "subject": subject, "data": data})
+    return hmac.new(secret, message, hashlib.sha256).hexdigest()
 
 
 def cache_key(
@@ -69,3 +83,10 @@ def result_key(run: str) -> str:
 
 def log_key(run: str) -> str:
     return f"logs/{run}.log"
+
+
+def reply_token(secret: bytes, run: str) -> str:
+    """The token a run's ``collect`` step shows the reply relay to post that run's events
+    (``functions.http.reply_relay``): a keyed hash of the run id, so only whoever was given
+    it (the collect container, through the run's Secret) can post for the run."""
+    return hmac.new(secret, f"reply-token:{run}".encode(), hashlib.sha256).hexdigest()

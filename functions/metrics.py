@@ -1,14 +1,32 @@
-"""Prometheus metrics of one service, on a registry of its own (no global state)."""
+"""Prometheus metrics of one service, on a registry of its own (no global state).
+
+Every label has a bounded set of values: the action, an HTTP status, an outcome (succeeded
+or a failure kind), a phase name, a catalogue type name (operator configuration; requests
+naming an explicit image share ``(image)``), a store backend and operation. Never a run id,
+an event source, an image reference or anything a request chooses freely.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 DURATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 # Phases range from a millisecond (a store write) to the whole script.
 PHASE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800)
+# One store call: a small record on a local disk (well under a millisecond) to a large upload.
+STORE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120)
+# The age of a resource's last successful check when a check of it arrives, in check
+# intervals: about 1 when its checks succeed on schedule; past 3 it is stuck.
+CHECK_AGE_BUCKETS = (0.5, 1, 1.5, 2, 3, 5, 10, 30)
+EXPLICIT_IMAGE = "(image)"  # the ``type`` label of a request naming an image, not a type
+
+
+def type_label(type_name: str | None) -> str:
+    """The ``type`` label of a request: its catalogue type, or ``(image)``."""
+    return type_name or EXPLICIT_IMAGE
 
 
 @dataclass
@@ -37,15 +55,22 @@ class Metrics:
         )
         self.phase_duration = Histogram(
             "resource_function_run_phase_seconds",
-            "Time resource runs spent per phase (image_pull, stage, script, output, upload, "
-            "store, cleanup; the kubernetes runtime: launch, pod, result)",
+            "Time resource runs spent per phase (image_pull, stage, create, script, output, "
+            "upload, history, store; the kubernetes runtime: launch, pod, result)",
             ["action", "phase"],
             buckets=PHASE_BUCKETS,
             registry=self.registry,
         )
         self.cache_hits = Counter(
             "resource_function_cache_hits",
-            "Gets answered from the artifact cache",
+            "Requests answered without a run: a get from the artifact cache, a check from "
+            "the version history within its interval",
+            ["action"],
+            registry=self.registry,
+        )
+        self.cache_misses = Counter(
+            "resource_function_cache_misses",
+            "Gets that looked in the artifact cache and did not find their artifact",
             ["action"],
             registry=self.registry,
         )
@@ -62,6 +87,43 @@ class Metrics:
             ["action"],
             registry=self.registry,
         )
+        self.store_seconds = Histogram(
+            "resource_function_store_seconds",
+            "Duration of object store calls (open: until the stream is open; list: until "
+            "the listing is read)",
+            ["backend", "operation"],
+            buckets=STORE_BUCKETS,
+            registry=self.registry,
+        )
+        self.leases_held = Gauge(
+            "resource_function_check_leases_held",
+            "Checks this replica runs now holding their resource's lease",
+            registry=self.registry,
+        )
+        self.lease_waiters = Gauge(
+            "resource_function_check_lease_waiters",
+            "Checks waiting now for the run that holds their resource's lease",
+            registry=self.registry,
+        )
+        self.tasks_waiting = Gauge(
+            "resource_function_tasks_waiting",
+            "Tasks accepted whose resource script has not started yet (queued, pulling "
+            "the image, staging inputs; on Kubernetes: a Job whose pod has not started)",
+            ["action"],
+            registry=self.registry,
+        )
+        self.check_age = Histogram(
+            "resource_function_check_age_intervals",
+            "Age of a resource's last successful check when a check of it arrives, in "
+            "units of its check interval (checks with an interval and a history only)",
+            ["type"],
+            buckets=CHECK_AGE_BUCKETS,
+            registry=self.registry,
+        )
+
+    def count_waiting(self, action: str, waiting: Callable[[], int]) -> None:
+        """Report ``waiting()`` (read at each scrape) as ``tasks_waiting{action}``."""
+        self.tasks_waiting.labels(action).set_function(lambda: float(waiting()))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -54,6 +54,7 @@ class ResourceType:
     # Like Concourse's check_every: a check within this many seconds of the last one is
     # answered from the version history without a run (None or 0: every check runs).
     check_every: float | None = None
+    build_size_limit: str = ""  # Kubernetes: the task's build emptyDir sizeLimit (a quantity)
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,8 @@ class Request:
     # Resolved credential values (``((var))`` references).
     secrets: tuple[str, ...] = field(default=(), repr=False)
     trace: TraceContext | None = None
+    sender: str = "-"  # the authenticated sender (its token's identity), or "-" without one
+    digest: str = ""  # keys.request_digest: what the request asks for, stored with its result
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,8 @@ class RepeatableGet:
     type_name: str | None
     image: str
     cache_key: str
+    sender: str = "-"
+    team: str = ""
 
 
 @dataclass(frozen=True)
@@ -122,6 +127,7 @@ class Task:
     history: HistoryPlan | None = None  # check: where the versions found are recorded
     trace: TraceContext | None = None
     lease: LeaseHold | None = None  # an asynchronous check's: released once it has recorded
+    request_digest: str = ""  # keys.request_digest of the request: its result records it
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,9 @@ Layout of the shared build volume (``BUILD_DIR``)::
     /var/run/secrets/resource-functions/store/
                                 the store's credentials (the deployment's store Secret, one
                                 file per key), mounted into stage and collect only
+    /var/run/secrets/resource-functions/reply/reply-token
+                                an asynchronous run's token for the reply relay (its
+                                stdin Secret's key), mounted into collect only
 """
 
 from __future__ import annotations
@@ -39,6 +42,11 @@ STDIN_FILE = f"{SECRET_DIR}/{STDIN_KEY}"
 # Beside stdin in the same Secret: a JSON list of the values collect redacts (Task.secrets:
 # the function applies the policy, REDACT_KEYS included, so collect needs no setting).
 REDACT_KEY = "redact"
+# In the same Secret, mounted into collect alone: the run's reply token for the reply relay
+# (an asynchronous task's collect posts its events there; the resource image never sees it).
+REPLY_TOKEN_KEY = "reply-token"
+REPLY_TOKEN_DIR = "/var/run/secrets/resource-functions/reply"
+REPLY_TOKEN_FILE = f"{REPLY_TOKEN_DIR}/{REPLY_TOKEN_KEY}"
 STAGE_ERROR_FILE = "stage-error"
 STDOUT_FILE = "stdout"
 STDERR_FILE = "stderr"
@@ -61,6 +69,7 @@ SINK_ENV = "K_SINK"
 # shares their volume and could otherwise point a file at /proc/self/environ.
 STORE_CREDENTIALS_DIR = "/var/run/secrets/resource-functions/store"
 STORE_CREDENTIALS_ENV = "STORE_CREDENTIALS_DIR"
+REPLY_TOKEN_ENV = "REPLY_TOKEN_FILE"  # collect of an asynchronous task: where its token is
 STEP_ENV = (
     "ARCHIVE_FORMAT",
     "ARCHIVE_LEVEL",
@@ -158,9 +167,12 @@ class CollectStep:
     history: HistoryPlan | None = None  # check: where the versions found are recorded
     lease: LeaseHold | None = None  # async check: released once the outcome is recorded
     reply: ReplyPlan | None = None  # async: post the reply (its sink is given by env)
+    request: str = ""  # keys.request_digest: recorded with the result (a keyed hash)
 
     def argv(self) -> list[str]:
         args = ["collect", _opt("run-id", self.run_id), _opt("action", self.action)]
+        if self.request:
+            args.append(_opt("request", self.request))
         args += [_opt("dir", self.build_dir), _opt("stdin-file", self.stdin_file)]
         if self.cache_key:
             args.append(_opt("cache-key", self.cache_key))
@@ -190,6 +202,7 @@ class CollectStep:
             history=history,
             lease=lease,
             reply=_reply_of(args),
+            request=args.request,
         )
 
 
@@ -233,6 +246,7 @@ def _collect_parser() -> argparse.ArgumentParser:
     parser.add_argument("--action", required=True, choices=ACTIONS)
     parser.add_argument("--dir", default=BUILD_DIR, help="the build dir (/tmp/build)")
     parser.add_argument("--stdin-file", default=STDIN_FILE)
+    parser.add_argument("--request", default="", help="the request's digest, kept with its result")
     parser.add_argument("--cache-key")
     parser.add_argument("--history-key", help="check: the resource key of its version history")
     parser.add_argument("--history-limit", type=int, default=1000)

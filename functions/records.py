@@ -7,37 +7,56 @@ the service and the in-pod steps read and write them through here.
 from __future__ import annotations
 
 import io
+import time
 from typing import Any
 
 from functions import keys
+from functions.errors import RequestIdReused
 from functions.model import Outcome
 from storage import Store, get_json, put_json
 from storage.base import key_for_url
 from storage.errors import ObjectExists, ObjectNotFound
 
 
-def record_outcome(store: Store, run: str, outcome: Outcome) -> Outcome:
-    """Store ``results/<run>.json``; if a record exists already, the first one wins."""
+def record_outcome(store: Store, run: str, outcome: Outcome, *, request: str) -> Outcome:
+    """Store ``results/<run>.json`` with the request's digest (``keys.request_digest``); if a
+    record exists already, the first one wins (``RequestIdReused`` if another request's)."""
     try:
-        put_json(store, keys.result_key(run), outcome.as_record())
+        put_json(store, keys.result_key(run), result_body(outcome, request))
     except ObjectExists:
-        return Outcome.from_record(get_json(store, keys.result_key(run)))
+        stored = read_outcome(store, run, request=request)
+        assert stored is not None  # written once, never deleted but by expiry
+        return stored
     return outcome
 
 
-def record_if_absent(store: Store, run: str, outcome: Outcome) -> None:
+def record_if_absent(store: Store, run: str, outcome: Outcome, *, request: str) -> None:
     """Store ``results/<run>.json`` unless it exists (one write, no read)."""
     try:
-        put_json(store, keys.result_key(run), outcome.as_record())
+        put_json(store, keys.result_key(run), result_body(outcome, request))
     except ObjectExists:
         pass
 
 
-def read_outcome(store: Store, run: str) -> Outcome | None:
+def result_body(outcome: Outcome, request: str) -> dict[str, Any]:
+    """The result record: the outcome, the request's digest and ``finished_at`` (epoch
+    seconds, when it was recorded: ``functions.run_index`` shows a run's duration from it)."""
+    body = {**outcome.as_record(), "finished_at": round(time.time(), 3)}
+    return {**body, "request": request} if request else body
+
+
+def read_outcome(store: Store, run: str, *, request: str | None) -> Outcome | None:
+    """The stored outcome of ``run``, or None. With ``request`` (its digest), a record of
+    another request raises ``RequestIdReused``: a pair reused for other data never gets
+    this reply. ``request=None``: any request's (another run's result, read on purpose)."""
     try:
-        return Outcome.from_record(get_json(store, keys.result_key(run)))
+        record = get_json(store, keys.result_key(run))
     except ObjectNotFound:
         return None
+    recorded = record.get("request")
+    if request is not None and recorded is not None and recorded != request:
+        raise RequestIdReused()
+    return Outcome.from_record(record)
 
 
 def read_cache(

@@ -37,6 +37,11 @@ DEFAULT_RESOURCE_TYPES = {
     "mock": "docker.io/concourse/mock-resource:0.13",
 }
 
+# Every task container's requests and limits unless TASK_RESOURCES or a type's "resources"
+# say otherwise (a type's "requests" or "limits" replace these as a whole).
+DEFAULT_TASK_RESOURCES = (
+    '{"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "2", "memory": "2Gi"}}'
+)
 RUNTIMES = ("container", "kubernetes")
 REPLY_MODES = ("sync", "async")
 CREDENTIALS_PROVIDERS = ("none", "dir", "kubernetes")
@@ -73,6 +78,8 @@ class Settings:
     task_tolerations: list[dict[str, Any]] = field(default_factory=list)
     task_image_pull_secrets: list[str] = field(default_factory=list)
     sink: str = ""  # K_SINK: where asynchronous replies go
+    task_reply_sink: str = ""  # TASK_REPLY_SINK: where task pods post them (the reply relay)
+    task_build_size_limit: str = "8Gi"  # TASK_BUILD_SIZE_LIMIT: the build emptyDir's sizeLimit
     credentials_provider: str = "none"  # CREDENTIALS_PROVIDER: resolves ((var)) references
     credentials_dir: str = ""  # CREDENTIALS_DIR
     credentials_kubernetes_namespace_prefix: str = "concourse-"
@@ -81,6 +88,8 @@ class Settings:
     allowed_senders: tuple[str, ...] = ("*",)  # ALLOWED_SENDERS: globs of token usernames
     # REDACT_KEYS: globs of the keys of source/params whose literal values are secrets
     redact_keys: tuple[str, ...] = DEFAULT_REDACT_KEYS
+    # SENDER_TEAMS: sender identity glob -> team globs it may name (service.teams)
+    sender_teams: tuple[tuple[str, tuple[str, ...]], ...] = ()
     docker_api_version: str = "1.41"
     container_network: str = ""
     work_dir: str = ""
@@ -120,13 +129,17 @@ class Settings:
             task_ttl_seconds=int(_number(env, "TASK_TTL_SECONDS", 600)),
             task_store_secret=_dns_name(env, "TASK_STORE_SECRET"),
             task_margin_seconds=_number(env, "TASK_MARGIN_SECONDS", 300.0),
-            task_resources=task_resources(env.get("TASK_RESOURCES", ""), "TASK_RESOURCES"),
+            task_resources=task_resources(
+                env.get("TASK_RESOURCES", DEFAULT_TASK_RESOURCES), "TASK_RESOURCES"
+            ),
             task_node_selector=node_selector(
                 env.get("TASK_NODE_SELECTOR", ""), "TASK_NODE_SELECTOR"
             ),
             task_tolerations=tolerations(env.get("TASK_TOLERATIONS", ""), "TASK_TOLERATIONS"),
             task_image_pull_secrets=_name_list(env, "TASK_IMAGE_PULL_SECRETS"),
             sink=env.get("K_SINK", ""),
+            task_reply_sink=env.get("TASK_REPLY_SINK", "").strip(),
+            task_build_size_limit=_quantity(env, "TASK_BUILD_SIZE_LIMIT", "8Gi"),
             credentials_provider=_choice(
                 env,
                 "CREDENTIALS_PROVIDER",
@@ -141,6 +154,7 @@ class Settings:
             sender_audience=env.get("SENDER_AUDIENCE", "").strip(),
             allowed_senders=patterns(env.get("ALLOWED_SENDERS")),
             redact_keys=redact_keys(env.get("REDACT_KEYS")),
+            sender_teams=sender_teams(env.get("SENDER_TEAMS", ""), env.get("SENDER_AUDIENCE", "")),
             docker_api_version=env.get("DOCKER_API_VERSION") or "1.41",
             container_network=env.get("CONTAINER_NETWORK", ""),
             work_dir=env.get("WORK_DIR", ""),
@@ -180,6 +194,26 @@ def redact_keys(value: str | None) -> tuple[str, ...]:
         return ()
     expanded = (DEFAULT_REDACT_KEYS if p == "default" else (p,) for p in found)
     return tuple(dict.fromkeys(key for keys in expanded for key in keys))
+
+
+def sender_teams(value: str, audience: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """SENDER_TEAMS: a JSON object of sender identity globs to lists of team globs."""
+    if not value.strip():
+        return ()
+    if not audience.strip():
+        raise ConfigError("SENDER_TEAMS needs SENDER_AUDIENCE: without it no sender is known")
+    try:
+        raw = json.loads(value)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"SENDER_TEAMS is not valid JSON: {err}") from None
+    if not isinstance(raw, dict) or not all(
+        isinstance(teams, list) and all(isinstance(t, str) for t in teams) for teams in raw.values()
+    ):
+        raise ConfigError(
+            "SENDER_TEAMS must be a JSON object of sender globs to lists of team globs, e.g. "
+            '{"system:serviceaccount:ci:engine": ["main", "blue-*"]}'
+        )
+    return tuple((sender, tuple(teams)) for sender, teams in raw.items())
 
 
 def _storage_setting(read: Callable[[Mapping[str, str]], T], env: Mapping[str, str]) -> T:
@@ -233,6 +267,10 @@ def _check_pod_settings(spec: ResourceType, where: str) -> None:
         isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0
     ):
         raise ConfigError(f"{where}.timeout_seconds must be a positive number of seconds")
+    if not isinstance(spec.build_size_limit, str) or (
+        spec.build_size_limit and not _QUANTITY.match(spec.build_size_limit)
+    ):
+        raise ConfigError(f"{where}.build_size_limit must be a Kubernetes quantity such as 8Gi")
     if spec.check_every is not None and not is_seconds(spec.check_every):
         raise ConfigError(f"{where}.check_every must be a number of seconds, 0 or more")
     pull = spec.image_pull_secrets
@@ -301,6 +339,17 @@ def _json_value(value: Any, where: str, kind: type) -> Any:
             raise ConfigError(f"{where} is not valid JSON: {err}") from None
     if not isinstance(value, kind):
         raise ConfigError(f"{where} must be a JSON {'object' if kind is dict else 'list'}")
+    return value
+
+
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+
+
+def _quantity(env: Mapping[str, str], name: str, default: str) -> str:
+    """A Kubernetes quantity (e.g. 8Gi); empty: none (no limit)."""
+    value = env.get(name, default).strip()
+    if value and not _QUANTITY.match(value):
+        raise ConfigError(f"{name}={value!r}: expected a Kubernetes quantity such as 8Gi")
     return value
 
 

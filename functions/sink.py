@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import requests
 from cloudevents.core.v1.event import CloudEvent
@@ -15,6 +16,15 @@ from functions.model import Outcome, Task
 from functions.replies import reply_events
 
 RETRYABLE = frozenset({408, 409, 429, 500, 502, 503, 504})
+RUN_HEADER = "Resource-Functions-Run"  # the run whose events a relayed POST carries
+
+
+@dataclass(frozen=True)
+class RelayToken:
+    """A run's reply token (``keys.reply_token``), shown to the reply relay with each event."""
+
+    run: str
+    token: str = field(repr=False)
 
 
 def _session(attempts: int) -> requests.Session:
@@ -35,10 +45,20 @@ def _session(attempts: int) -> requests.Session:
     return session
 
 
-def post_reply(sink: str, event: CloudEvent, *, attempts: int = 5, timeout: float = 30) -> None:
+def post_reply(
+    sink: str,
+    event: CloudEvent,
+    *,
+    attempts: int = 5,
+    timeout: float = 30,
+    token: RelayToken | None = None,
+) -> None:
     """POST the event in binary mode; retry transient failures. Raises ``SinkRefused``
-    (its cause the ``requests`` error) when the sink will not take it."""
+    (its cause the ``requests`` error) when the sink will not take it. ``token``: the run's
+    reply token, for the reply relay (``functions.http.reply_relay``)."""
     headers, body = to_http(event)
+    if token is not None:
+        headers = {**headers, RUN_HEADER: token.run, "Authorization": f"Bearer {token.token}"}
     with _session(attempts) as session:
         try:
             response = session.post(sink, headers=headers, data=body, timeout=timeout)
@@ -48,10 +68,10 @@ def post_reply(sink: str, event: CloudEvent, *, attempts: int = 5, timeout: floa
         raise SinkRefused(f"sink {sink} answered {response.status_code}")
 
 
-def post_events(sink: str, events: Sequence[CloudEvent]) -> None:
+def post_events(sink: str, events: Sequence[CloudEvent], token: RelayToken | None = None) -> None:
     """POST each event in order (``post_reply``); stops at the first ``SinkRefused``."""
     for event in events:
-        post_reply(sink, event)
+        post_reply(sink, event, token=token)
 
 
 def post_outcome(sink: str, task: Task, outcome: Outcome) -> None:

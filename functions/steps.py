@@ -43,6 +43,7 @@ class CollectSpec:
     cache_key: str | None  # get only
     archive: ArchiveOptions
     history: HistoryPlan | None = None  # check only
+    request: str = ""  # keys.request_digest of the request: recorded with the result
 
 
 def stage(store: Store, inputs: dict[str, ArtifactRef], workdir: Path, limits: Limits) -> None:
@@ -120,14 +121,14 @@ def collect(
         with timed(clock, "upload"):
             outcome = store_artifact(store, spec, outcome, output_dir, log)
     if outcome.succeeded and spec.action == "check" and spec.history:
-        stored = records.read_outcome(store, spec.run_id)
+        stored = records.read_outcome(store, spec.run_id, request=spec.request)
         if stored is not None:  # a redelivered run: its versions are in the history already
             return stored
         with timed(clock, "history"):
             outcome = with_history(store, spec.history, outcome)
     with timed(clock, "store"):
         records.write_once(store, keys.log_key(spec.run_id), log.encode())
-        return records.record_outcome(store, spec.run_id, outcome)
+        return records.record_outcome(store, spec.run_id, outcome, request=spec.request)
 
 
 def stderr_bytes(redactor: Redactor) -> int:

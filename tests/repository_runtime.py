@@ -40,8 +40,11 @@ class RepositoryRuntime:
         stdout = json.dumps([{"ref": c} for c in self.commits[start:]]).encode()
         return collect_check(self.store, task, stdout)
 
-    def start(self, task: Task) -> None:
+    def start(self, task: Task, ended: Any = None) -> None:
         raise AssertionError("no asynchronous runs here")
+
+    def tasks_waiting(self) -> int:
+        return 0
 
     def close(self) -> None:
         pass
@@ -82,7 +85,7 @@ class AsyncRepositoryRuntime(RepositoryRuntime):
         self.refuse = 0
         self._tasks: dict[str, threading.Thread] = {}
 
-    def start(self, task: Task) -> None:
+    def start(self, task: Task, ended: Any = None) -> None:
         with self._lock:
             self.starts.append(task)
             if self.refuse:

@@ -37,15 +37,41 @@ def test_cache_key_ignores_dict_order():
     assert key(source={"a": "1", "b": "2"}) == key(source={"b": "2", "a": "1"})
 
 
-def test_run_id_depends_on_event_source_id_and_action():
-    assert keys.run_id("/a", "1", "get") == keys.run_id("/a", "1", "get")
+def run(
+    secret: bytes = b"k",
+    sender: str = "-",
+    team: str = "",
+    source: str = "/a",
+    event_id: str = "1",
+    action: str = "get",
+) -> str:
+    return keys.run_id(
+        secret, sender=sender, team=team, event_source=source, event_id=event_id, action=action
+    )
+
+
+def test_run_id_depends_on_sender_team_event_source_id_action_and_the_key():
+    assert run() == run() and len(run()) == 32
     ids = {
-        keys.run_id("/a", "1", "get"),
-        keys.run_id("/b", "1", "get"),
-        keys.run_id("/a", "2", "get"),
-        keys.run_id("/a", "1", "check"),
+        run(),
+        run(source="/b"),
+        run(event_id="2"),
+        run(action="check"),
+        run(sender="system:serviceaccount:ci:other"),
+        run(team="blue"),
+        run(secret=b"another deployment"),
     }
-    assert len(ids) == 4
+    assert len(ids) == 7
+
+
+def test_request_digest_depends_on_what_is_asked_and_hides_it():
+    data = {"type": "git", "source": {"password": "hunter22"}, "version": {"ref": "1"}}
+    digest = keys.request_digest(b"k", action="get", subject=None, data=data)
+    assert digest == keys.request_digest(b"k", action="get", subject=None, data=dict(data))
+    assert "hunter22" not in digest
+    assert digest != keys.request_digest(b"k", action="get", subject="s", data=data)
+    other = {**data, "version": {"ref": "2"}}
+    assert digest != keys.request_digest(b"k", action="get", subject=None, data=other)
 
 
 def test_keys_accept_any_string_even_lone_surrogates():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import http.server
 import json
 import logging
@@ -31,8 +32,9 @@ from kmock._internal import enums
 from kubernetes import client
 
 from functions import cli, keys, lease, pod_contract, protocol, records
-from functions.errors import Unavailable
+from functions.errors import RequestIdReused, Unavailable
 from functions.model import Build, LeaseHold, ResourceType, Task
+from functions.pod_contract import CollectStep, StageStep
 from functions.redaction import secret_values
 from functions.runtimes.job_status import judge
 from functions.runtimes.kube_api import Rejected, belongs, translate
@@ -41,6 +43,7 @@ from functions.runtimes.podspec import KubernetesConfig
 from functions.settings import Settings
 from storage import StoreOptions, get_json, open_store
 from storage.artifacts import download_tree
+from tests.runs import run_of
 
 NAMESPACE = "tasks"
 CANARY = "canary-7d3f9b2e-do-not-leak"
@@ -194,7 +197,7 @@ def make_task(
     source = {"uri": "https://git.example.com/r.git", "private_key": CANARY}
     version = {"ref": "abc123"} if action != "put" else None
     return Task(
-        run_id=keys.run_id("//ci.example.com", request_id),
+        run_id=run_of(b"test", "//ci.example.com", request_id, action),
         action=action,  # type: ignore[arg-type]
         resource_type=ResourceType(image=image),
         stdin=protocol.stdin_payload(action, source, version, {}),  # type: ignore[arg-type]
@@ -375,18 +378,16 @@ class Node:
             if c["name"] == step
         )["command"]
         assert command[:3] == ["python", "-m", "functions"]
-        paths = {
-            "/tmp/build": str(build),
-            "/secret/stdin": str(stdin),
-            "/tmp/build/put": str(build / "put"),
-        }
-        # Arguments are --name=value (pod_contract): map the value of each.
-        argv = [
-            f"{name}={paths.get(value, value)}" if sep else paths.get(a, a)
-            for a in command[3:]
-            for name, sep, value in [a.partition("=")]
-        ]
-        return cli.main(argv)
+        # The step's own arguments, with the pod's paths moved to this node's directory.
+        if command[3] == "collect":
+            collect = CollectStep.parse(command[4:])
+            moved = replace(collect, build_dir=str(build), stdin_file=str(stdin)).argv()
+        else:
+            stage = StageStep.parse(command[4:])
+            moved = replace(
+                stage, directory=str(build / "put"), task_dir=str(build / ".task")
+            ).argv()
+        return cli.main(moved)
 
 
 @pytest.fixture
@@ -457,6 +458,51 @@ def pull_failure(reason: str, message: str, image: str = IMAGE) -> Callable[[Nod
 # --- scenarios ------------------------------------------------------------------------------
 
 
+def test_a_job_waits_for_its_pod_until_a_container_starts(
+    make_runtime: Any, node: Node, store: Any
+) -> None:
+    """``tasks_waiting`` (resource_function_tasks_waiting): a followed Job counts while it
+    has no pod, or a pod none of whose containers has started (unscheduled, pulling)."""
+    runtime = make_runtime()
+    seen: list[int] = []
+
+    def until(count: int) -> None:
+        end = time.monotonic() + 10
+        while runtime.tasks_waiting() != count and time.monotonic() < end:
+            time.sleep(0.02)
+        seen.append(runtime.tasks_waiting())
+
+    def script(node: Node) -> None:
+        job = node.wait_job()
+        secret = node.wait_secret(job)
+        pod = node.create_pod(job)
+        node.pod_status(
+            pod,
+            "Pending",
+            [container_status("stage", {"waiting": {"reason": "PodInitializing"}})],
+            [container_status("collect", {"waiting": {"reason": "PodInitializing"}})],
+            conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}],
+        )
+        until(1)
+        node.pod_status(pod, "Pending", [container_status("resource", RUNNING)])
+        until(0)
+        task_files = {"exit-code": b"0\n", "stdout": VERSION_OUT, "stderr": b""}
+        assert node.run_step(job, "collect", secret, task_files, {"f": b"x"}) == 0
+        node.pod_status(
+            pod,
+            "Succeeded",
+            [container_status("resource", terminated())],
+            [container_status("collect", terminated())],
+        )
+        node.job_condition(job, "Complete")
+
+    thread = node.play(script)
+    outcome = runtime.run(make_task("get"))
+    node.check(thread)
+    assert outcome.succeeded, outcome
+    assert seen == [1, 0] and runtime.tasks_waiting() == 0
+
+
 def test_get_succeeds_and_its_artifact_is_in_the_store(
     make_runtime: Any, node: Node, cluster: Cluster, store: Any, tmp_path: Path
 ) -> None:
@@ -477,7 +523,7 @@ def test_get_succeeds_and_its_artifact_is_in_the_store(
     key = f"artifacts/{task.cache_key}.tar.zst"
     download_tree(store, key, tmp_path / "out", expected_digest=artifact["digest"])
     assert (tmp_path / "out/src/main.py").read_bytes() == b"print(1)\n"
-    assert records.read_outcome(store, task.run_id) == outcome
+    assert records.read_outcome(store, task.run_id, request=task.request_digest) == outcome
     kubernetes_validate.validate(seen["job"], "1.37", strict=True)
     # Coarser than the local runtime's: what happens inside the pod is one phase.
     assert [phase.name for phase in outcome.phases] == ["launch", "pod", "result"]
@@ -537,7 +583,9 @@ def test_image_pull_failure_fails_fast_and_deletes_the_job(
     assert cluster.live("jobs", name) is None
     deletes = cluster.requests("delete", "jobs")
     assert deletes and deletes[0].params.get("propagationPolicy") == "Background"
-    assert records.read_outcome(store, task.run_id) == outcome  # a redelivery replays it
+    assert (
+        records.read_outcome(store, task.run_id, request=task.request_digest) == outcome
+    )  # a redelivery replays it
 
 
 def test_timeout_deletes_the_job(
@@ -555,7 +603,7 @@ def test_timeout_deletes_the_job(
     assert 1.4 <= time.monotonic() - started < 8  # creationTimestamp has whole seconds
     assert outcome.failure is not None and outcome.failure.kind == "timeout"
     assert cluster.live("jobs", f"rf-check-{task.run_id[:20]}") is None
-    assert records.read_outcome(store, task.run_id) == outcome
+    assert records.read_outcome(store, task.run_id, request=task.request_digest) == outcome
 
 
 def test_deadline_exceeded_job_is_a_timeout(make_runtime: Any, node: Node) -> None:
@@ -629,7 +677,9 @@ def test_a_store_outage_in_a_step_is_retried_not_recorded(
         make_runtime().run(task)
     node.check(thread)
     assert "unavailable: collect: the store is unavailable" in str(raised.value)
-    assert records.read_outcome(store, task.run_id) is None  # nothing for a redelivery to replay
+    assert (
+        records.read_outcome(store, task.run_id, request=task.request_digest) is None
+    )  # nothing for a redelivery to replay
     assert cluster.live("jobs", name) is None and cluster.live("secrets", f"{name}-stdin") is None
     old_pods = [p for p in cluster.ever("pods") if p["metadata"]["labels"]["job-name"] == name]
     assert len(old_pods) == 1  # still there (no garbage collector here): not the new Job's
@@ -658,7 +708,7 @@ def test_a_store_outage_in_stage_is_retried(
         make_runtime().run(task)
     node.check(thread)
     assert cluster.live("jobs", f"rf-put-{task.run_id[:20]}") is None
-    assert records.read_outcome(store, task.run_id) is None
+    assert records.read_outcome(store, task.run_id, request=task.request_digest) is None
 
 
 def test_async_store_outage_is_replied_as_storage_and_not_recorded(
@@ -686,7 +736,9 @@ def test_async_store_outage_is_replied_as_storage_and_not_recorded(
     reply = wait_for(lambda: received)[0]
     assert reply["headers"]["ce-type"] == "dev.resourcefunctions.check.failed"
     assert reply["body"]["error"]["kind"] == "storage"
-    assert records.read_outcome(store, task.run_id) is None  # sending it again runs afresh
+    assert (
+        records.read_outcome(store, task.run_id, request=task.request_digest) is None
+    )  # sending it again runs afresh
 
 
 def test_a_stale_secret_of_an_earlier_job_is_replaced(
@@ -781,6 +833,31 @@ def test_redelivery_attaches_to_the_running_job(
     assert len(cluster.requests("create", "jobs")) == 2  # the second got 409 and attached
 
 
+def test_another_request_with_the_same_run_id_never_attaches_to_its_job(
+    make_runtime: Any, node: Node, cluster: Cluster
+) -> None:
+    first = dataclasses.replace(make_task("check"), request_digest="a" * 64)
+    thread = node.play(finish(stdout=b"[]", delay=0.5))
+    runtime = make_runtime()
+    done: list[Any] = []
+    running = threading.Thread(target=lambda: done.append(runtime.run(first)))
+    running.start()
+    while not cluster.ever("jobs"):
+        time.sleep(0.05)
+
+    other = dataclasses.replace(first, request_digest="b" * 64)  # same pair, other data
+    with pytest.raises(RequestIdReused):
+        make_runtime().run(other)
+    with pytest.raises(RequestIdReused):
+        make_runtime().start(other)
+
+    running.join(30)
+    node.check(thread)
+    assert done and done[0].succeeded and len(cluster.ever("jobs")) == 1
+    job = cluster.ever("jobs")[0]
+    assert job["metadata"]["annotations"]["resource-functions.dev/request"] == "a" * 64
+
+
 def test_redelivery_after_completion_creates_no_new_secret(
     make_runtime: Any, node: Node, cluster: Cluster
 ) -> None:
@@ -850,7 +927,7 @@ def test_an_invalid_secret_is_a_recorded_failure_and_its_job_is_deleted(
     assert outcome.failure is not None and outcome.failure.kind == "runtime"
     assert "Too long" in outcome.failure.message
     assert cluster.live("jobs", f"rf-check-{task.run_id[:20]}") is None
-    assert records.read_outcome(store, task.run_id) == outcome
+    assert records.read_outcome(store, task.run_id, request=task.request_digest) == outcome
 
 
 @pytest.mark.parametrize(
@@ -916,7 +993,8 @@ def test_async_start_returns_at_once_and_collect_replies(
     job = cluster.live("jobs", f"rf-check-{task.run_id[:20]}")
     assert job is not None
     command = job["spec"]["template"]["spec"]["containers"][0]["command"]
-    assert "--reply-to-sink" in command and task.request_id in command
+    reply = CollectStep.parse(command[4:]).reply
+    assert reply is not None and reply.request_id == task.request_id
     runtime.start(task)  # a redelivery: already started
     assert len(cluster.ever("jobs")) == 1
     thread = node.play(finish(stdout=b'[{"ref": "2"}]'))
@@ -1009,7 +1087,7 @@ def test_an_async_checks_lease_is_released_by_the_function_when_collect_never_ra
 
     assert wait_for(lambda: received)[0]["body"]["error"]["kind"] == "image_pull"
     assert released(store, task)  # before the reply: a waiter need not wait for the expiry
-    assert records.read_outcome(store, task.run_id) is not None
+    assert records.read_outcome(store, task.run_id, request=task.request_digest) is not None
 
 
 # --- configuration --------------------------------------------------------------------------
@@ -1053,5 +1131,6 @@ def test_from_settings_uses_kubeconfig(cluster: Cluster, store: Any, tmp_path: P
     assert pod["nodeSelector"] == {"pool": "ci"}
     assert pod["imagePullSecrets"] == [{"name": "pull-a"}, {"name": "pull-b"}]
     collect = pod["containers"][0]
-    assert collect["envFrom"] == [{"secretRef": {"name": "store-creds"}}]
+    volumes = {v["name"]: v.get("secret", {}).get("secretName") for v in pod["volumes"]}
+    assert volumes["store-credentials"] == "store-creds" and "envFrom" not in collect
     assert {"name": "ARCHIVE_LEVEL", "value": "7"} in collect["env"]

@@ -57,7 +57,8 @@ def recorded(store: Store, calls: list[str], lock: threading.Lock, run: str) -> 
     with lock:
         calls.append(run)
     time.sleep(0.3)
-    return records.record_outcome(store, run, Outcome(action="check", data={"versions": [run]}))
+    outcome = Outcome(action="check", data={"versions": [run]})
+    return records.record_outcome(store, run, outcome, request="")
 
 
 def wait_together(store: Store, n: int, **options: Any) -> tuple[list[Any], list[str]]:

@@ -19,7 +19,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from functions import keys, pod_contract, protocol
+from functions import pod_contract, protocol
 from functions.model import ArtifactRef, Build, HistoryPlan, ResourceType, Task, TraceContext
 from functions.pod_contract import CollectStep, StageStep, parse_input
 from functions.runtimes import podspec
@@ -31,6 +31,7 @@ from functions.runtimes.podspec import (
     plan_for,
     stdin_secret_manifest,
 )
+from tests.runs import run_of
 
 VERSIONS = ("1.30", "1.37")
 CANARY = "canary-7d3f9b2e-do-not-leak"
@@ -45,6 +46,8 @@ CONFIG = KubernetesConfig(
     margin_seconds=300,
     store_secret="resource-functions-store",
     resources={"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+    reply_sink="http://relay.example",
+    build_size_limit="8Gi",
     node_selector={"kubernetes.io/os": "linux"},
     tolerations=({"key": "ci", "operator": "Exists", "effect": "NoSchedule"},),
     image_pull_secrets=("deploy-pull",),
@@ -82,7 +85,7 @@ def make_task(
     )
     build = Build(id="17", name="42", job="unit", pipeline="main", team="main")
     return Task(
-        run_id=keys.run_id("//ci.example.com", request_id),
+        run_id=run_of(b"test", "//ci.example.com", request_id, action),
         action=action,  # type: ignore[arg-type]
         resource_type=resource_type or ResourceType(image="docker.io/concourse/git-resource:1.17"),
         stdin=protocol.stdin_payload(action, source, version, params),  # type: ignore[arg-type]
@@ -176,7 +179,7 @@ def test_steps_run_in_order_around_the_resource(action: str, order: list[str]) -
 def test_build_dir_is_shared_and_stdin_reaches_only_resource_and_collect(action: str) -> None:
     job = job_manifest(make_plan(action))
     volumes = {v["name"]: v for v in job["spec"]["template"]["spec"]["volumes"]}
-    assert volumes["build"] == {"name": "build", "emptyDir": {}}
+    assert volumes["build"] == {"name": "build", "emptyDir": {"sizeLimit": "8Gi"}}
     assert volumes["stdin"]["secret"] == {
         "secretName": podspec.job_name(action, make_task(action).run_id) + "-stdin",
         "optional": False,
@@ -426,7 +429,10 @@ def test_per_type_pod_settings_win() -> None:
     assert pod["nodeSelector"] == {"pool": "builders"}
     assert pod["tolerations"] == [{"key": "builders", "operator": "Equal", "value": "yes"}]
     assert pod["imagePullSecrets"] == [{"name": "type-pull"}]
-    assert cs["resource"]["resources"] == {"limits": {"memory": "4Gi", "cpu": "2"}}
+    assert cs["resource"]["resources"] == {  # the type's limits, the deployment's requests
+        "limits": {"memory": "4Gi", "cpu": "2"},
+        "requests": {"cpu": "100m", "memory": "128Mi"},
+    }
     for version in VERSIONS:
         kubernetes_validate.validate(job, version, strict=True)
 
@@ -618,7 +624,7 @@ def test_a_stage_error_skips_the_script(chroot: Path) -> None:
 @pytest.mark.parametrize("action", ["check", "get", "put"])
 def test_only_collect_gets_the_reply_address_and_only_for_async_replies(action: str) -> None:
     sink = "http://broker-ingress.knative-eventing.svc.cluster.local/rf/default"
-    config = replace(CONFIG, sink=sink)
+    config = replace(CONFIG, sink=sink, reply_sink=sink)
     async_job = job_manifest(plan_for(make_task(action), config, STORE_URL, reply=True))
     for name, container in containers(async_job).items():
         env = {e["name"]: e.get("value") for e in container.get("env", [])}
@@ -626,3 +632,52 @@ def test_only_collect_gets_the_reply_address_and_only_for_async_replies(action: 
     sync_job = job_manifest(plan_for(make_task(action), config, STORE_URL, reply=False))
     assert all("K_SINK" not in json.dumps(c) for c in containers(sync_job).values())
     assert sink not in json.dumps(sync_job)
+
+
+def test_an_async_tasks_reply_token_reaches_collect_alone() -> None:
+    plan = make_plan("get", reply=True)
+    job = job_manifest(plan)
+    volumes = {v["name"]: v for v in job["spec"]["template"]["spec"]["volumes"]}
+    token = volumes["reply-token"]["secret"]
+    assert token["secretName"] == plan.secret_name
+    assert token["items"] == [{"key": "reply-token", "path": "reply-token"}]
+    cs = containers(job)
+    assert mount_paths(cs["collect"])["reply-token"] == pod_contract.REPLY_TOKEN_DIR
+    env = {e["name"]: e.get("value") for e in cs["collect"]["env"]}
+    assert env["REPLY_TOKEN_FILE"] == pod_contract.REPLY_TOKEN_FILE
+    assert env["K_SINK"] == "http://relay.example"  # TASK_REPLY_SINK, not the Broker
+    for name in ("resource",):
+        assert "reply-token" not in mount_paths(cs[name])
+        assert "REPLY_TOKEN_FILE" not in {e["name"] for e in cs[name].get("env", [])}
+    secret = stdin_secret_manifest(plan, b"{}", "uid-1", (), "the-token")
+    assert base64.b64decode(secret["data"]["reply-token"]) == b"the-token"
+
+
+def test_a_sync_task_has_no_reply_token() -> None:
+    plan = make_plan("get", reply=False)
+    job = job_manifest(plan)
+    assert "reply-token" not in {v["name"] for v in job["spec"]["template"]["spec"]["volumes"]}
+    assert "reply-token" not in stdin_secret_manifest(plan, b"{}", "uid-1")["data"]
+
+
+def test_every_task_container_has_requests_and_limits_and_the_build_volume_a_size_limit() -> None:
+    job = job_manifest(make_plan("put"))
+    for name, container in containers(job).items():
+        assert set(container["resources"]) >= {"requests", "limits"}, name
+    (build,) = [v for v in job["spec"]["template"]["spec"]["volumes"] if v["name"] == "build"]
+    assert build["emptyDir"] == {"sizeLimit": "8Gi"}
+
+
+def test_a_type_sets_its_own_requests_limits_and_build_size() -> None:
+    heavy = ResourceType(
+        image="example.org/heavy@sha256:" + "e" * 64,
+        resources={"limits": {"cpu": "4", "memory": "8Gi"}},
+        build_size_limit="50Gi",
+    )
+    task = dataclasses.replace(make_task("get"), resource_type=heavy)
+    job = job_manifest(plan_for(task, CONFIG, STORE_URL, reply=False))
+    for container in containers(job).values():
+        assert container["resources"]["limits"] == {"cpu": "4", "memory": "8Gi"}
+        assert container["resources"]["requests"] == CONFIG.resources["requests"]  # default kept
+    (build,) = [v for v in job["spec"]["template"]["spec"]["volumes"] if v["name"] == "build"]
+    assert build["emptyDir"] == {"sizeLimit": "50Gi"}

@@ -162,7 +162,9 @@ def test_collect_records_a_check(store: Any, build: Path) -> None:
     (build / ".task/stdout").write_text('[{"ref": "1"}] trailing')
     (build / ".task/stderr").write_text(f"using {CANARY}\n")
     assert collect(build) == 0
-    assert result(store) == {"action": "check", "data": {"versions": [{"ref": "1"}]}}
+    recorded = result(store)
+    assert isinstance(recorded.pop("finished_at"), float)
+    assert recorded == {"action": "check", "data": {"versions": [{"ref": "1"}]}}
     with store.open(keys.log_key(RUN)) as stream:
         assert stream.read() == b"using [redacted]\n"
 

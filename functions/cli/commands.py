@@ -1,8 +1,11 @@
 """The command line for people and for task pods.
 
-serve ACTION            run one service (check, get, put or dead-letter) under gunicorn
+serve ACTION            run one service (check, get, put, dead-letter, reply-relay) under gunicorn
 run ACTION …            run one action locally and print the reply (progress on stderr)
 demo [--serve]          start the three services locally and show a check/get/put round trip
+runs [--since 1h] [--failed]   the runs recorded in STORE_URL lately
+logs RUN_ID             a run's stored (redacted) log
+versions --type NAME --source JSON|@file   a resource's version history
 stage …, collect …      the steps around the resource script inside a task pod
 """
 
@@ -15,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from functions import pod_contract
-from functions.errors import FunctionError
+from functions.errors import ConfigError, FunctionError
 from storage.errors import StorageError
 
 
@@ -39,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(required=True, dest="command")
     serve = sub.add_parser("serve", help="serve one action over HTTP (CloudEvents)")
-    serve.add_argument("action", choices=["check", "get", "put", "dead-letter"])
+    serve.add_argument("action", choices=["check", "get", "put", "dead-letter", "reply-relay"])
     serve.add_argument("--host", help="default: $HOST, else 0.0.0.0")
     serve.add_argument("--port", type=int, help="default: $PORT, else 8080")
     serve.add_argument("--threads", type=int, help="default: $THREADS, else 16")
@@ -65,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--serve", action="store_true", help="keep the services running after")
     demo.add_argument("--port", type=int, default=8081, help="first of three ports")
     demo.set_defaults(handler=cmd_demo)
+    add_inspect_parsers(sub)
     add_pod_step_parsers(sub)
     return parser
 
@@ -78,6 +82,42 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 POD_STEPS = ("stage", "collect")
+
+
+def add_inspect_parsers(sub: Any) -> None:
+    """``runs``, ``logs``, ``versions``: read the store of STORE_URL (functions.cli.inspect)."""
+    runs = sub.add_parser("runs", help="list the runs started lately (from STORE_URL)")
+    runs.add_argument("--since", default="1h", help="how far back: 90s, 30m, 1h, 2d (1h)")
+    runs.add_argument("--failed", action="store_true", help="failed runs only")
+    runs.set_defaults(handler=cmd_runs)
+    logs = sub.add_parser("logs", help="print a run's stored log")
+    logs.add_argument("run_id", metavar="RUN_ID")
+    logs.set_defaults(handler=cmd_logs)
+    versions = sub.add_parser("versions", help="print a resource's version history")
+    versions.add_argument("--type", required=True, help="resource type name from the catalogue")
+    versions.add_argument("--source", required=True, help="source as JSON, or @file")
+    versions.add_argument("--team", default="", help="build.team, for ((var)) references")
+    versions.add_argument("--pipeline", default="", help="build.pipeline, for ((var)) references")
+    versions.set_defaults(handler=cmd_versions)
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    from functions.cli.inspect import runs
+
+    return runs(args.since, failed=args.failed, out=sys.stdout, err=sys.stderr)
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from functions.cli.inspect import logs
+
+    return logs(args.run_id, out=sys.stdout.buffer)
+
+
+def cmd_versions(args: argparse.Namespace) -> int:
+    from functions.cli.inspect import versions
+
+    source = _json_arg(args.source, "--source")
+    return versions(args.type, source, team=args.team, pipeline=args.pipeline, out=sys.stdout)
 
 
 def add_pod_step_parsers(sub: Any) -> None:
@@ -117,6 +157,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from functions.http.dead_letter import create_dead_letter_app
 
         app = create_dead_letter_app()
+    elif args.action == "reply-relay":
+        from functions.http.reply_relay import create_relay_app
+
+        if settings.cache_secret_generated:
+            raise ConfigError("the reply relay needs CACHE_SECRET: the functions' own key")
+        app = create_relay_app(settings.cache_secret, settings.sink)
     else:
         from functions.http.app import create_app
 

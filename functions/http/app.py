@@ -17,10 +17,18 @@ from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from functions import events
-from functions.errors import InvalidRequest, NotAuthenticated, SenderNotAllowed, Unavailable
+from functions.errors import (
+    InvalidRequest,
+    NotAuthenticated,
+    SenderNotAllowed,
+    TeamNotAllowed,
+    Unavailable,
+)
 from functions.http.repeated_gets import RepeatedGets
 from functions.http.senders import SenderCheck, sender_check_from
+from functions.keys import ANONYMOUS
 from functions.logs import fields
+from functions.metered_store import MeteredStore
 from functions.metrics import Metrics
 from functions.model import Action
 from functions.runtimes import Runtime, make_runtime
@@ -40,14 +48,16 @@ def create_app(
     senders: SenderCheck | None = None,
 ) -> Flask:
     senders = senders or sender_check_from(settings)
-    store = store or open_local_or_remote_store(settings)
+    metrics = Metrics()
+    store = MeteredStore(store or open_local_or_remote_store(settings), metrics.store_seconds)
     runtime = runtime or make_runtime(settings, store)
+    metrics.count_waiting(action, runtime.tasks_waiting)
     if settings.cache_secret_generated:
         log.warning(
             "CACHE_SECRET is not set: using a random key, so cache entries do not "
             "survive a restart and are not shared between replicas"
         )
-    service = Service(action, settings, store, runtime, Metrics())
+    service = Service(action, settings, store, runtime, metrics)
     app = Flask(f"resource-functions-{action}")
     app.config["MAX_CONTENT_LENGTH"] = events.MAX_BODY_BYTES  # refused before it is read
     app.extensions["service"] = service
@@ -79,10 +89,11 @@ def _handle(service: Service, senders: SenderCheck | None) -> Response:
 
 def _respond(service: Service, senders: SenderCheck | None) -> tuple[int, Response]:
     try:
+        sender = ANONYMOUS
         if senders is not None:  # before the body is read
-            senders.sender(request.headers.get("Authorization"))
+            sender = senders.sender(request.headers.get("Authorization"))
         event = events.read_event(dict(request.headers), request.get_data())
-        reply = service.handle(event)
+        reply = service.handle(event, sender)
     except InvalidRequest as err:
         log.info("invalid request", extra=fields(action=service.action, problems=err.problems))
         return 400, _error(400, "invalid_request", err, problems=err.problems)
@@ -93,7 +104,8 @@ def _respond(service: Service, senders: SenderCheck | None) -> tuple[int, Respon
         return 401, response
     except SenderNotAllowed as err:
         log.info("sender refused", extra=fields(action=service.action, error=str(err)))
-        return 403, _error(403, "sender_not_allowed", err)
+        kind = "team_not_allowed" if isinstance(err, TeamNotAllowed) else "sender_not_allowed"
+        return 403, _error(403, kind, err)
     except Unavailable as err:
         log.warning("unavailable", extra=fields(action=service.action, error=str(err)))
         return 503, _error(503, "unavailable", err)

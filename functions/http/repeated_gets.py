@@ -35,6 +35,7 @@ from werkzeug.datastructures import EnvironHeaders
 from functions import events
 from functions.errors import InvalidRequest, NotAuthenticated, SenderNotAllowed, Unavailable
 from functions.http.senders import SenderCheck
+from functions.keys import ANONYMOUS
 from functions.logs import fields
 from functions.model import Outcome, RepeatableGet, TraceContext
 from functions.replies import reply_event, reply_id
@@ -100,9 +101,10 @@ class RepeatedGets:
         delivery = _delivery(environ)
         if delivery is None:
             return None
-        if self.senders is not None:
-            self.senders.sender(environ.get("HTTP_AUTHORIZATION"))  # refused: the full way
-        known = self._known_get(_identity(environ, body), environ, body)
+        sender = ANONYMOUS
+        if self.senders is not None:  # refused: the full way
+            sender = self.senders.sender(environ.get("HTTP_AUTHORIZATION"))
+        known = self._known_get(_identity(environ, body, sender), environ, body, sender)
         if known is None:
             return None
         event_id, trace = delivery
@@ -115,7 +117,9 @@ class RepeatedGets:
             form = known.form = ReplyForm.of(known.get, run, outcome, event_id, trace)
         return form.fill(run, event_id, trace)
 
-    def _known_get(self, identity: bytes, environ: dict[str, Any], body: bytes) -> Known | None:
+    def _known_get(
+        self, identity: bytes, environ: dict[str, Any], body: bytes, sender: str
+    ) -> Known | None:
         with self._lock:
             if identity in self._known:
                 self._known.move_to_end(identity)
@@ -123,7 +127,7 @@ class RepeatedGets:
         # A first sighting: validated as the full way does (an invalid one raises, and the
         # full way refuses it), then remembered.
         headers = dict(EnvironHeaders(environ))  # as the full way reads them (request.headers)
-        get = self.service.repeatable(events.read_event(headers, body))
+        get = self.service.repeatable(events.read_event(headers, body), sender)
         known = Known(get) if get is not None else None
         with self._lock:
             self._known[identity] = known
@@ -199,15 +203,15 @@ def _small_body(environ: dict[str, Any]) -> bytes | None:
     return body
 
 
-def _identity(environ: dict[str, Any], body: bytes) -> bytes:
-    """A digest of everything that makes the request what it is: the body, its content type
-    and every ``ce-`` header but those that vary between deliveries."""
+def _identity(environ: dict[str, Any], body: bytes, sender: str) -> bytes:
+    """A digest of everything that makes the request what it is: its sender, the body, its
+    content type and every ``ce-`` header but those that vary between deliveries."""
     fixed = sorted(
         (name, value)
         for name, value in environ.items()
         if name.startswith("HTTP_CE_") and name not in VARYING and name not in IGNORED
     )
-    head = repr((environ.get("CONTENT_TYPE"), fixed)).encode("utf-8", "surrogatepass")
+    head = repr((sender, environ.get("CONTENT_TYPE"), fixed)).encode("utf-8", "surrogatepass")
     return hashlib.sha256(head + b"\0" + body).digest()
 
 

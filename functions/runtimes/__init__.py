@@ -2,7 +2,8 @@
 
     class Runtime(Protocol):
         def run(self, task: Task) -> Outcome      # blocks until the outcome is stored
-        def start(self, task: Task) -> None       # begin; the task replies by itself (async)
+        def start(self, task: Task, ended=None) -> None  # begin; the task replies itself (async)
+        def tasks_waiting(self) -> int             # accepted, script not started yet
         def close(self) -> None
 
 Contract: ``run`` stores ``results/<run-id>.json`` and ``logs/<run-id>.log`` before it
@@ -10,12 +11,16 @@ returns, so a redelivered request finds them. A script that fails, a missing ima
 timeout is an ``Outcome`` with a failure; only infrastructure trouble raises
 (``functions.errors.Unavailable``). A started task that holds a check lease (``task.lease``)
 releases it once its outcome is recorded, or once it has ended without one
-(``lease.release_held``). ``make_runtime`` is the one place that picks a runtime,
+(``lease.release_held``). ``start`` calls ``ended(outcome)`` when it sees the task end (best
+effort: a runtime closed meanwhile, or a Kubernetes task it stopped following, never calls
+it). ``tasks_waiting`` counts the tasks queued or starting (``resource_function_tasks_waiting``).
+``make_runtime`` is the one place that picks a runtime,
 so only ``container.py`` imports docker and only ``kube_api.py`` imports kubernetes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from functions.model import Outcome, Task
@@ -24,11 +29,15 @@ if TYPE_CHECKING:
     from functions.settings import Settings
     from storage import Store
 
+Ended = Callable[[Outcome], None]  # told the outcome of a started task, once it has ended
+
 
 class Runtime(Protocol):
     def run(self, task: Task) -> Outcome: ...
 
-    def start(self, task: Task) -> None: ...
+    def start(self, task: Task, ended: Ended | None = None) -> None: ...
+
+    def tasks_waiting(self) -> int: ...
 
     def close(self) -> None: ...
 

@@ -27,14 +27,15 @@ import docker.errors
 import requests.exceptions
 
 from functions import keys, lease, records, steps
-from functions.errors import Unavailable, failure_kind
+from functions.errors import RequestIdReused, Unavailable, failure_kind
 from functions.logs import fields
 from functions.model import SCRIPTS, WORKDIRS, Outcome, Task
 from functions.outcome import failed, final_failure, script_timeout
 from functions.phases import PhaseClock
 from functions.pod_contract import MANAGED_BY
 from functions.redaction import Redactor
-from functions.runtimes.background import BackgroundRuns
+from functions.runtimes import Ended
+from functions.runtimes.background import BackgroundRuns, report_end
 from functions.runtimes.output import STDERR, STDOUT, Output
 from functions.sink import post_outcome
 from storage import Store
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
 
 ENGINE_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException, OSError)
 FRAME_HEADER = struct.Struct(">BxxxL")  # of the attach stream (no TTY)
+REQUEST_LABEL = "request-digest"  # checked when a redelivery adopts the container
 STREAM_END_SECONDS = 5  # after the exit, for the attach stream to bring the last output
 EXIT_CHECK_SECONDS = 5  # how often a script whose attach stream goes on is checked for an exit
 EXIT_SETTLE_SECONDS = 1  # after the stream's end, asking for the exit code before waiting
@@ -66,8 +68,9 @@ class ContainerRuntime:
         self._client = client
         self._store = store
         self._config = config
-        self._lock = threading.Lock()  # guards the two dicts below
-        self._started: set[str] = set()
+        self._lock = threading.Lock()  # guards the dicts and sets below
+        self._started: dict[str, str] = {}  # run id -> request digest, while it runs
+        self._waiting: set[str] = set()  # run ids accepted whose script has not started
         self._pull_locks: dict[str, threading.Lock] = {}
         self._background = BackgroundRuns("container-run")
         self._cleanup = BackgroundRuns("container-remove", limit=2)
@@ -99,28 +102,42 @@ class ContainerRuntime:
         self._cleanup.close()
         self._client.close()
 
-    def start(self, task: Task) -> None:
+    def start(self, task: Task, ended: Ended | None = None) -> None:
         """Run in the background and post the reply to K_SINK (once per run id)."""
         with self._lock:
             if task.run_id in self._started:
+                if self._started[task.run_id] != task.request_digest:
+                    raise RequestIdReused()
                 return
-            self._started.add(task.run_id)
-        self._background.submit(self._run_and_reply, task)
+            self._started[task.run_id] = task.request_digest
+            self._waiting.add(task.run_id)
+        self._background.submit(self._run_and_reply, task, ended)
 
-    def _run_and_reply(self, task: Task) -> None:
+    def tasks_waiting(self) -> int:
+        """Tasks accepted whose script has not started: queued behind ``ASYNC_RUN_LIMIT``
+        others, pulling the image, staging inputs, creating the container."""
+        with self._lock:
+            return len(self._waiting)
+
+    def _script_starts(self, run: str) -> None:
+        with self._lock:
+            self._waiting.discard(run)
+
+    def _run_and_reply(self, task: Task, ended: Ended | None) -> None:
         try:
             outcome = self.run(task)
         except Exception as err:  # after a 202 nobody redelivers: reply with the failure
             log.exception("asynchronous task failed", extra=fields(run_id=task.run_id))
             outcome = failed(task.action, failure_kind(err), f"the task could not run: {err}")
         lease.release_held(self._store, task.lease)  # recorded, or it never will be
+        report_end(ended, task, outcome)
         try:
             post_outcome(self._config.sink, task, outcome)
         except Exception:
             log.exception("cannot post the reply", extra=fields(run_id=task.run_id))
         finally:
             with self._lock:
-                self._started.discard(task.run_id)
+                self._started.pop(task.run_id, None)
 
     def run(self, task: Task) -> Outcome:
         """Run the task once per run id: its container is named after the run id, so after a
@@ -131,16 +148,18 @@ class ContainerRuntime:
         root = self._run_root(task.run_id)
         workdir = root / task.action
         clock = PhaseClock()
-        container = self._existing(task.run_id)
-        if container is None and WORKDIRS[task.action]:  # a check mounts no work dir
-            shutil.rmtree(root, ignore_errors=True)  # a crash's leftovers, nothing ran in it
-            workdir.mkdir(parents=True)
+        with self._lock:
+            self._waiting.add(task.run_id)
         try:
+            container = self._existing(task)
+            if container is None and WORKDIRS[task.action]:  # a check mounts no work dir
+                shutil.rmtree(root, ignore_errors=True)  # a crash's leftovers: nothing ran
+                workdir.mkdir(parents=True)
             outcome = self._outcome(task, workdir, container, clock)
         except StorageError as err:  # a permanent store refusal; retryable ones raise here
-            outcome = records.record_outcome(
-                self._store, task.run_id, final_failure(task.action, err)
-            )
+            outcome = self._record(task, final_failure(task.action, err))
+        finally:
+            self._script_starts(task.run_id)  # or it never will
         # The result is stored, so nothing is left to adopt and a redelivery replays the
         # record: the removal need not hold up the reply.
         self._cleanup.submit(self._remove_run, task.run_id, root)
@@ -149,15 +168,19 @@ class ContainerRuntime:
     def _run_root(self, run: str) -> Path:
         return Path(self._config.workroot or tempfile.gettempdir()) / f"rf-{run}"
 
-    def _existing(self, run: str) -> Any:
+    def _existing(self, task: Task) -> Any:
         """This run's container, if one is left from an earlier delivery; one that was
-        created but never started is removed (its script never ran)."""
+        created but never started is removed (its script never ran). A container of another
+        request with the same run id raises ``RequestIdReused``."""
+        run = task.run_id
         try:
             container = self._client.containers.get(container_name(run))
         except docker.errors.NotFound:
             return None
         except ENGINE_ERRORS as err:
             raise Unavailable(f"container engine: {err}") from err
+        if _request_of(container) not in ("", task.request_digest):
+            raise RequestIdReused()
         if container.status == "created":
             _remove(container)
             return None
@@ -190,9 +213,11 @@ class ContainerRuntime:
                     container = self._create(task, workdir)
                 if container is None:
                     raise Unavailable(f"image {task.resource_type.image} vanished after its pull")
+            self._script_starts(task.run_id)
             with clock.phase("script"):
                 exit_code, output = self._feed_and_wait(container, task, keep)
         else:
+            self._script_starts(task.run_id)  # an adopted container's script has started
             try:
                 with clock.phase("script"):
                     remaining = _remaining(container, task.timeout_seconds)
@@ -202,14 +227,16 @@ class ContainerRuntime:
             except Unavailable:
                 # The process that started the container may live on (an orphaned worker):
                 # if it stored the result and removed the container, that result stands.
-                stored = records.read_outcome(self._store, task.run_id)
+                stored = records.read_outcome(self._store, task.run_id, request=task.request_digest)
                 if stored is None:
                     raise
                 return stored
         return self._collect(container, task, workdir, exit_code, output, redactor, clock)
 
     def _record(self, task: Task, outcome: Outcome) -> Outcome:
-        return records.record_outcome(self._store, task.run_id, outcome)
+        return records.record_outcome(
+            self._store, task.run_id, outcome, request=task.request_digest
+        )
 
     def _collect(
         self,
@@ -236,6 +263,7 @@ class ContainerRuntime:
             cache_key=task.cache_key,
             archive=self._config.archive,
             history=task.history,
+            request=task.request_digest,
         )
         return steps.collect(  # stores the result record
             self._store,
@@ -269,7 +297,11 @@ class ContainerRuntime:
                 environment=task.env,
                 stdin_open=True,
                 volumes={str(workdir): {"bind": target, "mode": "rw"}} if target else {},
-                labels={"app.kubernetes.io/managed-by": MANAGED_BY, "run-id": task.run_id},
+                labels={
+                    "app.kubernetes.io/managed-by": MANAGED_BY,
+                    "run-id": task.run_id,
+                    REQUEST_LABEL: task.request_digest,
+                },
                 privileged=task.resource_type.privileged,
                 network=self._config.network,
             )
@@ -364,6 +396,12 @@ class ContainerRuntime:
         """One pull per image at a time; different images pull in parallel."""
         with self._lock:
             return self._pull_locks.setdefault(image, threading.Lock())
+
+
+def _request_of(container: Any) -> str:
+    """The request digest a container was created for ("" if it predates the label)."""
+    labels = (container.attrs.get("Config") or {}).get("Labels") or {}
+    return str(labels.get(REQUEST_LABEL) or "")
 
 
 def container_name(run: str) -> str:

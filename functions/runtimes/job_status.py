@@ -115,6 +115,16 @@ def started_at(job: dict[str, Any]) -> datetime | None:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
+def pod_started(pods: Iterable[dict[str, Any]]) -> bool:
+    """Whether a task's pod has started work: one of its containers runs or has run. Until
+    then the Job waits for a pod (not created, not scheduled, pulling its first image)."""
+    return any(
+        {"running", "terminated"} & set((container.get("state") or {}).keys())
+        for pod in pods
+        for container in _container_statuses(pod.get("status") or {})
+    )
+
+
 def is_finished(job: dict[str, Any]) -> bool:
     return job_verdict(job, []) is not None
 

@@ -27,13 +27,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from functions import lease, records
+from functions import keys, lease, records
 from functions.errors import (
     Conflict,
     Gone,
     KubeApiError,
     NotFound,
     Rejected,
+    RequestIdReused,
     SinkRefused,
     Unavailable,
     failure_kind,
@@ -42,9 +43,9 @@ from functions.logs import fields
 from functions.model import Outcome, Task
 from functions.outcome import failed, final_failure, task_deadline
 from functions.phases import PhaseClock, timed
-from functions.runtimes import podspec
-from functions.runtimes.background import BackgroundRuns
-from functions.runtimes.job_status import Verdict, is_finished, judge, started_at
+from functions.runtimes import Ended, podspec
+from functions.runtimes.background import BackgroundRuns, report_end
+from functions.runtimes.job_status import Verdict, is_finished, judge, pod_started, started_at
 from functions.runtimes.kube_api import (
     KubeApi,
     api_client_from_env,
@@ -89,6 +90,7 @@ class KubernetesRuntime:
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self._following: set[str] = set()
+        self._waiting: set[str] = set()  # run ids whose Job's pod has not started
         self._background = BackgroundRuns("follow")
 
     @classmethod
@@ -117,7 +119,17 @@ class KubernetesRuntime:
             return self._rejected(task, plan, err)
         return clock.attach(self._settle(task, plan, job, clock).outcome)
 
-    def start(self, task: Task) -> None:
+    def tasks_waiting(self) -> int:
+        """Followed Jobs whose pod has not started (not created, not scheduled, pulling
+        its first image). Asynchronous Jobs count while this replica follows them."""
+        with self._lock:
+            return len(self._waiting)
+
+    def _pod_waits(self, run: str, waiting: bool) -> None:
+        with self._lock:
+            (self._waiting.add if waiting else self._waiting.discard)(run)
+
+    def start(self, task: Task, ended: Ended | None = None) -> None:
         """Create the Job (idempotent) and return; the task posts its own reply."""
         plan = plan_for(task, self._config, self._store.url, reply=True)
         try:
@@ -125,6 +137,7 @@ class KubernetesRuntime:
         except Rejected as err:
             outcome = self._rejected(task, plan, err)
             lease.release_held(self._store, task.lease)
+            report_end(ended, task, outcome)
             try:
                 post_outcome(self._config.sink, task, outcome)
             except SinkRefused as post_err:  # 503: a redelivery replays the record
@@ -134,7 +147,7 @@ class KubernetesRuntime:
             if task.run_id in self._following:
                 return
             self._following.add(task.run_id)
-        self._background.submit(self._follow_and_reply, task, plan, job)
+        self._background.submit(self._follow_and_reply, task, plan, job, ended)
 
     # --- creating ------------------------------------------------------------------------
 
@@ -158,7 +171,9 @@ class KubernetesRuntime:
         self._api.delete_job(plan.job_name)
         outcome = failed(task.action, "runtime", f"cannot start the task: {err}")
         try:
-            return records.record_outcome(self._store, task.run_id, outcome)
+            return records.record_outcome(
+                self._store, task.run_id, outcome, request=task.request_digest
+            )
         except StorageError as store_err:
             return final_failure(task.action, store_err)
 
@@ -170,6 +185,9 @@ class KubernetesRuntime:
         owner = (metadata.get("labels") or {}).get(f"{podspec.LABEL_PREFIX}run-id")
         if owner != plan.run_id:
             raise Unavailable(f"Job {plan.job_name} exists but belongs to run {owner!r}")
+        attached = (metadata.get("annotations") or {}).get(podspec.REQUEST_ANNOTATION, "")
+        if attached not in ("", plan.request_digest):
+            raise RequestIdReused()
         if metadata.get("deletionTimestamp"):  # deleted to run again (the store was down)
             raise Unavailable(f"task Job {plan.job_name} is being deleted: try again")
         return job
@@ -180,7 +198,8 @@ class KubernetesRuntime:
         uid = uid_of(job)
         if not uid:
             raise Unavailable(f"the Kubernetes API returned Job {plan.job_name} without a uid")
-        manifest = podspec.stdin_secret_manifest(plan, stdin, uid, secrets)
+        token = keys.reply_token(self._config.reply_secret, plan.run_id) if plan.reply else ""
+        manifest = podspec.stdin_secret_manifest(plan, stdin, uid, secrets, token)
         for attempt in range(2):
             try:
                 self._api.create_secret(manifest)
@@ -211,6 +230,8 @@ class KubernetesRuntime:
             settled = Settled(final_failure(task.action, err), by_collect=False)
         except KubeApiError as err:  # none expected while following
             raise Unavailable(f"Kubernetes API, following {plan.job_name}: {err}") from err
+        finally:
+            self._pod_waits(plan.run_id, False)
         self._drop_secret(plan)
         return settled
 
@@ -229,6 +250,7 @@ class KubernetesRuntime:
             if current is not None and uid and uid_of(current) != uid:
                 raise Unavailable(f"task Job {plan.job_name} was replaced while followed")
             passed = _now().timestamp() >= budget_end
+            self._pod_waits(plan.run_id, not pod_started(pods.values()))
             verdict = judge(current, pods.values(), deadline_passed=passed)
             if verdict is None and time.monotonic() >= deadline:
                 verdict = Verdict("timeout")
@@ -266,6 +288,7 @@ class KubernetesRuntime:
                     # ran, so it never turns Failed): the Job's state decides; list again.
                     return None
                 pods[name] = pod
+                self._pod_waits(plan.run_id, not pod_started(pods.values()))
                 verdict = judge(job, pods.values(), deadline_passed=False)
                 if verdict is not None or time.monotonic() >= until:
                     return verdict
@@ -286,13 +309,16 @@ class KubernetesRuntime:
             )
         if verdict.kind in ("complete", "gone"):
             wait = self._config.result_wait_seconds if verdict.kind == "complete" else 0
-            stored = self._read_result(task.run_id, wait)
+            stored = self._read_result(task, wait)
             if stored is not None:
                 return Settled(stored, by_collect=True)
             if verdict.kind == "complete":
                 verdict = Verdict("runtime", "the task Job completed but stored no result")
         outcome = records.record_outcome(
-            self._store, task.run_id, self._failure(task, plan, verdict)
+            self._store,
+            task.run_id,
+            self._failure(task, plan, verdict),
+            request=task.request_digest,
         )
         if verdict.kind in ("image_pull", "timeout"):
             self._api.delete_job(plan.job_name)  # after recording: a redelivery replays it
@@ -306,10 +332,10 @@ class KubernetesRuntime:
         kind = "image_pull" if verdict.kind == "image_pull" else "runtime"
         return failed(task.action, kind, verdict.message, verdict.detail)
 
-    def _read_result(self, run_id: str, wait: float) -> Outcome | None:
+    def _read_result(self, task: Task, wait: float) -> Outcome | None:
         end = time.monotonic() + wait
         while True:
-            outcome = records.read_outcome(self._store, run_id)
+            outcome = records.read_outcome(self._store, task.run_id, request=task.request_digest)
             if outcome is not None or time.monotonic() >= end:
                 return outcome
             time.sleep(0.2)
@@ -331,7 +357,9 @@ class KubernetesRuntime:
         except Exception:  # best effort: already logged above, nothing else to try
             log.exception("cannot post the reply", extra=fields(run_id=task.run_id))
 
-    def _follow_and_reply(self, task: Task, plan: JobPlan, job: dict[str, Any]) -> None:
+    def _follow_and_reply(
+        self, task: Task, plan: JobPlan, job: dict[str, Any], ended: Ended | None
+    ) -> None:
         """Async tasks: post the failures collect never saw (best effort: the function may
         be scaled down before the task ends; collect replies for every task it finishes)."""
         try:
@@ -340,6 +368,7 @@ class KubernetesRuntime:
             # then one read); else the failure is recorded here, or nothing if the store is
             # down (a waiter then runs the check).
             lease.release_held(self._store, task.lease)
+            report_end(ended, task, settled.outcome)
             if not settled.by_collect:
                 post_outcome(self._config.sink, task, settled.outcome)
         except StoppedFollowing:
@@ -355,15 +384,17 @@ class KubernetesRuntime:
                 extra=fields(run_id=task.run_id, job=plan.job_name, error=str(err)),
             )
             lease.release_held(self._store, task.lease)  # no result: a waiter runs the check
-            self._post_quietly(task, failed(task.action, failure_kind(err), str(err)))
+            outcome = failed(task.action, failure_kind(err), str(err))
+            report_end(ended, task, outcome)
+            self._post_quietly(task, outcome)
         except Exception as err:  # the task may still run: its lease is left to collect
             log.exception(
                 "following an asynchronous task failed",
                 extra=fields(run_id=task.run_id, job=plan.job_name),
             )
-            self._post_quietly(
-                task, failed(task.action, "runtime", f"following the task failed: {err}")
-            )
+            outcome = failed(task.action, "runtime", f"following the task failed: {err}")
+            report_end(ended, task, outcome)
+            self._post_quietly(task, outcome)
         finally:
             with self._lock:
                 self._following.discard(task.run_id)

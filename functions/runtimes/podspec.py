@@ -34,6 +34,10 @@ from functions.pod_contract import (
     KILL_AFTER_SECONDS,
     MANAGED_BY,
     REDACT_KEY,
+    REPLY_TOKEN_DIR,
+    REPLY_TOKEN_ENV,
+    REPLY_TOKEN_FILE,
+    REPLY_TOKEN_KEY,
     SECRET_DIR,
     SINK_ENV,
     STAGE_ERROR_FILE,
@@ -56,10 +60,12 @@ if TYPE_CHECKING:
     from functions.settings import Settings
 
 LABEL_PREFIX = "resource-functions.dev/"
+REQUEST_ANNOTATION = f"{LABEL_PREFIX}request"  # the Job's request digest
 STEP_UID = 65532  # stage/collect: the project image's non-root user
 BUILD_VOLUME = "build"
 STDIN_VOLUME = "stdin"
 STORE_VOLUME = "store-credentials"
+REPLY_VOLUME = "reply-token"
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _RUN_ID = re.compile(r"^[0-9a-f]{20,64}$")
 TERMINATION_GRACE_SECONDS = 5  # the resource step ignores SIGTERM; see pod_spec
@@ -132,6 +138,8 @@ class JobPlan:
     image_pull_secrets: tuple[str, ...] = ()
     reply: ReplyPlan | None = None
     request_source: str = ""  # for operators: an annotation on the Job
+    request_digest: str = ""  # keys.request_digest: an annotation, checked on attaching
+    build_size_limit: str = ""  # the build emptyDir's sizeLimit
 
     @property
     def job_name(self) -> str:
@@ -167,6 +175,11 @@ class KubernetesConfig:
     image_pull_secrets: tuple[str, ...] = ()
     step_env: tuple[tuple[str, str], ...] = ()
     sink: str = ""  # K_SINK, for replies to asynchronous tasks that collect could not send
+    # Where collect posts an asynchronous task's events: the reply relay (TASK_REPLY_SINK),
+    # else K_SINK itself; with the key its reply tokens are made under (CACHE_SECRET).
+    reply_sink: str = ""
+    reply_secret: bytes = field(default=b"", repr=False)
+    build_size_limit: str = ""  # the build emptyDir's sizeLimit (TASK_BUILD_SIZE_LIMIT)
     watch_seconds: float = 60.0  # one watch request; then the runtime lists again
     deadline_slack_seconds: float = DEADLINE_SLACK_SECONDS  # past the Job's deadline: then act
     result_wait_seconds: float = RESULT_WAIT_SECONDS  # a completed Job's result may take this
@@ -187,6 +200,9 @@ class KubernetesConfig:
             image_pull_secrets=tuple(settings.task_image_pull_secrets),
             step_env=settings.step_env,
             sink=settings.sink,
+            reply_sink=settings.task_reply_sink or settings.sink,
+            reply_secret=settings.cache_secret,
+            build_size_limit=settings.task_build_size_limit,
         )
 
 
@@ -213,12 +229,14 @@ def plan_for(task: Task, config: KubernetesConfig, store_url: str, *, reply: boo
         step_env=c.step_env,
         store_secret=c.store_secret,
         privileged=rt.privileged,
-        resources=rt.resources or c.resources,
+        resources={**c.resources, **rt.resources},
         node_selector=rt.node_selector or c.node_selector,
         tolerations=tuple(rt.tolerations or c.tolerations),
         image_pull_secrets=tuple(rt.image_pull_secrets or c.image_pull_secrets),
-        reply=ReplyPlan(task.request_id, task.subject, c.sink, task.trace) if reply else None,
+        reply=ReplyPlan(task.request_id, task.subject, c.reply_sink, task.trace) if reply else None,
+        build_size_limit=rt.build_size_limit or c.build_size_limit,
         request_source=task.request_source,
+        request_digest=task.request_digest,
     )
 
 
@@ -251,8 +269,13 @@ def job_manifest(plan: JobPlan) -> dict[str, Any]:
         "namespace": plan.namespace,
         "labels": labels(plan),
     }
-    if plan.request_source:
-        metadata["annotations"] = {f"{LABEL_PREFIX}request-source": plan.request_source}
+    annotations = (
+        {f"{LABEL_PREFIX}request-source": plan.request_source} if plan.request_source else {}
+    )
+    if plan.request_digest:
+        annotations[REQUEST_ANNOTATION] = plan.request_digest
+    if annotations:
+        metadata["annotations"] = annotations
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -292,36 +315,35 @@ def pod_spec(plan: JobPlan) -> dict[str, Any]:
 
 
 def _volumes(plan: JobPlan) -> list[dict[str, Any]]:
-    store = [
-        {
-            "name": STORE_VOLUME,
-            "secret": {"secretName": plan.store_secret, "optional": False, "defaultMode": 0o400},
-        }
+    build: dict[str, Any] = {"sizeLimit": plan.build_size_limit} if plan.build_size_limit else {}
+    volumes: list[dict[str, Any]] = [
+        {"name": BUILD_VOLUME, "emptyDir": build},
+        _secret_volume(STDIN_VOLUME, plan.secret_name, (STDIN_KEY, REDACT_KEY)),
     ]
-    return [
-        *(store if plan.store_secret else []),
-        {"name": BUILD_VOLUME, "emptyDir": {}},
-        {
-            "name": STDIN_VOLUME,
-            "secret": {
-                "secretName": plan.secret_name,
-                "optional": False,
-                "defaultMode": 0o400,
-                "items": [
-                    {"key": STDIN_KEY, "path": STDIN_KEY},
-                    {"key": REDACT_KEY, "path": REDACT_KEY},
-                ],
-            },
-        },
-    ]
+    if plan.reply:
+        volumes.append(_secret_volume(REPLY_VOLUME, plan.secret_name, (REPLY_TOKEN_KEY,)))
+    if plan.store_secret:
+        volumes.append(_secret_volume(STORE_VOLUME, plan.store_secret, ()))
+    return volumes
 
 
-def _mounts(*, stdin: bool, store: bool = False) -> list[dict[str, Any]]:
+def _secret_volume(name: str, secret: str, keys: tuple[str, ...]) -> dict[str, Any]:
+    """A Secret as files (0400; the pod's fsGroup makes them group-readable); ``keys``: only
+    those, else every key."""
+    source: dict[str, Any] = {"secretName": secret, "optional": False, "defaultMode": 0o400}
+    if keys:
+        source["items"] = [{"key": key, "path": key} for key in keys]
+    return {"name": name, "secret": source}
+
+
+def _mounts(*, stdin: bool, store: bool = False, reply: bool = False) -> list[dict[str, Any]]:
     mounts: list[dict[str, Any]] = [{"name": BUILD_VOLUME, "mountPath": BUILD_DIR}]
     if stdin:
         mounts.append({"name": STDIN_VOLUME, "mountPath": SECRET_DIR, "readOnly": True})
     if store:
         mounts.append({"name": STORE_VOLUME, "mountPath": STORE_CREDENTIALS_DIR, "readOnly": True})
+    if reply:
+        mounts.append({"name": REPLY_VOLUME, "mountPath": REPLY_TOKEN_DIR, "readOnly": True})
     return mounts
 
 
@@ -340,16 +362,21 @@ def _collect_container(plan: JobPlan) -> dict[str, Any]:
         history=plan.history,
         lease=plan.lease,
         reply=plan.reply,
+        request=plan.request_digest,
     )
-    container = _step_container(plan, "collect", step.argv(), stdin=True)
+    container = _step_container(plan, "collect", step.argv(), stdin=True, reply=bool(plan.reply))
     if plan.reply and plan.reply.sink:
-        # The reply address goes to collect alone (never to the resource container, whose
-        # image could otherwise post forged replies into the Broker).
+        # The reply address and token go to collect alone (never to the resource container,
+        # whose image could otherwise post forged replies).
         container["env"].append({"name": SINK_ENV, "value": plan.reply.sink})
+    if plan.reply:
+        container["env"].append({"name": REPLY_TOKEN_ENV, "value": REPLY_TOKEN_FILE})
     return container
 
 
-def _step_container(plan: JobPlan, name: str, args: list[str], *, stdin: bool) -> dict[str, Any]:
+def _step_container(
+    plan: JobPlan, name: str, args: list[str], *, stdin: bool, reply: bool = False
+) -> dict[str, Any]:
     """stage/collect: the project image, non-root, no privileges; the store's credentials
     as the files of its Secret (never env vars: see ``pod_contract.STORE_CREDENTIALS_DIR``)."""
     env = [{"name": STORE_URL_ENV, "value": plan.store_url}, {"name": "TMPDIR", "value": BUILD_DIR}]
@@ -362,7 +389,7 @@ def _step_container(plan: JobPlan, name: str, args: list[str], *, stdin: bool) -
         "image": plan.task_image,
         "command": ["python", "-m", "functions", *args],
         "env": env,
-        "volumeMounts": _mounts(stdin=stdin, store=bool(plan.store_secret)),
+        "volumeMounts": _mounts(stdin=stdin, store=bool(plan.store_secret), reply=reply),
         # Without API rights to read logs, this is how the function learns why a step failed.
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {
@@ -410,13 +437,24 @@ def _with_resources(container: dict[str, Any], plan: JobPlan) -> dict[str, Any]:
 
 
 def stdin_secret_manifest(
-    plan: JobPlan, stdin: bytes, owner_uid: str, secrets: tuple[str, ...] = ()
+    plan: JobPlan,
+    stdin: bytes,
+    owner_uid: str,
+    secrets: tuple[str, ...] = (),
+    reply_token: str = "",
 ) -> dict[str, Any]:
     """The Secret holding the script's stdin (and, for collect to redact, the values
-    ``secrets``: ``Task.secrets``), owned by the Job (garbage-collected with it).
+    ``secrets``: ``Task.secrets``; for an asynchronous task, its ``reply_token``), owned by
+    the Job (garbage-collected with it).
     No ``blockOwnerDeletion``: that needs delete rights on the owner's finalizers."""
     if not owner_uid:
         raise ValueError("the stdin Secret needs the uid of the Job that owns it")
+    data = {
+        STDIN_KEY: base64.b64encode(stdin).decode("ascii"),
+        REDACT_KEY: base64.b64encode(json.dumps(list(secrets)).encode()).decode(),
+    }
+    if reply_token:
+        data[REPLY_TOKEN_KEY] = base64.b64encode(reply_token.encode()).decode()
     return {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -430,8 +468,5 @@ def stdin_secret_manifest(
                 {"apiVersion": "batch/v1", "kind": "Job", "name": plan.job_name, "uid": owner_uid}
             ],
         },
-        "data": {
-            STDIN_KEY: base64.b64encode(stdin).decode("ascii"),
-            REDACT_KEY: base64.b64encode(json.dumps(list(secrets)).encode()).decode(),
-        },
+        "data": data,
     }

@@ -33,19 +33,24 @@ def interval(request: Request) -> float:
 
 def from_history(
     store: Store, request: Request, plan: HistoryPlan, now: float
-) -> tuple[Request, Outcome | None]:
+) -> tuple[Request, Outcome | None, float | None]:
     """The check to run (``latest-known`` resolved: the history's last version, or none on a
-    first check) and, if the resource was checked less than ``interval`` seconds before
-    ``now``, its answer from the history. Reads the history only when one of them needs it."""
+    first check); if the resource was checked less than ``interval`` seconds before ``now``,
+    its answer from the history; and the age of that last successful check in intervals
+    (None without an interval or a check yet). Reads the history only when one of them
+    needs it."""
     every = interval(request)
     if not request.latest_known and every <= 0:
-        return request, None
+        return request, None, None
     known = history.read(store, plan.resource_key)
     if request.latest_known:
         request = replace(request, version=known.latest)
-    if known.checked_at is None or every <= 0 or now - known.checked_at >= every:
-        return request, None
-    return request, answer(known, request)
+    if known.checked_at is None or every <= 0:
+        return request, None, None
+    age = max(0.0, now - known.checked_at) / every
+    if age >= 1:
+        return request, None, age
+    return request, answer(known, request), age
 
 
 def answer(known: history.History, request: Request) -> Outcome:

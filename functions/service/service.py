@@ -16,10 +16,9 @@ from functions import credentials, events, keys, protocol, records
 from functions.budget import async_lease_seconds
 from functions.errors import InvalidRequest, SinkRefused, Unavailable
 from functions.logs import fields
-from functions.metrics import Metrics
+from functions.metrics import Metrics, type_label
 from functions.model import Action, HistoryPlan, Outcome, RepeatableGet, Request, Task
 from functions.outcome import final_failure
-from functions.phases import seconds_by_phase
 from functions.redaction import secret_values
 from functions.replies import discovered_events, reply_event
 from functions.runtimes import Runtime
@@ -27,6 +26,8 @@ from functions.service import checks, shared_check
 from functions.service.cache_memory import CacheMemory
 from functions.service.flights import Flights
 from functions.service.request_data import parse_request_data
+from functions.service.run_report import RunReport
+from functions.service.teams import TEAM_ATTRIBUTE, check_team
 from functions.settings import Settings
 from functions.sink import post_events
 from functions.tracing import RunTracer, trace_context
@@ -63,12 +64,16 @@ class Service:
         self.metrics = metrics
         self.flights = Flights()
         self.cache_memory = CacheMemory(settings.cache_recheck_seconds)
-        self.tracer = RunTracer(f"resource-functions-{action}") if settings.tracing else None
+        tracer = RunTracer(f"resource-functions-{action}") if settings.tracing else None
+        self.report = RunReport(action, store, metrics, tracer)
 
-    def handle(self, event: CloudEvent) -> Reply:
-        """Serve one request event. Raises ``InvalidRequest`` (400) or ``Unavailable`` (503)."""
-        request = self.parse(event)
-        run = keys.run_id(request.event_source, request.event_id, self.action)
+    def handle(self, event: CloudEvent, sender: str = keys.ANONYMOUS) -> Reply:
+        """Serve one request event from ``sender`` (its authenticated identity). Raises
+        ``InvalidRequest`` (400), ``TeamNotAllowed`` (403) or ``Unavailable`` (503)."""
+        request = self.parse(event, sender)
+        run = self.run_id(
+            request.sender, request.build.team, request.event_source, request.event_id
+        )
         self._log_request(
             request.event_id,
             request.event_source,
@@ -81,7 +86,7 @@ class Service:
         except InvalidRequest:
             # A redelivery of a finished run replays its answer, even if a credential it
             # used has been deleted since; only a request that would run is refused.
-            stored = records.read_outcome(self.store, run)
+            stored = records.read_outcome(self.store, run, request=request.digest)
             if stored is None:
                 raise
             return self._reply(request, run, stored)
@@ -91,11 +96,22 @@ class Service:
             # A permanent store refusal (e.g. a key the store will not take): final, not retried.
             return self._reply(request, run, final_failure(self.action, err))
 
-    def repeatable(self, event: CloudEvent) -> RepeatableGet | None:
+    def run_id(self, sender: str, team: str, event_source: str, event_id: str) -> str:
+        """The run of a request: ``keys.run_id`` under this deployment's key."""
+        return keys.run_id(
+            self.settings.cache_secret,
+            sender=sender,
+            team=team,
+            event_source=event_source,
+            event_id=event_id,
+            action=self.action,
+        )
+
+    def repeatable(self, event: CloudEvent, sender: str = keys.ANONYMOUS) -> RepeatableGet | None:
         """What answers a repeat of this event from the cache memory (``answer_repeat``): a
         get without ``((var))`` references (those are looked up on each request). None for
         anything else; ``InvalidRequest`` as ``handle`` would raise it."""
-        request = self.parse(event)
+        request = self.parse(event, sender)
         cache_key = self._cache_key(request)
         if cache_key is None:
             return None
@@ -107,6 +123,8 @@ class Service:
             type_name=request.type_name,
             image=request.resource_type.image,
             cache_key=cache_key,
+            sender=request.sender,
+            team=request.build.team,
         )
 
     def answer_repeat(self, get: RepeatableGet, event_id: str) -> tuple[str, Outcome] | None:
@@ -116,7 +134,7 @@ class Service:
         remembered = self.cache_memory.peek(get.cache_key)
         if remembered is None:
             return None
-        run = keys.run_id(get.event_source, event_id, self.action)
+        run = self.run_id(get.sender, get.team, get.event_source, event_id)
         self._log_request(event_id, get.event_source, run, get.type_name, get.image, short_way=True)
         self.metrics.cache_hits.labels(self.action).inc()
         return run, Outcome(action=self.action, data=remembered)
@@ -143,19 +161,32 @@ class Service:
             values["short_way"] = True
         log.info("request", extra=fields(**values))
 
-    def parse(self, event: CloudEvent) -> Request:
+    def parse(self, event: CloudEvent, sender: str = keys.ANONYMOUS) -> Request:
+        """The validated request; raises ``InvalidRequest``, or ``TeamNotAllowed`` for a team
+        its sender may not name (``teams.check_team``): all before any lookup or run."""
         events.check_type(event, self.action)
         reply_async = self._wants_async(event)
+        data = events.event_data(event)
         request = parse_request_data(
-            events.event_data(event),
+            data,
             action=self.action,
             event=event.get_attributes(),
             resource_types=self.settings.resource_types,
             artifact_url_prefix=url_prefix(self.store) + "artifacts/",
             reply_async=reply_async,
         )
+        check_team(
+            self.settings.sender_teams,
+            enforced=bool(self.settings.sender_audience),
+            sender=sender,
+            team=request.build.team,
+            attribute=event.get_extension(TEAM_ATTRIBUTE),
+        )
         trace = trace_context(event.get_extension("traceparent"), event.get_extension("tracestate"))
-        request = replace(request, trace=trace)
+        digest = keys.request_digest(
+            self.settings.cache_secret, action=self.action, subject=request.subject, data=data
+        )
+        request = replace(request, trace=trace, sender=sender, digest=digest)
         image = request.resource_type.image
         if request.type_name is None and not any(
             fnmatch.fnmatchcase(image, pattern) for pattern in self.settings.allowed_images
@@ -210,7 +241,9 @@ class Service:
         plan = checks.history_plan(self.settings, request)
         fresh = None
         if plan is not None:
-            request, fresh = checks.from_history(self.store, request, plan, time.time())
+            request, fresh, age = checks.from_history(self.store, request, plan, time.time())
+            if age is not None:
+                self.metrics.check_age.labels(type_label(request.type_name)).observe(age)
         if request.reply_async:
             return self._start(request, run, cache_key, fresh)
         outcome, joined = self.flights.run(
@@ -221,7 +254,7 @@ class Service:
             self.metrics.joined.labels(self.action).inc()
             # The run may have been another request's: record the answer under this request's
             # run id too, so its redelivery replays it instead of running again.
-            records.record_if_absent(self.store, run, outcome)
+            records.record_if_absent(self.store, run, outcome, request=request.digest)
         return self._reply(request, run, outcome)
 
     def _start(
@@ -229,14 +262,19 @@ class Service:
     ) -> Reply:
         """Asynchronous completion: 202 once the task is started (idempotent per run id), or
         the answer at once when there is one (stored, cached, fresh, another run's check)."""
-        stored = self._stored_answer(run, cache_key) or self._fresh(run, fresh)
+        stored = self._stored_answer(request, run, cache_key) or self._fresh(request, run, fresh)
         if stored is not None:
             return self._reply(request, run, stored)
         task = self._task(request, run, cache_key)
         if task.history is not None and self.settings.check_lease_seconds > 0:
             return self._start_once(request, task, task.history)
-        self.runtime.start(task)
+        self._begin(task, request.type_name)
         return Reply(status=202)
+
+    def _begin(self, task: Task, type_name: str | None) -> None:
+        """Start an asynchronous run; it is reported when the runtime sees it end."""
+        began = self.report.began(task, type_name)
+        self.runtime.start(task, ended=lambda outcome: self.report.ended(task, began, outcome))
 
     def _start_once(self, request: Request, task: Task, plan: HistoryPlan) -> Reply:
         """An asynchronous check shared across replicas through its resource's lease: start
@@ -253,7 +291,7 @@ class Service:
             run=task.run_id,
             ttl=ttl,
             timeout=ttl,
-            start=lambda held: self.runtime.start(replace(task, lease=held)),
+            start=lambda held: self._begin(replace(task, lease=held), request.type_name),
         )
         if outcome is None:
             return Reply(status=202)
@@ -263,26 +301,40 @@ class Service:
         self, request: Request, run: str, cache_key: str | None, fresh: Outcome | None
     ) -> Outcome:
         """Inside the flight, so a redelivery arriving as a run ends sees its result."""
-        stored = self._stored_answer(run, cache_key) or self._fresh(run, fresh)
+        stored = self._stored_answer(request, run, cache_key) or self._fresh(request, run, fresh)
         if stored is not None:
             return stored
         task = self._task(request, run, cache_key)
         if task.history is None or self.settings.check_lease_seconds <= 0:
-            return self._run(task)
+            return self._run(task, request.type_name)
         return self._check_once(request, task, task.history)
 
     def _check_once(self, request: Request, task: Task, plan: HistoryPlan) -> Outcome:
         """A check shared across replicas through its resource's lease: run it, or wait for
         the run of the replica holding the lease and answer from it. A waiter's answer is
         stored under its own run id, so its redelivery replays it."""
-        outcome, holder = shared_check.run_or_wait(
-            self.store,
-            keys.lease_record_key(plan.resource_key),
-            run=task.run_id,
-            ttl=self.settings.check_lease_seconds,
-            timeout=task.timeout_seconds,
-            work=lambda: self._run(task),
-        )
+        holding = False
+
+        def work() -> Outcome:
+            nonlocal holding
+            holding = True
+            self.metrics.lease_waiters.dec()
+            with self.metrics.leases_held.track_inprogress():
+                return self._run(task, request.type_name)
+
+        self.metrics.lease_waiters.inc()  # until it holds the lease, or the holder's run ends
+        try:
+            outcome, holder = shared_check.run_or_wait(
+                self.store,
+                keys.lease_record_key(plan.resource_key),
+                run=task.run_id,
+                ttl=self.settings.check_lease_seconds,
+                timeout=task.timeout_seconds,
+                work=work,
+            )
+        finally:
+            if not holding:
+                self.metrics.lease_waiters.dec()
         if holder == task.run_id:  # our run, or our own earlier delivery's on another replica
             return outcome
         return self._joined(request, task, plan, outcome)
@@ -292,27 +344,30 @@ class Service:
         that its redelivery replays it."""
         self.metrics.joined.labels(self.action).inc()
         answer = checks.joined_answer(self.store, request, plan, shared)
-        return records.record_outcome(self.store, task.run_id, answer)
+        return records.record_outcome(self.store, task.run_id, answer, request=request.digest)
 
-    def _fresh(self, run: str, fresh: Outcome | None) -> Outcome | None:
+    def _fresh(self, request: Request, run: str, fresh: Outcome | None) -> Outcome | None:
         """A check answered from the history (within its interval), recorded as this run's
         result so that a redelivery replays it, whatever the history says by then."""
         if fresh is None:
             return None
         self.metrics.cache_hits.labels(self.action).inc()
-        return records.record_outcome(self.store, run, fresh)
+        return records.record_outcome(self.store, run, fresh, request=request.digest)
 
-    def _stored_answer(self, run: str, cache_key: str | None) -> Outcome | None:
+    def _stored_answer(self, request: Request, run: str, cache_key: str | None) -> Outcome | None:
         """The stored result of this run (redelivery), or a get's cache entry."""
-        stored = records.read_outcome(self.store, run)
+        stored = records.read_outcome(self.store, run, request=request.digest)
         if stored is not None:
             self.metrics.joined.labels(self.action).inc()
             return stored
-        cached = self._read_cache(cache_key) if cache_key else None
-        if cached is not None:
-            self.metrics.cache_hits.labels(self.action).inc()
-            return Outcome(action=self.action, data=cached)
-        return None
+        if cache_key is None:
+            return None
+        cached = self._read_cache(cache_key)
+        if cached is None:
+            self.metrics.cache_misses.labels(self.action).inc()
+            return None
+        self.metrics.cache_hits.labels(self.action).inc()
+        return Outcome(action=self.action, data=cached)
 
     def _read_cache(self, cache_key: str) -> dict[str, Any] | None:
         """The cache entry, its record from memory if kept, its artifact looked for."""
@@ -323,51 +378,11 @@ class Service:
             self.cache_memory.seen(cache_key, cached)
         return cached
 
-    def _run(self, task: Task) -> Outcome:
-        started, started_ns = time.monotonic(), time.time_ns()
+    def _run(self, task: Task, type_name: str | None) -> Outcome:
+        began = self.report.began(task, type_name)
         outcome = self.runtime.run(task)
-        kind = "succeeded" if outcome.failure is None else outcome.failure.kind
-        self.metrics.runs.labels(self.action, kind).inc()
-        self.metrics.duration.labels(self.action).observe(time.monotonic() - started)
-        artifact = (outcome.data or {}).get("artifact")
-        if artifact:
-            self.metrics.bytes.labels(self.action).inc(artifact["size"])
-        phases = seconds_by_phase(outcome.phases)
-        for phase, seconds in phases.items():
-            self.metrics.phase_duration.labels(self.action, phase).observe(seconds)
-        log.info(
-            "run finished",
-            extra=fields(
-                action=self.action,
-                run_id=task.run_id,
-                outcome=kind,
-                seconds=time.monotonic() - started,
-                phases=phases,
-            ),
-        )
-        if self.tracer is not None:
-            self._export(task, outcome, kind, started_ns)
+        self.report.ended(task, began, outcome)
         return outcome
-
-    def _export(self, task: Task, outcome: Outcome, kind: str, started_ns: int) -> None:
-        """The run as a span (a child of the request's), a child span per phase."""
-        try:
-            assert self.tracer is not None
-            self.tracer.export_run(
-                name=f"{self.action} run",
-                outcome=outcome,
-                start_ns=started_ns,
-                end_ns=time.time_ns(),
-                trace=task.trace,
-                attributes={
-                    "resource_functions.action": self.action,
-                    "resource_functions.run_id": task.run_id,
-                    "resource_functions.outcome": kind,
-                    "resource_functions.image": task.resource_type.image,
-                },
-            )
-        except Exception:  # tracing must never fail a request
-            log.exception("cannot export the run's spans", extra=fields(run_id=task.run_id))
 
     def _cache_key(self, request: Request) -> str | None:
         if request.action != "get":
@@ -427,6 +442,7 @@ class Service:
             ),
             history=checks.history_plan(self.settings, request),
             trace=request.trace,
+            request_digest=request.digest,
         )
 
     def _reply(self, request: Request, run: str, outcome: Outcome) -> Reply:

@@ -103,7 +103,7 @@ def lead_or_wait(
             seen is None or seen.lease.run != followed or seen.lease.free(now)
         ):
             # The holder's run ended (or changed hands): its result, if it left one, is ours.
-            done = records.read_outcome(store, followed)
+            done = records.read_outcome(store, followed, request=None)  # another request's
             if done is not None:
                 return done, followed
         if seen is None or seen.lease.free(now):

@@ -49,7 +49,7 @@ from functions.pod_contract import (
 from functions.protocol import MAX_STDIN_BYTES, MAX_STDOUT_BYTES
 from functions.redaction import Redactor
 from functions.replies import reply_events
-from functions.sink import post_events
+from functions.sink import RelayToken, post_events
 from functions.task import untrusted_files
 from functions.task.step_settings import StepSettings
 from storage import Store, open_store
@@ -123,7 +123,7 @@ def collect_main(args: CollectStep, settings: StepSettings) -> int:
         return fail(f"collect: cannot record the outcome: {err}")
     if args.reply is None:
         return 0
-    return _post(args, outcome, settings.sink)
+    return _post(args, outcome, settings.sink, settings.reply_token)
 
 
 @dataclass(frozen=True)
@@ -179,6 +179,7 @@ def record(store: Store, args: CollectStep, archive: ArchiveOptions) -> Outcome:
         cache_key=args.cache_key,
         archive=archive,
         history=args.history,
+        request=args.request,
     )
     return steps.collect(
         store,
@@ -212,10 +213,10 @@ def _record_failure(
 
 def _record_outcome(store: Store, args: CollectStep, outcome: Outcome, log: str) -> Outcome:
     records.write_once(store, keys.log_key(args.run_id), log.encode())
-    return records.record_outcome(store, args.run_id, outcome)
+    return records.record_outcome(store, args.run_id, outcome, request=args.request)
 
 
-def _post(args: CollectStep, outcome: Outcome, sink: str) -> int:
+def _post(args: CollectStep, outcome: Outcome, sink: str, reply_token: str) -> int:
     assert args.reply is not None
     if not sink:
         return fail(
@@ -232,7 +233,7 @@ def _post(args: CollectStep, outcome: Outcome, sink: str) -> int:
         trace=args.reply.trace,
     )
     try:
-        post_events(sink, events)
+        post_events(sink, events, RelayToken(args.run_id, reply_token) if reply_token else None)
     except SinkRefused as err:
         return fail(f"collect: the outcome is stored but the sink refused the reply: {err}")
     return 0

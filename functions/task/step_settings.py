@@ -6,9 +6,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from functions.errors import ConfigError
-from functions.pod_contract import SINK_ENV, STORE_CREDENTIALS_ENV, STORE_URL_ENV
+from functions.pod_contract import (
+    REPLY_TOKEN_ENV,
+    SINK_ENV,
+    STORE_CREDENTIALS_ENV,
+    STORE_URL_ENV,
+)
 from storage.archive import ArchiveOptions, Limits
 from storage.credentials import read_credentials_dir
 from storage.options import StoreOptions
@@ -21,6 +27,7 @@ class StepSettings:
     archive: ArchiveOptions = field(default_factory=ArchiveOptions)
     limits: Limits = field(default_factory=Limits)
     store_options: StoreOptions = field(default_factory=StoreOptions)
+    reply_token: str = field(default="", repr=False)  # for the reply relay (async tasks)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> StepSettings:
@@ -43,4 +50,15 @@ class StepSettings:
             archive=archive,
             limits=limits,
             store_options=options,
+            reply_token=_reply_token(environ.get(REPLY_TOKEN_ENV, "")),
         )
+
+
+def _reply_token(path: str) -> str:
+    """The token in the file ``path`` (the run's Secret, mounted); "" without one."""
+    if not path:
+        return ""
+    try:
+        return Path(path).read_text().strip()
+    except OSError as err:
+        raise ConfigError(f"{REPLY_TOKEN_ENV}: cannot read {path}: {err.strerror}") from None

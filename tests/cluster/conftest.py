@@ -27,6 +27,8 @@ import yaml
 
 from tests.cluster.up import GATEWAY, Cluster, new_cluster
 
+KNATIVE_CACHE_SECRET = "knative-e2e-cache-secret"
+
 REPO = Path(__file__).resolve().parents[2]
 NAMESPACE = "resource-functions"  # knative/namespace.yaml, knative/rbac.yaml
 STORE_SECRET = "resource-functions-store"
@@ -315,7 +317,7 @@ def knative_deployment(
             "LOG_LEVEL": "debug",
         },
         store_env=gateway_s3.env,
-        cache_secret="knative-e2e-cache-secret",
+        cache_secret=KNATIVE_CACHE_SECRET,
     )
     cluster.kubectl("apply", "-k", str(overlay))
     sink_trigger = {

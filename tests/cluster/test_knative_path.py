@@ -21,8 +21,9 @@ import requests
 import yaml
 from cloudevents.core.v1.event import CloudEvent
 
-from tests.cluster.conftest import REPO
+from tests.cluster.conftest import KNATIVE_CACHE_SECRET, REPO
 from tests.e2e.events import ENCODERS, request_event
+from tests.runs import run_of
 
 LABEL = "resource-functions.dev/"
 REPLY_SOURCE = "/resource-functions/{action}"
@@ -51,10 +52,9 @@ def source(**extra: object) -> dict:
 
 def jobs_of(deployment, event) -> list[dict]:
     """The Jobs started for this request (labelled with its run id: source, id, action)."""
-    from functions.keys import run_id
 
     action = attributes(event)["type"].split(".")[2]
-    run = run_id(attributes(event)["source"], attributes(event)["id"], action)
+    run = run_of(KNATIVE_CACHE_SECRET, attributes(event)["source"], attributes(event)["id"], action)
     return deployment.jobs(**{f"{LABEL}run-id": run})
 
 
@@ -398,7 +398,9 @@ def test_the_pingsource_example_reports_a_commit_between_two_ticks(knative_deplo
 
         claim = lease.read(d.store, keys.lease_record_key(found.get_data()["resource"]))
         assert claim is not None and claim.lease.released
-        assert claim.lease.run == keys.run_id(tick_source, attributes(second)["id"], "check")
+        assert claim.lease.run == run_of(
+            KNATIVE_CACHE_SECRET, tick_source, attributes(second)["id"], "check"
+        )
     finally:
         d.cluster.kubectl("delete", "-f", "-", stdin=listed, check=False)
         repository.close()

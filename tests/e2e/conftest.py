@@ -21,6 +21,7 @@ from tests.servers.process import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CANARY = "canary-7d3f9b2e-do-not-leak"
+E2E_CACHE_SECRET = "e2e-cache-secret"
 
 
 @pytest.fixture(scope="session")
@@ -166,7 +167,7 @@ def deployment(request, docker_host, resource_image, tmp_path_factory):
     env = {
         "DOCKER_HOST": docker_host,
         "RESOURCE_TYPES": resource_types(resource_image),
-        "CACHE_SECRET": "e2e-cache-secret",
+        "CACHE_SECRET": E2E_CACHE_SECRET,
         "LOG_LEVEL": "debug",
         "WORK_DIR": str(tmp),
     }

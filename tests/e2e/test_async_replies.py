@@ -14,6 +14,7 @@ from cloudevents.core.bindings.http import HTTPMessage, from_http_event
 
 from tests.e2e.conftest import resource_types, start_services
 from tests.e2e.events import request_event, send
+from tests.runs import run_of
 
 PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
@@ -49,6 +50,7 @@ def async_services(sink, docker_host, resource_image, tmp_path_factory):
             "RESOURCE_TYPES": resource_types(resource_image),
             "STORE_URL": (tmp_path / "store").as_uri(),
             "K_SINK": sink[0],
+            "CACHE_SECRET": "e2e-async",
         },
         tmp_path / "services.log",
         actions=("check",),
@@ -106,7 +108,6 @@ def test_identical_async_checks_run_once_and_the_waiter_answers_in_its_response(
     """The check lease with the container runtime: the check that takes it gets 202 and its
     container's task posts the reply; the identical one waits for it and answers with 200
     (as it would on another replica); the task released the lease."""
-    from functions import keys
     from storage import open_store
 
     source = {"count": 2, "delay": 2, "nonce": uuid.uuid4().hex}
@@ -128,7 +129,10 @@ def test_identical_async_checks_run_once_and_the_waiter_answers_in_its_response(
     }
     assert sink[1].empty()  # one task, one reply
     store = open_store(async_services.env["STORE_URL"])
-    runs = {keys.run_id(e.get_source(), e.get_id(), "check") for e in requests}
+    runs = {
+        run_of(async_services.env["CACHE_SECRET"], e.get_source(), e.get_id(), "check")
+        for e in requests
+    }
     leases = [json.loads(store.read_record(key).data) for key in store.list("leases/")]
     (held,) = [record for record in leases if record["run"] in runs]
     assert held["released"] is True
@@ -140,6 +144,10 @@ def test_async_failure_is_replied_as_failed_event(async_services, sink):
     reply = sink[1].get(timeout=60)
     assert reply.get_type() == "dev.resourcefunctions.check.failed"
     assert reply.get_data()["error"]["kind"] == "resource_failed"
+    # Counted as a run like a synchronous one (before its reply was posted).
+    runs = async_services.metric("check", "resource_function_runs_total", outcome="resource_failed")
+    assert runs == 1
+    assert async_services.metric("check", "resource_function_run_duration_seconds_count") >= 1
 
 
 def test_bad_replymode_is_rejected(async_services):

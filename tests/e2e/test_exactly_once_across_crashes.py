@@ -9,13 +9,14 @@ import subprocess
 import threading
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import docker
 import pytest
 import requests
 
-from functions.keys import run_id
+from functions.errors import RequestIdReused
 from functions.model import ResourceType, Task
 from functions.protocol import MAX_STDERR_BYTES, stdin_payload
 from functions.runtimes.container import ContainerConfig, ContainerRuntime
@@ -23,6 +24,7 @@ from storage import open_store
 from storage.archive import ArchiveOptions, Limits
 from tests.e2e.conftest import _wait_for, resource_types, start_services
 from tests.e2e.events import request_event, send
+from tests.runs import run_of
 
 
 def service_env(docker_host: str, image: str, tmp_path) -> dict[str, str]:
@@ -110,7 +112,7 @@ def test_a_service_killed_mid_run_is_not_run_twice(docker_host, resource_image, 
     since = time.time() - 1
     first = start_services(env, tmp_path / "first.log", actions=("check",))
     event = slow_check()
-    run = run_id(event.get_source(), event.get_id(), "check")
+    run = run_of("e2e", event.get_source(), event.get_id(), "check")
     try:
         send_in_background(first.urls["check"], event)
         wait_running(docker_host, run)
@@ -148,7 +150,7 @@ def test_a_restarted_engine_does_not_run_it_twice(docker_host, resource_image, t
     since = time.time() - 1
     services = start_services(env, tmp_path / "services.log", actions=("check",))
     event = slow_check()
-    run = run_id(event.get_source(), event.get_id(), "check")
+    run = run_of("e2e", event.get_source(), event.get_id(), "check")
     try:
         status: list[int] = []
         thread = threading.Thread(
@@ -188,6 +190,29 @@ def test_an_exited_container_left_behind_is_adopted(docker_host, resource_image,
     runtime.close()  # waits for the removal, which no longer holds up the reply
     assert outcome.data == {"versions": [{"ref": "1"}]}
     assert starts(docker_host, task.run_id, since) <= 1
+    assert not container_left(docker_host, task.run_id)
+
+
+def test_a_container_left_by_another_request_is_never_adopted(
+    docker_host, resource_image, tmp_path
+):
+    """A left-behind container of the same run id but another request (the pair reused for
+    other data) is refused (400), not read; the request it belongs to still adopts it."""
+    runtime = ContainerRuntime(
+        docker.DockerClient(base_url=docker_host),
+        open_store(tmp_path.as_uri()),
+        ContainerConfig(archive=ArchiveOptions(), limits=Limits(), workroot=str(tmp_path)),
+    )
+    task = replace(check_task(resource_image, {"count": 1}), request_digest="a" * 64)
+    leftover = runtime._create(task, tmp_path)
+    runtime._feed_and_wait(leftover, task)
+    try:
+        with pytest.raises(RequestIdReused):
+            runtime.run(replace(task, request_digest="b" * 64))
+        assert container_left(docker_host, task.run_id)  # still there for its own request
+        assert runtime.run(task).data == {"versions": [{"ref": "1"}]}
+    finally:
+        runtime.close()
     assert not container_left(docker_host, task.run_id)
 
 

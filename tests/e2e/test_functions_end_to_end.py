@@ -13,12 +13,12 @@ import uuid
 import docker
 import pytest
 
-from functions.keys import run_id
 from storage.archive import format_for_key, unpack
 from storage.base import key_for_url
-from tests.e2e.conftest import CANARY
+from tests.e2e.conftest import CANARY, E2E_CACHE_SECRET
 from tests.e2e.events import request_event, send
 from tests.parallel import parallel
+from tests.runs import run_of
 
 SOURCE = {"uri": "https://git.example.com/repo.git", "password": CANARY}
 
@@ -355,7 +355,7 @@ def test_a_script_echoing_its_stdin_leaks_no_secret_in_any_encoding(deployment):
     status, reply, _ = send(deployment.services.urls["check"], event)
     assert status == 200 and reply.get_type() == "dev.resourcefunctions.check.failed"
     tail = reply.get_data()["error"]["log_tail"]
-    run = run_id(event.get_source(), event.get_id(), "check")
+    run = run_of(E2E_CACHE_SECRET, event.get_source(), event.get_id(), "check")
     log = read_object(deployment.store, f"logs/{run}.log").decode()
     result = read_object(deployment.store, f"results/{run}.json").decode()
     assert '"lang":"é"' in log  # stdin is UTF-8, without \u escapes, as Concourse sends it
@@ -385,14 +385,16 @@ def engine(deployment):
     return docker.DockerClient(base_url=deployment.services.env["DOCKER_HOST"])
 
 
-def run_of(event) -> str:
-    return run_id(event.get_source(), event.get_id(), event.get_type().split(".")[2])
+def run_of_event(event) -> str:
+    return run_of(
+        E2E_CACHE_SECRET, event.get_source(), event.get_id(), event.get_type().split(".")[2]
+    )
 
 
 def leftover_containers(deployment, event):
     """This request's containers still known to the engine (labels managed-by and run-id):
     other tests and other users of the engine may have containers of their own."""
-    labels = ["app.kubernetes.io/managed-by=resource-functions", f"run-id={run_of(event)}"]
+    labels = ["app.kubernetes.io/managed-by=resource-functions", f"run-id={run_of_event(event)}"]
     return engine(deployment).containers.list(all=True, filters={"label": labels})
 
 
@@ -419,7 +421,7 @@ def container_starts(deployment, event, at_least: int = 0) -> int:
 
 def _starts_logged(deployment, event) -> int:
     client = engine(deployment).api
-    filters = {"event": ["start"], "label": [f"run-id={run_of(event)}"]}
+    filters = {"event": ["start"], "label": [f"run-id={run_of_event(event)}"]}
     response = client.get(
         client._url("/events"),
         stream=True,

@@ -17,9 +17,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from functions.keys import run_id
-from tests.e2e.conftest import resource_types, start_services
+from tests.e2e.conftest import E2E_CACHE_SECRET, resource_types, start_services
 from tests.e2e.events import request_event, send
+from tests.runs import run_of
 
 TRACE_ID = uuid.uuid4().hex
 PARENT_ID = uuid.uuid4().hex[:16]
@@ -77,7 +77,7 @@ def traced(docker_host, resource_image, tmp_path_factory) -> Iterator[tuple[Any,
     env = {
         "DOCKER_HOST": docker_host,
         "RESOURCE_TYPES": resource_types(resource_image),
-        "CACHE_SECRET": "e2e",
+        "CACHE_SECRET": E2E_CACHE_SECRET,
         "STORE_URL": (tmp / "store").as_uri(),
         "WORK_DIR": str(tmp),
         "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
@@ -97,7 +97,7 @@ def test_a_check_carries_the_trace_and_exports_its_spans(traced):
     status, reply, _ = send(services.urls["check"], event)
     assert status == 200 and reply.get_data()["versions"] == [{"ref": "1"}]
     assert reply.get_extension("traceparent") == TRACEPARENT
-    run = run_id(event.get_source(), event.get_id(), "check")
+    run = run_of(E2E_CACHE_SECRET, event.get_source(), event.get_id(), "check")
     store = services.env["STORE_URL"].removeprefix("file://")
     with open(f"{store}/logs/{run}.log") as log:
         assert f"traceparent={TRACEPARENT}" in log.read()  # the script saw it in its env

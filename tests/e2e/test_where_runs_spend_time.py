@@ -8,9 +8,9 @@ import uuid
 
 import pytest
 
-from functions.keys import run_id
-from tests.e2e.conftest import resource_types, start_services
+from tests.e2e.conftest import E2E_CACHE_SECRET, resource_types, start_services
 from tests.e2e.events import request_event, send
+from tests.runs import run_of
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +20,7 @@ def services(docker_host, resource_image, tmp_path_factory):
     env = {
         "DOCKER_HOST": docker_host,
         "RESOURCE_TYPES": resource_types(resource_image),
-        "CACHE_SECRET": "e2e",
+        "CACHE_SECRET": E2E_CACHE_SECRET,
         "STORE_URL": (tmp / "store").as_uri(),
         "WORK_DIR": str(tmp),
     }
@@ -42,7 +42,9 @@ def test_a_get_logs_and_observes_its_phases(services):
     event = request_event("get", data)
     status, reply, _ = send(services.urls["get"], event)
     assert status == 200 and reply.get_data()["cached"] is False
-    phases = run_finished(services, run_id(event.get_source(), event.get_id(), "get"))["phases"]
+    phases = run_finished(
+        services, run_of(E2E_CACHE_SECRET, event.get_source(), event.get_id(), "get")
+    )["phases"]
     assert {"create", "script", "upload", "store"} <= set(phases)
     assert "stage" not in phases  # a get has no inputs to stage
     assert all(isinstance(seconds, float) and seconds >= 0 for seconds in phases.values())

@@ -42,10 +42,13 @@ class FakeRuntime:
         if isinstance(self.outcome, Exception):
             raise self.outcome
         outcome = self.outcome or Outcome(action=task.action, data=_data(task))
-        return records.record_outcome(self.store, task.run_id, outcome)
+        return records.record_outcome(self.store, task.run_id, outcome, request=task.request_digest)
 
-    def start(self, task: Task) -> None:
+    def start(self, task: Task, ended: Any = None) -> None:
         self.started.append(task)
+
+    def tasks_waiting(self) -> int:
+        return 0
 
     def close(self) -> None:
         pass

@@ -15,7 +15,7 @@ from tests.fast.test_http_service import FakeRuntime
 
 
 def s3_pool_size(store: Any) -> int:
-    return int(store._client.meta.config.max_pool_connections)
+    return int(store.inner._client.meta.config.max_pool_connections)  # under MeteredStore
 
 
 @pytest.mark.parametrize(

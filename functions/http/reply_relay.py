@@ -1,0 +1,82 @@
+"""The reply relay: where a task pod's ``collect`` step posts an asynchronous run's events.
+
+Task pods run untrusted resource images, so the shipped NetworkPolicies let them reach
+neither the functions nor the Broker: a resource image that could post into the Broker could
+send requests naming any team, or forge other runs' replies. ``collect`` posts its run's
+events here instead, with the run's reply token (``keys.reply_token``: a keyed hash of the
+run id, which reaches the collect container alone, as a file of the run's Secret). The relay
+forwards an event to its ``K_SINK`` (the Broker) only if the token is the run's and the event
+is one of that run's: a reply with the run's reply id, or a discovered version. A resource
+image holds no token, so it can post nothing through here either.
+
+Routes: ``POST /`` (202 forwarded; 401 no or a wrong token; 400 not an event; 403 not an
+event of this run; 503 the sink is unreachable, so collect retries), ``GET /healthz``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from typing import Any
+
+from cloudevents.core.v1.event import CloudEvent
+from flask import Flask, request
+
+from functions import events, keys
+from functions.errors import InvalidRequest, SinkRefused
+from functions.logs import fields
+from functions.model import ACTIONS
+from functions.replies import DISCOVERED_TYPE, reply_id, reply_type
+from functions.sink import RUN_HEADER, post_reply
+
+log = logging.getLogger("functions.http.reply_relay")
+
+
+def create_relay_app(secret: bytes, sink: str) -> Flask:
+    """The relay, checking tokens under ``secret`` (``CACHE_SECRET``), forwarding to ``sink``."""
+    app = Flask("resource-functions-reply-relay")
+    app.add_url_rule("/", "event", lambda: _relay(secret, sink), methods=["POST"])
+    app.add_url_rule("/healthz", "healthz", lambda: {"status": "ok", "action": "reply-relay"})
+    return app
+
+
+def _relay(secret: bytes, sink: str) -> tuple[dict[str, Any], int]:
+    run = request.headers.get(RUN_HEADER, "")
+    scheme, _, token = (request.headers.get("Authorization") or "").partition(" ")
+    expected = keys.reply_token(secret, run)
+    if not run or scheme.lower() != "bearer" or not hmac.compare_digest(token, expected):
+        return _refused(401, "not_authenticated", "no valid reply token for this run")
+    try:
+        event = events.read_event(dict(request.headers), request.get_data())
+    except InvalidRequest as err:
+        return _refused(400, "invalid_request", str(err))
+    problem = _not_of_run(event, run)
+    if problem:
+        log.warning("refused a relayed event", extra=fields(run_id=run, problem=problem))
+        return _refused(403, "not_a_reply", problem)
+    if not sink:
+        return _refused(503, "unavailable", "the relay has no K_SINK to forward to")
+    try:
+        post_reply(sink, event, attempts=1)  # collect retries a 503 with its own backoff
+    except SinkRefused as err:
+        return _refused(503, "unavailable", str(err))
+    log.info("relayed", extra=fields(run_id=run, type=event.get_type(), id=event.get_id()))
+    return {}, 202
+
+
+def _not_of_run(event: CloudEvent, run: str) -> str | None:
+    """Why ``event`` is not one that run ``run`` may send, or None."""
+    kind = event.get_type()
+    if kind == DISCOVERED_TYPE:
+        return None
+    for action in ACTIONS:
+        for succeeded in (True, False):
+            if kind == reply_type(action, succeeded):
+                if event.get_id() == reply_id(run, succeeded):
+                    return None
+                return f"event {event.get_id()!r} is not this run's reply"
+    return f"type {kind!r} is not a reply or a discovered version"
+
+
+def _refused(status: int, kind: str, message: str) -> tuple[dict[str, Any], int]:
+    return {"error": {"kind": kind, "message": message}}, status
