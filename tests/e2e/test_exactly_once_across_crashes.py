@@ -205,7 +205,7 @@ def test_a_container_left_by_another_request_is_never_adopted(
     )
     task = replace(check_task(resource_image, {"count": 1}), request_digest="a" * 64)
     leftover = runtime._create(task, tmp_path)
-    runtime._feed_and_wait(leftover, task)
+    runtime._feed_and_wait(leftover, task, MAX_STDERR_BYTES)
     try:
         with pytest.raises(RequestIdReused):
             runtime.run(replace(task, request_digest="b" * 64))
