@@ -124,6 +124,8 @@ class Task:
     # Every value to redact from the run's output (``redaction.secret_values``): resolved
     # credential values, literal values under secret-named keys, URL userinfo.
     secrets: tuple[str, ...] = field(default=(), repr=False)
+    # The resolved credential values among them: a version holding one fails the run.
+    resolved: tuple[str, ...] = field(default=(), repr=False)
     history: HistoryPlan | None = None  # check: where the versions found are recorded
     trace: TraceContext | None = None
     lease: LeaseHold | None = None  # an asynchronous check's: released once it has recorded

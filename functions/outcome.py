@@ -18,19 +18,19 @@ from functions.redaction import Redactor
 LOG_TAIL_BYTES = 2048
 
 
-def screened(outcome: Outcome, redactor: Redactor, log: str) -> Outcome:
-    """The outcome as it may be stored and replied: secrets out of its failure message and
-    its metadata; a version that holds one (in any form the redactor knows) is
-    ``invalid_output`` naming the field, because versions go to the history and to events
-    as they are. ``log`` is the run's log, redacted already."""
+def screened(outcome: Outcome, redactor: Redactor, credentials: Redactor, log: str) -> Outcome:
+    """The outcome as it may be stored and replied: secrets (``redactor``) out of its
+    failure message and its metadata; a version that holds a resolved credential value
+    (``credentials``, in any form it knows) is ``invalid_output`` naming the field, because
+    versions go to the history and to events as they are. ``log``: redacted already."""
     if outcome.failure is not None:
         message = redactor.redact_text(outcome.failure.message)
         return replace(outcome, failure=replace(outcome.failure, message=message))
     data = outcome.data or {}
-    for where in secret_fields(data, redactor):
+    for where in secret_fields(data, credentials):
         message = (
-            f"invalid output: {where} holds a secret (versions are stored in the history and "
-            "sent in events, so none may hold a credential in any form)"
+            f"invalid output: {where} holds a credential (versions are stored in the history "
+            "and sent in events, so none may hold one in any form)"
         )
         failure = Failure("invalid_output", message, exit_code=0, log_tail=log_tail(log) or None)
         return Outcome(action=outcome.action, failure=failure)
@@ -41,8 +41,8 @@ def screened(outcome: Outcome, redactor: Redactor, log: str) -> Outcome:
 
 
 def secret_fields(data: dict[str, Any], redactor: Redactor) -> Iterator[str]:
-    """Where the reply data's versions hold a secret, as ``version field "ref"`` (the
-    field's name redacted too, never a value)."""
+    """Where the reply data's versions hold a value of ``redactor``, as ``version field
+    "ref"`` (the field's name redacted too, never a value)."""
     if not redactor:
         return
     versions = enumerate(data.get("versions", []))

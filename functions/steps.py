@@ -109,14 +109,17 @@ def collect(
     stderr: bytes,
     output_dir: Path | None,
     redactor: Redactor,
+    credentials: Redactor,
     clock: PhaseClock | None = None,
 ) -> Outcome:
     """Build, store and return the outcome of one script run (idempotent per run id).
     ``stderr``: all of it, or its tail with ``redactor.window`` bytes before the last
-    ``MAX_STDERR_BYTES`` (``redacted_log``). ``clock`` times the artifact's upload and the
-    store writes."""
+    ``MAX_STDERR_BYTES`` (``redacted_log``). ``redactor``: of every secret of the run;
+    ``credentials``: of its resolved credential values, which no version may hold.
+    ``clock`` times the artifact's upload and the store writes."""
     log = redacted_log(stderr, redactor)
-    outcome = screened(outcome_of_script(spec.action, exit_code, stdout, log), redactor, log)
+    outcome = outcome_of_script(spec.action, exit_code, stdout, log)
+    outcome = screened(outcome, redactor, credentials, log)
     if outcome.succeeded and spec.action == "get" and spec.cache_key and output_dir:
         with timed(clock, "upload"):
             outcome = store_artifact(store, spec, outcome, output_dir, log)

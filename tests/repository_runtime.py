@@ -68,6 +68,7 @@ def collect_check(store: Store, task: Task, stdout: bytes) -> Outcome:
         stderr=b"",
         output_dir=None,
         redactor=Redactor(task.secrets),
+        credentials=Redactor(task.resolved),
     )
 
 

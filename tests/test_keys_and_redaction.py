@@ -111,6 +111,7 @@ def test_invalid_output_never_quotes_stdout(tmp_path):
         stderr=b"",
         output_dir=None,
         redactor=Redactor(secret_values(source={"password": SECRET}, params={})),
+        credentials=Redactor(()),
     )
     assert outcome.failure.kind == "invalid_output"
     assert outcome.failure.message.endswith("at line 1 column 1")

@@ -41,10 +41,12 @@ def collect(
     *,
     stdout: str = "[]",
     values: list[str] = RESOLVED,
+    resolved: list[str] | None = None,
     action: str = "check",
     exit_code: int = 0,
 ) -> tuple[dict[str, Any], str]:
-    """Run collect on what a resource step left; the result record and the stored log."""
+    """Run collect on what a resource step left; the result record and the stored log.
+    ``values``: to redact; ``resolved``: the resolved credential values (default: all)."""
     task = tmp_path / "build/.task"
     task.mkdir(parents=True, exist_ok=True)
     (task / "exit-code").write_text(f"{exit_code}\n")
@@ -52,6 +54,7 @@ def collect(
     (task / "stderr").write_bytes(stderr)
     (tmp_path / "stdin").write_text(json.dumps({"source": {}}))
     (tmp_path / "redact").write_text(json.dumps(values))
+    (tmp_path / "resolved").write_text(json.dumps(values if resolved is None else resolved))
     step = CollectStep(
         run_id=RUN,
         action=action,  # type: ignore[arg-type]
@@ -173,3 +176,13 @@ def test_a_version_holding_a_secret_fails_the_run_naming_the_field(
     assert error["kind"] == "invalid_output"
     assert 'versions[1] field "token"' in error["message"]
     assert shown not in json.dumps(result) and "data" not in result
+
+
+def test_a_literal_secret_in_a_version_does_not_fail_the_run(
+    tmp_path: Path, store_dir: Path
+) -> None:
+    # Only resolved credentials are hidden from versions: a literal value is in the
+    # pipeline's own text already (and its log lines are redacted all the same).
+    versions = [{"ref": "1", "tag": SECRET}]
+    result, _ = collect(tmp_path, store_dir, b"", stdout=json.dumps(versions), resolved=[])
+    assert result["data"]["versions"] == versions

@@ -272,6 +272,7 @@ class ContainerRuntime:
             stdout=stdout,
             stderr=stderr,
             redactor=redactor,
+            credentials=Redactor(task.resolved),
             output_dir=workdir if task.action == "get" else None,
             clock=clock,
         )

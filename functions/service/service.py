@@ -440,6 +440,7 @@ class Service:
                 resolved=request.secrets,
                 keys=self.settings.redact_keys,
             ),
+            resolved=request.secrets,
             history=checks.history_plan(self.settings, request),
             trace=request.trace,
             request_digest=request.digest,

@@ -37,6 +37,7 @@ from functions.pod_contract import (
     EXIT_CODE_FILE,
     EXIT_UNAVAILABLE,
     REDACT_KEY,
+    RESOLVED_KEY,
     STAGE_ERROR_FILE,
     STDERR_FILE,
     STDOUT_FILE,
@@ -152,7 +153,8 @@ class ResourceStepFiles:
 
 def record(store: Store, args: CollectStep, archive: ArchiveOptions) -> Outcome:
     """The outcome of what the resource step left behind, stored (first record wins)."""
-    redactor = Redactor(secret_values(Path(args.stdin_file).with_name(REDACT_KEY)))
+    stdin_file = Path(args.stdin_file)
+    redactor = Redactor(listed_values(stdin_file.with_name(REDACT_KEY)))
     try:
         left = ResourceStepFiles.read(args.build_dir, steps.stderr_bytes(redactor))
     except untrusted_files.UntrustedFile as err:
@@ -189,13 +191,13 @@ def record(store: Store, args: CollectStep, archive: ArchiveOptions) -> Outcome:
         stderr=left.stderr,
         output_dir=Path(args.build_dir) / "get" if args.action == "get" else None,
         redactor=redactor,
+        credentials=Redactor(listed_values(stdin_file.with_name(RESOLVED_KEY))),
     )
 
 
-def secret_values(path: Path) -> list[str]:
-    """The values to redact, beside stdin (a JSON list the function computed: resolved
-    credential values, literal values under secret-named keys, URL userinfo); none if
-    absent."""
+def listed_values(path: Path) -> list[str]:
+    """A JSON list of strings beside stdin, which the function computed (the values to
+    redact; the resolved credential values among them); none if absent."""
     try:
         values = json.loads(read_head(path, MAX_STDIN_BYTES) or b"[]")
     except ValueError:

@@ -195,8 +195,11 @@ def deployment(
     """check/get/put services on this machine, running their tasks as Jobs in the cluster."""
     from storage import open_store
     from tests.e2e.conftest import start_services
+    from tests.secret_forms import HOSTILE
 
     tmp = tmp_path_factory.mktemp("cluster-deployment")
+    (tmp / "credentials" / "shared").mkdir(parents=True)  # ((hostile)): the dir provider
+    (tmp / "credentials" / "shared" / "hostile").write_text(HOSTILE + "\n")
     env = {
         "RUNTIME": "kubernetes",
         "KUBECONFIG": str(functions_kubeconfig),
@@ -209,6 +212,7 @@ def deployment(
         "CACHE_SECRET": "cluster-e2e-cache-secret",
         "LOG_LEVEL": "debug",
         "WORK_DIR": str(tmp),
+        "CREDENTIALS_DIR": str(tmp / "credentials"),
         **gateway_s3.env,
         "AWS_CONFIG_FILE": os.devnull,
         "AWS_SHARED_CREDENTIALS_FILE": os.devnull,

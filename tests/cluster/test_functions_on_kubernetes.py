@@ -220,9 +220,10 @@ def test_resource_failure_is_a_failed_event_with_a_redacted_log(deployment):
 
 
 def test_collect_redacts_every_form_before_the_cut_and_refuses_a_secret_version(deployment):
-    """The task pod's path: the function puts the values to redact in the stdin Secret, the
-    resource step writes stderr to a file, collect reads its tail (plus the redactor's
-    window) and redacts stderr, metadata and the version."""
+    """The task pod's path: the function puts the values to redact (and the resolved ones
+    among them) in the stdin Secret, the resource step writes stderr to a file, collect
+    reads its tail (plus the redactor's window), redacts stderr and metadata, and fails a
+    version holding the resolved credential."""
     forms = printed_forms(HOSTILE)
     stderr = "cloning https://git.example.com/repo.git\n" + "".join(
         f"form {name}: {text} (end)\n" for name, (text, _) in forms.items()
@@ -233,7 +234,7 @@ def test_collect_redacts_every_form_before_the_cut_and_refuses_a_secret_version(
         stdout = json.dumps({"version": version, "metadata": metadata})
         source = {
             "mode": "forms",
-            "password": HOSTILE,
+            "password": "((hostile))",
             "nonce": uuid.uuid4().hex,
             "stderr_b64": base64.b64encode(stderr.encode()).decode(),
             "stdout_b64": base64.b64encode(stdout.encode()).decode(),
