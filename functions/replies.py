@@ -70,9 +70,11 @@ def discovered_events(
     trace: TraceContext | None = None,
 ) -> list[CloudEvent]:
     """One ``version.discovered`` event per version in a check's ``new`` (none without a
-    history). Ids derive from the run and the version, so a redelivered run's events are the
-    same events. Data: the version and the resource's key (an HMAC: no source in it).
-    ``trace``: the request's trace context, carried on as on the reply."""
+    history). Ids derive from the resource and the version (``discovered_id``): a version is
+    one event however many checks found it, and a redelivered run's events are the same
+    events. Data: the version and the resource's key (an HMAC: no source in it).
+    ``trace``: the request's trace context, carried on as on the reply. ``run_id`` is kept
+    for callers' symmetry with ``reply_event``; it does not enter the ids."""
     if history is None or outcome.data is None:
         return []
     return [
@@ -81,12 +83,7 @@ def discovered_events(
                 "specversion": "1.0",
                 "type": DISCOVERED_TYPE,
                 "source": REPLY_SOURCE.format(action="check"),
-                "id": str(
-                    uuid.uuid5(
-                        uuid.NAMESPACE_URL,
-                        f"{run_id}/discovered/{canonical_json(version).decode()}",
-                    )
-                ),
+                "id": discovered_id(history.resource_key, version),
                 "datacontenttype": "application/json",
                 "requestid": request_id,
                 **({"subject": subject} if subject else {}),
@@ -96,6 +93,12 @@ def discovered_events(
         )
         for version in outcome.data.get("new") or []
     ]
+
+
+def discovered_id(resource_key: str, version: dict[str, str]) -> str:
+    """A discovered version's event id: one per (resource, version)."""
+    key = f"{resource_key}/discovered/{canonical_json(version).decode()}"
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, key))
 
 
 def reply_events(

@@ -100,7 +100,7 @@ class Settings:
     archive: ArchiveOptions = field(default_factory=ArchiveOptions)
     limits: Limits = field(default_factory=Limits)
     store_options: StoreOptions = field(default_factory=StoreOptions)
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"  # HOST: loopback unless told (Knative's config says 0.0.0.0)
     port: int = 8080
     threads: int = 16
     # The client libraries' own variables, handed to them (not interpreted here):
@@ -163,7 +163,7 @@ class Settings:
             archive=_storage_setting(ArchiveOptions.from_env, env),
             limits=_storage_setting(Limits.from_env, env),
             store_options=_storage_setting(StoreOptions.from_env, env),
-            host=env.get("HOST") or "0.0.0.0",
+            host=env.get("HOST") or "127.0.0.1",
             port=_whole(env, "PORT", 8080),
             threads=_whole(env, "THREADS", 16),
             engine_env={
@@ -172,6 +172,21 @@ class Settings:
             kubeconfig=env.get("KUBECONFIG", ""),
             step_env=tuple((name, env[name]) for name in STEP_ENV if env.get(name)),
         )
+
+
+def open_to_the_network(settings: Settings, host: str) -> str | None:
+    """What a service listening on ``host`` leaves open, or None: beyond loopback, without
+    sender authentication anyone who reaches the port may name any team (and so use its
+    credentials), and without ALLOWED_IMAGES run any image."""
+    if host in ("127.0.0.1", "::1", "localhost") or settings.sender_audience:
+        return None
+    if settings.allowed_images != ("*",):
+        return None
+    return (
+        f"listening on {host} with no sender authentication (SENDER_AUDIENCE) and every image "
+        "allowed (ALLOWED_IMAGES unset): anyone who reaches this port may run any image and "
+        "name any team, whose ((var)) credentials then resolve"
+    )
 
 
 def patterns(value: str | None) -> tuple[str, ...]:

@@ -50,6 +50,14 @@ KNATIVE_GROUPS = frozenset(
     }
 )
 NAMESPACE = "resource-functions"
+TASKS_NAMESPACE = "resource-functions-tasks"  # task Jobs, their Secrets, their fence
+IN_TASKS_NAMESPACE = {  # (kind, name) of what lives beside the task Jobs
+    ("Role", "resource-functions-tasks"),
+    ("RoleBinding", "resource-functions-tasks"),
+    ("ServiceAccount", "resource-task"),
+    ("NetworkPolicy", "task-pods"),
+    ("Secret", "resource-functions-store"),  # one copy: the tasks' store credentials
+}
 TEAMS = KNATIVE / "teams"  # a team's credential namespace (applied per team)
 TEAM_NAMESPACE = "concourse-main"
 CREDENTIALS_ROLE = "resource-functions-credentials"
@@ -278,8 +286,12 @@ def test_document_has_valid_names(path: Path, doc: dict) -> None:
             f"metadata.{field} {value!r} is not a DNS label ([a-z0-9]([-a-z0-9]*[a-z0-9])?)"
         )
     if doc["kind"] not in CLUSTER_SCOPED:
-        expected = TEAM_NAMESPACE if path.parent == TEAMS else NAMESPACE
-        assert metadata["namespace"] == expected
+        if path.parent == TEAMS:
+            assert metadata["namespace"] == TEAM_NAMESPACE
+        elif (doc["kind"], metadata["name"]) in IN_TASKS_NAMESPACE:
+            assert metadata["namespace"] in (TASKS_NAMESPACE, NAMESPACE)
+        else:
+            assert metadata["namespace"] == NAMESPACE
     if doc["kind"] == "Service" and _group(doc) == "serving.knative.dev":
         # Knative derives a Kubernetes Service (DNS-1035: starts with a letter) from it.
         assert DNS_1035_LABEL.fullmatch(metadata["name"]), (
@@ -593,7 +605,27 @@ def test_no_sinkbinding_reaches_task_pods() -> None:
         if binding["spec"]["subject"]["kind"] in {"Job", "Pod"}:
             assert not _selects(binding, task_labels), f"{_name(binding)} selects task Jobs"
     main = [d for p in _kustomize_resources(KNATIVE) for d in _load(p)]
-    assert [_name(d) for d in main if _kind(d) == "SinkBinding"] == ["function-replies"]
+    bound = {_name(d) for d in main if _kind(d) == "SinkBinding"}
+    assert bound == {"function-replies", "relay-replies"}
+
+
+def test_the_reply_relay_alone_gets_the_broker_as_sink_and_no_store() -> None:
+    """Task pods post their replies to the relay (TASK_REPLY_SINK), which forwards them:
+    it needs K_SINK and CACHE_SECRET (its tokens), nothing of the store and no API token."""
+    binding = _one("SinkBinding", "relay-replies")
+    subject = binding["spec"]["subject"]
+    assert subject == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "reply-relay"}
+    _broker_sink(binding)
+    relay = _one("Deployment", "reply-relay")
+    pod = relay["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    (container,) = pod["containers"]
+    assert container["args"] == ["serve", "reply-relay"]
+    refs = [e["secretRef"]["name"] for e in container.get("envFrom", [])]
+    assert refs == ["resource-functions-cache"]
+    service = _one("Service", "reply-relay")
+    host = f"{_name(service)}.{service['metadata']['namespace']}.svc.cluster.local"
+    assert _config_data()["TASK_REPLY_SINK"] == f"http://{host}"
 
 
 def test_only_the_broker_may_deliver_to_the_functions() -> None:
@@ -644,7 +676,7 @@ def test_function_services_get_the_broker_as_sink() -> None:
     }
     assert selected == set(ACTIONS), "exactly the three functions (never dead-letter)"
     for other in _all("SinkBinding"):
-        if other is not binding:
+        if other is not binding and other["spec"]["subject"].get("selector"):
             assert not any(
                 _selects(other, s["metadata"].get("labels") or {}) for s in _knative_services()
             )
@@ -884,7 +916,7 @@ def test_config_values_are_what_the_functions_accept() -> None:
 
     settings = Settings.from_env({**data, "CACHE_SECRET": "0" * 64})
     assert settings.runtime == "kubernetes"
-    assert settings.task_namespace == NAMESPACE
+    assert settings.task_namespace == TASKS_NAMESPACE
     assert settings.task_service_account == TASK_SA
     assert set(settings.resource_types) == set(types)
     assert settings.allowed_images == (), "the shipped config runs the catalogue only"
@@ -935,8 +967,11 @@ def test_kustomization_lists_every_file(directory: Path) -> None:
     else:
         assert kustomization["apiVersion"] == "kustomize.config.k8s.io/v1beta1"
         assert kustomization["kind"] == "Kustomization"
-        namespace = TEAM_NAMESPACE if directory == TEAMS else NAMESPACE
-        assert kustomization.get("namespace") == namespace
+        # Each manifest names its own namespace (the deployment spans two); a team's
+        # binding is namespaced per team by its kustomization.
+        # The extras (examples/, monitoring/) live in the functions' namespace alone.
+        single = {TEAMS: TEAM_NAMESPACE, KNATIVE: None, KNATIVE / "credentials": None}
+        assert kustomization.get("namespace") == single.get(directory, NAMESPACE)
     assert "configMapGenerator" not in kustomization
     assert "secretGenerator" not in kustomization
     listed = kustomization.get("resources", []) + [
@@ -998,20 +1033,33 @@ def test_kustomize_build_renders_the_image_into_services_and_task_image() -> Non
     kustomization = yaml.safe_load((KNATIVE / KUSTOMIZATION).read_text())
     image = kustomization["images"][0]
     expected = image["newName"] + (f":{image['newTag']}" if image.get("newTag") else "")
-    services = [d for d in rendered if d["kind"] == "Service"]
+    services = [
+        d for d in rendered if d["kind"] == "Service" and _group(d) == "serving.knative.dev"
+    ]
     assert {c["image"] for s in services for c in s["spec"]["template"]["spec"]["containers"]} == {
         expected
     }
     (config,) = [d for d in rendered if d["kind"] == "ConfigMap"]
     assert config["data"]["TASK_IMAGE"] == expected
     selectors = {
-        d["metadata"]["name"]: d["spec"]["subject"]["selector"]["matchLabels"]
+        d["metadata"]["name"]: d["spec"]["subject"].get("selector", {}).get("matchLabels")
         for d in rendered
         if d["kind"] == "SinkBinding"
     }
     assert selectors == {
         "function-replies": {"resource-functions.dev/role": "function"},
+        "relay-replies": None,  # the relay's Deployment by name
     }, "common labels must not leak into selectors"
+    (relay,) = [d for d in rendered if d["kind"] == "Deployment"]
+    assert (
+        relay["spec"]["selector"]["matchLabels"]
+        == relay["spec"]["template"]["metadata"]["labels"]
+        == {
+            "app.kubernetes.io/name": "resource-functions",
+            "app.kubernetes.io/component": "reply-relay",
+        }
+    )
+    assert {c["image"] for c in relay["spec"]["template"]["spec"]["containers"]} == {expected}
 
 
 # --- the sender-auth component -------------------------------------------------------------
@@ -1092,3 +1140,57 @@ def test_sender_auth_component_renders_a_consistent_deployment() -> None:
     assert not [d for d in docs if _kind(d) == "SinkBinding"], "no K_SINK: the Broker would refuse"
     main = yaml.safe_load((KNATIVE / KUSTOMIZATION).read_text())
     assert "components" not in main, "opt-in: it needs authentication-oidc"
+
+
+# --- NetworkPolicies: who may reach whom ------------------------------------------------------
+
+PRIVATE_RANGES = {"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16"}
+
+
+def test_task_pods_get_no_ingress_and_reach_only_dns_the_relay_and_public_addresses() -> None:
+    policy = _one("NetworkPolicy", "task-pods")
+    assert policy["metadata"]["namespace"] == _config_data()["TASK_NAMESPACE"]
+    spec = policy["spec"]
+    assert spec["podSelector"] == {} and set(spec["policyTypes"]) == {"Ingress", "Egress"}
+    assert spec["ingress"] == []
+    peers = [peer for rule in spec["egress"] for peer in rule["to"]]
+    blocks = [peer["ipBlock"] for peer in peers if "ipBlock" in peer]
+    (v4,) = [b for b in blocks if b["cidr"] == "0.0.0.0/0"]
+    assert set(v4["except"]) >= PRIVATE_RANGES, "the cluster, the API and metadata stay out"
+    selected = [p for p in peers if "ipBlock" not in p]
+    names = {p["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] for p in selected}
+    assert names == {"kube-system", NAMESPACE}
+    (relay,) = [
+        p
+        for p in selected
+        if p["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] == NAMESPACE
+    ]
+    assert relay["podSelector"] == {"matchLabels": {"app.kubernetes.io/component": "reply-relay"}}
+
+
+def test_only_knative_reaches_the_functions_and_only_tasks_reach_the_relay() -> None:
+    functions = _one("NetworkPolicy", "functions-from-knative")["spec"]
+    (selector,) = functions["podSelector"]["matchExpressions"]
+    assert set(selector["values"]) == {*ACTIONS, "dead-letter"}
+    (rule,) = functions["ingress"]
+    (peer,) = rule["from"]
+    (namespaces,) = peer["namespaceSelector"]["matchExpressions"]
+    assert set(namespaces["values"]) == {"knative-eventing", "knative-serving"}
+    relay = _one("NetworkPolicy", "reply-relay-from-tasks")["spec"]
+    (rule,) = relay["ingress"]
+    assert rule["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": TASKS_NAMESPACE}}}
+    ]
+    served = {
+        c["ports"][0]["containerPort"]
+        for c in _one("Deployment", "reply-relay")["spec"]["template"]["spec"]["containers"]
+    }
+    assert {p["port"] for p in rule["ports"]} == served
+
+
+def test_the_functions_may_touch_secrets_only_in_the_task_namespace() -> None:
+    for role in _all("Role"):
+        for rule in role["rules"]:
+            if "secrets" in rule["resources"]:
+                assert role["metadata"]["namespace"] == TASKS_NAMESPACE, _name(role)
+    assert not [r for r in _all("Role") if r["metadata"]["namespace"] == NAMESPACE]

@@ -107,3 +107,30 @@ def test_whole_numbers_from_the_environment():
     )
     assert (settings.port, settings.threads) == (9090, 4)
     assert settings.archive.threads == 2 and settings.store_options.concurrency == 8
+
+
+def test_serve_binds_loopback_unless_told() -> None:
+    assert Settings.from_env({}).host == "127.0.0.1"
+    assert Settings.from_env({"HOST": "0.0.0.0"}).host == "0.0.0.0"
+
+
+@pytest.mark.parametrize(
+    ("env", "host", "open_"),
+    [
+        ({}, "127.0.0.1", False),
+        ({}, "0.0.0.0", True),
+        ({"SENDER_AUDIENCE": "rf"}, "0.0.0.0", False),
+        ({"ALLOWED_IMAGES": ""}, "0.0.0.0", False),
+        ({"ALLOWED_IMAGES": "docker.io/concourse/*"}, "10.0.0.5", False),
+    ],
+    ids=["loopback", "open", "senders-checked", "catalogue-only", "images-restricted"],
+)
+def test_a_service_reachable_by_others_says_what_is_open(
+    env: dict[str, str], host: str, open_: bool
+) -> None:
+    from functions.settings import open_to_the_network
+
+    warning = open_to_the_network(Settings.from_env(env), host)
+    assert (warning is not None) == open_
+    if warning:
+        assert host in warning and "SENDER_AUDIENCE" in warning and "ALLOWED_IMAGES" in warning

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,11 @@ from typing import Any
 from functions import pod_contract
 from functions.errors import ConfigError, FunctionError
 from storage.errors import StorageError
+
+
+def console() -> None:
+    """The ``resource-functions`` command of the installed package."""
+    sys.exit(main(sys.argv[1:]))
 
 
 def main(argv: list[str]) -> int:
@@ -36,14 +42,14 @@ def main(argv: list[str]) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m functions",
+        prog="resource-functions",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(required=True, dest="command")
     serve = sub.add_parser("serve", help="serve one action over HTTP (CloudEvents)")
     serve.add_argument("action", choices=["check", "get", "put", "dead-letter", "reply-relay"])
-    serve.add_argument("--host", help="default: $HOST, else 0.0.0.0")
+    serve.add_argument("--host", help="default: $HOST, else 127.0.0.1")
     serve.add_argument("--port", type=int, help="default: $PORT, else 8080")
     serve.add_argument("--threads", type=int, help="default: $THREADS, else 16")
     serve.set_defaults(handler=cmd_serve)
@@ -149,10 +155,13 @@ def run_pod_step(name: str, argv: list[str]) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from functions import logs
     from functions.http.serving import serve
-    from functions.settings import Settings
+    from functions.settings import Settings, open_to_the_network
 
     settings = Settings.from_env()
     logs.configure(settings.log_level)
+    host = args.host or settings.host
+    if args.action in ("check", "get", "put") and (warning := open_to_the_network(settings, host)):
+        logging.getLogger("functions").warning(warning)
     if args.action == "dead-letter":
         from functions.http.dead_letter import create_dead_letter_app
 
@@ -169,7 +178,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         app = create_app(settings, args.action)
     serve(
         app,
-        host=args.host or settings.host,
+        host=host,
         port=args.port or settings.port,
         threads=args.threads or settings.threads,
     )

@@ -253,9 +253,10 @@ class Service:
         if joined:
             self.metrics.joined.labels(self.action).inc()
             # The run may have been another request's: record the answer under this request's
-            # run id too, so its redelivery replays it instead of running again.
+            # run id too, so its redelivery replays it instead of running again. Its versions
+            # are announced by the request whose run found them, not again by each joiner.
             records.record_if_absent(self.store, run, outcome, request=request.digest)
-        return self._reply(request, run, outcome)
+        return self._reply(request, run, outcome, announce=not joined)
 
     def _start(
         self, request: Request, run: str, cache_key: str | None, fresh: Outcome | None
@@ -396,8 +397,10 @@ class Service:
         )
 
     def _flight_keys(self, request: Request, run: str, cache_key: str | None) -> list[str]:
-        """Identical checks and gets arriving together share one run."""
-        flight = [run]
+        """Identical checks and gets arriving together share one run. A redelivery joins its
+        run by run id and digest: another request reusing the run id never joins it (its
+        runtime refuses it when it finds the run's container or Job)."""
+        flight = [f"{run}:{request.digest}"]
         if cache_key:
             flight.append(f"get:{cache_key}")
         elif request.action == "check":
@@ -446,8 +449,11 @@ class Service:
             request_digest=request.digest,
         )
 
-    def _reply(self, request: Request, run: str, outcome: Outcome) -> Reply:
-        self._post_discoveries(request, run, outcome)
+    def _reply(self, request: Request, run: str, outcome: Outcome, announce: bool = True) -> Reply:
+        """The reply; ``announce``: post the check's discovered versions first (the request
+        whose run added them to the history does; a joiner of its run does not)."""
+        if announce:
+            self._post_discoveries(request, run, outcome)
         event = reply_event(
             action=self.action,
             outcome=outcome,

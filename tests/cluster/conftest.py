@@ -31,6 +31,7 @@ KNATIVE_CACHE_SECRET = "knative-e2e-cache-secret"
 
 REPO = Path(__file__).resolve().parents[2]
 NAMESPACE = "resource-functions"  # knative/namespace.yaml, knative/rbac.yaml
+TASKS_NAMESPACE = "resource-functions-tasks"  # the task Jobs' own (TASK_NAMESPACE)
 STORE_SECRET = "resource-functions-store"
 FUNCTIONS_ACCOUNT = "resource-functions"
 CORE_KINDS = {"Namespace", "ServiceAccount", "Role", "RoleBinding"}
@@ -111,25 +112,27 @@ def core_manifests() -> list[dict]:
 
 @pytest.fixture(scope="session")
 def namespace(cluster: Cluster, gateway_s3: GatewayS3) -> str:
+    """The task namespace, with the shipped namespaces, accounts and Role applied and the
+    tasks' store Secret in it."""
     manifests = {"apiVersion": "v1", "kind": "List", "items": core_manifests()}
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(manifests))
     secret = {
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "Opaque",
-        "metadata": {"name": STORE_SECRET, "namespace": NAMESPACE},
+        "metadata": {"name": STORE_SECRET, "namespace": TASKS_NAMESPACE},
         "stringData": {**gateway_s3.env, "AWS_EC2_METADATA_DISABLED": "true"},
     }
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(secret))
     # The ServiceAccount admission needs the task pods' account to exist before any Job.
     deadline = time.monotonic() + 30
     while not cluster.kubectl(
-        "-n", NAMESPACE, "get", "serviceaccount", "resource-task", "-o", "name", check=False
+        "-n", TASKS_NAMESPACE, "get", "serviceaccount", "resource-task", "-o", "name", check=False
     ):
         if time.monotonic() > deadline:
             pytest.fail("ServiceAccount resource-task did not appear")
         time.sleep(0.2)
-    return NAMESPACE
+    return TASKS_NAMESPACE
 
 
 @pytest.fixture(scope="session")
@@ -138,7 +141,7 @@ def functions_kubeconfig(
 ) -> Path:
     """A kubeconfig with a token of the functions' ServiceAccount (not an admin)."""
     path = tmp_path_factory.mktemp("functions-kubeconfig") / "kubeconfig"
-    return cluster.token_kubeconfig(path, namespace, FUNCTIONS_ACCOUNT)
+    return cluster.token_kubeconfig(path, NAMESPACE, FUNCTIONS_ACCOUNT)
 
 
 def resource_types(image: str) -> str:
@@ -349,6 +352,9 @@ def knative_deployment(
             "sinkbinding --all",
         ],
     )
+    cluster.kubectl(
+        "-n", NAMESPACE, "rollout", "status", "deployment/reply-relay", "--timeout=300s"
+    )
     wait_functions_serve(cluster, NAMESPACE)
     from storage import open_store
 
@@ -400,6 +406,13 @@ def write_overlay(
                     "kind": "Secret",
                     "type": "Opaque",
                     "metadata": {"name": STORE_SECRET, "namespace": NAMESPACE},
+                    "stringData": store_env,
+                },
+                {
+                    "apiVersion": "v1",
+                    "kind": "Secret",
+                    "type": "Opaque",
+                    "metadata": {"name": STORE_SECRET, "namespace": TASKS_NAMESPACE},
                     "stringData": store_env,
                 },
                 {
@@ -491,6 +504,7 @@ class KnativeDeployment:
     namespace: str
     s3: GatewayS3
     overlay: Path  # what was applied with kubectl apply -k
+    tasks_namespace: str = TASKS_NAMESPACE
 
     @property
     def broker(self) -> str:
@@ -498,7 +512,7 @@ class KnativeDeployment:
 
     def jobs(self, **labels: str) -> list[dict]:
         selector = ",".join(f"{k}={v}" for k, v in labels.items())
-        args = ["-n", self.namespace, "get", "jobs", "-o", "json"]
+        args = ["-n", self.tasks_namespace, "get", "jobs", "-o", "json"]
         if selector:
             args += ["-l", selector]
         return json.loads(self.cluster.kubectl(*args))["items"]

@@ -14,12 +14,16 @@ import base64
 import hashlib
 import io
 import json
+import threading
 import time
 import uuid
+
+from cloudevents.core.v1.event import CloudEvent
 
 from storage.archive import format_for_key, unpack
 from tests.e2e.events import request_event, send
 from tests.parallel import parallel
+from tests.runs import run_of
 from tests.secret_forms import HOSTILE, printed_forms, survivors
 
 CANARY = "canary-5e1d0c7a-cluster-do-not-leak"
@@ -340,6 +344,9 @@ def test_the_functions_token_has_only_the_shipped_role(deployment):
     assert can("create", "secrets", *ns) and can("delete", "jobs.batch", *ns)
     assert not can("list", "secrets", *ns)
     assert not can("list", "secrets", "--all-namespaces")
+    # In their own namespace (the store, cache and sender Secrets) they touch no Secret.
+    for verb in ("get", "delete", "create", "list"):
+        assert not can(verb, "secrets", "-n", "resource-functions"), verb
     assert not can("create", "pods", *ns)
     assert not can("update", "jobs.batch", *ns)
     assert not can("create", "jobs.batch", "-n", "default")
@@ -501,3 +508,99 @@ def test_with_a_sender_audience_only_allowed_identities_may_send(deployment, tmp
         assert "Bearer" not in log and allowed["Authorization"][7:] not in log
     finally:
         services.stop()
+
+
+def everything_readable(deployment) -> dict[str, str]:
+    """Where a leaked credential could show: the store, the services' log, the task pods'
+    logs and specs, and Kubernetes events."""
+    ns = deployment.namespace
+    store = deployment.store
+    return {
+        "store": "\n".join(
+            read_object(store, key).decode("utf-8", "replace") for key in store.list("")
+        ),
+        "service log": deployment.services.log_path.read_text(errors="replace"),
+        "task logs": deployment.cluster.kubectl(
+            "-n",
+            ns,
+            "logs",
+            "-l",
+            "app.kubernetes.io/managed-by=resource-functions",
+            "--all-containers",
+            "--tail=-1",
+            check=False,
+        ),
+        "pods": deployment.cluster.kubectl("-n", ns, "get", "pods", "-o", "json"),
+        "events": deployment.cluster.kubectl("get", "events", "-A", "-o", "json", check=False),
+    }
+
+
+def test_what_a_hostile_resource_leaves_is_data_and_the_store_credentials_are_nowhere(
+    deployment,
+):
+    """The resource image turns what collect reads into links to /proc/self/environ (or
+    /proc/self), a FIFO or a 10 GiB sparse file: each run ends in a clean failure naming the
+    file, and the store's credentials (mounted as files into stage and collect alone, never
+    env vars) appear in no reply, stored object, log, pod spec or event."""
+    cases = [  # action, target, as, (kind, in the message)
+        ("check", "stderr", "link", ("runtime", "stderr is a symbolic link")),
+        ("check", "stdout", "fifo", ("runtime", "stdout is a FIFO")),
+        ("check", ".task", "link", ("runtime", ".task is a symbolic link")),
+        ("get", "get", "link", ("invalid_output", "output directory is a symbolic link")),
+        ("check", "stderr", "sparse", None),
+    ]
+
+    def run(i: int):
+        action, target, kind, _ = cases[i]
+        source = {"password": CANARY, "mode": "hostile", "target": target, "as": kind}
+        data = {"type": "test", "source": {**source, "nonce": uuid.uuid4().hex}}
+        if action == "get":
+            data["version"] = {"ref": "1"}
+        return send(deployment.services.urls[action], request_event(action, data))
+
+    answers = parallel(run, len(cases))
+    for (*_, expected), (status, reply, response) in zip(cases, answers, strict=True):
+        assert status == 200, response.text
+        data = reply.get_data()
+        if expected is None:
+            assert "error" not in data, data
+        else:
+            assert data["error"]["kind"] == expected[0], data
+            assert expected[1] in data["error"]["message"], data
+    secret_key = deployment.s3.env["AWS_SECRET_ACCESS_KEY"]
+    for where, text in everything_readable(deployment).items():
+        assert secret_key not in text, where
+        assert CANARY not in text, where
+
+
+def test_a_pair_reused_for_another_request_is_refused_and_never_attaches_to_its_job(
+    deployment,
+):
+    """The run's Job carries the request's digest: a later request reusing the event's
+    (source, id) for other data is 400 while the first still runs and after it is done,
+    and a redelivery of the first (the same request) replays its answer."""
+    source = {**SOURCE, "nonce": uuid.uuid4().hex, "delay": 3}
+    first = request_event("check", {"type": "test", "source": source})
+    other = CloudEvent(
+        attributes=first.get_attributes(), data={"type": "test", "source": {**source, "count": 1}}
+    )
+    url = deployment.services.urls["check"]
+    run = run_of(
+        deployment.services.env["CACHE_SECRET"], first.get_source(), first.get_id(), "check"
+    )
+    answers: list = []
+    thread = threading.Thread(target=lambda: answers.append(send(url, first)))
+    thread.start()
+    [job] = wait_for(lambda: deployment.jobs(**{f"{LABEL}run-id": run}), 60)
+    assert job["metadata"]["annotations"][f"{LABEL}request"]
+    during = send(url, other)
+    thread.join(120)
+    after = send(url, other)
+    again = send(url, first)
+
+    assert during[0] == 400 and "event id reused" in during[2].text
+    assert after[0] == 400 and "event id reused" in after[2].text
+    [(status, reply, _)] = answers
+    assert status == 200 and again[0] == 200
+    assert again[1].get_data() == reply.get_data()
+    assert len(deployment.jobs(**{f"{LABEL}run-id": run})) == 1

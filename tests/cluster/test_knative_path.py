@@ -304,20 +304,25 @@ def test_a_store_outage_answers_503_and_the_broker_retry_runs_once(knative_deplo
     assert len(jobs_of(d, get)) == 1
 
 
-def test_async_reply_is_posted_by_the_task_to_the_sink_binding_address(knative_deployment):
+def test_async_reply_is_posted_by_the_task_through_the_reply_relay(knative_deployment):
     d = knative_deployment
     check = request_event(
         "check", {"type": "test", "source": source()}, replymode="async", subject="async/repo"
     )
     assert post(d.broker, check)[0] == 202
-    data = assert_reply(reply_to(d, check, "check"), check, "check")
+    reply = reply_to(d, check, "check")
+    data = assert_reply(reply, check, "check")
     assert data["versions"][-1] == {"ref": "3"}
     (job,) = jobs_of(d, check)
     collect = next(
         c for c in job["spec"]["template"]["spec"]["containers"] if c["name"] == "collect"
     )
     sink = [e["value"] for e in collect.get("env", []) if e["name"] == "K_SINK"]
-    assert sink and sink[0].endswith(f"/{d.namespace}/default"), sink
+    assert sink == [f"http://reply-relay.{d.namespace}.svc.cluster.local"], sink
+    relayed = d.cluster.kubectl(
+        "-n", d.namespace, "logs", "deployment/reply-relay", "--all-containers", "--tail=-1"
+    )
+    assert reply.get_id() in relayed  # the relay forwarded it to the Broker
 
 
 class Counter:
@@ -519,15 +524,13 @@ def test_credentials_by_reference_come_from_team_secrets_and_appear_nowhere(knat
         "events at the sink": "\n".join(json.dumps(e.get_data()) for _, e in d.sink.events),
         "function logs": function_logs(d, "check"),
         "task logs": d.cluster.kubectl(
-            "-n", d.namespace, "logs", f"job/{name}", "--all-containers", check=False
+            "-n", d.tasks_namespace, "logs", f"job/{name}", "--all-containers", check=False
         ),
-        "Job": d.cluster.kubectl("-n", d.namespace, "get", "job", name, "-o", "json"),
+        "Job": d.cluster.kubectl("-n", d.tasks_namespace, "get", "job", name, "-o", "json"),
         "pods": d.cluster.kubectl(
-            "-n", d.namespace, "get", "pods", "-l", f"job-name={name}", "-o", "json"
+            "-n", d.tasks_namespace, "get", "pods", "-l", f"job-name={name}", "-o", "json"
         ),
-        "Kubernetes events": d.cluster.kubectl(
-            "-n", d.namespace, "get", "events", "-o", "json", check=False
-        ),
+        "Kubernetes events": d.cluster.kubectl("get", "events", "-A", "-o", "json", check=False),
         "store": "\n".join(
             d.store.open(key).read().decode(errors="replace") for key in d.store.list("")
         ),

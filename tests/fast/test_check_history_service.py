@@ -157,3 +157,25 @@ def test_a_request_interval_applies_without_a_type_interval(store: Store) -> Non
         {"versions": [{"ref": "1"}], "new": []},
     )
     assert len(runtime.stdins) == 1
+
+
+def test_identical_checks_that_join_one_run_announce_each_version_once(
+    store: Store, sink: EventSink
+) -> None:
+    """Three identical checks (distinct event ids) arriving together share one run on this
+    replica: each version found is one version.discovered event, with one id per (resource,
+    version), sent by the check whose run added it to the history, not once per joiner."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    runtime = RepositoryRuntime(store, seconds=0.5)
+    runtime.commits += ["2"]
+    functions = client(store, runtime, sink.url)
+
+    with ThreadPoolExecutor(3) as pool:
+        answers = list(pool.map(lambda n: tick(functions, f"tick-{n}"), range(3)))
+
+    assert [status for status, _ in answers] == [200, 200, 200]
+    assert len(runtime.stdins) == 1  # one run for the three
+    events = sink.drain()
+    assert [e.get_data()["version"] for e in events] == [{"ref": "2"}]
+    assert len({e.get_id() for e in events}) == 1
