@@ -162,3 +162,28 @@ def test_secrets_next_to_each_other_are_one_redaction_apart_ones_two() -> None:
     redactor = Redactor(["first-secret", "second-secret"])
     assert redactor.redact_text("first-secretsecond-secret") == REDACTED
     assert redactor.redact_text("first-secret second-secret") == f"{REDACTED} {REDACTED}"
+
+
+def test_a_long_log_of_many_lines_keeps_every_line_and_loses_every_occurrence() -> None:
+    """Matches are mapped back through line breaks block by block (16 KiB): occurrences in
+    many blocks, across a block's edge, folded across it, and after a block of breaks only."""
+    secret = "s3cret-value-42"
+    parts, expected = [], []
+    for n in range(5000):
+        line = f"line {n}: fetching layer {n * 7919 % 10007}\n"
+        parts.append(line)
+        expected.append(line)
+        if n % 97 == 0:
+            shown = secret if n % 2 else secret[:6] + "\r\n" + secret[6:]
+            parts.append(f"token={shown}\n{secret}\n")  # also right after a line break
+            expected.append(f"token={REDACTED}\n{REDACTED}\n")
+        if n == 2500:
+            parts.append("\n" * 20000)  # more than a block of nothing but line breaks
+            expected.append("\n" * 20000)
+    text, want = "".join(parts), "".join(expected)
+    assert len(text) > 10 * 16384
+    assert Redactor([secret]).redact_text(text) == want
+    for edge in (16384, 5 * 16384, 9 * 16384):  # an occurrence across a block's edge
+        for at in range(edge - len(secret) - 2, edge + 2):
+            shown = "x" * at + secret + "\n" + "y" * 10
+            assert Redactor([secret]).redact_text(shown) == "x" * at + REDACTED + "\n" + "y" * 10

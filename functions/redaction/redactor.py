@@ -86,8 +86,7 @@ class Redactor:
         """The byte ranges of ``data`` that secrets cover: merged, in order."""
         if not self._patterns or not data:
             return []
-        flat = _flat(data)
-        offsets = _Offsets(data) if len(flat) != len(data) else None
+        flat, offsets = _flatten(data)
         found: list[tuple[int, int]] = []
         view, overlap = memoryview(flat), self._longest - 1
         for block in range(0, len(flat), _BLOCK):  # blocks overlap: a match may cross one
@@ -123,7 +122,16 @@ def span(form: bytes, flat: bytes) -> int:
 
 
 def _flat(data: bytes) -> bytes:
-    return data.translate(None, b"\r\n")
+    return data.replace(b"\r", b"").replace(b"\n", b"")
+
+
+def _flatten(data: bytes) -> tuple[bytes, _Offsets | None]:
+    """``data`` without its line breaks, and the way back (None: it had none)."""
+    if b"\n" not in data and b"\r" not in data:
+        return data, None
+    size = _Offsets.BLOCK
+    pieces = [_flat(data[start : start + size]) for start in range(0, len(data), size)]
+    return b"".join(pieces), _Offsets(data, list(accumulate(map(len, pieces), initial=0)))
 
 
 def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -138,25 +146,16 @@ def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 
 class _Offsets:
-    """Positions in a text without its line breaks mapped back to the text. The breaks of
-    a block are listed only when a match falls in it: most of a log is never looked at."""
+    """Positions in a text without its line breaks mapped back to the text, by blocks of
+    ``BLOCK`` bytes. The breaks of a block are listed only when a match falls in it: most
+    of a log is never looked at."""
 
-    BLOCK = 1 << 16
+    BLOCK = 1 << 14
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, starts: list[int]) -> None:
         self._data = data
+        self._starts = starts  # for each block, the flat position of its first byte
         self._breaks: dict[int, list[int]] = {}
-
-    @functools.cached_property
-    def _starts(self) -> list[int]:
-        """For each block, the flat position of its first byte."""
-        starts, position, data = [], 0, self._data
-        for start in range(0, len(data), self.BLOCK):
-            starts.append(position)
-            end = start + self.BLOCK
-            position += min(end, len(data)) - start
-            position -= data.count(b"\n", start, end) + data.count(b"\r", start, end)
-        return starts
 
     def original(self, flat: int) -> int:
         """Where the byte at ``flat`` (not a line break) is in the text."""
