@@ -1,7 +1,8 @@
 """THE redactor: every form of every secret out of a text, at a cost linear in the text.
 
-One Aho-Corasick automaton (``ahocorasick_rs``) is built per run over every form
-(``forms``) of every redactable value (``policy``). The text is searched with its line breaks
+One Aho-Corasick automaton (``ahocorasick_rs``) is built per run over the first bytes of
+every form (``forms``) of every redactable value (``policy``); a match is then compared with
+the whole forms that start so. The text is searched with its line breaks
 (CR, LF) taken out, and the patterns too, so a form folded across lines (base64 wrapped at 76
 columns, a terminal's wrap) is found like a whole one; a match counts if its breaks add at
 most two bytes per character of the form (``span``). Matches may overlap (one secret
