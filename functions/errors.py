@@ -16,15 +16,21 @@
         ├── Gone              410: a watch's resourceVersion is too old
         └── Rejected          any other 4xx: the API refused the request as invalid
 
-``storage.errors.StorageError`` carries ``retryable`` the same way. ``is_retryable`` reads it
-from any error; ``failure_kind`` names the failure a permanent one becomes;
-``functions.outcome.final_failure`` is the one mapping to "503" (raise ``Unavailable``) or
-"200 + failed event" (an ``Outcome``). A resource that runs and fails is *not* an error: it
-is an ``Outcome`` with a failure kind.
+``storage.errors.StorageError`` carries ``retryable`` the same way. ``classify`` is THE
+decision, for every path (the service, both runtimes, the in-pod steps): an error becomes a
+``Classified`` (its failure kind, whether it is retryable, its message), and
+``functions.outcome.final_failure`` turns that into "503" (raise ``Unavailable``) or "200 +
+failed event" (an ``Outcome``). HTTP answers are judged by ``storage.errors.retryable_status``
+and image pulls by ``pull_is_transient``, the same on both runtimes. A resource that runs and
+fails is *not* an error: it is an ``Outcome`` with a failure kind.
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+
+from functions.model import FAILURE_KINDS, FailureKind
 from storage.errors import StorageError
 
 
@@ -99,17 +105,58 @@ class Rejected(KubeApiError):
     """The API refused a request as invalid (4xx other than 401/403/404/409/410/429)."""
 
 
+@dataclass(frozen=True)
+class Classified:
+    """What a failure means for its request: the reply's kind if it is final, and whether
+    the same request may succeed later (then it is answered 503 and redelivered)."""
+
+    kind: FailureKind
+    retryable: bool
+    message: str
+
+
+def classify(err: BaseException) -> Classified:
+    """THE classification of an error (see the module's docstring)."""
+    return Classified(failure_kind(err), is_retryable(err), str(err))
+
+
 def is_retryable(err: BaseException) -> bool:
     """Whether trying the same request again later may succeed."""
     return bool(getattr(err, "retryable", False))
 
 
-def failure_kind(err: BaseException) -> str:
+def failure_kind(err: BaseException) -> FailureKind:
     """The failure kind a permanent error becomes in a ``…failed`` reply."""
     declared = getattr(err, "failure_kind", None)
-    if isinstance(declared, str):
-        return declared
+    if declared in FAILURE_KINDS:
+        return declared  # type: ignore[no-any-return]
     return "storage" if isinstance(err, StorageError) else "runtime"
+
+
+# What a registry's refusal of a pull says, in the engine's or the kubelet's words.
+_PULL_FINAL = re.compile(
+    r"not found|no such image|manifest unknown|name unknown|unauthori[sz]ed|denied|forbidden|"
+    r"invalid reference|invalid image name|repository does not exist|no such host",
+    re.IGNORECASE,
+)
+_PULL_TRANSIENT = re.compile(
+    r"\b(5\d\d|429)\b|too many requests|service unavailable|bad gateway|gateway time-?out|"
+    r"internal server error|timed? ?out|timeout|connection (refused|reset)|"
+    r"temporar(y|ily)|try again|\bEOF\b",
+    re.IGNORECASE,
+)
+
+
+def pull_is_transient(message: str, status: int = 0) -> bool:
+    """Whether an image pull that failed with ``message`` (and, from an engine's API, its
+    HTTP ``status``) may succeed later: a registry answering 5xx or 429, or not answering in
+    time, is; an unknown image, one the registry refuses to this puller, or a name that
+    cannot be a registry is not (the request fails at once, kind ``image_pull``). One rule
+    for both runtimes: Podman's API answers and the kubelet's ``ErrImagePull`` messages."""
+    if _PULL_FINAL.search(message):
+        return False
+    # Podman's API answers 500 for every failed pull: only its message tells.
+    return status in (429, 502, 503, 504) or bool(_PULL_TRANSIENT.search(message))
 
 
 def unavailable(err: BaseException, what: str = "") -> Unavailable:

@@ -7,10 +7,21 @@ Nothing here does I/O. ``Task.stdin`` carries the resource's ``source`` and ``pa
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 Action = Literal["check", "get", "put"]
 ACTIONS: tuple[Action, ...] = ("check", "get", "put")
+# The kinds of a ``…failed`` reply (the event contract).
+FailureKind = Literal[
+    "invalid_request",
+    "resource_failed",
+    "invalid_output",
+    "image_pull",
+    "timeout",
+    "storage",
+    "runtime",
+]
+FAILURE_KINDS: tuple[FailureKind, ...] = get_args(FailureKind)
 
 # The resource script each action runs, and its argv[1] (Concourse's paths).
 SCRIPTS = {"check": "/opt/resource/check", "get": "/opt/resource/in", "put": "/opt/resource/out"}
@@ -153,7 +164,7 @@ class HistoryPlan:
 
 @dataclass(frozen=True)
 class Failure:
-    kind: str
+    kind: FailureKind
     message: str
     exit_code: int | None = None
     log_tail: str | None = None

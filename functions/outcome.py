@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
-from functions.errors import failure_kind, is_retryable, unavailable
-from functions.model import Action, Failure, Outcome
+from functions.errors import classify, unavailable
+from functions.model import Action, Failure, FailureKind, Outcome
 from functions.protocol import InvalidOutput, parse_check_output, parse_version_output
 from functions.redaction import Redactor
 
@@ -106,18 +106,20 @@ def outcome_of_script(action: Action, exit_code: int, stdout: bytes, log: str) -
         return Outcome(action=action, failure=failure)
 
 
-def failed(action: Action, kind: str, message: str, log: str = "") -> Outcome:
+def failed(action: Action, kind: FailureKind, message: str, log: str = "") -> Outcome:
     return Outcome(
         action=action, failure=Failure(kind=kind, message=message, log_tail=log_tail(log) or None)
     )
 
 
 def final_failure(action: Action, err: Exception) -> Outcome:
-    """THE mapping of an error to a reply: a retryable one raises ``Unavailable`` (HTTP 503,
-    Knative redelivers); a permanent one is the request's final ``…failed`` outcome (200)."""
-    if is_retryable(err):
+    """THE mapping of an error to a reply (``errors.classify``): a retryable one raises
+    ``Unavailable`` (HTTP 503, Knative redelivers); a permanent one is the request's final
+    ``…failed`` outcome (200)."""
+    verdict = classify(err)
+    if verdict.retryable:
         raise unavailable(err) from err
-    return failed(action, failure_kind(err), str(err))
+    return failed(action, verdict.kind, verdict.message)
 
 
 def script_timeout(action: Action, seconds: float | None, log: str = "") -> Outcome:

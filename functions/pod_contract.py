@@ -25,11 +25,21 @@ Layout of the shared build volume (``BUILD_DIR``)::
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NoReturn, cast
 
-from functions.model import ACTIONS, Action, ArtifactRef, HistoryPlan, LeaseHold, TraceContext
+from functions.model import (
+    ACTIONS,
+    FAILURE_KINDS,
+    Action,
+    ArtifactRef,
+    FailureKind,
+    HistoryPlan,
+    LeaseHold,
+    TraceContext,
+)
 from functions.tracing import trace_context
 from storage.base import is_digest
 
@@ -58,10 +68,10 @@ TIMED_OUT_FILE = "timed-out"  # holding the timeout: the watchdog stopped the sc
 TIMED_OUT_EXIT_CODE = 124
 KILL_AFTER_SECONDS = 2  # from SIGTERM to SIGKILL when the script overruns
 
-# A step that cannot reach the store exits EX_TEMPFAIL, its termination message starting
-# with the marker: the function deletes the Job and answers 503 (job_status: "unavailable").
-EXIT_UNAVAILABLE = 75
-UNAVAILABLE_MARKER = "unavailable:"
+# A failed stage or collect step exits 1 (2: its arguments do not parse) and leaves a
+# StepFailure as its termination message: whether the request may succeed later (then the
+# function deletes the Job and answers 503) and, if not, the failure's kind.
+TERMINATION_MESSAGE_BYTES = 4000  # the kubelet keeps at most 4096 bytes
 
 # The env of stage/collect: the store and the sink (collect only, the function's own K_SINK),
 # plus the function's own non-secret settings named in STEP_ENV, which the steps need to reach
@@ -93,6 +103,36 @@ STEP_ENV = (
     "GOOGLE_CLOUD_PROJECT",
     "LOG_LEVEL",
 )
+
+
+@dataclass(frozen=True)
+class StepFailure:
+    """Why a pod step failed, as its termination message (JSON): written by the step, read
+    by the function's ``job_status``. No secret in it: steps never quote stdin or creds."""
+
+    kind: FailureKind
+    retryable: bool
+    message: str
+
+    def termination_message(self) -> str:
+        room = TERMINATION_MESSAGE_BYTES - 100  # the JSON around the message, escapes aside
+        body = {"kind": self.kind, "retryable": self.retryable, "message": self.message[-room:]}
+        return json.dumps(body)[:TERMINATION_MESSAGE_BYTES]
+
+    @classmethod
+    def parse(cls, text: str) -> StepFailure | None:
+        """The failure a step reported, or None if ``text`` is not one (a step killed before
+        it could write it; the kubelet's fallback of the log's tail)."""
+        try:
+            body = json.loads(text)
+        except ValueError:
+            return None
+        if not isinstance(body, dict) or body.get("kind") not in FAILURE_KINDS:
+            return None
+        retryable, message = body.get("retryable"), body.get("message")
+        if not isinstance(retryable, bool) or not isinstance(message, str):
+            return None
+        return cls(kind=body["kind"], retryable=retryable, message=message)
 
 
 @dataclass(frozen=True)

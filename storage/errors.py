@@ -14,9 +14,25 @@
 
 Backends translate their client library's exceptions into these with ``raise … from``,
 so callers never import botocore or google.api_core to handle a failure.
+
+``retryable_status`` is the one table of HTTP answers worth trying again, used for every
+dependency the services answer to (the store, the Kubernetes API, the sink): at the bottom of
+the layers so that each translates its client's errors with the same rule.
 """
 
 from __future__ import annotations
+
+# No answer at all (0); the platform's own credentials refused (401, 403: a deployment to
+# fix while the request waits for its redelivery, never a reason to fail it for good); a
+# timeout (408); a conflict of the moment (409, as Knative retries it; the callers that mean
+# "exists" handle it first); too early or too many (425, 429); server trouble (5xx).
+_RETRYABLE_STATUSES = frozenset({0, 401, 403, 408, 409, 425, 429})
+
+
+def retryable_status(status: int) -> bool:
+    """Whether an HTTP answer with ``status`` from one of the platform's dependencies may
+    succeed when the same request is sent again later."""
+    return status in _RETRYABLE_STATUSES or status >= 500
 
 
 class StorageError(Exception):

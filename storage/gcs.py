@@ -51,6 +51,7 @@ from storage.errors import (
     PreconditionFailed,
     StorageError,
     StoreUnavailable,
+    retryable_status,
 )
 from storage.options import StoreOptions
 
@@ -85,7 +86,7 @@ def translate_error(
         return StoreUnavailable(f"GCS bucket {bucket!r} does not exist at {endpoint}")
     if status == 404:
         return ObjectNotFound(f"gs://{bucket}/{name} does not exist")
-    if isinstance(err, _TRANSIENT) or status in (401, 403, 408, 429) or status >= 500:
+    if isinstance(err, _TRANSIENT) or (status and retryable_status(status)):
         return StoreUnavailable(f"{where}: {_summary(err)}")
     return StorageError(f"{where}: {_summary(err)}")
 

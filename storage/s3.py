@@ -54,6 +54,7 @@ from storage.errors import (
     PreconditionFailed,
     StorageError,
     StoreUnavailable,
+    retryable_status,
 )
 from storage.options import StoreOptions
 
@@ -109,7 +110,7 @@ def translate_error(err: Exception, *, endpoint: str, bucket: str, name: str) ->
         return ObjectNotFound(f"s3://{bucket}/{name} does not exist")
     if code in _EXISTS or status == 412:
         return ObjectExists(f"s3://{bucket}/{name} already exists (objects are written once)")
-    if code in _UNAVAILABLE or status in (401, 403, 408, 429) or status >= 500:
+    if code in _UNAVAILABLE or retryable_status(status):
         return StoreUnavailable(f"{where}: {detail}")
     return StorageError(f"{where}: {detail}")
 

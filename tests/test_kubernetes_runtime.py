@@ -31,10 +31,10 @@ import pytest
 from kmock._internal import enums
 from kubernetes import client
 
-from functions import cli, keys, lease, pod_contract, protocol, records
+from functions import cli, keys, lease, protocol, records
 from functions.errors import RequestIdReused, Unavailable
 from functions.model import Build, LeaseHold, ResourceType, Task
-from functions.pod_contract import CollectStep, StageStep
+from functions.pod_contract import CollectStep, StageStep, StepFailure
 from functions.redaction import secret_values
 from functions.runtimes.job_status import judge
 from functions.runtimes.kube_api import Rejected, belongs, translate
@@ -628,16 +628,20 @@ def test_failed_step_is_a_runtime_failure_with_its_message(make_runtime: Any, no
             pod,
             "Failed",
             [container_status("resource", terminated())],
-            [container_status("collect", terminated(1, "collect: cannot record: store down"))],
+            [container_status("collect", terminated(1, REFUSED.termination_message()))],
         )
         node.job_condition(job, "Failed", "BackoffLimitExceeded")
 
     thread = node.play(script)
     outcome = make_runtime().run(make_task("check"))
     node.check(thread)
-    assert outcome.failure is not None and outcome.failure.kind == "runtime"
+    assert outcome.failure is not None and outcome.failure.kind == "storage"  # the step's
     assert "'collect' exited with code 1" in outcome.failure.message
     assert "store down" in outcome.failure.message
+
+
+REFUSED = StepFailure("storage", False, "collect: cannot record the outcome: store down")
+OUTAGE = StepFailure("storage", True, "collect: the store is unavailable: timed out")
 
 
 def collect_without_store(termination: Path) -> Callable[[Node], None]:
@@ -649,7 +653,8 @@ def collect_without_store(termination: Path) -> Callable[[Node], None]:
         secret = node.wait_secret(job)
         pod = node.create_pod(job)
         code = node.run_step(job, "collect", secret, {"exit-code": b"0\n", "stdout": b"[]"})
-        assert code == pod_contract.EXIT_UNAVAILABLE
+        reported = StepFailure.parse(termination.read_text())
+        assert code == 1 and reported is not None and reported.retryable
         node.pod_status(
             pod,
             "Failed",
@@ -673,10 +678,10 @@ def test_a_store_outage_in_a_step_is_retried_not_recorded(
     task = make_task("check")
     name = f"rf-check-{task.run_id[:20]}"
     thread = node.play(collect_without_store(termination))
-    with pytest.raises(Unavailable, match="could not reach the store") as raised:
+    with pytest.raises(Unavailable, match="may pass") as raised:
         make_runtime().run(task)
     node.check(thread)
-    assert "unavailable: collect: the store is unavailable" in str(raised.value)
+    assert "collect: the store is unavailable" in str(raised.value)
     assert (
         records.read_outcome(store, task.run_id, request=task.request_digest) is None
     )  # nothing for a redelivery to replay
@@ -698,13 +703,14 @@ def test_a_store_outage_in_stage_is_retried(
     def script(node: Node) -> None:
         job = node.wait_job()
         pod = node.create_pod(job)
-        message = "unavailable: stage: the store is unavailable: connection refused"
-        node.pod_status(pod, "Failed", [container_status("stage", terminated(75, message))])
+        message = StepFailure("storage", True, "stage: the store is unavailable: refused")
+        stage = terminated(1, message.termination_message())
+        node.pod_status(pod, "Failed", [container_status("stage", stage)])
         node.job_condition(job, "Failed", "BackoffLimitExceeded")
 
     task = make_task("put")
     thread = node.play(script)
-    with pytest.raises(Unavailable, match="step 'stage' exited with code 75"):
+    with pytest.raises(Unavailable, match="step 'stage' exited with code 1"):
         make_runtime().run(task)
     node.check(thread)
     assert cluster.live("jobs", f"rf-put-{task.run_id[:20]}") is None
@@ -788,18 +794,19 @@ def test_the_unavailable_verdict() -> None:
             "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]
         }
     }
-    marked = "unavailable: collect: the store is unavailable: timed out"
+    marked = OUTAGE.termination_message()
     for job in (failed_job, {}, None):  # failed; pod failed first; deleted by another delivery
-        verdict = judge(job, [pod("collect", 75, marked)], deadline_passed=False)
+        verdict = judge(job, [pod("collect", 1, marked)], deadline_passed=False)
         assert verdict is not None and verdict.kind == "unavailable", job
-        assert verdict.detail == marked
-    for sign in (pod("stage", 1, marked), pod("stage", 75)):  # either sign will do
-        verdict = judge(None, [sign], deadline_passed=False)
-        assert verdict is not None and verdict.kind == "unavailable"
-    # Only our steps may ask for a retry; a resource image's exit code 75 is its own business.
-    verdict = judge(failed_job, [pod("resource", 75, marked)], deadline_passed=False)
+        assert verdict.detail == OUTAGE.message and verdict.failure == "storage"
+    # Only our steps may ask for a retry; a resource image's words are its own business.
+    verdict = judge(failed_job, [pod("resource", 1, marked)], deadline_passed=False)
     assert verdict is not None and verdict.kind == "runtime" and verdict.detail == ""
-    verdict = judge(None, [pod("collect", 1, "collect: cannot record")], deadline_passed=False)
+    verdict = judge(
+        failed_job, [pod("collect", 1, REFUSED.termination_message())], deadline_passed=False
+    )
+    assert verdict is not None and (verdict.kind, verdict.failure) == ("runtime", "storage")
+    verdict = judge(None, [pod("collect", 1, "not a step's report")], deadline_passed=False)
     assert verdict is not None and verdict.kind == "gone"
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from functions import cli, keys, steps
 from functions.model import ArtifactRef, HistoryPlan, TraceContext
-from functions.pod_contract import CollectStep, ReplyPlan, StageStep
+from functions.pod_contract import CollectStep, ReplyPlan, StageStep, StepFailure
 from functions.redaction import secret_values
 from functions.task import in_pod, untrusted_files
 from functions.task.step_settings import StepSettings
@@ -56,6 +56,13 @@ def collect(build: Path, action: str = "check", **given: Any) -> int:
         **given,
     )
     return cli.main(step.argv())
+
+
+def reported(termination: Path) -> tuple[str, bool, str]:
+    """A step's termination message as (kind, retryable, what failed: its first two parts)."""
+    failure = StepFailure.parse(termination.read_text())
+    assert failure is not None, termination.read_text()
+    return failure.kind, failure.retryable, ":".join(failure.message.split(":")[:2])
 
 
 def result(store: Any, run: str = RUN) -> dict[str, Any]:
@@ -152,8 +159,8 @@ def test_an_unreachable_store_fails_the_stage_step_as_retryable(
         ),
         settings=StepSettings.from_env({"STORE_URL": "s3://bucket/prefix"}),
     )
-    assert status == in_pod.EXIT_UNAVAILABLE == 75
-    assert termination.read_text().startswith("unavailable: stage: the store is unavailable")
+    assert status == 1
+    assert reported(termination) == ("storage", True, "stage: the store is unavailable")
     assert not (tmp_path / ".task/stage-error").exists()
 
 
@@ -214,8 +221,8 @@ def test_an_unreachable_store_fails_collect_as_retryable(
     monkeypatch.setenv("STORE_URL", "file:///nonexistent-store-dir-for-test")
     (build / ".task/exit-code").write_text("0")
     (build / ".task/stdout").write_text("[]")
-    assert collect(build) == in_pod.EXIT_UNAVAILABLE
-    assert termination.read_text().startswith("unavailable: collect: the store is unavailable")
+    assert collect(build) == 1
+    assert reported(termination) == ("storage", True, "collect: the store is unavailable")
 
 
 def test_a_misconfigured_store_fails_collect_for_good(
@@ -224,7 +231,7 @@ def test_a_misconfigured_store_fails_collect_for_good(
     monkeypatch.setenv("STORE_URL", "ftp://bucket/prefix")
     (build / ".task/exit-code").write_text("0")
     assert collect(build) == 1
-    assert termination.read_text().startswith("collect: cannot record the outcome")
+    assert reported(termination) == ("storage", False, "collect: cannot record the outcome")
 
 
 def test_a_timed_out_script_is_a_timeout_with_its_log(store: Any, build: Path) -> None:
@@ -251,7 +258,14 @@ def test_termination_message_reports_the_failure(
     log.write_text("")
     monkeypatch.setattr(in_pod, "TERMINATION_LOG", log)
     assert in_pod.fail("collect: cannot record the outcome: store down") == 1
-    assert log.read_text() == "collect: cannot record the outcome: store down"
+    assert StepFailure.parse(log.read_text()) == StepFailure(
+        "runtime", False, "collect: cannot record the outcome: store down"
+    )
+    long = "x" * 10_000
+    in_pod.fail(long, kind="storage", retryable=True)
+    assert len(log.read_bytes()) <= 4000  # the kubelet keeps 4096 bytes at most
+    kept = StepFailure.parse(log.read_text())
+    assert kept is not None and kept.retryable and kept.message == long[-len(kept.message) :]
 
 
 def test_bounded_reads(tmp_path: Path) -> None:
@@ -327,5 +341,5 @@ def test_an_unmounted_store_secret_makes_the_step_retry(
     monkeypatch.setenv("STORE_URL", "s3://bucket/prefix")
     monkeypatch.setenv("STORE_CREDENTIALS_DIR", str(tmp_path / "not-mounted"))
     step = CollectStep(run_id=RUN, action="check", build_dir=str(tmp_path))
-    assert cli.main(step.argv()) == in_pod.EXIT_UNAVAILABLE
-    assert termination.read_text().startswith("unavailable: collect")
+    assert cli.main(step.argv()) == 1
+    assert reported(termination)[:2] == ("storage", True)

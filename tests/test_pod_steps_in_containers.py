@@ -24,7 +24,7 @@ import pytest
 
 from functions import keys
 from functions.model import Action, ArtifactRef, Build, ResourceType, Task
-from functions.pod_contract import STEP_ENV
+from functions.pod_contract import STEP_ENV, StepFailure
 from functions.protocol import build_env, stdin_payload
 from functions.redaction import secret_values
 from functions.runtimes.podspec import (
@@ -301,9 +301,11 @@ def test_an_unreachable_store_fails_the_stage_step_and_stops_the_pod(
     )
 
     assert run.names == ["stage"]  # a failed init container: the pod stops
-    assert run.steps[0].returncode == 75  # EX_TEMPFAIL: the function answers 503, not a failure
-    message = run.steps[0].termination_message
-    assert message.startswith("unavailable: stage: the store is unavailable"), message
+    assert run.steps[0].returncode == 1
+    reported = StepFailure.parse(run.steps[0].termination_message)
+    assert reported is not None, run.steps[0].termination_message
+    assert reported.retryable  # the function answers 503 and Knative redelivers: not a failure
+    assert reported.message.startswith("stage: the store is unavailable"), reported
     assert not (run.build / ".task/stage-error").exists()
 
 

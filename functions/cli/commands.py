@@ -159,6 +159,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     settings = Settings.from_env()
     logs.configure(settings.log_level)
+    hooks: dict[str, Any] = {}
     host = args.host or settings.host
     if args.action in ("check", "get", "put") and (warning := open_to_the_network(settings, host)):
         logging.getLogger("functions").warning(warning)
@@ -176,11 +177,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from functions.http.app import create_app
 
         app = create_app(settings, args.action)
+        runtime = app.extensions["service"].runtime  # its threads belong in the worker
+        hooks = {"started": runtime.start_sweeps, "stopping": runtime.close}
     serve(
         app,
         host=host,
         port=args.port or settings.port,
         threads=args.threads or settings.threads,
+        **hooks,
     )
     return 0
 

@@ -22,28 +22,38 @@ import requests
 from cloudevents.core.bindings.http import HTTPMessage, from_http_event, to_binary_event
 from cloudevents.core.v1.event import CloudEvent
 
-from functions.cli.busybox_image import build_resource_image
+from functions.cli.busybox_image import build_resource_image, scripts_hash
+from functions.http.serving import GRACEFUL_TIMEOUT_SECONDS
 from functions.runtimes.container import engine_environment
 from functions.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "hello-resource"
 PODMAN_SOCKET = "/run/podman/podman.sock"
+IMAGE = "localhost/hello-resource"
 
 
 def run_demo(*, serve: bool = False, base_port: int = 8081) -> int:
     env = dict(os.environ)
     env.setdefault("LOG_LEVEL", "warning")
-    started_engine = "DOCKER_HOST" not in env and not engine_environment(env).get("DOCKER_HOST")
-    env.setdefault("DOCKER_HOST", _engine(env))
-    image = build_resource_image("localhost/hello-resource", EXAMPLE)
+    engine = None  # the Podman API service started here, if one was
+    if "DOCKER_HOST" not in env:
+        env["DOCKER_HOST"], engine = _engine(env)
+    image = f"{IMAGE}:{scripts_hash(EXAMPLE)}"
     env["RESOURCE_TYPES"] = json.dumps({"hello": image})
     store = Settings.from_env(env).store_url
-    say(f"engine {env['DOCKER_HOST']}, store {store}, resource type hello = {image}")
-    urls, procs = _start(env, base_port)
     # SIGTERM stops the demo as Ctrl-C does, so the services never outlive it.
     previous = signal.signal(signal.SIGTERM, _interrupt)
+    procs: list[subprocess.Popen[bytes]] = []
     try:
+        urls = _launch(env, base_port, procs)  # they boot while the image is built
+        build_resource_image(IMAGE, EXAMPLE)
+        if engine is not None:
+            _wait(lambda: Path(PODMAN_SOCKET).exists(), "podman system service")
+        say(f"engine {env['DOCKER_HOST']}, store {store}, resource type hello = {image}")
+        for action, url in urls.items():
+            _wait(lambda url=url: _healthy(url), f"{action} service on {url}")
+        say("services: " + ", ".join(f"{a} {u}" for a, u in urls.items()))
         _round_trip(urls)
         if serve:
             say("services are up; Ctrl-C stops them. Try the curl examples in the README.")
@@ -52,44 +62,54 @@ def run_demo(*, serve: bool = False, base_port: int = 8081) -> int:
         pass
     finally:
         signal.signal(signal.SIGTERM, previous)
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(15)
+        _stop(procs)
         say("the check, get and put services are stopped")
-        if started_engine:
+        if engine is not None:
             say(
                 f"still running: the Podman API service this demo started on {env['DOCKER_HOST']}"
-                " (stop it with: pkill -f 'podman system service')"
+                f" (pid {engine.pid}; stop it with: kill {engine.pid})"
             )
     return 0
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM, then wait for each service's drain (runs under way, container removals)."""
+    for proc in procs:
+        proc.terminate()
+    deadline = time.monotonic() + GRACEFUL_TIMEOUT_SECONDS + 5
+    for proc in procs:
+        try:
+            proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def _interrupt(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
-def _engine(env: dict[str, str]) -> str:
-    """A Docker-compatible socket: the configured one, or Podman's (started if needed)."""
+def _engine(env: dict[str, str]) -> tuple[str, subprocess.Popen[bytes] | None]:
+    """A Docker-compatible socket: the usual one if present, or Podman's API service started
+    now (not waited for; it keeps running after the demo)."""
     found = engine_environment(env).get("DOCKER_HOST")
     if found:
-        return found
+        return found, None
     Path(PODMAN_SOCKET).parent.mkdir(parents=True, exist_ok=True)
-    subprocess.Popen(
+    engine = subprocess.Popen(
         ["podman", "system", "service", "--time=0", f"unix://{PODMAN_SOCKET}"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    _wait(lambda: Path(PODMAN_SOCKET).exists(), "podman system service")
-    return f"unix://{PODMAN_SOCKET}"
+    return f"unix://{PODMAN_SOCKET}", engine
 
 
-def _start(
-    env: dict[str, str], base_port: int
-) -> tuple[dict[str, str], list[subprocess.Popen[bytes]]]:
+def _launch(
+    env: dict[str, str], base_port: int, procs: list[subprocess.Popen[bytes]]
+) -> dict[str, str]:
+    """Start the three services (into ``procs``, for stopping them); their URLs."""
     urls: dict[str, str] = {}
-    procs: list[subprocess.Popen[bytes]] = []
     for offset, action in enumerate(("check", "get", "put")):
         port = _free(base_port + offset)
         procs.append(
@@ -110,10 +130,7 @@ def _start(
             )
         )
         urls[action] = f"http://127.0.0.1:{port}"
-    for action, url in urls.items():
-        _wait(lambda url=url: _healthy(url), f"{action} service on {url}")
-    say("services: " + ", ".join(f"{a} {u}" for a, u in urls.items()))
-    return urls, procs
+    return urls
 
 
 def _round_trip(urls: dict[str, str]) -> None:

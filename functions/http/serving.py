@@ -7,6 +7,7 @@ that process, and each request mostly waits on a container, a Job or the store.
 from __future__ import annotations
 
 import io
+import signal
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -15,6 +16,10 @@ from gunicorn.app.base import BaseApplication
 
 from functions.events import MAX_BODY_BYTES
 
+# After SIGTERM (or Ctrl-C) the worker finishes the requests under way, then drains: runs in
+# flight end and the container removals they queued are done, each removal taking well under
+# a second. Past this, gunicorn kills the worker; whatever it left, the next start sweeps.
+GRACEFUL_TIMEOUT_SECONDS = 30
 # A request body must arrive within this time: a client that stalls mid-body gets 408 and
 # its request thread back (gthread reads bodies in the request thread, without a timeout).
 BODY_TIMEOUT_SECONDS = 5.0
@@ -83,20 +88,55 @@ class _Server(BaseApplication):  # type: ignore[misc]
         return BoundedBody(self._app)
 
 
-def serve(app: Any, *, host: str, port: int, threads: int) -> None:
-    """Serve ``app`` until SIGTERM; in-flight requests get ``graceful_timeout`` to finish."""
+def serve(
+    app: Any,
+    *,
+    host: str,
+    port: int,
+    threads: int,
+    started: Callable[[], None] | None = None,
+    stopping: Callable[[], None] | None = None,
+) -> None:
+    """Serve ``app`` until SIGTERM. In the worker process, ``started`` is called once it is
+    up and ``stopping`` once it takes no more requests (the drain); in-flight requests and
+    ``stopping`` get ``GRACEFUL_TIMEOUT_SECONDS`` together."""
+    hooks: dict[str, Any] = {}
+    if started is not None:
+        hooks["post_worker_init"] = lambda _worker: started()
+    if stopping is not None:
+        hooks["worker_int"] = lambda _worker: _ignore_quits()  # the first quit signal's
+        hooks["worker_exit"] = lambda _server, _worker: _drain(stopping)
     _Server(
         app,
         {
+            **hooks,
             "bind": f"{host}:{port}",
             "workers": 1,
             "worker_class": "gthread",
             "threads": threads,
             "timeout": 0,  # requests legitimately last as long as a resource script
-            "graceful_timeout": 30,
+            "graceful_timeout": GRACEFUL_TIMEOUT_SECONDS,
             "accesslog": None,
             "errorlog": "-",
             "loglevel": "warning",
             "control_socket_disable": True,  # gunicorn 27 would write it under $HOME (read-only)
         },
     ).run()
+
+
+def _drain(stopping: Callable[[], None]) -> None:
+    """Run ``stopping`` to its end; the master's kill at ``graceful_timeout`` bounds it."""
+    _ignore_quits()
+    stopping()
+
+
+def _ignore_quits() -> None:
+    """A Ctrl-C reaches the worker twice (from the terminal, then from the master): gunicorn's
+    quick exit on the second would cut the drain short, or skip it. A handler that does
+    nothing, not SIG_IGN: one that arrived meanwhile would be reported as lost."""
+    for quit_signal in (signal.SIGINT, signal.SIGQUIT):
+        signal.signal(quit_signal, _ignored)
+
+
+def _ignored(_signum: int, _frame: object) -> None:
+    pass

@@ -4,7 +4,8 @@
         def run(self, task: Task) -> Outcome      # blocks until the outcome is stored
         def start(self, task: Task, ended=None) -> None  # begin; the task replies itself (async)
         def tasks_waiting(self) -> int             # accepted, script not started yet
-        def close(self) -> None
+        def start_sweeps(self) -> None             # a serving process: remove leftovers, now and then
+        def close(self) -> None                    # drain: wait for runs and their cleanup
 
 Contract: ``run`` stores ``results/<run-id>.json`` and ``logs/<run-id>.log`` before it
 returns, so a redelivered request finds them. A script that fails, a missing image or a
@@ -38,6 +39,8 @@ class Runtime(Protocol):
     def start(self, task: Task, ended: Ended | None = None) -> None: ...
 
     def tasks_waiting(self) -> int: ...
+
+    def start_sweeps(self) -> None: ...
 
     def close(self) -> None: ...
 

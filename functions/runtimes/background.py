@@ -1,17 +1,21 @@
-"""The background work of asynchronous runs (``Runtime.start``), bounded.
+"""The background work of a runtime, bounded, and what it waits for when the service stops.
 
-At most ``ASYNC_RUN_LIMIT`` runs proceed at once per runtime; later ones wait their turn in
-order (each already has its 202, so none is dropped). ``close`` waits for all of them,
-queued ones included: each owes its requester a reply.
+``BackgroundRuns``: at most ``ASYNC_RUN_LIMIT`` asynchronous runs (``Runtime.start``) proceed
+at once per runtime; later ones wait their turn in order (each already has its 202, so none is
+dropped). ``close`` waits for all of them, queued ones included: each owes its requester a
+reply. ``RunsInFlight``: the synchronous runs under way, which ``close`` waits for too.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
+from functions.errors import Unavailable
 from functions.logs import fields
 from functions.model import Outcome, Task
 
@@ -20,6 +24,7 @@ log = logging.getLogger("functions.runtimes")
 # As many as the service's default THREADS (16) serves synchronously: going async does not
 # multiply the containers or watches one instance keeps open.
 ASYNC_RUN_LIMIT = 16
+STOPPING = "the service is stopping; retry"
 
 
 class BackgroundRuns:
@@ -27,12 +32,44 @@ class BackgroundRuns:
         self._pool = ThreadPoolExecutor(max_workers=limit, thread_name_prefix=name)
 
     def submit(self, run: Callable[..., None], *args: Any) -> None:
-        """Run ``run(*args)`` in the background; it handles (logs, replies) its own errors."""
-        self._pool.submit(run, *args)
+        """Run ``run(*args)`` in the background; it handles (logs, replies) its own errors.
+        Once closed (or the interpreter is exiting) it takes nothing: ``Unavailable``."""
+        try:
+            self._pool.submit(run, *args)
+        except RuntimeError as err:
+            raise Unavailable(STOPPING) from err
 
     def close(self) -> None:
         """Wait until every submitted run has ended; no new ones are taken."""
         self._pool.shutdown(wait=True)
+
+
+class RunsInFlight:
+    """Admits runs until closed; ``close`` then waits for the admitted ones to end."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._count = 0
+        self._closed = False
+
+    @contextmanager
+    def admitted(self) -> Iterator[None]:
+        """One run's span; ``Unavailable`` (a 503: retry) once closed."""
+        with self._changed:
+            if self._closed:
+                raise Unavailable(STOPPING)
+            self._count += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._count -= 1
+                self._changed.notify_all()
+
+    def close(self) -> None:
+        with self._changed:
+            self._closed = True
+            self._changed.wait_for(lambda: self._count == 0)
 
 
 def report_end(ended: Callable[[Outcome], None] | None, task: Task, outcome: Outcome) -> None:

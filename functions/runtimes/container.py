@@ -27,7 +27,7 @@ import docker.errors
 import requests.exceptions
 
 from functions import keys, lease, records, steps
-from functions.errors import RequestIdReused, Unavailable, failure_kind
+from functions.errors import RequestIdReused, Unavailable, failure_kind, pull_is_transient
 from functions.logs import fields
 from functions.model import SCRIPTS, WORKDIRS, Outcome, Task
 from functions.outcome import failed, final_failure, script_timeout
@@ -35,8 +35,9 @@ from functions.phases import PhaseClock
 from functions.pod_contract import MANAGED_BY
 from functions.redaction import Redactor
 from functions.runtimes import Ended
-from functions.runtimes.background import BackgroundRuns, report_end
+from functions.runtimes.background import BackgroundRuns, RunsInFlight, report_end
 from functions.runtimes.output import STDERR, STDOUT, Output
+from functions.runtimes.sweep import Sweeper
 from functions.sink import post_outcome
 from storage import Store
 from storage.archive import ArchiveOptions, Limits
@@ -74,6 +75,8 @@ class ContainerRuntime:
         self._pull_locks: dict[str, threading.Lock] = {}
         self._background = BackgroundRuns("container-run")
         self._cleanup = BackgroundRuns("container-remove", limit=2)
+        self._runs = RunsInFlight()
+        self._sweeper = Sweeper(store, self._list_exited, self._remove_swept)
 
     @classmethod
     def from_settings(cls, settings: Settings, store: Store) -> ContainerRuntime:
@@ -96,9 +99,17 @@ class ContainerRuntime:
         )
         return cls(client, store, config)
 
+    def start_sweeps(self) -> None:
+        """Sweep leftover containers now and every few minutes (functions.runtimes.sweep)."""
+        self._sweeper.start()
+
     def close(self) -> None:
-        """Wait for the asynchronous runs (they reply when done), then let go of the engine."""
+        """Drain, then let go of the engine: wait for the asynchronous runs (they reply when
+        done) and the synchronous ones under way (later ones get ``Unavailable``), then for
+        the removals they queued. The caller bounds it (gunicorn's graceful_timeout)."""
         self._background.close()
+        self._runs.close()
+        self._sweeper.stop()
         self._cleanup.close()
         self._client.close()
 
@@ -111,7 +122,13 @@ class ContainerRuntime:
                 return
             self._started[task.run_id] = task.request_digest
             self._waiting.add(task.run_id)
-        self._background.submit(self._run_and_reply, task, ended)
+        try:
+            self._background.submit(self._run_and_reply, task, ended)
+        except Unavailable:
+            with self._lock:
+                self._started.pop(task.run_id, None)
+                self._waiting.discard(task.run_id)
+            raise
 
     def tasks_waiting(self) -> int:
         """Tasks accepted whose script has not started: queued behind ``ASYNC_RUN_LIMIT``
@@ -145,6 +162,10 @@ class ContainerRuntime:
         exited) and reads its result instead of starting the script again. The container and
         its work directory stay until the result is stored; an ``Unavailable`` leaves them
         for the redelivery."""
+        with self._runs.admitted():
+            return self._run(task)
+
+    def _run(self, task: Task) -> Outcome:
         root = self._run_root(task.run_id)
         workdir = root / task.action
         clock = PhaseClock()
@@ -286,6 +307,27 @@ class ContainerRuntime:
             log.warning("cannot remove a container", extra=fields(error=str(err)))
         shutil.rmtree(root, ignore_errors=True)
 
+    def _list_exited(self) -> list[dict[str, Any]]:
+        """One engine call: the summaries (id, state, labels) of our exited containers."""
+        filters = {"label": f"app.kubernetes.io/managed-by={MANAGED_BY}", "status": "exited"}
+        try:
+            return list(self._client.api.containers(all=True, filters=filters))
+        except ENGINE_ERRORS as err:
+            raise Unavailable(f"container engine: {err}") from err
+
+    def _remove_swept(self, container_id: str, run: str) -> bool:
+        """Remove a swept container (not forced: one that runs again stays) and its work dir."""
+        try:
+            self._client.api.remove_container(container_id)
+        except docker.errors.NotFound:
+            return False  # removed meanwhile by the run's own cleanup, with its work dir
+        except ENGINE_ERRORS as err:
+            log.warning("sweep: cannot remove a container", extra=fields(error=str(err)))
+            return False
+        shutil.rmtree(self._run_root(run), ignore_errors=True)
+        log.info("swept the container of a finished run", extra=fields(run_id=run))
+        return True
+
     def _create(self, task: Task, workdir: Path) -> Any:
         """The created container; None if the engine lacks the image."""
         target = WORKDIRS[task.action]
@@ -373,8 +415,9 @@ class ContainerRuntime:
             raise Unavailable(f"container engine: {err}") from err
 
     def _ensure_image(self, image: str) -> str | None:
-        """Pull the image if the engine lacks it; a problem text if it can't be had. Engine
-        or registry trouble that may pass (5xx, 429, unreachable) is ``Unavailable``."""
+        """Pull the image if the engine lacks it; a problem text if it can't be had. Registry
+        trouble that may pass (``errors.pull_is_transient``: 5xx, 429, no answer in time) or
+        an engine that cannot be reached is ``Unavailable``."""
         try:
             self._client.images.get(image)
             return None
@@ -387,7 +430,7 @@ class ContainerRuntime:
                 self._client.images.pull(image)
                 return None
             except docker.errors.APIError as err:
-                if err.is_server_error() or err.status_code == 429:
+                if pull_is_transient(_explain(err), err.status_code or 0):
                     raise Unavailable(f"cannot pull image {image} now: {_explain(err)}") from err
                 return f"cannot pull image {image}: {_explain(err)}"
             except ENGINE_ERRORS as err:

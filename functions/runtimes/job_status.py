@@ -3,12 +3,16 @@
 ``judge`` turns the latest Job and its pods into a ``Verdict`` once the task is decided:
 
     complete    the Job completed (or its pod succeeded): collect stored the result
-    image_pull  a container cannot start (image pull, bad name, missing config): fail fast
+    image_pull  a container cannot start (an unknown or refused image, a bad name, missing
+                config): fail fast
     timeout     the Job ran out of time (DeadlineExceeded)
-    unavailable stage or collect could not reach the store (exit code 75, termination
-                message ``unavailable: …``): not the request's fault, so the function
-                deletes the Job, records nothing and answers 503 (a redelivery runs it anew)
-    runtime     the Job failed otherwise (stage or collect failed, the pod was killed)
+    unavailable not the request's fault, and it may succeed later: stage or collect reported a
+                retryable ``StepFailure`` (the store), or a registry answered a pull with
+                5xx or 429 or did not answer (``errors.pull_is_transient``, the rule the
+                container runtime follows too). The function deletes the Job, records
+                nothing and answers 503 (a redelivery runs it anew)
+    runtime     the Job failed otherwise (a step's permanent failure, with its kind; the pod
+                was killed)
     gone        the Job no longer exists (deleted by someone, or by its TTL)
 
 ``None`` means "still running: keep watching".
@@ -21,7 +25,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from functions.pod_contract import EXIT_UNAVAILABLE, UNAVAILABLE_MARKER
+from functions.errors import pull_is_transient
+from functions.model import FailureKind
+from functions.pod_contract import StepFailure
 
 PULL_FAILURES = frozenset(
     {
@@ -39,7 +45,8 @@ STEP_CONTAINERS = ("stage", "collect")  # ours: their termination messages are s
 class Verdict:
     kind: str  # complete | image_pull | timeout | unavailable | runtime | gone
     message: str = ""
-    detail: str = ""  # a step's termination message, for the failure's log tail
+    detail: str = ""  # a step's own words, for the failure's log tail
+    failure: FailureKind = "runtime"  # the reply's kind for it (a step's own, image_pull)
 
 
 def judge(
@@ -76,7 +83,7 @@ def job_verdict(job: dict[str, Any], pods: list[dict[str, Any]]) -> Verdict | No
     step = _failed_step(pods)
     message = f"the task Job failed ({reason}: {failed.get('message') or 'no message'})"
     if step is not None:
-        return Verdict(step.kind, f"{message}; {step.message}", step.detail)
+        return Verdict(step.kind, f"{message}; {step.message}", step.detail, step.failure)
     return Verdict("runtime", message)
 
 
@@ -85,7 +92,9 @@ def pod_verdict(pod: dict[str, Any], *, deadline_passed: bool) -> Verdict | None
     for container in _container_statuses(status):
         waiting = (container.get("state") or {}).get("waiting") or {}
         if waiting.get("reason") in PULL_FAILURES:
-            return Verdict("image_pull", _pull_message(container, waiting))
+            message = _pull_message(container, waiting)
+            transient = pull_is_transient(waiting.get("message") or "")
+            return Verdict("unavailable" if transient else "image_pull", message, "", "image_pull")
     phase = status.get("phase")
     if phase == "Succeeded":
         return Verdict("complete")
@@ -160,14 +169,14 @@ def _failed_step(pods: list[dict[str, Any]]) -> Verdict | None:
 def _step_failure(name: str, ended: dict[str, Any]) -> Verdict:
     why = ended.get("reason") or "Error"
     message = f"step {name!r} exited with code {ended.get('exitCode')} ({why})"
-    # A resource image may write anything into its termination message: show only ours.
-    ours = name in STEP_CONTAINERS
-    detail = (ended.get("message") or "").strip() if ours else ""
-    retry = ours and (
-        ended.get("exitCode") == EXIT_UNAVAILABLE or detail.startswith(UNAVAILABLE_MARKER)
-    )
+    # A resource image may write anything into its termination message: read only ours.
+    reported = StepFailure.parse(ended.get("message") or "") if name in STEP_CONTAINERS else None
+    if reported is None:
+        return Verdict("runtime", message)
+    last = reported.message.strip().splitlines()[-1:]
     return Verdict(
-        "unavailable" if retry else "runtime",
-        f"{message}: {detail.splitlines()[-1]}" if detail else message,
-        detail,
+        "unavailable" if reported.retryable else "runtime",
+        f"{message}: {last[0]}" if last else message,
+        reported.message,
+        reported.kind,
     )

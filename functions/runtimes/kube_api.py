@@ -18,6 +18,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from functions.errors import ConfigError, Conflict, Gone, NotFound, Rejected, Unavailable
+from storage.errors import retryable_status
 
 JOB_NAME_LABELS = ("job-name", "batch.kubernetes.io/job-name")
 CONTROLLER_UID_LABELS = ("controller-uid", "batch.kubernetes.io/controller-uid")
@@ -211,7 +212,7 @@ def translate(err: ApiException, verb: str, resource: str, namespace: str) -> Ex
             f"Kubernetes refused '{verb} {resource}' in namespace {namespace!r} ({status}: "
             f"{message}): the function's service account needs that verb (knative/rbac.yaml)"
         )
-    if status == 0 or status == 429 or status >= 500:
+    if retryable_status(status):
         return Unavailable(f"Kubernetes API: {verb} {resource}: {status or ''} {message}")
     return Rejected(f"Kubernetes rejected '{verb} {resource}' ({status}): {message}")
 

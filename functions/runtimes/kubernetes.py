@@ -7,7 +7,7 @@ Job on timeout, reads ``results/<run-id>.json`` that ``collect`` stored on compl
 Failures that only the function sees (image pull, timeout, a failed or vanished Job) are
 recorded with ``records.record_outcome`` so a redelivery replays them. A step that could not
 reach the store is not a failure of the request: the Job and its Secret are deleted, nothing
-is recorded and ``StoreUnavailableInTask`` (an ``Unavailable``: HTTP 503) makes Knative
+is recorded and ``TaskUnavailable`` (an ``Unavailable``: HTTP 503) makes Knative
 redeliver, which starts a new Job. ``start`` creates the Job with reply-to-sink arguments and
 returns at once; ``collect`` posts the reply, and a best-effort background follower posts
 the failures ``collect`` never saw (for asynchronous requests a store outage inside the task
@@ -40,7 +40,7 @@ from functions.errors import (
     failure_kind,
 )
 from functions.logs import fields
-from functions.model import Outcome, Task
+from functions.model import FailureKind, Outcome, Task
 from functions.outcome import failed, final_failure, task_deadline
 from functions.phases import PhaseClock, timed
 from functions.runtimes import Ended, podspec
@@ -64,11 +64,15 @@ if TYPE_CHECKING:
 log = logging.getLogger("functions.kubernetes")
 
 
-class StoreUnavailableInTask(Unavailable):
-    """A task step could not reach the store: its Job was deleted and nothing recorded, so a
-    redelivered request starts the task again."""
+class TaskUnavailable(Unavailable):
+    """The task met trouble that may pass (a step could not reach the store, a registry
+    answered 5xx or 429): its Job was deleted and nothing recorded, so a redelivered request
+    starts the task again. ``failure_kind``: what it becomes after a 202, when nobody
+    redelivers."""
 
-    failure_kind = "storage"  # what it becomes after a 202, when nobody redelivers
+    def __init__(self, message: str, failure_kind: FailureKind) -> None:
+        super().__init__(message)
+        self.failure_kind = failure_kind
 
 
 class StoppedFollowing(Unavailable):
@@ -97,6 +101,9 @@ class KubernetesRuntime:
     def from_settings(cls, settings: Settings, store: Store) -> KubernetesRuntime:
         config_ = KubernetesConfig.from_settings(settings)
         return cls(api_client_from_env(settings.kubeconfig), store, config_)
+
+    def start_sweeps(self) -> None:
+        """Nothing to sweep: finished Jobs go by their ``ttlSecondsAfterFinished``."""
 
     def close(self) -> None:
         """Stop following asynchronous tasks (``collect`` replies for them) and wait until
@@ -303,9 +310,10 @@ class KubernetesRuntime:
             # Not the request's outcome: run it again on redelivery, from a new Job.
             self._api.delete_job(plan.job_name)
             self._api.delete_secret(plan.secret_name)
-            raise StoreUnavailableInTask(
-                f"the task could not reach the store, its Job {plan.job_name} was deleted to "
-                f"run again: {verdict.message}"
+            raise TaskUnavailable(
+                f"the task met trouble that may pass, its Job {plan.job_name} was deleted to "
+                f"run again: {verdict.message}",
+                verdict.failure,
             )
         if verdict.kind in ("complete", "gone"):
             wait = self._config.result_wait_seconds if verdict.kind == "complete" else 0
@@ -329,8 +337,7 @@ class KubernetesRuntime:
             return task_deadline(
                 task.action, plan.active_deadline_seconds, plan.timeout_seconds, plan.margin_seconds
             )
-        kind = "image_pull" if verdict.kind == "image_pull" else "runtime"
-        return failed(task.action, kind, verdict.message, verdict.detail)
+        return failed(task.action, verdict.failure, verdict.message, verdict.detail)
 
     def _read_result(self, task: Task, wait: float) -> Outcome | None:
         end = time.monotonic() + wait
@@ -376,7 +383,7 @@ class KubernetesRuntime:
                 "stopped following an asynchronous task at close; collect replies",
                 extra=fields(run_id=task.run_id, job=plan.job_name),
             )
-        except StoreUnavailableInTask as err:
+        except TaskUnavailable as err:
             # Answered 202 already, so Knative will not redeliver: tell the requester. Nothing
             # is recorded, so sending the same request again runs it afresh.
             log.error(

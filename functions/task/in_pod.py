@@ -13,12 +13,11 @@ requests, post the reply (and a check's ``version.discovered`` events) to ``$K_S
 once the outcome is recorded, whatever it says; non-zero only when it could not record or
 post it.
 
-A store that cannot be reached (a retryable ``StorageError``) is not the request's fault:
-either step then exits ``EXIT_UNAVAILABLE`` (75, EX_TEMPFAIL) with a termination message
-starting ``unavailable:``, and the function deletes the Job, records nothing and answers 503
-so the request is delivered again. Any other step failure exits 1. Failures are written to
-the termination message, which is how the function learns why a step failed (task pods
-cannot read logs).
+A failed step exits 1 and writes a ``pod_contract.StepFailure`` (its kind, whether it is
+retryable as ``errors.classify`` says, its message) as its termination message, which is how
+the function learns why a step failed (task pods cannot read logs). A store that cannot be
+reached is not the request's fault: retryable, so the function deletes the Job, records
+nothing and answers 503, and the request is delivered again.
 """
 
 from __future__ import annotations
@@ -30,12 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from functions import keys, lease, records, steps
-from functions.errors import ConfigError, SinkRefused, is_retryable
-from functions.model import Outcome
+from functions.errors import ConfigError, SinkRefused, classify, is_retryable
+from functions.model import FailureKind, Outcome
 from functions.outcome import failed, script_timeout
 from functions.pod_contract import (
     EXIT_CODE_FILE,
-    EXIT_UNAVAILABLE,
     REDACT_KEY,
     RESOLVED_KEY,
     STAGE_ERROR_FILE,
@@ -43,9 +41,9 @@ from functions.pod_contract import (
     STDOUT_FILE,
     TASK_SUBDIR,
     TIMED_OUT_FILE,
-    UNAVAILABLE_MARKER,
     CollectStep,
     StageStep,
+    StepFailure,
 )
 from functions.protocol import MAX_STDIN_BYTES, MAX_STDOUT_BYTES
 from functions.redaction import Redactor
@@ -77,7 +75,7 @@ def step_settings(prefix: str) -> StepSettings:
     except ConfigError as err:
         raise StepCannotStart(fail(f"{prefix}: {err}")) from None
     except StorageError as err:  # the store Secret's files: not mounted (yet), unreadable
-        raise StepCannotStart(unavailable(f"{prefix}: {err}")) from None
+        raise StepCannotStart(report(prefix, err)) from None
 
 
 def stage_main(step: StageStep, *, settings: StepSettings) -> int:
@@ -94,7 +92,7 @@ def stage_main(step: StageStep, *, settings: StepSettings) -> int:
         return _stage_failed(task_dir, str(err))
     except StorageError as err:
         if is_retryable(err):
-            return unavailable(f"stage: the store is unavailable: {err}")
+            return report("stage: the store is unavailable", err)
         return _stage_failed(task_dir, f"store: {err}")
     except (ValueError, OSError) as err:
         return fail(f"stage: {err}")
@@ -117,9 +115,8 @@ def collect_main(args: CollectStep, settings: StepSettings) -> int:
         finally:  # recorded, or not at all: either way the check's waiters may go on
             lease.release_held(store, args.lease)
     except StorageError as err:
-        if is_retryable(err):
-            return unavailable(f"collect: the store is unavailable: {err}")
-        return fail(f"collect: cannot record the outcome: {err}")
+        prefix = "the store is unavailable" if is_retryable(err) else "cannot record the outcome"
+        return report(f"collect: {prefix}", err)
     except (ValueError, OSError) as err:
         return fail(f"collect: cannot record the outcome: {err}")
     if args.reply is None:
@@ -206,7 +203,7 @@ def listed_values(path: Path) -> list[str]:
 
 
 def _record_failure(
-    store: Store, args: CollectStep, kind: str, message: str, log: str = ""
+    store: Store, args: CollectStep, kind: FailureKind, message: str, log: str = ""
 ) -> Outcome:
     return _record_outcome(
         store, args, failed(args.action, kind, message.strip(), log), log or message
@@ -241,20 +238,25 @@ def _post(args: CollectStep, outcome: Outcome, sink: str, reply_token: str) -> i
     return 0
 
 
-def fail(message: str, status: int = 1) -> int:
-    """Report a step failure on stderr and in the termination message; exit ``status``."""
+def fail(
+    message: str, status: int = 1, *, kind: FailureKind = "runtime", retryable: bool = False
+) -> int:
+    """Report a step failure on stderr and, as a ``StepFailure``, in the termination
+    message; exit ``status``."""
     print(message, file=sys.stderr)
     if TERMINATION_LOG.exists():
         try:
-            TERMINATION_LOG.write_text(message[-4000:])
+            failure = StepFailure(kind=kind, retryable=retryable, message=message)
+            TERMINATION_LOG.write_text(failure.termination_message())
         except OSError:
             pass
     return status
 
 
-def unavailable(message: str) -> int:
-    """A retryable store failure: marked so that the function retries the whole task."""
-    return fail(f"{UNAVAILABLE_MARKER} {message}"[:4000], EXIT_UNAVAILABLE)
+def report(prefix: str, err: BaseException) -> int:
+    """Report ``err`` as ``errors.classify`` judges it; the step's exit status."""
+    verdict = classify(err)
+    return fail(f"{prefix}: {verdict.message}", kind=verdict.kind, retryable=verdict.retryable)
 
 
 def read_head(path: Path, limit: int) -> bytes:

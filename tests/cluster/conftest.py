@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.cluster.network_policies import NetworkPolicyEnforcement, enforce_network_policies
 from tests.cluster.up import GATEWAY, Cluster, new_cluster
 
 KNATIVE_CACHE_SECRET = "knative-e2e-cache-secret"
@@ -66,6 +67,17 @@ def cluster(cluster_images: dict[str, str]) -> Iterator[Cluster]:
     finally:
         instance.stop()
         signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.fixture(scope="module")  # module: enforcement must not outlive the tests that asked
+def network_policies(cluster: Cluster) -> Iterator[NetworkPolicyEnforcement]:
+    """NetworkPolicies enforced on the cluster (kube-network-policies, ``network_policies.py``)
+    for the tests of one module; off again after them."""
+    enforcement = enforce_network_policies(cluster)
+    try:
+        yield enforcement
+    finally:
+        enforcement.stop()
 
 
 @dataclass(frozen=True)

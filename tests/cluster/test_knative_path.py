@@ -51,10 +51,13 @@ def source(**extra: object) -> dict:
 
 
 def jobs_of(deployment, event) -> list[dict]:
-    """The Jobs started for this request (labelled with its run id: source, id, action)."""
-
+    """The Jobs started for this request (labelled with its run id: the team it names, its
+    source, id and action)."""
     action = attributes(event)["type"].split(".")[2]
-    run = run_of(KNATIVE_CACHE_SECRET, attributes(event)["source"], attributes(event)["id"], action)
+    data = event.get_data() if isinstance(event.get_data(), dict) else json.loads(event.get_data())
+    team = (data.get("build") or {}).get("team", "")
+    got = attributes(event)
+    run = run_of(KNATIVE_CACHE_SECRET, got["source"], got["id"], action, team=team)
     return deployment.jobs(**{f"{LABEL}run-id": run})
 
 

@@ -125,6 +125,7 @@ class Proc:
     pid: int
     log: Path
     popen: subprocess.Popen | None = None
+    stop_signal: int = signal.SIGTERM  # the signal on which it cleans up after itself
 
     def alive(self) -> bool:
         if self.popen is not None:
@@ -154,6 +155,10 @@ class Cluster:
     owner: int = 0  # pid of the process that started the cluster (from a state file)
     images: dict[str, str] = field(default_factory=dict)
     coredns_bin: Path | None = None  # the directory of the coredns binary
+    # [table, hook, chain]: iptables chains an add-on filters with (jumped to from the built-in
+    # chain ``hook``), removed on stop before any process is stopped.
+    iptables_chains: list[list[str]] = field(default_factory=list)
+    nft_tables: list[list[str]] = field(default_factory=list)  # [family, name] a process may leave
 
     # --- paths ----------------------------------------------------------------------------
 
@@ -363,7 +368,13 @@ class Cluster:
 
     # --- control plane --------------------------------------------------------------------
 
-    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
+    def spawn(
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        stop_signal: int = signal.SIGTERM,
+    ) -> Proc:
         log = self.logs / f"{name}.log"
         with open(log, "ab") as out:
             popen = subprocess.Popen(
@@ -374,10 +385,49 @@ class Cluster:
                 start_new_session=True,
                 env={**os.environ, **(env or {})},
             )
-        proc = Proc(name, popen.pid, log, popen)
+        proc = Proc(name, popen.pid, log, popen, stop_signal)
         self.procs.append(proc)
         self._save_state()
         return proc
+
+    def end(self, proc: Proc) -> None:
+        """Stop one add-on before the cluster stops (a test turns it off)."""
+        _terminate(proc)
+        self.procs.remove(proc)
+        self._save_state()
+
+    def add_iptables_chain(self, table: str, hook: str, chain: str, rules: list[list[str]]) -> None:
+        """A chain of ``rules`` in ``table``, jumped to at the end of the built-in ``hook``;
+        part of the state, so that a stale cluster's cleanup removes it too."""
+        entry = [table, hook, chain]
+        self.remove_iptables_chain(entry)  # left by a cluster whose state was lost
+        self.iptables_chains.append(entry)
+        self._save_state()
+        _run(["iptables", "-w", "-t", table, "-N", chain])
+        for rule in rules:
+            _run(["iptables", "-w", "-t", table, "-A", chain, *rule])
+        _run(["iptables", "-w", "-t", table, "-A", hook, "-j", chain])
+
+    def remove_iptables_chain(self, entry: list[str]) -> None:
+        table, hook, chain = entry
+        ipt = ["iptables", "-w", "-t", table]
+        delete = [*ipt, "-D", hook, "-j", chain]
+        while subprocess.run(delete, capture_output=True, check=False).returncode == 0:
+            pass
+        subprocess.run([*ipt, "-F", chain], capture_output=True, check=False)
+        subprocess.run([*ipt, "-X", chain], capture_output=True, check=False)
+        if entry in self.iptables_chains:
+            self.iptables_chains.remove(entry)
+            self._save_state()
+
+    def remove_nft_tables(self) -> None:
+        """The nftables tables that stopped processes may have left behind."""
+        if shutil.which("nft"):
+            for family, name in self.nft_tables:
+                subprocess.run(
+                    ["nft", "delete", "table", family, name], capture_output=True, check=False
+                )
+        self.nft_tables.clear()
 
     def _save_state(self) -> None:
         """What ``stop`` needs, for ``cleanup_stale`` after the owner died without stopping."""
@@ -385,12 +435,14 @@ class Cluster:
             "owner": os.getpid(),
             "bin_dir": str(self.bin_dir),
             "api_port": self.api_port,
-            "procs": [[p.name, p.pid] for p in self.procs],
+            "procs": [[p.name, p.pid, p.stop_signal] for p in self.procs],
             "sysctls": self.sysctls,
             "iptables_rules": self.iptables_rules,
             "bridge_created": self.bridge_created,
             "preexisting_chains": sorted(self.preexisting_chains),
             "made_run_dir": self.made_run_dir,
+            "iptables_chains": self.iptables_chains,
+            "nft_tables": self.nft_tables,
         }
         (self.root / "state.json").write_text(json.dumps(state, indent=1))
 
@@ -406,9 +458,17 @@ class Cluster:
             bridge_created=state["bridge_created"],
             preexisting_chains={tuple(c) for c in state["preexisting_chains"]},
             made_run_dir=state["made_run_dir"],
+            iptables_chains=state.get("iptables_chains", []),
+            nft_tables=state.get("nft_tables", []),
         )
         cluster.procs = [
-            Proc(name, pid, root / "logs" / f"{name}.log") for name, pid in state["procs"]
+            Proc(
+                name,
+                pid,
+                root / "logs" / f"{name}.log",
+                stop_signal=rest[0] if rest else signal.SIGTERM,
+            )
+            for name, pid, *rest in state["procs"]
         ]
         cluster.owner = state["owner"]
         return cluster
@@ -855,9 +915,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     def stop(self) -> None:
         """Tear everything down; safe to call more than once and after a partial start."""
         by_name = {p.name: p for p in self.procs}
+        for entry in list(self.iptables_chains):  # no filter may outlive the process it needs
+            self.remove_iptables_chain(entry)
         for proc in self.procs:  # add-ons started with spawn (the test KIngress) go first
             if proc.name not in CORE_PROCS:
                 _terminate(proc)
+        self.remove_nft_tables()
         if "kubelet" in by_name and "kube-apiserver" in by_name:
             self._delete_pods()
         for name in ("kubelet",):
@@ -1042,14 +1105,14 @@ def _terminate(proc: Proc, timeout: float = 15.0) -> None:
     if proc.popen is not None:
         if proc.popen.poll() is not None:
             return
-        proc.popen.terminate()
+        proc.popen.send_signal(proc.stop_signal)
         try:
             proc.popen.wait(timeout)
         except subprocess.TimeoutExpired:
             proc.popen.kill()
             proc.popen.wait(5)
         return
-    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+    for sig, wait in ((proc.stop_signal, timeout), (signal.SIGKILL, 5.0)):
         if not proc.alive():
             return
         with contextlib.suppress(OSError):
@@ -1151,6 +1214,11 @@ def main(argv: list[str] | None = None) -> int:
         help="also install Knative Eventing and Serving (tests/cluster/knative.py)",
     )
     parser.add_argument(
+        "--network-policies",
+        action="store_true",
+        help="also enforce NetworkPolicies (tests/cluster/network_policies.py)",
+    )
+    parser.add_argument(
         "--cleanup",
         action="store_true",
         help="only tear down clusters left behind by dead owners, and exit",
@@ -1174,6 +1242,10 @@ def main(argv: list[str] | None = None) -> int:
 
             knative = install_knative(cluster, build_knative())
             print(f"broker ingress: {knative.broker_ingress}", flush=True)
+        if args.network_policies:
+            from tests.cluster.network_policies import enforce_network_policies
+
+            enforce_network_policies(cluster)
         print(
             f"cluster directory: {cluster.root}\n"
             f"export KUBECONFIG={cluster.admin_kubeconfig}\n"

@@ -13,8 +13,8 @@ Usable from any harness, not only pytest::
         env = s3.env()                                          # AWS_* for child processes
 
 The binary is built once by ``tests/servers/build_versitygw.sh`` (``go install`` of a released
-version, cached under ``~/.cache/resource-functions/versitygw-<version>/bin``); ``.ci/setup``
-runs it. ``VERSITYGW_BIN`` names another binary.
+version, cached under ``~/.cache/resource-functions/versitygw-<version>/bin``); ``.ci/setup
+--tests`` runs it. ``VERSITYGW_BIN`` names another binary.
 """
 
 from __future__ import annotations
