@@ -239,3 +239,36 @@ def termination(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path.write_text("")
     monkeypatch.setattr(in_pod, "TERMINATION_LOG", path)
     return path
+
+
+# What makes a test need a real server (its fixtures, wherever they come from, or its place):
+# it is marked ``server`` at collection, so ``-m "not server"`` is the fast tier: no server,
+# no container, no cluster.
+SERVER_FIXTURES = frozenset(
+    {
+        "s3_endpoint",
+        "gcs_endpoint",
+        "docker_host",
+        "resource_image",
+        "project_image",
+        "podman",
+    }
+)
+SERVER_DIRECTORIES = ("e2e", "cluster")
+
+
+def needs_a_server(item: pytest.Item) -> bool:
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if fixtures & SERVER_FIXTURES:
+        return True
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and callspec.params.get("backend", "file") != "file":
+        return True
+    parts = Path(str(item.fspath)).relative_to(Path(__file__).parent).parts
+    return parts[0] in SERVER_DIRECTORIES
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if needs_a_server(item) and not item.get_closest_marker("server"):
+            item.add_marker(pytest.mark.server)

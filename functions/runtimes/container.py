@@ -8,6 +8,7 @@ Every engine call is wrapped: trouble with the engine is ``Unavailable`` (503), 
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import shutil
@@ -73,6 +74,7 @@ class ContainerRuntime:
         self._started: dict[str, str] = {}  # run id -> request digest, while it runs
         self._waiting: set[str] = set()  # run ids accepted whose script has not started
         self._pull_locks: dict[str, threading.Lock] = {}
+        self._podman: bool | None = None  # the engine is Podman (known at the first pull)
         self._background = BackgroundRuns("container-run")
         self._cleanup = BackgroundRuns("container-remove", limit=2)
         self._runs = RunsInFlight()
@@ -427,14 +429,44 @@ class ContainerRuntime:
             raise Unavailable(f"container engine: {err}") from err
         with self._pull_lock(image):
             try:
-                self._client.images.pull(image)
-                return None
-            except docker.errors.APIError as err:
-                if pull_is_transient(_explain(err), err.status_code or 0):
-                    raise Unavailable(f"cannot pull image {image} now: {_explain(err)}") from err
-                return f"cannot pull image {image}: {_explain(err)}"
+                refused = self._pull(image)
             except ENGINE_ERRORS as err:
                 raise Unavailable(f"container engine: {err}") from err
+        if refused is None:
+            return None
+        message, status = refused
+        if pull_is_transient(message, status):
+            raise Unavailable(f"cannot pull image {image} now: {message}")
+        return f"cannot pull image {image}: {message}"
+
+    def _pull(self, image: str) -> tuple[str, int] | None:
+        """Pull ``image``: None once it is there, else the registry's refusal (its words and
+        the API's status). Podman's Docker-compatible pull reports every refusal as "No such
+        image", so with Podman its own pull endpoint is asked, which passes on what the
+        registry said (a 503, a 429, "manifest unknown", "unauthorized")."""
+        if self._is_podman():
+            api = self._client.api
+            params = {"reference": image, "quiet": "true"}
+            answer = api.post(api._url("/libpod/images/pull"), params=params, stream=True)
+            if answer.status_code >= 300:
+                return answer.text, answer.status_code
+            for line in answer.iter_lines():
+                report = json.loads(line) if line.strip() else {}
+                if report.get("error"):
+                    return str(report["error"]), 0
+            return None
+        try:
+            self._client.images.pull(image)
+        except docker.errors.APIError as err:
+            return _explain(err), err.status_code or 0
+        return None
+
+    def _is_podman(self) -> bool:
+        """Whether the engine is Podman (asked once, at the first pull)."""
+        if self._podman is None:
+            components = self._client.version().get("Components") or []
+            self._podman = any("podman" in str(c.get("Name", "")).lower() for c in components)
+        return self._podman
 
     def _pull_lock(self, image: str) -> threading.Lock:
         """One pull per image at a time; different images pull in parallel."""

@@ -156,14 +156,27 @@ def functions_kubeconfig(
     return cluster.token_kubeconfig(path, NAMESPACE, FUNCTIONS_ACCOUNT)
 
 
-def resource_types(image: str) -> str:
-    return json.dumps(
-        {
-            "test": image,
-            "slow": {"image": image, "timeout_seconds": SLOW_TIMEOUT_SECONDS},
-            "missing": "localhost/rf-no-such-image:1",
-        }
-    )
+@pytest.fixture(scope="session")
+def gateway_registry(cluster: Cluster) -> Iterator[str]:
+    """A registry on the gateway that is down, busy or refusing on demand
+    (``tests/servers/registry_stub.py``), which the kubelet may pull from over plain HTTP."""
+    from tests.servers.registry_stub import registry_stub
+
+    with registry_stub(GATEWAY) as address:
+        cluster.allow_plain_http_registry(address)
+        yield address
+
+
+def resource_types(image: str, registry: str = "") -> str:
+    """The test catalogue; ``registry``: the gateway's stub, for images that cannot be had."""
+    types: dict[str, object] = {
+        "test": image,
+        "slow": {"image": image, "timeout_seconds": SLOW_TIMEOUT_SECONDS},
+        "missing": f"{registry}/nope:1" if registry else "localhost/rf-no-such-image:1",
+    }
+    if registry:
+        types["registry-down"] = f"{registry}/down:1"
+    return json.dumps(types)
 
 
 @dataclass
@@ -205,6 +218,7 @@ def deployment(
     gateway_s3: GatewayS3,
     namespace: str,
     functions_kubeconfig: Path,
+    gateway_registry: str,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[ClusterDeployment]:
     """check/get/put services on this machine, running their tasks as Jobs in the cluster."""
@@ -223,7 +237,7 @@ def deployment(
         "TASK_STORE_SECRET": STORE_SECRET,
         "TASK_MARGIN_SECONDS": str(TASK_MARGIN_SECONDS),
         "STORE_URL": f"s3://{gateway_s3.bucket}/cluster-{uuid.uuid4().hex[:8]}",
-        "RESOURCE_TYPES": resource_types(cluster_images["resource"]),
+        "RESOURCE_TYPES": resource_types(cluster_images["resource"], gateway_registry),
         "CACHE_SECRET": "cluster-e2e-cache-secret",
         "LOG_LEVEL": "debug",
         "WORK_DIR": str(tmp),
@@ -319,10 +333,13 @@ def knative_deployment(
     cluster_images: dict[str, str],
     gateway_s3: GatewayS3,
     event_sink: EventSink,
+    network_policies,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[KnativeDeployment]:
     """``knative/`` applied as users apply it (``kubectl apply -k``, image and config
-    overrides only), plus a Trigger that sends every event of the Broker to the sink."""
+    overrides only, and the task pods' egress to this cluster's DNS and test servers on the
+    gateway), plus a Trigger that sends every event of the Broker to the sink; with its
+    NetworkPolicies enforced."""
     tmp = tmp_path_factory.mktemp("knative-deployment")
     prefix = f"knative-{uuid.uuid4().hex[:8]}"
     from tests.cluster.knative import dev_local
@@ -337,6 +354,9 @@ def knative_deployment(
         },
         store_env=gateway_s3.env,
         cache_secret=KNATIVE_CACHE_SECRET,
+        task_egress=gateway_egress(
+            cluster, closed=(cluster.api_port, cluster.kubelet_port, knative.kingress_port)
+        ),
     )
     cluster.kubectl("apply", "-k", str(overlay))
     sink_trigger = {
@@ -385,8 +405,30 @@ def knative_deployment(
         )
 
 
+def gateway_egress(cluster: Cluster, closed: tuple[int, ...]) -> dict:
+    """The task pods' egress rule for this cluster: here DNS, the S3 server and the tests'
+    other servers listen on the gateway, a private address the shipped policy keeps task pods
+    from (as a real cluster's DNS pods and in-cluster store would need their own rule). Every
+    gateway port but ``closed`` (the API server, the kubelet, the KIngress: what the shipped
+    policy must keep task pods from) is opened."""
+    ports: list[dict] = [{"protocol": "UDP", "port": 53}]
+    start = 1
+    for port in sorted(p for p in closed if p):
+        if start < port:
+            ports.append({"protocol": "TCP", "port": start, "endPort": port - 1})
+        start = port + 1
+    ports.append({"protocol": "TCP", "port": start, "endPort": 65535})
+    return {"to": [{"ipBlock": {"cidr": f"{GATEWAY}/32"}}], "ports": ports}
+
+
 def write_overlay(
-    tmp: Path, *, image: str, config: dict[str, str], store_env: dict[str, str], cache_secret: str
+    tmp: Path,
+    *,
+    image: str,
+    config: dict[str, str],
+    store_env: dict[str, str],
+    cache_secret: str,
+    task_egress: dict | None = None,
 ) -> Path:
     """A copy of knative/ with its image set (as ``kustomize edit set image`` does), and an
     overlay that sets configuration values and the two Secrets."""
@@ -443,7 +485,19 @@ def write_overlay(
                 "apiVersion": "kustomize.config.k8s.io/v1beta1",
                 "kind": "Kustomization",
                 "resources": ["../knative", "secrets.yaml"],
-                "patches": [{"path": "config.yaml"}],
+                "patches": [{"path": "config.yaml"}]
+                + (
+                    [
+                        {
+                            "target": {"kind": "NetworkPolicy", "name": "task-pods"},
+                            "patch": json.dumps(
+                                [{"op": "add", "path": "/spec/egress/-", "value": task_egress}]
+                            ),
+                        }
+                    ]
+                    if task_egress
+                    else []
+                ),
             }
         )
     )

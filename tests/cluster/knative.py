@@ -59,6 +59,7 @@ SETTINGS = {
 class Knative:
     cluster: Cluster
     broker_ingress: str  # http://<cluster IP> of broker-ingress, reachable from this machine
+    kingress_port: int = 0  # the test KIngress on the gateway
 
     def broker_url(self, namespace: str, broker: str = "default") -> str:
         return f"{self.broker_ingress}/{namespace}/{broker}"
@@ -193,7 +194,7 @@ def install_knative(cluster: Cluster, tools: dict[str, Path]) -> Knative:
     apply(cluster, crds)
     cluster.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
     apply(cluster, [d for d in render(core, images) if d["kind"] != "CustomResourceDefinition"])
-    start_kingress(cluster, tools["kingress"])
+    kingress_port = start_kingress(cluster, tools["kingress"])
     wait_deployments(cluster, "knative-eventing")
     wait_deployments(cluster, "knative-serving")
     ip = cluster.kubectl(
@@ -206,11 +207,12 @@ def install_knative(cluster: Cluster, tools: dict[str, Path]) -> Knative:
         "jsonpath={.spec.clusterIP}",
     ).strip()
     cluster.note(f"knative installed in {time.monotonic() - started:.1f}s")
-    return Knative(cluster, f"http://{ip}")
+    return Knative(cluster, f"http://{ip}", kingress_port)
 
 
-def start_kingress(cluster: Cluster, bin_dir: Path) -> None:
-    """The KIngress proxy on the gateway, and the Service that makes it the load balancer."""
+def start_kingress(cluster: Cluster, bin_dir: Path) -> int:
+    """The KIngress proxy on the gateway, and the Service that makes it the load balancer;
+    its port."""
     port = free_port(GATEWAY)
     admin = json.loads(cluster.admin_kubeconfig.read_text())["users"][0]["user"]
     cluster.spawn(
@@ -257,6 +259,7 @@ def start_kingress(cluster: Cluster, bin_dir: Path) -> None:
         "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
     }
     apply(cluster, [service, endpoints])
+    return port
 
 
 def dev_local(cluster: Cluster, image: str) -> str:

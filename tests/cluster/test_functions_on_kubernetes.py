@@ -273,6 +273,7 @@ def test_collect_redacts_every_form_before_the_cut_and_refuses_a_secret_version(
 
 
 def test_missing_image_fails_fast_as_image_pull(deployment):
+    """The registry (the gateway's stub) says the manifest is unknown: a final image_pull."""
     before = job_names(deployment, "check")
     started = time.monotonic()
     status, reply, _ = send(
@@ -283,12 +284,31 @@ def test_missing_image_fails_fast_as_image_pull(deployment):
     assert status == 200
     error = reply.get_data()["error"]
     assert error["kind"] == "image_pull", error
-    assert "rf-no-such-image" in error["message"]
+    assert "nope:1" in error["message"]
     assert elapsed < 60, f"an image-pull failure took {elapsed:.0f}s to report"
     # The function deletes the Job it gave up on (foreground of the pod follows).
     assert new_jobs(deployment, before, "check") == [] or all(
         j["metadata"].get("deletionTimestamp") for j in new_jobs(deployment, before, "check")
     )
+
+
+def test_a_registry_that_is_down_is_retried_not_a_final_failure(deployment):
+    """The registry answers the kubelet's pull with 503: trouble that may pass, as on the local
+    runtime (tests/e2e/test_image_pulls.py): the function deletes the Job, records nothing
+    and answers 503, so Knative redelivers."""
+    event = request_event("check", {"type": "registry-down", "source": {"nonce": uuid.uuid4().hex}})
+    started = time.monotonic()
+    status, _, response = send(deployment.services.urls["check"], event)
+    elapsed = time.monotonic() - started
+    assert status == 503, response.text
+    assert "down:1" in response.json()["error"]["message"]
+    assert elapsed < 60, f"a registry outage took {elapsed:.0f}s to report"
+    run = run_of(
+        deployment.services.env["CACHE_SECRET"], event.get_source(), event.get_id(), "check"
+    )
+    assert deployment.store.stat(f"results/{run}.json") is None
+    jobs = deployment.jobs(**{f"{LABEL}run-id": run})
+    assert all(j["metadata"].get("deletionTimestamp") for j in jobs), jobs
 
 
 def test_timeout_is_enforced_in_the_pod_and_recorded_with_the_log(deployment):

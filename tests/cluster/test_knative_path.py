@@ -322,8 +322,8 @@ def test_async_reply_is_posted_by_the_task_through_the_reply_relay(knative_deplo
     )
     sink = [e["value"] for e in collect.get("env", []) if e["name"] == "K_SINK"]
     assert sink == [f"http://reply-relay.{d.namespace}.svc.cluster.local"], sink
-    relayed = d.cluster.kubectl(
-        "-n", d.namespace, "logs", "deployment/reply-relay", "--all-containers", "--tail=-1"
+    relayed = d.cluster.kubectl(  # every replica's log: either may have taken it
+        "-n", d.namespace, "logs", "-l", "app.kubernetes.io/component=reply-relay", "--tail=-1"
     )
     assert reply.get_id() in relayed  # the relay forwarded it to the Broker
 
@@ -662,3 +662,123 @@ def test_measure_the_path_against_a_bare_job(knative_deployment, cluster_images,
             f"{statistics.median(hits) * 1000:.0f} ms {[round(x * 1000) for x in hits]}"
         )
     assert len(ours) == len(bare) == len(hits) == 3
+
+
+class Prober:
+    """A busybox pod (the test resource image) in a namespace, to probe connections from:
+    ``nc -e true`` connects and exits, a dropped SYN times out after 2 s."""
+
+    def __init__(self, deployment, namespace: str, image: str) -> None:
+        self.cluster, self.namespace = deployment.cluster, namespace
+        self.name = f"prober-{uuid.uuid4().hex[:6]}"
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": self.name, "namespace": namespace},
+            "spec": {
+                "automountServiceAccountToken": False,
+                "terminationGracePeriodSeconds": 0,
+                "containers": [
+                    {
+                        "name": "probe",
+                        "image": image,
+                        "command": ["sh", "-c", "exec sleep 600"],
+                        "securityContext": {"allowPrivilegeEscalation": False},
+                    }
+                ],
+            },
+        }
+        self.cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
+        self.cluster.kubectl(
+            "-n", namespace, "wait", "--for=condition=Ready", f"pod/{self.name}", "--timeout=90s"
+        )
+
+    def reaches(self, host: str, port: int) -> bool:
+        return self._run(f"nc -w 2 {host} {port} -e true")
+
+    def resolves(self, name: str) -> bool:
+        return self._run(f"nslookup {name}")
+
+    def _run(self, probe: str) -> bool:
+        script = f"if {probe} >/dev/null 2>&1; then echo OPEN; else echo BLOCKED; fi"
+        done = self.cluster.run_kubectl(
+            "-n", self.namespace, "exec", self.name, "--", "sh", "-c", script
+        )
+        assert done.stdout.strip() in ("OPEN", "BLOCKED"), done.stderr
+        return done.stdout.strip() == "OPEN"
+
+    def delete(self) -> None:
+        self.cluster.kubectl("-n", self.namespace, "delete", "pod", self.name, "--wait=false")
+
+
+def eventually(condition, seconds: float = 30) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
+def test_the_shipped_network_policies_fence_task_pods_and_the_functions(
+    knative_deployment, network_policies, cluster_images
+):
+    """With the shipped NetworkPolicies enforced (the rest of this module runs under them
+    too: the Knative data plane reaches the functions, task pods the store and the relay), a
+    task pod reaches neither a function, the Broker's ingress, the API server (on the node
+    IP and as the kubernetes Service) nor the KIngress; a pod in another namespace reaches
+    no function; a pod in Knative's own namespace does."""
+    from urllib.parse import urlsplit
+
+    from tests.cluster.up import GATEWAY, SERVICE_IP
+
+    d = knative_deployment
+    network_policies.assert_enforcing()
+    check = request_event("check", {"type": "test", "source": source()})
+    assert post(d.broker, check)[0] == 202
+    reply_to(d, check, "check")  # the check Service has a pod now
+    function_ip = d.cluster.kubectl(
+        "-n",
+        d.namespace,
+        "get",
+        "pods",
+        "-l",
+        "serving.knative.dev/service=check",
+        "-o",
+        "jsonpath={.items[0].status.podIP}",
+    ).strip()
+    broker = urlsplit(d.broker)
+    s3 = urlsplit(d.s3.endpoint)
+    image = cluster_images["resource"]
+    other_ns = f"np-other-{uuid.uuid4().hex[:6]}"
+    d.cluster.kubectl("create", "namespace", other_ns)
+    assert eventually(
+        lambda: bool(d.cluster.kubectl("-n", other_ns, "get", "sa", "default", check=False))
+    )
+    task = Prober(d, d.tasks_namespace, image)
+    other = Prober(d, other_ns, image)
+    knative = Prober(d, "knative-eventing", image)
+    try:
+        # What a task pod needs stays open: DNS, the store, the relay.
+        assert task.resolves("reply-relay.resource-functions.svc.cluster.local")
+        assert task.reaches(str(s3.hostname), int(s3.port or 80))
+        assert task.reaches("reply-relay.resource-functions.svc.cluster.local", 80)
+        # The data plane reaches the function: the address is live.
+        assert knative.reaches(function_ip, 8080)
+        closed = {
+            "a function": (function_ip, 8080),
+            "a function's queue-proxy": (function_ip, 8012),
+            "the Broker's ingress": (str(broker.hostname), int(broker.port or 80)),
+            "the API server": (GATEWAY, d.cluster.api_port),
+            "the kubernetes Service": (SERVICE_IP, 443),
+            "the KIngress": (GATEWAY, d.knative.kingress_port),
+        }
+        for what, (host, port) in closed.items():
+            assert eventually(lambda h=host, p=port: not task.reaches(h, p)), what
+        assert eventually(lambda: not other.reaches(function_ip, 8080)), "another namespace"
+        assert knative.reaches(function_ip, 8080)
+        assert task.reaches(str(s3.hostname), int(s3.port or 80))  # still: not just cut off
+    finally:
+        for prober in (task, other, knative):
+            prober.delete()
+        d.cluster.kubectl("delete", "namespace", other_ns, "--wait=false", check=False)

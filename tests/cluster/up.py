@@ -756,6 +756,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 [{cri}.cni]
   bin_dir = "{CNI_BIN}"
   conf_dir = "{self.root / "cni" / "net.d"}"
+
+# Registries the tests serve (plain HTTP on the gateway) are named here, one hosts.toml
+# each (Cluster.allow_plain_http_registry); containerd reads the directory at every pull.
+[{cri}.registry]
+  config_path = "{self.registry_hosts}"
 """
         (base / "config.toml").write_text(config)
         # containerd 1.6 keeps runc's state and the shims' sockets under /run/containerd
@@ -767,6 +772,19 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             ["containerd", "--config", str(base / "config.toml"), "--log-level", "info"],
         )
         self._wait(proc, lambda: self.ctr("version", check=False).returncode == 0, "serving")
+
+    @property
+    def registry_hosts(self) -> Path:
+        return self.root / "containerd" / "certs.d"
+
+    def allow_plain_http_registry(self, address: str) -> None:
+        """Let the kubelet pull from ``address`` (``host:port``) over plain HTTP."""
+        hosts = self.registry_hosts / address
+        hosts.mkdir(parents=True, exist_ok=True)
+        (hosts / "hosts.toml").write_text(
+            f'server = "http://{address}"\n\n[host."http://{address}"]\n'
+            '  capabilities = ["pull", "resolve"]\n'
+        )
 
     def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         return subprocess.run(
