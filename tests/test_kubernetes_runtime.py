@@ -35,6 +35,7 @@ from functions import cli, keys, lease, protocol, records
 from functions.errors import RequestIdReused, Unavailable
 from functions.model import Build, LeaseHold, ResourceType, Task
 from functions.pod_contract import CollectStep, StageStep, StepFailure
+from functions.redaction import secret_values
 from functions.runtimes.job_status import judge
 from functions.runtimes.kube_api import Rejected, belongs, translate
 from functions.runtimes.kubernetes import KubernetesRuntime
@@ -207,6 +208,7 @@ def make_task(
         request_id=request_id,
         request_source="//ci.example.com",
         subject="pipelines/main",
+        secrets=secret_values(source=source, params={}),  # as the service computes them
     )
 
 
@@ -366,8 +368,9 @@ class Node:
             (build / "get" / name).parent.mkdir(parents=True, exist_ok=True)
             (build / "get" / name).write_bytes(body)
         stdin = build.parent / "stdin"
-        if secret is not None:
-            stdin.write_bytes(base64.b64decode(secret["data"]["stdin"]))
+        if secret is not None:  # each key of the Secret is a file of its volume
+            for key, value in secret["data"].items():
+                stdin.with_name(key).write_bytes(base64.b64decode(value))
         command = next(
             c
             for c in job["spec"]["template"]["spec"]["containers"]

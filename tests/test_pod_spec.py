@@ -184,7 +184,11 @@ def test_build_dir_is_shared_and_stdin_reaches_only_resource_and_collect(action:
         "secretName": podspec.job_name(action, make_task(action).run_id) + "-stdin",
         "optional": False,
         "defaultMode": 0o400,
-        "items": [{"key": "stdin", "path": "stdin"}, {"key": "redact", "path": "redact"}],
+        "items": [
+            {"key": "stdin", "path": "stdin"},
+            {"key": "redact", "path": "redact"},
+            {"key": "resolved", "path": "resolved"},
+        ],
     }
     for name, container in containers(job).items():
         assert mounts(container)["build"] == "/tmp/build"
@@ -451,8 +455,11 @@ def test_secret_holds_stdin_and_is_owned_by_the_job() -> None:
     secret = stdin_secret_manifest(plan, task.stdin, OWNER_UID)
     assert base64.b64decode(secret["data"]["stdin"]) == task.stdin
     assert json.loads(base64.b64decode(secret["data"]["redact"])) == []
-    resolved = stdin_secret_manifest(plan, task.stdin, OWNER_UID, ("pw", "token-1"))
-    assert json.loads(base64.b64decode(resolved["data"]["redact"])) == ["pw", "token-1"]
+    resolved = stdin_secret_manifest(
+        plan, task.stdin, OWNER_UID, ("pw", "token-1", "literal"), resolved=("pw", "token-1")
+    )
+    assert json.loads(base64.b64decode(resolved["data"]["redact"])) == ["pw", "token-1", "literal"]
+    assert json.loads(base64.b64decode(resolved["data"]["resolved"])) == ["pw", "token-1"]
     assert secret["immutable"] is True and secret["type"] == "Opaque"
     assert secret["metadata"]["name"] == plan.job_name + "-stdin"
     assert secret["metadata"]["ownerReferences"] == [

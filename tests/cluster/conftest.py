@@ -249,7 +249,10 @@ def cluster_services(
     their environment is set for the block only."""
     from storage import open_store
     from tests.e2e.conftest import start_services
+    from tests.secret_forms import HOSTILE
 
+    (tmp / "credentials" / "shared").mkdir(parents=True)  # ((hostile)): the dir provider
+    (tmp / "credentials" / "shared" / "hostile").write_text(HOSTILE + "\n")
     env = {
         "RUNTIME": "kubernetes",
         "KUBECONFIG": str(kubeconfig),
@@ -262,6 +265,7 @@ def cluster_services(
         "CACHE_SECRET": "cluster-e2e-cache-secret",
         "LOG_LEVEL": "debug",
         "WORK_DIR": str(tmp),
+        "CREDENTIALS_DIR": str(tmp / "credentials"),
         **gateway_s3.env,
         "AWS_CONFIG_FILE": os.devnull,
         "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
