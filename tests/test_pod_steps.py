@@ -22,7 +22,7 @@ from functions.task.step_settings import StepSettings
 from storage import StoreOptions, get_json, open_store
 from storage.archive import ArchiveOptions
 from storage.artifacts import upload_tree
-from tests.event_sink import event_sink
+from testbed.event_sink import event_sink
 
 CANARY = "canary-7d3f9b2e-do-not-leak"
 PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"

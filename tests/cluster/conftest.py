@@ -98,7 +98,7 @@ class GatewayS3:
 def gateway_s3(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayS3]:
     """versitygw (a real S3 server) on the bridge's host-side address only: reachable from
     this machine and from the pods on the bridge, from nowhere else."""
-    from tests.servers.versitygw import start_versitygw
+    from testbed.versitygw import start_versitygw
 
     root = tmp_path_factory.mktemp("gateway-s3")
     with start_versitygw(GATEWAY, root=root / "buckets", log=root / "server.log") as s3:
@@ -160,8 +160,8 @@ def functions_kubeconfig(
 @pytest.fixture(scope="session")
 def gateway_registry(cluster: Cluster) -> Iterator[str]:
     """A registry on the gateway that is down, busy or refusing on demand
-    (``tests/servers/registry_stub.py``), which the kubelet may pull from over plain HTTP."""
-    from tests.servers.registry_stub import registry_stub
+    (``testbed/registry_stub.py``), which the kubelet may pull from over plain HTTP."""
+    from testbed.registry_stub import registry_stub
 
     with registry_stub(GATEWAY) as address:
         cluster.allow_plain_http_registry(address)

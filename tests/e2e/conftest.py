@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import requests
 
+from testbed.process import free_port
 from tests.images import build_test_resource
-from tests.servers.process import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CANARY = "canary-7d3f9b2e-do-not-leak"
@@ -26,9 +26,9 @@ E2E_CACHE_SECRET = "e2e-cache-secret"
 
 @pytest.fixture(scope="session")
 def registry():
-    """A registry that is down, busy or refusing on demand (``tests/servers/registry_stub.py``):
+    """A registry that is down, busy or refusing on demand (``testbed/registry_stub.py``):
     the "missing" type's image is one it does not know."""
-    from tests.servers.registry_stub import registry_stub
+    from testbed.registry_stub import registry_stub
 
     with registry_stub() as address:
         yield address

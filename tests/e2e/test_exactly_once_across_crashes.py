@@ -22,20 +22,10 @@ from functions.protocol import MAX_STDERR_BYTES, stdin_payload
 from functions.runtimes.container import ContainerConfig, ContainerRuntime
 from storage import open_store
 from storage.archive import ArchiveOptions, Limits
-from tests.e2e.conftest import _wait_for, resource_types, start_services
+from tests.e2e.conftest import _wait_for, start_services
+from tests.e2e.engine import containers_of, service_env, wait_running
 from tests.e2e.events import request_event, send
 from tests.runs import run_of
-
-
-def service_env(docker_host: str, image: str, tmp_path) -> dict[str, str]:
-    (tmp_path / "store").mkdir(exist_ok=True)
-    return {
-        "DOCKER_HOST": docker_host,
-        "RESOURCE_TYPES": resource_types(image),
-        "CACHE_SECRET": "e2e",
-        "STORE_URL": (tmp_path / "store").as_uri(),
-        "WORK_DIR": str(tmp_path),
-    }
 
 
 def starts(docker_host: str, run: str, since: float) -> int:
@@ -67,21 +57,6 @@ def _logged_starts(docker_host: str, run: str, since: float) -> int:
     )
     response.raise_for_status()
     return b"".join(response.iter_content(65536)).decode().count('"status":"start"')
-
-
-def containers_of(docker_host: str, run: str, **filters: str) -> list[Any]:
-    return docker.DockerClient(base_url=docker_host).containers.list(
-        all=True, filters={"label": f"run-id={run}", **filters}
-    )
-
-
-def wait_running(docker_host: str, run: str) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if containers_of(docker_host, run, status="running"):
-            return
-        time.sleep(0.2)
-    pytest.fail("the run's container never started")
 
 
 def container_left(docker_host: str, run: str) -> bool:

@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 
 from storage import open_store
+from testbed.process import free_port
 from tests.e2e.conftest import Services, start_services
 from tests.e2e.events import request_event, send
 from tests.fidelity_resources import git_repo_resource, unpack_artifact
-from tests.servers.process import free_port
 
 LINKS = {
     "ca.crt": "/etc/ssl/certs/ca-certificates.crt",  # absolute, as repositories commit them
