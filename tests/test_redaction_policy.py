@@ -95,10 +95,11 @@ def test_the_userinfo_of_any_url_in_any_string() -> None:
         "mirrors": ["see https://x-access-token:ghs_abcdef123456@github.com/o/r please"],
         "plain": "ssh://git.example.com/r.git",
         "token_as_user": "https://ghp_tokenvalue1234@github.com/o/r",
+        "odd_scheme": "9git+ssh://deploy:k3y-value@host/r",
     }
     found = values(source)
     assert {"ci-bot:p%40ss-w0rd", "ci-bot:p@ss-w0rd", "p%40ss-w0rd", "p@ss-w0rd"} <= found
-    assert {"ghs_abcdef123456", "ghp_tokenvalue1234"} <= found
+    assert {"ghs_abcdef123456", "ghp_tokenvalue1234", "k3y-value"} <= found
     log = "fatal: unable to access 'https://ci-bot:p%40ss-w0rd@git.example.com/r.git/'"
     shown = Redactor(found).redact_text(log)
     assert shown == f"fatal: unable to access 'https://{REDACTED}@git.example.com/r.git/'"

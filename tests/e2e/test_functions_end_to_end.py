@@ -366,7 +366,7 @@ def secret_forms():
 
 
 def test_a_script_echoing_its_stdin_leaks_no_secret_in_any_encoding(deployment):
-    source = {"mode": "echo", "password": HOSTILE, "pin": PIN, "lang": "é"}
+    source = {"mode": "echo", "password": HOSTILE, "pin_token": PIN, "lang": "é"}
     event = request_event("check", {"type": "test", "source": source})
     status, reply, _ = send(deployment.services.urls["check"], event)
     assert status == 200 and reply.get_type() == "dev.resourcefunctions.check.failed"
