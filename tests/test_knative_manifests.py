@@ -32,6 +32,9 @@ import pytest
 import yaml
 from kubernetes_validate.utils import latest_version, major_minor
 
+from tests.job_plans import make_plan
+from tests.strict_schema import strict_schema
+
 REPO = Path(__file__).resolve().parents[1]
 KNATIVE = REPO / "knative"
 SCHEMAS_DIR = Path(
@@ -336,36 +339,6 @@ def test_latest_kubernetes_version_is_recent() -> None:
 # --- Knative kinds: CRD schemas ----------------------------------------------------------
 
 
-def _strict_schema(node: Any) -> Any:
-    """Reject fields a CRD schema does not document, wherever it lists properties.
-
-    Without x-kubernetes-preserve-unknown-fields the API server prunes unknown fields
-    (kubectl's strict field validation makes that an error). Where a CRD does preserve
-    them (Trigger.spec, delivery: room for experimental features) the cluster keeps a
-    typo and ignores it: a misspelled `filter` makes a Trigger match every event, replies
-    included. These manifests use documented fields only, so both cases are errors here.
-    """
-    if isinstance(node, list):
-        return [_strict_schema(item) for item in node]
-    if not isinstance(node, dict):
-        return node
-    out = dict(node)
-    if "properties" in out:
-        out["properties"] = {k: _strict_schema(v) for k, v in out["properties"].items()}
-        if out.get("x-kubernetes-preserve-unknown-fields") and "backoffDelay" in out["properties"]:
-            # A delivery spec: its `timeout` (feature delivery-timeout, enabled by default in
-            # config-features) is documented but kept out of the CRD schema.
-            out["properties"]["timeout"] = {"type": "string", "pattern": r"^PT[0-9.]+[HMS]"}
-        out.setdefault("additionalProperties", False)
-    for key in ("items", "additionalProperties", "not"):
-        if isinstance(out.get(key), dict):
-            out[key] = _strict_schema(out[key])
-    for key in ("allOf", "anyOf", "oneOf"):
-        if isinstance(out.get(key), list):
-            out[key] = _strict_schema(out[key])
-    return out
-
-
 @functools.cache
 def load_knative_schemas() -> dict[tuple[str, str], dict]:
     """(apiVersion, kind) -> strict JSON schema of every served CRD version.
@@ -392,7 +365,7 @@ def load_knative_schemas() -> dict[tuple[str, str], dict]:
             if not version.get("served"):
                 continue
             api_version = f"{group}/{version['name']}"
-            schema = _strict_schema(copy.deepcopy(version["schema"]["openAPIV3Schema"]))
+            schema = strict_schema(copy.deepcopy(version["schema"]["openAPIV3Schema"]))
             # The API server itself handles these three on every object.
             schema.setdefault("properties", {}).update(
                 apiVersion={"const": api_version},
@@ -611,7 +584,6 @@ def test_no_sinkbinding_reaches_task_pods() -> None:
     """A SinkBinding on Jobs would give K_SINK to every container of a task pod, the
     resource's included: the pod spec gives it to collect alone (test_pod_spec)."""
     from functions.runtimes.podspec import labels
-    from tests.test_pod_spec import make_plan
 
     task_labels = labels(make_plan())
     for binding in _all("SinkBinding"):

@@ -2,9 +2,10 @@
 
 options   formats, key suffixes, ArchiveOptions, Limits (imports no other module here)
 safety    checks on names, links, kinds and sizes of entries (hostile input assumed)
+xattrs    which extended attributes are kept, and how they travel in PAX records
 pipe      a background producer thread feeding a pipe, read as a stream
-pack      a directory as a tar stream
-extract   writing checked entries below a directory, never following links out of it
+pack      a directory as a tar stream, reading nothing through a link
+extract   writing checked entries below a directory, never through a link
 stream    pack() and unpack(): compression, digests, the two ends put together
 """
 
