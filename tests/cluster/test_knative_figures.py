@@ -347,6 +347,39 @@ def api_requests(entries: list[dict]) -> tuple[Counter, int, int]:
     return counts, most, len({e["any"]["sourceIPs"][0] for e in by_id.values()})
 
 
+def where_gets_waited(
+    gets: list, got: list[tuple[float, float]], by_run: dict[str, dict], pods: list[dict]
+) -> list[str]:
+    """Each get's time split where the cluster records it (to the second): POST → its Job
+    created (Broker, Trigger, function, retries), Job → its pod scheduled (the Job controller,
+    the scheduler waiting for room on the node), scheduled → reply at the sink (the pod and
+    the reply); medians, and the slowest gets one by one."""
+    pod_of = {(p["metadata"].get("labels") or {}).get("job-name"): p for p in pods}
+    rows = []
+    for event, (posted, latency) in zip(gets, got, strict=True):
+        job = by_run[run_of_event(event, "get")]
+        pod = pod_of.get(job["metadata"]["name"])
+        conditions = {c["type"]: c for c in (pod or {}).get("status", {}).get("conditions") or []}
+        if "PodScheduled" not in conditions:
+            continue  # its pod is gone (the Job's TTL): nothing to split
+        created = stamp(job["metadata"]["creationTimestamp"])
+        scheduled = stamp(conditions["PodScheduled"]["lastTransitionTime"])
+        start = wall(posted)
+        rows.append((latency, created - start, scheduled - created, start + latency - scheduled))
+    if not rows:
+        return ["gets by phase: no pod left to read"]
+    names = ("POST → Job created", "Job → pod scheduled", "scheduled → reply at the sink")
+    lines = [
+        f"gets by phase ({len(rows)} with their pod), medians: "
+        + ", ".join(f"{n} {median(r[i + 1] for r in rows):.1f} s" for i, n in enumerate(names))
+    ]
+    slowest = sorted(rows, reverse=True)[: max(1, len(rows) // 20)]
+    for total, *parts in slowest:
+        split = ", ".join(f"{n} {v:.0f} s" for n, v in zip(names, parts, strict=True))
+        lines.append(f"  slow get, {total:.0f} s: {split}")
+    return lines
+
+
 def function_memory(d) -> list[str]:
     """Each function pod's peak memory: the largest VmHWM (peak RSS) of its processes (the
     gunicorn worker), their sum, and its memory cgroup's max_usage_in_bytes (page cache
@@ -477,6 +510,7 @@ def test_many_runs_at_once(sink_retries, unenforced, capsys):
             + f"at most {most_watches} open at once, from {replicas} function replicas",
             f"reply events delivered again (same id): {redelivered}; stdin Secrets left to "
             + f"their Job's TTL: {len(left)} of {len(jobs)}",
+            *where_gets_waited(gets, got, by_run, pods["items"]),
             *memory,
         ],
     )
