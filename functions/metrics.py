@@ -56,7 +56,9 @@ class Metrics:
         self.phase_duration = Histogram(
             "resource_function_run_phase_seconds",
             "Time resource runs spent per phase (image_pull, stage, create, script, output, "
-            "upload, history, store; the kubernetes runtime: launch, pod, result)",
+            "upload, history, store; the kubernetes runtime: launch, pod, result, and inside "
+            "the pod, as its collect step reports them: script, collect_start, collect_import, "
+            "upload, history, store, reply)",
             ["action", "phase"],
             buckets=PHASE_BUCKETS,
             registry=self.registry,

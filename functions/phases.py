@@ -27,6 +27,10 @@ class PhaseClock:
         finally:
             self._phases.append(Phase(name, start, time.time_ns()))
 
+    @property
+    def phases(self) -> tuple[Phase, ...]:
+        return tuple(self._phases)
+
     def attach(self, outcome: Outcome) -> Outcome:
         return replace(outcome, phases=(*outcome.phases, *self._phases))
 

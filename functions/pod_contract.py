@@ -9,6 +9,7 @@ Layout of the shared build volume (``BUILD_DIR``)::
     /tmp/build/.task/           what the resource step leaves for collect:
         stage-error             stage's message when an input is missing or unsafe
         stdout, stderr          the script's output streams
+        started                 empty; made as the script starts (its mtime: the start)
         exit-code               the script's exit code (TIMED_OUT_EXIT_CODE after a timeout)
         timed-out               the timeout in whole seconds, if the watchdog stopped it
     /secret/stdin               the stdin payload (a Secret), read by resource and collect
@@ -38,6 +39,7 @@ from functions.model import (
     FailureKind,
     HistoryPlan,
     LeaseHold,
+    Phase,
     TraceContext,
 )
 from functions.tracing import trace_context
@@ -64,6 +66,7 @@ STAGE_ERROR_FILE = "stage-error"
 STDOUT_FILE = "stdout"
 STDERR_FILE = "stderr"
 EXIT_CODE_FILE = "exit-code"
+STARTED_FILE = "started"
 TIMED_OUT_FILE = "timed-out"  # holding the timeout: the watchdog stopped the script
 TIMED_OUT_EXIT_CODE = 124
 KILL_AFTER_SECONDS = 2  # from SIGTERM to SIGKILL when the script overruns
@@ -133,6 +136,44 @@ class StepFailure:
         if not isinstance(retryable, bool) or not isinstance(message, str):
             return None
         return cls(kind=body["kind"], retryable=retryable, message=message)
+
+
+# Where a task pod spent its time (``StepTimings``): the resource script (from the resource
+# step's marker files), from its end to the collect process's start (the kubelet starting the
+# container), from there to collect's main (the interpreter and its imports), then collect's
+# own steps. Metric label values: a fixed set.
+POD_PHASES = ("script", "collect_start", "collect_import", "upload", "history", "store", "reply")
+
+
+@dataclass(frozen=True)
+class StepTimings:
+    """A successful collect's termination message (JSON): the pod's ``POD_PHASES`` with
+    wall-clock nanoseconds (the node's clock), read by the function into the run's phases."""
+
+    phases: tuple[Phase, ...]
+
+    def termination_message(self) -> str:
+        return json.dumps({"phases": [[p.name, p.start_ns, p.end_ns] for p in self.phases]})
+
+    @classmethod
+    def parse(cls, text: str) -> StepTimings | None:
+        """The timings collect reported, or None if ``text`` is not that."""
+        try:
+            body = json.loads(text)
+        except ValueError:
+            return None
+        listed = body.get("phases") if isinstance(body, dict) else None
+        if not isinstance(listed, list):
+            return None
+        phases = []
+        for item in listed:
+            if not (isinstance(item, list) and len(item) == 3 and item[0] in POD_PHASES):
+                return None
+            name, start, end = item
+            if not (type(start) is int and type(end) is int and 0 < start <= end):
+                return None
+            phases.append(Phase(name, start, end))
+        return cls(tuple(phases))
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import requests
@@ -29,10 +30,11 @@ class RelayToken:
     token: str = field(repr=False)
 
 
-def _session(attempts: int) -> requests.Session:
+def session(attempts: int = 5) -> requests.Session:
     """A session that retries connection errors and RETRYABLE answers with exponential
     backoff (0.5 s, 1 s, 2 s, …), honouring Retry-After. POST is retried: the reply event
-    carries its id, and sinks (the Broker) de-duplicate or tolerate redelivery."""
+    carries its id, and sinks (the Broker) de-duplicate or tolerate redelivery. Its pool
+    keeps the connection (and the name's lookup) for the next event to the same sink."""
     retry = Retry(
         total=attempts - 1,
         backoff_factor=0.5,
@@ -40,11 +42,11 @@ def _session(attempts: int) -> requests.Session:
         allowed_methods=frozenset({"POST"}),
         raise_on_status=False,
     )
-    session = requests.Session()
+    made = requests.Session()
     adapter = HTTPAdapter(max_retries=retry)
-    session.mount("http://", adapter)
-    session.mount("https://", adapter)
-    return session
+    made.mount("http://", adapter)
+    made.mount("https://", adapter)
+    return made
 
 
 def post_reply(
@@ -54,16 +56,18 @@ def post_reply(
     attempts: int = 5,
     timeout: float = 30,
     token: RelayToken | None = None,
+    through: requests.Session | None = None,
 ) -> None:
     """POST the event in binary mode; retry transient failures. Raises ``SinkRefused``
     (its cause the ``requests`` error) when the sink will not take it. ``token``: the run's
-    reply token, for the reply relay (``functions.http.reply_relay``)."""
+    reply token, for the reply relay (``functions.http.reply_relay``). ``through``: a
+    ``session`` to post with (its retries then apply), else one of ``attempts``."""
     headers, body = to_http(event)
     if token is not None:
         headers = {**headers, RUN_HEADER: token.run, "Authorization": f"Bearer {token.token}"}
-    with _session(attempts) as session:
+    with nullcontext(through) if through is not None else session(attempts) as used:
         try:
-            response = session.post(sink, headers=headers, data=body, timeout=timeout)
+            response = used.post(sink, headers=headers, data=body, timeout=timeout)
         except requests.RequestException as err:
             raise SinkRefused(f"sink {sink} unreachable: {err}") from err
     if response.status_code >= 300:
@@ -71,9 +75,11 @@ def post_reply(
 
 
 def post_events(sink: str, events: Sequence[CloudEvent], token: RelayToken | None = None) -> None:
-    """POST each event in order (``post_reply``); stops at the first ``SinkRefused``."""
-    for event in events:
-        post_reply(sink, event, token=token)
+    """POST each event in order (``post_reply``), over one connection; stops at the first
+    ``SinkRefused``."""
+    with session() as used:
+        for event in events:
+            post_reply(sink, event, token=token, through=used)
 
 
 def post_outcome(sink: str, task: Task, outcome: Outcome) -> None:

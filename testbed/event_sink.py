@@ -18,6 +18,7 @@ class EventSink:
     url: str
     received: queue.Queue[CloudEvent] = field(default_factory=queue.Queue)
     bodies: list[bytes] = field(default_factory=list)  # raw, to look for leaked secrets
+    peers: list[tuple[str, int]] = field(default_factory=list)  # each connection's client
     status: int = 202  # what it answers; set >= 300 to refuse
 
     def drain(self) -> list[CloudEvent]:
@@ -33,6 +34,12 @@ def event_sink() -> Iterator[EventSink]:
     sink = EventSink(url="")
 
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as the Broker's ingress
+
+        def setup(self) -> None:
+            super().setup()
+            sink.peers.append(self.client_address)
+
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers["Content-Length"]))
             if sink.status < 300:

@@ -83,6 +83,7 @@ def make_runtime(api: Any, store: Any) -> Iterator[Callable[..., KubernetesRunti
     yield make
     for runtime in made:
         runtime._closed.set()  # background followers stop; the fixture closes the client
+        runtime._pods.close()  # and so does the pod watch
 
 
 def make_task(
@@ -300,11 +301,13 @@ def finish(
     delay: float = 0.0,
     files: dict[str, bytes] | None = None,
     after_collect: Callable[[], None] = lambda: None,
+    termination: Path | None = None,
 ) -> Callable[[Node], None]:
     """A node script: the pod runs, the resource step ends with ``exit_code``, collect runs
     for real and the Job completes. ``seen`` receives the Job and Secret as created;
     ``files`` are more files the resource step left in .task/; ``after_collect`` runs once
-    collect has exited, before the pod's end shows."""
+    collect has exited, before the pod's end shows; ``termination``: collect's termination
+    message file, shown in its container status as the kubelet does."""
 
     def script(node: Node) -> None:
         job = node.wait_job()
@@ -320,19 +323,20 @@ def finish(
             [container_status("resource", terminated())],
             [container_status("collect", RUNNING)],
         )
-        task_files = {
-            "exit-code": f"{exit_code}\n".encode(),
+        task_files = {  # in the order the resource step writes them
+            **(files or {}),
             "stdout": stdout,
             "stderr": stderr,
-            **(files or {}),
+            "exit-code": f"{exit_code}\n".encode(),
         }
         assert node.run_step(job, "collect", secret, task_files, output) == 0
         after_collect()
+        message = termination.read_text() if termination else None
         node.pod_status(
             pod,
             "Succeeded",
             [container_status("resource", terminated())],
-            [container_status("collect", terminated())],
+            [container_status("collect", terminated(0, message))],
         )
         node.job_condition(job, "Complete")
 
@@ -422,6 +426,32 @@ def test_get_succeeds_and_its_artifact_is_in_the_store(
     kubernetes_validate.validate(seen["job"], "1.37", strict=True)
     # Coarser than the local runtime's: what happens inside the pod is one phase.
     assert [phase.name for phase in outcome.phases] == ["launch", "pod", "result"]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_the_pods_own_phases_join_the_runs(
+    make_runtime: Any,
+    node: Node,
+    termination: Path,
+    sink: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    mode: str,
+) -> None:
+    """What collect reports in its termination message (``StepTimings``) joins the run's
+    phases, synchronous or not: they reach the phase histogram and the run's log line."""
+    script = finish(output={"f": b"x"}, files={"started": b""}, termination=termination)
+    thread = node.play(script)
+    if mode == "sync":
+        outcome = make_runtime().run(make_task("get"))
+    else:
+        monkeypatch.setenv("K_SINK", sink[0])  # collect replies
+        ended: list[Any] = []
+        make_runtime(sink=sink[0]).start(make_task("get"), ended=ended.append)
+        outcome = wait_for(lambda: ended)[0]
+    node.check(thread)
+    names = [phase.name for phase in outcome.phases]
+    assert names[:2] == ["script", "collect_import"] and "upload" in names and "store" in names
+    assert names[-3:] == ["launch", "pod", "result"]
 
 
 def test_secret_is_owned_by_the_job_and_deleted_after_completion(

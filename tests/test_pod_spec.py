@@ -507,6 +507,9 @@ def test_resource_step_records_output_streams_and_exit_code(chroot: Path) -> Non
     task = chroot / "tmp/build/.task"
     assert (task / "exit-code").read_text() == "0\n"
     assert json.loads((task / "stdout").read_text()) == {"version": {"ref": "abc"}}
+    # The script's start and end, for collect's timings (StepTimings).
+    assert (task / "started").read_bytes() == b""
+    assert (task / "started").stat().st_mtime_ns <= (task / "exit-code").stat().st_mtime_ns
     stderr = (task / "stderr").read_text()
     assert "in: dir=/tmp/build/get args=1" in stderr and CANARY in stderr  # stdin arrived
     private = chroot / "tmp/build/get/sub/private"

@@ -4,9 +4,11 @@ each records, and its exit status (0 = outcome recorded, whatever it says)."""
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import os
 import stat
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -14,8 +16,8 @@ from typing import Any
 import pytest
 
 from functions import cli, keys, steps
-from functions.model import ArtifactRef, HistoryPlan, TraceContext
-from functions.pod_contract import CollectStep, ReplyPlan, StageStep, StepFailure
+from functions.model import ArtifactRef, HistoryPlan, Phase, TraceContext
+from functions.pod_contract import CollectStep, ReplyPlan, StageStep, StepFailure, StepTimings
 from functions.redaction import secret_values
 from functions.task import in_pod, untrusted_files
 from functions.task.step_settings import StepSettings
@@ -343,3 +345,61 @@ def test_an_unmounted_store_secret_makes_the_step_retry(
     step = CollectStep(run_id=RUN, action="check", build_dir=str(tmp_path))
     assert cli.main(step.argv()) == 1
     assert reported(termination)[:2] == ("storage", True)
+
+
+def test_a_successful_collect_reports_where_the_pod_spent_its_time(
+    store: Any, build: Path, termination: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its termination message: the script (the resource step's marker files), the
+    interpreter's start and collect's own steps, on the wall clock, in order."""
+    (build / ".task/started").write_text("")
+    (build / ".task/exit-code").write_text("0\n")
+    (build / ".task/stdout").write_text('{"version": {"ref": "1"}}')
+    (build / "get").mkdir()
+    (build / "get/f").write_text("x")
+    now = time.time_ns()
+    os.utime(build / ".task/started", ns=(now - 3_000_000_000, now - 3_000_000_000))
+    os.utime(build / ".task/exit-code", ns=(now - 1_000_000_000, now - 1_000_000_000))
+    with event_sink() as sink:
+        monkeypatch.setenv("K_SINK", sink.url)
+        assert collect(build, "get", cache_key=uuid.uuid4().hex * 2, reply=ReplyPlan("r1")) == 0
+    timings = StepTimings.parse(termination.read_text())
+    assert timings is not None, termination.read_text()
+    names = [phase.name for phase in timings.phases]
+    # This process started long before the script ended: no collect_start to report.
+    assert names == ["script", "collect_import", "upload", "store", "reply"]
+    script = timings.phases[0]
+    assert (script.start_ns, script.end_ns) == (now - 3_000_000_000, now - 1_000_000_000)
+    assert all(a.end_ns <= b.start_ns for a, b in itertools.pairwise(timings.phases[1:]))
+
+
+@pytest.mark.parametrize("hostile", ["link", "future"])
+def test_timings_the_resource_step_could_have_forged_are_left_out(
+    store: Any, build: Path, termination: Path, hostile: str
+) -> None:
+    (build / ".task/exit-code").write_text("0\n")
+    (build / ".task/stdout").write_text('[{"ref": "1"}]')
+    if hostile == "link":
+        (build / ".task/started").symlink_to("/proc/self/environ")
+    else:
+        (build / ".task/started").write_text("")
+        later = time.time_ns() + 3600 * 10**9
+        os.utime(build / ".task/exit-code", ns=(later, later))
+    assert collect(build) == 0
+    timings = StepTimings.parse(termination.read_text())
+    assert timings is not None and "script" not in [p.name for p in timings.phases]
+
+
+def test_step_timings_parse_only_what_collect_writes() -> None:
+    good = StepTimings((Phase("script", 1, 2), Phase("store", 2, 5)))
+    assert StepTimings.parse(good.termination_message()) == good
+    for text in (
+        '{"phases": [["anything", 1, 2]]}',  # a label value the metrics do not know
+        '{"phases": [["script", 2, 1]]}',
+        '{"phases": [["script", 1.5, 2]]}',
+        '{"phases": [["script", true, 2]]}',
+        '{"phases": {}}',
+        '{"kind": "storage", "retryable": true, "message": "x"}',
+        "not json",
+    ):
+        assert StepTimings.parse(text) is None, text

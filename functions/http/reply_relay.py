@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import hmac
 import logging
+import threading
 from typing import Any
 
+import requests
 from cloudevents.core.v1.event import CloudEvent
 from flask import Flask, request
 
@@ -27,9 +29,19 @@ from functions.errors import InvalidRequest, SinkRefused
 from functions.logs import fields
 from functions.model import ACTIONS
 from functions.replies import DISCOVERED_TYPE, reply_id, reply_type
-from functions.sink import RUN_HEADER, post_reply
+from functions.sink import RUN_HEADER, post_reply, session
 
 log = logging.getLogger("functions.http.reply_relay")
+# One session per request thread, kept: its connection to the Broker (and the name's lookup)
+# serves the next events. Single attempt: collect retries a 503 with its own backoff.
+_sessions = threading.local()
+
+
+def _session() -> requests.Session:
+    made = getattr(_sessions, "session", None)
+    if made is None:
+        made = _sessions.session = session(attempts=1)
+    return made
 
 
 def create_relay_app(secret: bytes, sink: str) -> Flask:
@@ -57,7 +69,7 @@ def _relay(secret: bytes, sink: str) -> tuple[dict[str, Any], int]:
     if not sink:
         return _refused(503, "unavailable", "the relay has no K_SINK to forward to")
     try:
-        post_reply(sink, event, attempts=1)  # collect retries a 503 with its own backoff
+        post_reply(sink, event, through=_session())
     except SinkRefused as err:
         return _refused(503, "unavailable", str(err))
     log.info("relayed", extra=fields(run_id=run, type=event.get_type(), id=event.get_id()))

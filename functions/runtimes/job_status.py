@@ -26,8 +26,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from functions.errors import pull_is_transient
-from functions.model import FailureKind
-from functions.pod_contract import StepFailure
+from functions.model import FailureKind, Phase
+from functions.pod_contract import StepFailure, StepTimings
 
 PULL_FAILURES = frozenset(
     {
@@ -132,6 +132,19 @@ def pod_started(pods: Iterable[dict[str, Any]]) -> bool:
         for pod in pods
         for container in _container_statuses(pod.get("status") or {})
     )
+
+
+def pod_phases(pods: Iterable[dict[str, Any]]) -> tuple[Phase, ...]:
+    """Where the task's pod spent its time, as its collect step reported on success
+    (``StepTimings``); none if it did not."""
+    for pod in pods:
+        for container in _container_statuses(pod.get("status") or {}):
+            ended = (container.get("state") or {}).get("terminated") or {}
+            if container.get("name") == "collect" and ended.get("exitCode") == 0:
+                timings = StepTimings.parse(ended.get("message") or "")
+                if timings is not None:
+                    return timings.phases
+    return ()
 
 
 def is_finished(job: dict[str, Any]) -> bool:

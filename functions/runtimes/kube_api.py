@@ -115,26 +115,26 @@ class KubeApi:
         except NotFound:
             pass
 
-    def list_pods(self, job: str, uid: str = "") -> tuple[dict[str, dict[str, Any]], str]:
-        """The pods of Job ``job`` (of that ``uid``, if given) by name, and the list's
+    def list_pods(self, selector: str) -> tuple[list[dict[str, Any]], str]:
+        """The pods of the namespace with labels ``selector``, and the list's
         resourceVersion to watch from."""
-        body = self._json(
-            "list", "pods", self._core.list_namespaced_pod, label_selector=f"job-name={job}"
-        )
-        pods = {p["metadata"]["name"]: p for p in body.get("items") or [] if belongs(p, job, uid)}
-        return pods, (body.get("metadata") or {}).get("resourceVersion") or ""
+        body = self._json("list", "pods", self._core.list_namespaced_pod, label_selector=selector)
+        return list(body.get("items") or []), (body.get("metadata") or {}).get(
+            "resourceVersion"
+        ) or ""
 
     def watch_pods(
-        self, job: str, version: str, seconds: float
+        self, selector: str, version: str, seconds: float
     ) -> Generator[dict[str, Any], None, None]:
-        """Pod events until the watch expires (the server's timeout, or no data for a while
-        longer: then it just ends). Raises ``Gone`` when ``version`` is too old."""
+        """Events of the pods with labels ``selector`` until the watch expires (the server's
+        timeout, or no data for a while longer: then it just ends). Raises ``Gone`` when
+        ``version`` is too old."""
         response = self._call(
             "watch",
             "pods",
             self._core.list_namespaced_pod,
             self.namespace,
-            label_selector=f"job-name={job}",
+            label_selector=selector,
             watch=True,
             allow_watch_bookmarks=True,
             resource_version=version or None,

@@ -2,8 +2,9 @@
 
 ``run`` creates the Job (named from the run id, so a redelivered request finds it and waits
 on it instead of starting another), then the stdin Secret owned by the Job, then follows the
-Job's pod until a verdict (``job_status.judge``): fails fast on image-pull errors, deletes the
-Job on timeout, reads ``results/<run-id>.json`` that ``collect`` stored on completion.
+Job's pod until a verdict (``job_status.judge``), as one watch of the task pods shared by every
+run of the runtime sees it (``pod_watch``): fails fast on image-pull errors, deletes the Job on
+timeout, reads ``results/<run-id>.json`` that ``collect`` stored on completion.
 Failures that only the function sees (image pull, timeout, a failed or vanished Job) are
 recorded with ``records.record_outcome`` so a redelivery replays them. A step that could not
 reach the store is not a failure of the request: the Job and its Secret are deleted, nothing
@@ -23,14 +24,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from functions import keys, lease, records
 from functions.errors import (
     Conflict,
-    Gone,
     KubeApiError,
     NotFound,
     Rejected,
@@ -43,16 +43,19 @@ from functions.logs import fields
 from functions.model import FailureKind, Outcome, Task
 from functions.outcome import failed, final_failure, task_deadline
 from functions.phases import PhaseClock, timed
+from functions.pod_contract import MANAGED_BY
 from functions.runtimes import Ended, podspec
 from functions.runtimes.background import BackgroundRuns, report_end
-from functions.runtimes.job_status import Verdict, is_finished, judge, pod_started, started_at
-from functions.runtimes.kube_api import (
-    KubeApi,
-    api_client_from_env,
-    belongs,
-    owner_uids,
-    uid_of,
+from functions.runtimes.job_status import (
+    Verdict,
+    is_finished,
+    judge,
+    pod_phases,
+    pod_started,
+    started_at,
 )
+from functions.runtimes.kube_api import KubeApi, api_client_from_env, owner_uids, uid_of
+from functions.runtimes.pod_watch import Pods, PodWatch
 from functions.runtimes.podspec import JobPlan, KubernetesConfig, plan_for
 from functions.sink import post_outcome
 from storage import Store
@@ -62,6 +65,7 @@ if TYPE_CHECKING:
     from functions.settings import Settings
 
 log = logging.getLogger("functions.kubernetes")
+TASK_PODS = f"app.kubernetes.io/managed-by={MANAGED_BY}"  # the shared watch's label selector
 
 
 class TaskUnavailable(Unavailable):
@@ -96,6 +100,7 @@ class KubernetesRuntime:
         self._following: set[str] = set()
         self._waiting: set[str] = set()  # run ids whose Job's pod has not started
         self._background = BackgroundRuns("follow")
+        self._pods = PodWatch(self._api, TASK_PODS, config.watch_seconds)
 
     @classmethod
     def from_settings(cls, settings: Settings, store: Store) -> KubernetesRuntime:
@@ -109,14 +114,15 @@ class KubernetesRuntime:
         """Stop following asynchronous tasks (``collect`` replies for them) and wait until
         the followers have ended (at most one watch request, ``watch_seconds``)."""
         self._closed.set()
+        self._pods.close()
         self._background.close()
         self._api.close()
 
     def run(self, task: Task) -> Outcome:
-        """Run the task's Job (or attach to it) and return its stored outcome. Its phases
-        are coarser than the container runtime's: ``launch`` (Job and Secret), ``pod`` (the
-        pod from scheduling to its end: image pull, stage, script and collect inside it) and
-        ``result`` (reading what collect stored)."""
+        """Run the task's Job (or attach to it) and return its stored outcome. Its phases:
+        ``launch`` (Job and Secret), ``pod`` (the pod from scheduling to its end, as seen
+        here), ``result`` (reading what collect stored) and, inside ``pod``, those collect
+        reported (``pod_contract.POD_PHASES``, on the node's clock)."""
         plan = plan_for(task, self._config, self._store.url, reply=False)
         clock = PhaseClock()
         try:
@@ -139,8 +145,10 @@ class KubernetesRuntime:
     def start(self, task: Task, ended: Ended | None = None) -> None:
         """Create the Job (idempotent) and return; the task posts its own reply."""
         plan = plan_for(task, self._config, self._store.url, reply=True)
+        clock = PhaseClock()
         try:
-            job = self._launch(plan, task)
+            with clock.phase("launch"):
+                job = self._launch(plan, task)
         except Rejected as err:
             outcome = self._rejected(task, plan, err)
             lease.release_held(self._store, task.lease)
@@ -154,7 +162,7 @@ class KubernetesRuntime:
             if task.run_id in self._following:
                 return
             self._following.add(task.run_id)
-        self._background.submit(self._follow_and_reply, task, plan, job, ended)
+        self._background.submit(self._follow_and_reply, task, plan, job, ended, clock)
 
     # --- creating ------------------------------------------------------------------------
 
@@ -230,9 +238,13 @@ class KubernetesRuntime:
     ) -> Settled:
         try:
             with timed(clock, "pod"):
-                verdict = self._follow(plan, job)
+                verdict, pods = self._follow(plan, job)
             with timed(clock, "result"):
                 settled = self._conclude(task, plan, verdict)
+            inside = replace(
+                settled.outcome, phases=(*settled.outcome.phases, *pod_phases(pods.values()))
+            )
+            settled = replace(settled, outcome=inside)
         except StorageError as err:
             settled = Settled(final_failure(task.action, err), by_collect=False)
         except KubeApiError as err:  # none expected while following
@@ -242,68 +254,43 @@ class KubernetesRuntime:
         self._drop_secret(plan)
         return settled
 
-    def _follow(self, plan: JobPlan, job: dict[str, Any]) -> Verdict:
-        """List Job and pods, judge, watch the pods; again on watch expiry or a pod ending."""
+    def _follow(self, plan: JobPlan, job: dict[str, Any]) -> tuple[Verdict, Pods]:
+        """Judge the Job and its pods, as the shared watch sees them, until a verdict (with
+        the pods it was reached on). The
+        Job is read again when a pod failed, went or vanished (then the Job's state decides),
+        and when its pods have not changed for ``watch_seconds`` (a Job deleted or failed
+        without a pod shows no pod event)."""
         budget_end = (started_at(job) or _now()).timestamp() + plan.active_deadline_seconds
         deadline = time.monotonic() + (
             budget_end - _now().timestamp() + self._config.deadline_slack_seconds
         )
         uid = uid_of(job)
-        while True:
-            # Pods first, then the Job: the Job controller marks a Job failed (its deadline)
-            # before it kills the pods, so a pod seen killed comes with the Job's reason.
-            pods, version = self._api.list_pods(plan.job_name, uid)
-            current = self._api.read_job(plan.job_name)
-            if current is not None and uid and uid_of(current) != uid:
-                raise Unavailable(f"task Job {plan.job_name} was replaced while followed")
-            passed = _now().timestamp() >= budget_end
-            self._pod_waits(plan.run_id, not pod_started(pods.values()))
-            verdict = judge(current, pods.values(), deadline_passed=passed)
-            if verdict is None and time.monotonic() >= deadline:
-                verdict = Verdict("timeout")
-            if verdict is not None:
-                return verdict
-            if self._closed.is_set():
-                raise StoppedFollowing("the runtime was closed while following a task")
-            verdict = self._watch(plan, current or {}, pods, version, deadline, uid)
-            if verdict is not None:
-                return verdict
-
-    def _watch(
-        self,
-        plan: JobPlan,
-        job: dict[str, Any],
-        pods: dict[str, dict[str, Any]],
-        version: str,
-        deadline: float,
-        uid: str,
-    ) -> Verdict | None:
-        """Apply pod events to ``pods`` until a verdict, or None to list again (expiry,
-        410 Gone, a pod that failed or vanished: then the Job's state decides)."""
-        seconds = max(0.5, min(self._config.watch_seconds, deadline - time.monotonic()))
-        until = time.monotonic() + seconds
-        events = self._api.watch_pods(plan.job_name, version, seconds)
-        try:
-            for event in events:
-                pod = event.get("object") or {}
-                if event.get("type") == "BOOKMARK" or not belongs(pod, plan.job_name, uid):
-                    continue
-                name = pod["metadata"]["name"]
-                going = (pod.get("metadata") or {}).get("deletionTimestamp")
-                if event.get("type") == "DELETED" or _phase(pod) == "Failed" or going:
-                    # The pod is going (e.g. the Job's deadline passed while an init container
-                    # ran, so it never turns Failed): the Job's state decides; list again.
-                    return None
-                pods[name] = pod
+        current: dict[str, Any] | None = job
+        with self._pods.follow(plan.job_name) as following:
+            while True:
+                pods = following.pods(uid)
+                passed = _now().timestamp() >= budget_end
                 self._pod_waits(plan.run_id, not pod_started(pods.values()))
-                verdict = judge(job, pods.values(), deadline_passed=False)
-                if verdict is not None or time.monotonic() >= until:
-                    return verdict
-        except Gone:
-            return None
-        finally:
-            events.close()  # ends the watch request at once
-        return None
+                verdict = judge(current, pods.values(), deadline_passed=passed)
+                if verdict is None and time.monotonic() >= deadline:
+                    verdict = Verdict("timeout")
+                if verdict is not None:
+                    return verdict, pods
+                if self._closed.is_set():
+                    raise StoppedFollowing("the runtime was closed while following a task")
+                left = min(self._config.watch_seconds, deadline - time.monotonic())
+                changed = following.wait(max(0.5, left))
+                # Pods first, then the Job: the Job controller marks a Job failed (its
+                # deadline) before it kills the pods, so a pod seen killed comes with the
+                # Job's reason.
+                if not changed or _ending(following.pods(uid), pods):
+                    current = self._current_job(plan, uid)
+
+    def _current_job(self, plan: JobPlan, uid: str) -> dict[str, Any] | None:
+        current = self._api.read_job(plan.job_name)
+        if current is not None and uid and uid_of(current) != uid:
+            raise Unavailable(f"task Job {plan.job_name} was replaced while followed")
+        return current
 
     def _conclude(self, task: Task, plan: JobPlan, verdict: Verdict) -> Settled:
         if verdict.kind == "unavailable":
@@ -365,17 +352,23 @@ class KubernetesRuntime:
             log.exception("cannot post the reply", extra=fields(run_id=task.run_id))
 
     def _follow_and_reply(
-        self, task: Task, plan: JobPlan, job: dict[str, Any], ended: Ended | None
+        self,
+        task: Task,
+        plan: JobPlan,
+        job: dict[str, Any],
+        ended: Ended | None,
+        clock: PhaseClock,
     ) -> None:
         """Async tasks: post the failures collect never saw (best effort: the function may
-        be scaled down before the task ends; collect replies for every task it finishes)."""
+        be scaled down before the task ends; collect replies for every task it finishes).
+        The run's phases are ``run``'s (``pod``: from when this follower began)."""
         try:
-            settled = self._settle(task, plan, job)
+            settled = self._settle(task, plan, job, clock)
             # The task has ended: collect released an async check's lease if it ran (this is
             # then one read); else the failure is recorded here, or nothing if the store is
             # down (a waiter then runs the check).
             lease.release_held(self._store, task.lease)
-            report_end(ended, task, settled.outcome)
+            report_end(ended, task, clock.attach(settled.outcome))
             if not settled.by_collect:
                 post_outcome(self._config.sink, task, settled.outcome)
         except StoppedFollowing:
@@ -405,6 +398,17 @@ class KubernetesRuntime:
         finally:
             with self._lock:
                 self._following.discard(task.run_id)
+
+
+def _ending(pods: dict[str, dict[str, Any]], before: dict[str, dict[str, Any]]) -> bool:
+    """A pod failed, is going or vanished (e.g. the Job's deadline passed while an init
+    container ran, so it never turns Failed): the Job's state decides."""
+    if set(before) - set(pods):
+        return True
+    return any(
+        _phase(pod) == "Failed" or (pod.get("metadata") or {}).get("deletionTimestamp")
+        for pod in pods.values()
+    )
 
 
 def _phase(pod: dict[str, Any]) -> str:

@@ -42,6 +42,7 @@ from functions.pod_contract import (
     SECRET_DIR,
     SINK_ENV,
     STAGE_ERROR_FILE,
+    STARTED_FILE,
     STDERR_FILE,
     STDIN_FILE,
     STDIN_KEY,
@@ -79,7 +80,8 @@ TERMINATION_GRACE_SECONDS = 5  # the resource step ignores SIGTERM; see pod_spec
 # A watchdog enforces the timeout (TERM, then KILL): the pod lives on, so collect stores the
 # log and reports the timeout (activeDeadlineSeconds, with the margin, is only a backstop).
 # It sleeps 1 s at a time, so once killed nothing of it outlives the step by more than 2 s.
-# The chmod lets the non-root collect step read what the script wrote.
+# The chmod lets the non-root collect step read what the script wrote. The started file's
+# mtime tells collect when the script started (exit-code's, when it ended).
 RESOURCE_SCRIPT = f"""\
 task={TASK_DIR}
 if [ -e "$task/{STAGE_ERROR_FILE}" ]; then exit 0; fi
@@ -88,6 +90,7 @@ script="$1"
 limit="$2"
 shift 2
 if [ "$#" -gt 0 ]; then mkdir -p "$1"; fi
+: >"$task/{STARTED_FILE}"
 "$script" "$@" <{STDIN_FILE} >"$task/{STDOUT_FILE}" 2>"$task/{STDERR_FILE}" &
 pid=$!
 (

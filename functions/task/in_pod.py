@@ -10,8 +10,9 @@ collect: turn what the resource step left in ``.task/`` (exit code, stdout, stde
 cache record, log, result; a check's versions into the resource's history); release an
 asynchronous check's lease (``--lease-key``/``--lease-holder``); for asynchronous
 requests, post the reply (and a check's ``version.discovered`` events) to ``$K_SINK``. Exits 0
-once the outcome is recorded, whatever it says; non-zero only when it could not record or
-post it.
+once the outcome is recorded, whatever it says, with a ``pod_contract.StepTimings`` as its
+termination message (where the pod spent its time, which the function adds to the run's
+phases); non-zero only when it could not record or post it.
 
 A failed step exits 1 and writes a ``pod_contract.StepFailure`` (its kind, whether it is
 retryable as ``errors.classify`` says, its message) as its termination message, which is how
@@ -25,18 +26,21 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from functions import keys, lease, records, steps
 from functions.errors import ConfigError, SinkRefused, classify, is_retryable
-from functions.model import FailureKind, Outcome
+from functions.model import FailureKind, Outcome, Phase
 from functions.outcome import failed, script_timeout
+from functions.phases import PhaseClock
 from functions.pod_contract import (
     EXIT_CODE_FILE,
     REDACT_KEY,
     RESOLVED_KEY,
     STAGE_ERROR_FILE,
+    STARTED_FILE,
     STDERR_FILE,
     STDOUT_FILE,
     TASK_SUBDIR,
@@ -44,6 +48,7 @@ from functions.pod_contract import (
     CollectStep,
     StageStep,
     StepFailure,
+    StepTimings,
 )
 from functions.protocol import MAX_STDIN_BYTES, MAX_STDOUT_BYTES
 from functions.redaction import Redactor
@@ -108,10 +113,11 @@ def _stage_failed(task_dir: Path, message: str) -> int:
 
 def collect_main(args: CollectStep, settings: StepSettings) -> int:
     """Record the outcome (and post the reply); the exit status of the collect container."""
+    entered, clock = time.time_ns(), PhaseClock()
     try:
         store = open_store(settings.store_url, settings.store_options)
         try:
-            outcome = record(store, args, settings.archive)
+            outcome = record(store, args, settings.archive, clock)
         finally:  # recorded, or not at all: either way the check's waiters may go on
             lease.release_held(store, args.lease)
     except StorageError as err:
@@ -119,9 +125,58 @@ def collect_main(args: CollectStep, settings: StepSettings) -> int:
         return report(f"collect: {prefix}", err)
     except (ValueError, OSError) as err:
         return fail(f"collect: cannot record the outcome: {err}")
-    if args.reply is None:
-        return 0
-    return _post(args, outcome, settings.sink, settings.reply_token)
+    if args.reply is not None:
+        with clock.phase("reply"):
+            status = _post(args, outcome, settings.sink, settings.reply_token)
+        if status:
+            return status
+    _report_timings((*startup_phases(args.build_dir, entered), *clock.phases))
+    return 0
+
+
+def startup_phases(build_dir: str, entered: int) -> list[Phase]:
+    """The resource script (its marker files' mtimes), then from its end to this process's
+    start (the kubelet starting the collect container), then to ``entered`` (collect's main:
+    the interpreter and its imports). Those whose ends are known and in order: the resource
+    step may have set its files' times."""
+    try:
+        with untrusted_files.directory(build_dir, TASK_SUBDIR) as task:
+            started = untrusted_files.mtime_ns(task, STARTED_FILE)
+            ended = untrusted_files.mtime_ns(task, EXIT_CODE_FILE)
+    except untrusted_files.UntrustedFile:
+        started = ended = None
+    process = process_start_ns()
+    marks = (
+        ("script", started, ended),
+        ("collect_start", ended, process),
+        ("collect_import", process, entered),
+    )
+    return [
+        Phase(name, start, end)
+        for name, start, end in marks
+        if start is not None and end is not None and 0 < start <= end <= entered
+    ]
+
+
+def process_start_ns() -> int | None:
+    """When this process started, on the wall clock (``/proc/self/stat``: clock ticks since
+    boot, so to 10 ms); None where there is no such file."""
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        ticks = int(stat[stat.rindex(")") + 2 :].split()[19])  # field 22, starttime
+        since_boot = ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+        now_boot = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+        return time.time_ns() - (now_boot - since_boot)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+def _report_timings(phases: tuple[Phase, ...]) -> None:
+    if TERMINATION_LOG.exists():
+        try:
+            TERMINATION_LOG.write_text(StepTimings(phases).termination_message())
+        except OSError:
+            pass
 
 
 @dataclass(frozen=True)
@@ -148,8 +203,11 @@ class ResourceStepFiles:
             )
 
 
-def record(store: Store, args: CollectStep, archive: ArchiveOptions) -> Outcome:
-    """The outcome of what the resource step left behind, stored (first record wins)."""
+def record(
+    store: Store, args: CollectStep, archive: ArchiveOptions, clock: PhaseClock | None = None
+) -> Outcome:
+    """The outcome of what the resource step left behind, stored (first record wins);
+    ``clock`` times the upload and the store writes of a script's outcome."""
     stdin_file = Path(args.stdin_file)
     redactor = Redactor(listed_values(stdin_file.with_name(REDACT_KEY)))
     try:
@@ -189,6 +247,7 @@ def record(store: Store, args: CollectStep, archive: ArchiveOptions) -> Outcome:
         output_dir=Path(args.build_dir) / "get" if args.action == "get" else None,
         redactor=redactor,
         credentials=Redactor(listed_values(stdin_file.with_name(RESOLVED_KEY))),
+        clock=clock,
     )
 
 

@@ -56,6 +56,19 @@ def read_tail(dir_fd: int | None, name: str, limit: int) -> bytes | None:
     return _read(dir_fd, name, limit, tail=True)
 
 
+def mtime_ns(dir_fd: int | None, name: str) -> int | None:
+    """When the regular file ``name`` in ``dir_fd`` was last written (never following a
+    link); None if absent or not a regular file. A number the resource step may have set:
+    for timings only."""
+    if dir_fd is None:
+        return None
+    try:
+        info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return None
+    return info.st_mtime_ns if stat.S_ISREG(info.st_mode) else None
+
+
 def _read(dir_fd: int | None, name: str, limit: int, *, tail: bool) -> bytes | None:
     if dir_fd is None:
         return None

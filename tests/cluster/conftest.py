@@ -348,6 +348,13 @@ def event_sink(cluster: Cluster) -> Iterator[EventSink]:
         sink.close()
 
 
+@pytest.fixture(scope="session")
+def knative_store_prefix() -> str:
+    """The functions' store prefix, one per session: each module applies the same
+    configuration, so function pods that outlive a module serve the next one alike."""
+    return f"knative-{uuid.uuid4().hex[:8]}"
+
+
 @pytest.fixture(scope="module")
 def knative_deployment(
     cluster: Cluster,
@@ -356,6 +363,7 @@ def knative_deployment(
     gateway_s3: GatewayS3,
     event_sink: EventSink,
     network_policies,
+    knative_store_prefix: str,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[KnativeDeployment]:
     """``knative/`` applied as users apply it (``kubectl apply -k``, image and config
@@ -363,7 +371,7 @@ def knative_deployment(
     gateway), plus a Trigger that sends every event of the Broker to the sink; with its
     NetworkPolicies enforced."""
     tmp = tmp_path_factory.mktemp("knative-deployment")
-    prefix = f"knative-{uuid.uuid4().hex[:8]}"
+    prefix = knative_store_prefix
     from tests.cluster.knative import dev_local
 
     overlay = write_overlay(

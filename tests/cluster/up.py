@@ -87,6 +87,10 @@ CORE_PROCS = (
     "kubelet",
 )
 START_TIMEOUT = float(os.environ.get("RF_CLUSTER_START_TIMEOUT", "180"))
+# The API requests the audit log records (``Cluster.audit_log``): the functions' ServiceAccount
+# (knative/rbac.yaml), whose requests per run the load test counts. Nobody else's: the
+# controllers' leader elections alone would write lines every second.
+AUDITED_USERS = ("system:serviceaccount:resource-functions:resource-functions",)
 
 
 class ClusterError(RuntimeError):
@@ -169,6 +173,12 @@ class Cluster:
     @property
     def logs(self) -> Path:
         return self.root / "logs"
+
+    @property
+    def audit_log(self) -> Path:
+        """JSON lines, one per request of ``AUDITED_USERS`` and stage (``ResponseStarted`` for a
+        watch, ``ResponseComplete``), with microsecond timestamps."""
+        return self.logs / "audit.log"
 
     @property
     def admin_kubeconfig(self) -> Path:
@@ -524,6 +534,20 @@ class Cluster:
         )
         self._wait(proc, lambda: requests.get(self.etcd_url + "/health", timeout=1).ok, "healthy")
 
+    def _audit_policy(self) -> Path:
+        policy = {
+            "apiVersion": "audit.k8s.io/v1",
+            "kind": "Policy",
+            "omitStages": ["RequestReceived"],
+            "rules": [
+                {"level": "Metadata", "users": list(AUDITED_USERS)},
+                {"level": "None"},
+            ],
+        }
+        path = self.root / "audit-policy.json"
+        path.write_text(json.dumps(policy))
+        return path
+
     def _apiserver(self) -> None:
         p = self.pki_dir
         proc = self.spawn(
@@ -578,6 +602,14 @@ class Cluster:
                 "SizeBasedListCostEstimate=false",
                 "--cert-dir",
                 str(p / "apiserver-generated"),
+                "--audit-policy-file",
+                str(self._audit_policy()),
+                "--audit-log-path",
+                str(self.audit_log),
+                "--audit-log-format",
+                "json",
+                "--audit-log-mode",
+                "blocking",
             ],
         )
         admin = self.ca.issue("probe-client", "rf-probe", orgs=("system:masters",), client=True)
@@ -846,7 +878,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "imageGCHighThresholdPercent": 100,
             "imageGCLowThresholdPercent": 99,
             "serializeImagePulls": False,
-            "maxPods": 50,
+            "maxPods": 110,  # the kubelet's default: the load test runs 20 Jobs beside Knative
             "syncFrequency": "10s",
             "fileCheckFrequency": "20s",
             "nodeStatusUpdateFrequency": "5s",

@@ -27,6 +27,19 @@ def reply_of(run: str) -> CloudEvent:
     return reply_event(action="get", outcome=outcome, request_id="r", subject=None, run_id=run)
 
 
+def discovered_of(run: str) -> CloudEvent:
+    outcome = Outcome(action="check", data={"versions": [{"ref": "1"}], "new": [{"ref": "1"}]})
+    found, _ = reply_events(
+        action="check",
+        outcome=outcome,
+        request_id="r",
+        subject=None,
+        run_id=run,
+        history=HistoryPlan("k" * 64, 10),
+    )
+    return found
+
+
 def relay(client: Any, event: CloudEvent, run: str = RUN, token: str | None = None) -> Any:
     headers, body = to_http(event)
     headers[RUN_HEADER] = run
@@ -120,9 +133,18 @@ def test_collect_posts_through_the_relay_with_its_token(sink: EventSink) -> None
 
     server = make_server("127.0.0.1", 0, create_relay_app(SECRET, sink.url))
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    found = discovered_of(RUN)
     try:
         url = f"http://127.0.0.1:{server.server_port}"
-        post_events(url, [reply_of(RUN)], RelayToken(RUN, keys.reply_token(SECRET, RUN)))
+        token = RelayToken(RUN, keys.reply_token(SECRET, RUN))
+        post_events(url, [found, reply_of(RUN)], token)
     finally:
         server.shutdown()
-    assert [e.get_id() for e in sink.drain()] == [reply_of(RUN).get_id()]
+    assert [e.get_id() for e in sink.drain()] == [found.get_id(), reply_of(RUN).get_id()]
+    assert len(sink.peers) == 1  # the relay keeps its connection to the Broker
+
+
+def test_a_runs_events_go_over_one_connection(sink: EventSink) -> None:
+    """One connection (one name lookup) for a check's discoveries and its reply."""
+    post_events(sink.url, [discovered_of(RUN), discovered_of(RUN), reply_of(RUN)])
+    assert len(sink.drain()) == 3 and len(sink.peers) == 1

@@ -1,0 +1,192 @@
+"""One watch of the task pods per runtime, shared by every run it follows.
+
+A thread lists the pods of the task namespace that carry the task label (``selector``),
+then watches them from the list's resourceVersion, and again: after each watch request
+(``seconds`` long, so the view is rebuilt from a list that often), after 410 Gone, and after an
+error (logged; it retries with a growing pause). It keeps each pod's metadata and status (not
+its spec) by Job name. A run ``follow``s its Job: it reads the pods from the view and waits for
+them to change. So a followed run costs the API no request of its own to see its pod, and a
+replica keeps one watch open however many runs it follows.
+
+The thread starts with the first ``follow`` and ends at ``close`` (which also wakes every
+follower, so that it sees the runtime closing). Until the first list has answered, the view is
+empty: a follower then waits as for a pod not created yet.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from functions.errors import Gone, KubeApiError, Unavailable
+from functions.logs import fields
+from functions.runtimes.kube_api import JOB_NAME_LABELS, KubeApi, belongs
+
+log = logging.getLogger("functions.kubernetes")
+
+FIRST_PAUSE = 0.5  # after an error, before listing again; doubles up to MAX_PAUSE
+MAX_PAUSE = 10.0
+Pods = dict[str, dict[str, Any]]  # pod name -> pod (metadata and status)
+
+
+class PodWatch:
+    def __init__(self, api: KubeApi, selector: str, seconds: float) -> None:
+        self._api = api
+        self._selector = selector
+        self._seconds = seconds
+        self._lock = threading.Lock()
+        self._by_job: dict[str, Pods] = {}
+        self._followers: dict[str, _Follower] = {}
+        self._closed = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @contextmanager
+    def follow(self, job: str) -> Iterator[Following]:
+        """Follow Job ``job``'s pods for the block (the watch starts if it has not)."""
+        with self._lock:
+            follower = self._followers.get(job)
+            if follower is None:
+                follower = self._followers[job] = _Follower(threading.Condition(self._lock))
+            follower.count += 1
+            if self._thread is None and not self._closed.is_set():
+                self._thread = threading.Thread(target=self._run, name="pod-watch", daemon=True)
+                self._thread.start()
+        try:
+            yield Following(self, job, follower)
+        finally:
+            with self._lock:
+                follower.count -= 1
+                if follower.count == 0:
+                    del self._followers[job]
+
+    def close(self) -> None:
+        """Stop watching (at the end of the current watch request at the latest) and wake
+        every follower."""
+        self._closed.set()
+        with self._lock:
+            for follower in self._followers.values():
+                follower.changed()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+    def _run(self) -> None:
+        pause = FIRST_PAUSE
+        while not self._closed.is_set():
+            try:
+                version = self._list()
+                pause = FIRST_PAUSE
+                self._watch(version)
+            except Gone:
+                continue  # the list's version is too old already: list again
+            except (Unavailable, KubeApiError) as err:
+                log.warning(
+                    "cannot watch the task pods; trying again",
+                    extra=fields(error=str(err), pause=pause),
+                )
+                self._closed.wait(pause)
+                pause = min(pause * 2, MAX_PAUSE)
+            except Exception:  # a bug: keep the followers served by their own reads
+                log.exception("the task pod watch failed; trying again")
+                self._closed.wait(pause)
+                pause = min(pause * 2, MAX_PAUSE)
+
+    def _list(self) -> str:
+        pods, version = self._api.list_pods(self._selector)
+        by_job: dict[str, Pods] = {}
+        for pod in pods:
+            job = job_of(pod)
+            if job:
+                by_job.setdefault(job, {})[pod["metadata"]["name"]] = trimmed(pod)
+        with self._lock:
+            self._by_job = by_job
+            for follower in self._followers.values():
+                follower.changed()
+        return version
+
+    def _watch(self, version: str) -> None:
+        """Apply pod events until the watch request ends (its time is up, or it was cut)."""
+        events = self._api.watch_pods(self._selector, version, self._seconds)
+        try:
+            for event in events:
+                if self._closed.is_set():
+                    return
+                self._apply(event.get("type") or "", event.get("object") or {})
+        finally:
+            events.close()
+
+    def _apply(self, kind: str, pod: dict[str, Any]) -> None:
+        job = job_of(pod)
+        if kind == "BOOKMARK" or not job:
+            return
+        name = pod["metadata"]["name"]
+        with self._lock:
+            pods = self._by_job.setdefault(job, {})
+            if kind == "DELETED":
+                pods.pop(name, None)
+                if not pods:
+                    del self._by_job[job]
+            else:
+                pods[name] = trimmed(pod)
+            follower = self._followers.get(job)
+            if follower is not None:
+                follower.changed()
+
+
+class _Follower:
+    """The runs following one Job: woken on any change of its pods."""
+
+    def __init__(self, condition: threading.Condition) -> None:
+        self.condition = condition
+        self.count = 0
+        self.changes = 0
+
+    def changed(self) -> None:  # with the watch's lock held
+        self.changes += 1
+        self.condition.notify_all()
+
+
+class Following:
+    """One run's view of its Job's pods."""
+
+    def __init__(self, watch: PodWatch, job: str, follower: _Follower) -> None:
+        self._watch = watch
+        self._job = job
+        self._follower = follower
+        self._seen = -1
+
+    def pods(self, uid: str = "") -> Pods:
+        """The Job's pods now (of that ``uid``, if given: not those of an earlier Job of the
+        same name), as the watch last saw them."""
+        with self._watch._lock:
+            self._seen = self._follower.changes
+            pods = self._watch._by_job.get(self._job) or {}
+            return {name: pod for name, pod in pods.items() if belongs(pod, self._job, uid)}
+
+    def wait(self, seconds: float) -> bool:
+        """Until the pods changed since ``pods`` was last called (True), the watch closed
+        (True), or ``seconds`` have passed (False)."""
+        with self._follower.condition:
+            return self._follower.condition.wait_for(
+                lambda: self._follower.changes != self._seen or self._watch.closed,
+                timeout=max(0.0, seconds),
+            )
+
+
+def job_of(pod: dict[str, Any]) -> str:
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return next((str(labels[name]) for name in JOB_NAME_LABELS if labels.get(name)), "")
+
+
+def trimmed(pod: dict[str, Any]) -> dict[str, Any]:
+    """What judging a pod needs (``job_status``, ``belongs``): metadata and status."""
+    metadata = pod.get("metadata") or {}
+    kept = ("name", "labels", "ownerReferences", "deletionTimestamp", "uid")
+    return {
+        "metadata": {key: metadata[key] for key in kept if key in metadata},
+        "status": pod.get("status") or {},
+    }
