@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import CANARY, resource_types, start_services
+from tests.e2e.conftest import CANARY, start_services
+from tests.e2e.engine import service_env
 from tests.e2e.events import request_event, send
 from tests.secret_forms import HOSTILE, printed_forms, survivors
 
@@ -27,13 +28,9 @@ def deployment(docker_host, resource_image, tmp_path_factory):
     creds = tmp / "credentials"
     (creds / "teams" / "main" / "git").mkdir(parents=True)
     (creds / "teams" / "main" / "git" / "password").write_text(HOSTILE + "\n")
-    (tmp / "store").mkdir()
     env = {
-        "DOCKER_HOST": docker_host,
-        "RESOURCE_TYPES": resource_types(resource_image),
+        **service_env(docker_host, resource_image, tmp),
         "CACHE_SECRET": "e2e-cache-secret",
-        "WORK_DIR": str(tmp),
-        "STORE_URL": (tmp / "store").as_uri(),
         "CREDENTIALS_DIR": str(creds),
         "ALLOWED_IMAGES": "",
     }
