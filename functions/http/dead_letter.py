@@ -25,11 +25,13 @@ def create_dead_letter_app() -> Flask:
     return app
 
 
-def _receive() -> tuple[dict[str, Any], int]:
+def _receive() -> tuple[dict[str, Any] | str, int]:
     try:
         event = events.read_event(dict(request.headers), request.get_data())
     except InvalidRequest as err:
         return {"error": {"kind": "invalid_request", "message": str(err)}}, 400
     attributes = {k: str(v) for k, v in event.get_attributes().items() if k != "data"}
     log.warning("undeliverable event", extra=fields(**attributes))
-    return {}, 202
+    # Empty: Knative's broker filter takes a non-empty answer that is not a CloudEvent for a
+    # failed delivery, and sends the event to this sink again and again.
+    return "", 202
