@@ -615,7 +615,8 @@ def test_the_reply_relay_alone_gets_the_broker_as_sink_and_no_store() -> None:
 
 def test_only_the_broker_may_deliver_to_the_functions() -> None:
     """The EventPolicy on the functions (its schema is checked against the release's CRD
-    with every other Knative kind): only the Broker may deliver."""
+    with every other Knative kind): only the Broker's Triggers may deliver, under the
+    identities Knative gives them (a Broker has none of its own to name)."""
     policy = _one("EventPolicy", "functions-from-broker")
     assert policy["apiVersion"] == "eventing.knative.dev/v1alpha1"
     assert policy["metadata"]["namespace"] == NAMESPACE
@@ -635,16 +636,16 @@ def test_only_the_broker_may_deliver_to_the_functions() -> None:
         )
     }
     assert selected == set(ACTIONS)
-    (sender,) = policy["spec"]["from"]
-    assert sender == {
-        "ref": {
-            "apiVersion": "eventing.knative.dev/v1",
-            "kind": "Broker",
-            "name": "default",
-            "namespace": NAMESPACE,
-        }
-    }
-    _one("Broker", "default")
+    assert policy["spec"]["from"] == [{"sub": identity} for identity in _trigger_identities()]
+
+
+def _trigger_identities() -> list[str]:
+    """The identities Knative gives the shipped Triggers (``<trigger>-oidc-<group>-trigger``)."""
+    triggers = [_name(t) for t in _load(KNATIVE / "triggers.yaml") if _kind(t) == "Trigger"]
+    assert len(triggers) == len(ACTIONS)
+    return [
+        f"system:serviceaccount:{NAMESPACE}:{t}-oidc-eventing.knative.dev-trigger" for t in triggers
+    ]
 
 
 def test_function_services_get_the_broker_as_sink() -> None:
@@ -1110,6 +1111,27 @@ def test_the_broker_takes_a_teams_events_only_from_its_senders() -> None:
     assert not allows(
         settings.sender_teams, "system:serviceaccount:ci:pipeline-engine-main", "main"
     )
+
+
+def test_the_broker_takes_replies_from_the_triggers_and_nothing_else_from_them() -> None:
+    """Once a policy applies to the Broker, it takes only what a policy allows: the replies
+    that the filter forwards under each Trigger's identity get a policy of their own, which
+    lets those identities post reply types (functions/replies.py) and no request."""
+    from functions.replies import reply_type
+
+    policy = _one("EventPolicy", "broker-replies")
+    assert policy["spec"]["to"] == _one("EventPolicy", "broker-team-main")["spec"]["to"]
+    assert policy["spec"]["from"] == [{"sub": identity} for identity in _trigger_identities()]
+    prefix, suffixes = policy["spec"]["filters"]
+    assert set(prefix) == {"prefix"} and set(suffixes) == {"any"}
+    ends = {s["suffix"]["type"] for s in suffixes["any"]}
+    replies = {reply_type(a, ok) for a in ACTIONS for ok in (True, False)}
+    requests = {f"dev.resourcefunctions.{a}.requested" for a in ACTIONS}
+    for kind in replies | requests:
+        passes = kind.startswith(prefix["prefix"]["type"]) and any(kind.endswith(e) for e in ends)
+        assert passes == (kind in replies), kind
+    team_senders = {s["sub"] for s in _one("EventPolicy", "broker-team-main")["spec"]["from"]}
+    assert not team_senders & set(_trigger_identities()), "one policy per sender"
 
 
 def test_sender_auth_component_renders_a_consistent_deployment() -> None:

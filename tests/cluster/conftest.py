@@ -300,7 +300,7 @@ def pytest_runtest_makereport(item, call):
     if report.when == "call" and report.failed and "cluster" in item.fixturenames:
         instance = item.funcargs.get("cluster")
         if instance is not None:
-            if "knative_deployment" in item.fixturenames:
+            if {"knative_deployment", "sender_auth"} & set(item.fixturenames):
                 report.sections.append(("knative", knative_diagnostics(instance, NAMESPACE)))
             report.sections.append(("cluster logs", instance.diagnostics(25)))
 
@@ -318,6 +318,7 @@ def knative_diagnostics(cluster: Cluster, namespace: str, lines: int = 30) -> st
         ("serving.knative.dev/service=dead-letter", namespace, "function"),
         ("eventing.knative.dev/brokerRole=filter", "knative-eventing", ""),
         ("eventing.knative.dev/brokerRole=ingress", "knative-eventing", ""),
+        ("messaging.knative.dev/role=dispatcher", "knative-eventing", ""),
     ]:
         args = ["-n", ns, "logs", "-l", selector, f"--tail={lines}", "--prefix"]
         shown = cluster.kubectl(*args, *(["-c", container] if container else []), check=False)
@@ -389,18 +390,7 @@ def knative_deployment(
         ),
     )
     cluster.kubectl("apply", "-k", str(overlay))
-    sink_trigger = {
-        "apiVersion": "eventing.knative.dev/v1",
-        "kind": "Trigger",
-        "metadata": {"name": "test-sink", "namespace": NAMESPACE},
-        "spec": {
-            "broker": "default",
-            "subscriber": {"uri": event_sink.url},
-            # The sink is ours: no retries to hide a failure.
-            "delivery": {"retry": 0, "timeout": "PT10S"},
-        },
-    }
-    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(sink_trigger))
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(sink_trigger(event_sink.url)))
     wait_ready(
         cluster,
         NAMESPACE,
@@ -433,6 +423,21 @@ def knative_deployment(
             gateway_s3,
             overlay,
         )
+
+
+def sink_trigger(url: str) -> dict:
+    """A Trigger without a filter: every event the Broker takes reaches the sink at ``url``."""
+    return {
+        "apiVersion": "eventing.knative.dev/v1",
+        "kind": "Trigger",
+        "metadata": {"name": "test-sink", "namespace": NAMESPACE},
+        "spec": {
+            "broker": "default",
+            "subscriber": {"uri": url},
+            # The sink is ours: no retries to hide a failure.
+            "delivery": {"retry": 0, "timeout": "PT10S"},
+        },
+    }
 
 
 def gateway_egress(cluster: Cluster, closed: tuple[int, ...]) -> dict:
@@ -551,10 +556,13 @@ def wait_ready(cluster: Cluster, namespace: str, objects: list[str], timeout: in
             pytest.fail(f"{target} not Ready: {done.stderr.strip()}\n{shown[-4000:]}")
 
 
-def wait_functions_serve(cluster: Cluster, namespace: str, timeout: float = 300) -> None:
-    """Until every function serves its latest revision, Ready, with K_SINK in its environment.
-    The SinkBinding injects K_SINK after the Services first become Ready, which rolls out a
-    second revision; the tests exercise the shipped REPLY_MODE=async, so they wait for it."""
+def wait_functions_serve(
+    cluster: Cluster, namespace: str, timeout: float = 300, sink: bool = True
+) -> None:
+    """Until every function serves its latest revision, Ready, with K_SINK in its environment
+    (``sink``; without it when false). The SinkBinding injects K_SINK after the Services first
+    become Ready, which rolls out a second revision; the tests exercise the shipped
+    REPLY_MODE=async, so they wait for it."""
     deadline = time.monotonic() + timeout
     while True:
         listed = json.loads(
@@ -569,15 +577,18 @@ def wait_functions_serve(cluster: Cluster, namespace: str, timeout: float = 300)
                 "json",
             )
         )["items"]
-        pending = [k["metadata"]["name"] for k in listed if not _serves_sink(k)]
+        pending = [k["metadata"]["name"] for k in listed if not _serves(k, sink)]
         if len(listed) == 3 and not pending:
             return
         if time.monotonic() > deadline:
-            pytest.fail(f"functions without a Ready K_SINK revision after {timeout}s: {pending}")
+            wanted = "with" if sink else "without"
+            pytest.fail(
+                f"functions without a Ready revision {wanted} K_SINK after {timeout}s: {pending}"
+            )
         time.sleep(1)
 
 
-def _serves_sink(ksvc: dict) -> bool:
+def _serves(ksvc: dict, sink: bool) -> bool:
     status = ksvc.get("status", {})
     ready = any(
         c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions", [])
@@ -587,7 +598,7 @@ def _serves_sink(ksvc: dict) -> bool:
         ready
         and status.get("observedGeneration") == ksvc["metadata"]["generation"]
         and status.get("latestReadyRevisionName") == status.get("latestCreatedRevisionName")
-        and any(e.get("name") == "K_SINK" for e in env)
+        and any(e.get("name") == "K_SINK" for e in env) == sink
     )
 
 
