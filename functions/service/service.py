@@ -468,7 +468,7 @@ class Service:
         """A check's ``version.discovered`` events go to K_SINK (the HTTP response holds the
         reply alone). Without K_SINK they are not sent: the reply's ``new`` lists the same
         versions. A sink that refuses them is a 503: the redelivery replays the stored result
-        and posts the same events (their ids derive from the run) again."""
+        and posts the same events (their ids derive from the resource and the version) again."""
         plan: HistoryPlan | None = checks.history_plan(self.settings, request)
         found = discovered_events(
             outcome=outcome,
