@@ -1,0 +1,160 @@
+"""``ARCHIVE_LEVEL=auto``: a zstd level that follows the bottleneck, steered by the pipe's waits.
+
+``pack``'s compressor writes into a pipe that the uploader reads (``archive/pipe.py``). When
+the compressor waits for room in the pipe, the uploader is not reading: every upload slot is
+busy, the link is the limit, and a higher level spends idle CPU to send fewer bytes. When the
+compressor never waits, it is the limit, and a lower level is faster. (The uploader's own
+waits cannot tell the two apart: it waits for the compressor while it fills each part, even
+when the link is the limit, because a part is bigger than the pipe.)
+
+``next_control`` decides from the compressor's waits over windows of ``WINDOW_SECONDS``, with
+hysteresis: it raises the level only when the time the compressor waited would still cover the
+next level's extra cost (``_COST``) with a margin to spare, lowers it only when the compressor
+(almost) never waited, holds it in between, and changes only after ``STREAK`` windows in a row
+agree.
+
+A change ends the zstd frame and starts the next one at the new level. A zstd stream may be
+any number of frames back to back (RFC 8878, section 3.1): ``unpack``, ``zstd -d`` and ``tar
+--zstd`` read them as one stream, and the artifact's digest and size are those of the stored
+bytes, as at any level. The bytes depend on timing, though: the same tree may pack differently.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from storage.archive.pipe import PipeSink
+
+log = logging.getLogger(__name__)
+
+MIN_LEVEL = 1
+MAX_LEVEL = 6  # levels 7 and 8 took the peak RSS of an S3 upload over 150 MiB (P3)
+START_LEVEL = 1  # a fast path is a short run: it cannot afford windows at too high a level
+WINDOW_SECONDS = 0.5
+STREAK = 2  # windows in a row that must agree before the level changes
+IDLE = 0.05  # a compressor that waited less than this share of a window is the limit
+MARGIN = 0.10  # waits left over, as a share of the window, after a raise is paid for
+# CPU time of each level relative to the one below it: zstd with 2 threads on the tree of
+# bench/artifacts.py (1: 2.58 s, 2: 3.56, 3: 6.51, 4: 10.2, 5: 12.6, 6: 16.3 CPU seconds).
+_COST = {2: 1.38, 3: 1.83, 4: 1.57, 5: 1.23, 6: 1.29}
+
+
+@dataclass(frozen=True)
+class Window:
+    """What one window saw: its length, and how long the compressor waited for the pipe."""
+
+    seconds: float
+    waited: float
+
+
+@dataclass(frozen=True)
+class Control:
+    """The level in use, and how many windows in a row have asked to raise it (> 0) or to
+    lower it (< 0)."""
+
+    level: int = START_LEVEL
+    streak: int = 0
+
+
+def next_control(control: Control, window: Window) -> Control:
+    """The control after ``window``: a pure function of what was measured."""
+    vote = _vote(control.level, window)
+    same_way = control.streak != 0 and (vote > 0) == (control.streak > 0)
+    streak = control.streak + vote if vote and same_way else vote
+    if abs(streak) < STREAK:
+        return Control(control.level, streak)
+    return Control(min(MAX_LEVEL, max(MIN_LEVEL, control.level + vote)), 0)
+
+
+def _vote(level: int, window: Window) -> int:
+    """+1 to raise, -1 to lower, 0 to hold."""
+    waited = window.waited / window.seconds if window.seconds > 0 else 0.0
+    if waited < IDLE:
+        return -1 if level > MIN_LEVEL else 0
+    if level < MAX_LEVEL and waited >= raise_threshold(level):
+        return 1
+    return 0
+
+
+def raise_threshold(level: int) -> float:
+    """The share of a window the compressor must have waited at ``level`` to pay for the
+    next level: at ``cost`` times the work, its busy share ``1 - waited`` grows by ``cost``,
+    and must still leave ``MARGIN``."""
+    cost = _COST[level + 1]
+    return 1 - (1 - MARGIN) / cost
+
+
+class _Frame(Protocol):
+    def write(self, data: Any) -> int: ...
+
+    def close(self) -> None: ...
+
+
+class AdaptiveWriter:
+    """A writable that compresses into ``sink`` as zstd frames, each opened by
+    ``open_frame(level)``, the level chosen by ``next_control`` once a window. ``close`` ends
+    the last frame (``open_frame``'s writers must leave ``sink`` open). Each window is logged
+    at DEBUG with ``extra`` fields ``archive_level`` (in use), ``next_level`` (chosen),
+    ``tar_bytes``, ``elapsed``, ``compressor_waited`` and ``reader_waited`` (shares of the
+    window)."""
+
+    def __init__(
+        self,
+        sink: PipeSink,
+        open_frame: Callable[[int], _Frame],
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self._sink, self._open_frame, self._clock = sink, open_frame, clock
+        self._control = Control()
+        self._frame = open_frame(self._control.level)
+        self._tar_bytes = 0
+        self._start = self._window_start = clock()
+        self._waited = self._reader_waited = 0.0
+
+    def write(self, data: Any) -> int:
+        self._frame.write(data)
+        self._tar_bytes += len(data)
+        now = self._clock()
+        if now - self._window_start >= WINDOW_SECONDS:
+            self._end_window(now)
+        return len(data)
+
+    def close(self) -> None:
+        self._frame.close()
+
+    def _end_window(self, now: float) -> None:
+        waits = self._sink.waits
+        waited, reader_waited = waits.writer.seconds(now), waits.reader.seconds(now)
+        window = Window(now - self._window_start, waited - self._waited)
+        control = next_control(self._control, window)
+        self._log(window, reader_waited - self._reader_waited, now, control.level)
+        if control.level != self._control.level:
+            self._frame.close()  # ends this frame; the next one starts at the new level
+            del self._frame  # frees its compressor first: never two in memory at once
+            self._frame = self._open_frame(control.level)
+        self._control, self._window_start = control, now
+        self._waited, self._reader_waited = waited, reader_waited
+
+    def _log(self, window: Window, reader_waited: float, now: float, chosen: int) -> None:
+        shares = {
+            "compressor_waited": window.waited / window.seconds,
+            "reader_waited": reader_waited / window.seconds,
+        }
+        log.debug(
+            "zstd level %d after %d tar bytes: the compressor waited %.0f%%, the reader %.0f%%",
+            self._control.level,
+            self._tar_bytes,
+            100 * shares["compressor_waited"],
+            100 * shares["reader_waited"],
+            extra={
+                "archive_level": self._control.level,
+                "next_level": chosen,
+                "tar_bytes": self._tar_bytes,
+                "elapsed": now - self._start,
+                **shares,
+            },
+        )
