@@ -221,7 +221,14 @@ def ours(
 class _Windows(logging.Handler):
     """Collects the windows that ``ARCHIVE_LEVEL=auto`` logs (storage/archive/adaptive.py)."""
 
-    FIELDS = ("elapsed", "tar_bytes", "archive_level", "compressor_waited", "reader_waited")
+    FIELDS = (
+        "elapsed",
+        "tar_bytes",
+        "archive_level",
+        "compressor_waited",
+        "reader_waited",
+        "stored_share",
+    )
 
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)

@@ -12,7 +12,10 @@ with ``tc tbf`` at that rate in both directions (``shaped_link.py``; ``loopback`
     ours download   download_tree of each level's artifact
 
 ``--repeat N`` runs N rounds per rate, the order rotated every round, and reports medians.
-Ratios are against (b) of the same direction: (b)'s median time / this median time.
+Ratios are against (b) of the same direction: (b)'s median time / this median time. Every
+extracted tree is kept until the end of the run (about 0.6 GB each for the 512 MiB tree):
+creating files soon after deleting many is slow on ext4 (it skips inodes freed in the last
+minutes), and that would land on whichever extraction came next.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import shutil
 import statistics
 import subprocess
 from collections.abc import Callable, Iterator
@@ -50,6 +52,7 @@ def run_links(args: argparse.Namespace, work: Path, tree: Path, tree_bytes: int)
     subprocess.run(["tar", "cf", str(plain), "-C", str(tree), "."], check=True)
     print(f"plain tar: {plain.stat().st_size / 1e6:.1f} MB", flush=True)
     for rate in args.link:
+        load = os.getloadavg()
         with link_server(rate, work / f"server-{rate}") as (env, server):
             os.environ.update(env)  # a script: the children and boto3 read it
             client = bench.s3_client()
@@ -61,8 +64,12 @@ def run_links(args: argparse.Namespace, work: Path, tree: Path, tree_bytes: int)
                 ]
             finally:
                 bench.empty_bucket(client)
-        shutil.rmtree(work / "out", ignore_errors=True)
         print(link_report(rate, results, tree_bytes, plain.stat().st_size, args.repeat))
+        print(f"  load average: {_load(load)} at the start, {_load(os.getloadavg())} at the end")
+
+
+def _load(averages: tuple[float, float, float]) -> str:
+    return " / ".join(f"{value:.2f}" for value in averages)
 
 
 @contextmanager
@@ -99,7 +106,7 @@ def link_round(
     server: int,
 ) -> list[Result]:
     """Every measurement once, uploads first, each order rotated by ``index``."""
-    out = work / "out" / f"round-{index}"
+    out = work / "out" / f"{server}-round-{index}"  # kept to the end: see the module's doc
     out.mkdir(parents=True)
     url = f"s3://{bench.BUCKET}/bench"
     env = dict(os.environ)
@@ -213,23 +220,28 @@ def link_report(
         "up": statistics.median(r.seconds for r in runs[PLAIN_UP]),
         "down": statistics.median(r.seconds for r in runs[PLAIN_DOWN]),
     }
-    for name, rs in runs.items():
-        seconds = statistics.median(r.seconds for r in rs)
-        versus = baseline["down" if "down" in name else "up"] / seconds
-        stored = statistics.median(r.stored_bytes for r in rs)
-        rss = max((r.rss_mib for r in rs if r.rss_mib is not None), default=None)
-        lines.append(
-            f"{name:32} {seconds:8.2f} {min(r.seconds for r in rs):5.2f}-{max(r.seconds for r in rs):<5.2f} "
-            f"{tree_bytes / seconds / 1e6:6.1f} {versus:6.2f}x {stored / 1e6:9.1f} "
-            f"{stored / tar_bytes:6.3f} {_median(rs, 'client_cpu'):>10} {_median(rs, 'server_cpu'):>10} "
-            + (f"{rss:7.0f}" if rss is not None else "")
-        )
+    lines += [_row(name, rs, baseline, tree_bytes, tar_bytes) for name, rs in runs.items()]
     lines += [f"  {rs[0].name}: {rs[0].detail} (round 1)" for rs in runs.values() if rs[0].detail]
     for name, rs in runs.items():
         for index, result in enumerate(rs):
             if result.levels:
                 lines += [f"  {name}, round {index + 1}, the level over time:", *_levels(result)]
     return "\n".join(lines)
+
+
+def _row(
+    name: str, rs: list[Result], baseline: dict[str, float], tree_bytes: int, tar_bytes: int
+) -> str:
+    seconds = statistics.median(r.seconds for r in rs)
+    spread = f"{min(r.seconds for r in rs):5.2f}-{max(r.seconds for r in rs):<5.2f}"
+    versus = baseline["down" if "down" in name else "up"] / seconds
+    stored = statistics.median(r.stored_bytes for r in rs)
+    rss = max((r.rss_mib for r in rs if r.rss_mib is not None), default=None)
+    return (
+        f"{name:32} {seconds:8.2f} {spread} {tree_bytes / seconds / 1e6:6.1f} {versus:6.2f}x "
+        f"{stored / 1e6:9.1f} {stored / tar_bytes:6.3f} {_median(rs, 'client_cpu'):>10} "
+        f"{_median(rs, 'server_cpu'):>10} " + (f"{rss:7.0f}" if rss is not None else "")
+    )
 
 
 def _median(results: list[Result], field: str) -> str:
@@ -243,8 +255,9 @@ def _levels(result: Result) -> list[str]:
     for mark in range(LEVEL_STEP, int(result.levels[-1]["tar_bytes"]) + 1, LEVEL_STEP):
         w = next(w for w in result.levels if w["tar_bytes"] >= mark)
         lines.append(
-            f"    {mark >> 20:5} MiB of tar at {w['elapsed']:5.2f} s: level {w['archive_level']:.0f}"
-            f" (compressor waited {w['compressor_waited']:4.0%}, reader {w['reader_waited']:4.0%}"
-            " of that window)"
+            f"    {mark >> 20:5} MiB of tar at {w['elapsed']:5.2f} s: level"
+            f" {w['archive_level']:.0f}; in that window the compressor waited"
+            f" {w['compressor_waited']:4.0%}, the uploader {w['reader_waited']:4.0%};"
+            f" stored {w['stored_share']:.2f} of the tar"
         )
     return lines

@@ -145,10 +145,12 @@ def _run(command: list[str]) -> None:
 
 
 def exit_on_sigterm() -> None:
-    """Make SIGTERM (and SIGHUP) raise ``SystemExit``, so ``finally`` blocks clean up."""
+    """Make SIGTERM and SIGHUP raise ``SystemExit``, and SIGINT ``KeyboardInterrupt`` even
+    if it was ignored (as for a background job of a script), so ``finally`` blocks clean up."""
 
     def stop(signum: int, frame: FrameType | None) -> None:
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGHUP, stop)
+    signal.signal(signal.SIGINT, signal.default_int_handler)

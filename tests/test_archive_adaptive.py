@@ -20,6 +20,7 @@ from storage import Store
 from storage.archive import ArchiveOptions, adaptive, pack, unpack
 from storage.archive.adaptive import (
     IDLE,
+    INCOMPRESSIBLE,
     MAX_LEVEL,
     MIN_LEVEL,
     START_LEVEL,
@@ -36,12 +37,12 @@ from tests.archive_trees import build_tree, describe
 MiB = 1 << 20
 
 
-def windows(control: Control, waited: float, count: int) -> list[Control]:
+def windows(control: Control, waited: float, count: int, stored: float = 0.6) -> list[Control]:
     """The controls after ``count`` one-second windows in which the compressor waited
-    ``waited`` seconds."""
+    ``waited`` seconds and wrote ``stored`` bytes per tar byte."""
     seen = []
     for _ in range(count):
-        control = next_control(control, Window(1.0, waited))
+        control = next_control(control, Window(1.0, waited, stored))
         seen.append(control)
     return seen
 
@@ -61,7 +62,7 @@ def test_a_saturated_link_raises_the_level_only_after_a_streak_of_windows() -> N
 
 def test_one_contrary_window_restarts_the_streak() -> None:
     control = windows(Control(), waited=0.9, count=STREAK - 1)[-1]
-    control = next_control(control, Window(1.0, 0.0))  # the compressor did not wait once
+    control = next_control(control, Window(1.0, 0.0, 0.6))  # the compressor did not wait once
     assert control == Control(1, 0)  # lowering is impossible at 1: the vote is to hold
     assert [c.level for c in windows(control, waited=0.9, count=STREAK)][-1] == 2
 
@@ -76,6 +77,11 @@ def test_the_level_climbs_one_step_per_streak_up_to_the_maximum() -> None:
 def test_a_compressor_that_never_waits_lowers_the_level_after_a_streak() -> None:
     seen = windows(Control(4, 0), waited=IDLE / 2, count=STREAK * 5)
     assert [c.level for c in seen][STREAK - 1 :: STREAK] == [3, 2, 1, 1, 1]
+
+
+def test_data_that_does_not_compress_never_raises_the_level() -> None:
+    assert {c.level for c in windows(Control(), waited=0.9, count=10, stored=1.0)} == {1}
+    assert windows(Control(), waited=0.9, count=STREAK, stored=INCOMPRESSIBLE)[-1].level == 2
 
 
 def test_waits_between_idle_and_the_raise_threshold_hold_the_level() -> None:
@@ -99,7 +105,7 @@ def test_against_a_link_it_settles_where_the_compressor_just_keeps_up() -> None:
     control, levels = Control(), []
     for _ in range(60):
         waited = max(0.0, 1 - 100 / speed[control.level])
-        control = next_control(control, Window(1.0, waited))
+        control = next_control(control, Window(1.0, waited, 0.6))
         levels.append(control.level)
     assert set(levels[-30:]) == {3}  # 4 would keep up only without a margin; 3 has one
 
@@ -128,6 +134,10 @@ class _Frames:
             def close(self) -> None:
                 frames.closed += 1
 
+            def progress(self) -> tuple[int, int]:
+                tar = sum(len(data) for used, data in frames.written if used == level)
+                return tar, tar // 2  # compresses 2x
+
         return Frame()
 
     def seconds(self, now: float) -> float:
@@ -142,7 +152,7 @@ def test_a_level_change_ends_the_frame_and_opens_one_at_the_new_level() -> None:
     for index in range(STREAK + 1):
         now[0] += adaptive.WINDOW_SECONDS
         frames.waited += adaptive.WINDOW_SECONDS  # the compressor waited the whole window
-        writer.write(b"%d" % index)
+        writer.write(b"%02d" % index)
     writer.close()
 
     assert frames.opened == [1, 2]
@@ -189,9 +199,11 @@ def changes(windows: list[tuple[int, int]]) -> int:
 
 @pytest.fixture
 def big_tree(tmp_path: Path) -> Path:
-    """The archive tests' tree, plus 10 MiB of random bytes: more than one S3 part packed."""
+    """The archive tests' tree, plus 20 MiB of 16 random symbols, which compress to about half
+    (no level does better: this is about the pipeline, not the ratio): more than one S3 part."""
     tree = build_tree(tmp_path / "tree")
-    (tree / "random.bin").write_bytes(os.urandom(10 * MiB))
+    symbols = bytes(i % 16 * 7 for i in range(256))
+    (tree / "symbols.bin").write_bytes(os.urandom(20 * MiB).translate(symbols))
     return tree
 
 

@@ -9,9 +9,9 @@ when the link is the limit, because a part is bigger than the pipe.)
 
 ``next_control`` decides from the compressor's waits over windows of ``WINDOW_SECONDS``, with
 hysteresis: it raises the level only when the time the compressor waited would still cover the
-next level's extra cost (``_COST``) with a margin to spare, lowers it only when the compressor
-(almost) never waited, holds it in between, and changes only after ``STREAK`` windows in a row
-agree.
+next level's extra cost (``_COST``) with a margin to spare, and the data compresses at all (no
+level shrinks random bytes); it lowers the level only when the compressor (almost) never
+waited; it holds it in between, and changes only after ``STREAK`` windows in a row agree.
 
 A change ends the zstd frame and starts the next one at the new level. A zstd stream may be
 any number of frames back to back (RFC 8878, section 3.1): ``unpack``, ``zstd -d`` and ``tar
@@ -36,8 +36,11 @@ MAX_LEVEL = 6  # levels 7 and 8 took the peak RSS of an S3 upload over 150 MiB (
 START_LEVEL = 1  # a fast path is a short run: it cannot afford windows at too high a level
 WINDOW_SECONDS = 0.5
 STREAK = 2  # windows in a row that must agree before the level changes
-IDLE = 0.05  # a compressor that waited less than this share of a window is the limit
-MARGIN = 0.10  # waits left over, as a share of the window, after a raise is paid for
+# A compressor that waited less than this share of a window is the limit. Below it, waits are
+# noise: thread switches and the GIL cost 5-15% of a window on a busy 2-core machine.
+IDLE = 0.15
+MARGIN = 0.25  # waits left over, as a share of the window, after a raise is paid for (> IDLE)
+INCOMPRESSIBLE = 0.9  # a window stored at more than this share of its tar bytes
 # CPU time of each level relative to the one below it: zstd with 2 threads on the tree of
 # bench/artifacts.py (1: 2.58 s, 2: 3.56, 3: 6.51, 4: 10.2, 5: 12.6, 6: 16.3 CPU seconds).
 _COST = {2: 1.38, 3: 1.83, 4: 1.57, 5: 1.23, 6: 1.29}
@@ -45,10 +48,12 @@ _COST = {2: 1.38, 3: 1.83, 4: 1.57, 5: 1.23, 6: 1.29}
 
 @dataclass(frozen=True)
 class Window:
-    """What one window saw: its length, and how long the compressor waited for the pipe."""
+    """What one window saw: its length, how long the compressor waited for the pipe, and the
+    bytes it wrote per tar byte."""
 
     seconds: float
     waited: float
+    stored_share: float
 
 
 @dataclass(frozen=True)
@@ -75,7 +80,8 @@ def _vote(level: int, window: Window) -> int:
     waited = window.waited / window.seconds if window.seconds > 0 else 0.0
     if waited < IDLE:
         return -1 if level > MIN_LEVEL else 0
-    if level < MAX_LEVEL and waited >= raise_threshold(level):
+    compresses = window.stored_share <= INCOMPRESSIBLE
+    if level < MAX_LEVEL and waited >= raise_threshold(level) and compresses:
         return 1
     return 0
 
@@ -88,10 +94,15 @@ def raise_threshold(level: int) -> float:
     return 1 - (1 - MARGIN) / cost
 
 
-class _Frame(Protocol):
+class Frame(Protocol):
+    """One zstd frame being written: ``close`` ends it (and leaves the sink open);
+    ``progress`` is (tar bytes compressed, bytes produced) so far in it."""
+
     def write(self, data: Any) -> int: ...
 
     def close(self) -> None: ...
+
+    def progress(self) -> tuple[int, int]: ...
 
 
 class AdaptiveWriter:
@@ -100,18 +111,18 @@ class AdaptiveWriter:
     the last frame (``open_frame``'s writers must leave ``sink`` open). Each window is logged
     at DEBUG with ``extra`` fields ``archive_level`` (in use), ``next_level`` (chosen),
     ``tar_bytes``, ``elapsed``, ``compressor_waited`` and ``reader_waited`` (shares of the
-    window)."""
+    window) and ``stored_share`` (bytes written per tar byte)."""
 
     def __init__(
         self,
         sink: PipeSink,
-        open_frame: Callable[[int], _Frame],
+        open_frame: Callable[[int], Frame],
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self._sink, self._open_frame, self._clock = sink, open_frame, clock
         self._control = Control()
         self._frame = open_frame(self._control.level)
-        self._tar_bytes = 0
+        self._tar_bytes, self._progress, self._share = 0, (0, 0), 1.0
         self._start = self._window_start = clock()
         self._waited = self._reader_waited = 0.0
 
@@ -129,20 +140,34 @@ class AdaptiveWriter:
     def _end_window(self, now: float) -> None:
         waits = self._sink.waits
         waited, reader_waited = waits.writer.seconds(now), waits.reader.seconds(now)
-        window = Window(now - self._window_start, waited - self._waited)
+        window = Window(now - self._window_start, waited - self._waited, self._stored_share())
         control = next_control(self._control, window)
         self._log(window, reader_waited - self._reader_waited, now, control.level)
         if control.level != self._control.level:
             self._frame.close()  # ends this frame; the next one starts at the new level
             del self._frame  # frees its compressor first: never two in memory at once
-            self._frame = self._open_frame(control.level)
+            self._frame, self._progress = self._open_frame(control.level), (0, 0)
         self._control, self._window_start = control, now
         self._waited, self._reader_waited = waited, reader_waited
+
+    def _stored_share(self) -> float:
+        """Bytes produced per tar byte compressed since the last window (zstd's own count:
+        its threads hold several MiB in flight, so bytes out of the pipe would lag); the
+        last share if nothing was compressed since."""
+        (consumed, produced), (consumed_before, produced_before) = (
+            self._frame.progress(),
+            self._progress,
+        )
+        if consumed > consumed_before:
+            self._share = (produced - produced_before) / (consumed - consumed_before)
+        self._progress = (consumed, produced)
+        return self._share
 
     def _log(self, window: Window, reader_waited: float, now: float, chosen: int) -> None:
         shares = {
             "compressor_waited": window.waited / window.seconds,
             "reader_waited": reader_waited / window.seconds,
+            "stored_share": window.stored_share,
         }
         log.debug(
             "zstd level %d after %d tar bytes: the compressor waited %.0f%%, the reader %.0f%%",

@@ -84,7 +84,7 @@ def _produce_archive(root: str, options: ArchiveOptions, sink: PipeSink) -> None
 def _compressor(sink: PipeSink, options: ArchiveOptions) -> Any:
     """A writable that compresses into ``sink``; its ``close`` leaves ``sink`` open."""
     if options.format == "zstd":
-        frames = partial(_zstd_frame, sink, options.threads or len(os.sched_getaffinity(0)))
+        frames = partial(_ZstdFrame, sink, options.threads or len(os.sched_getaffinity(0)))
         return AdaptiveWriter(sink, frames) if options.level == AUTO else frames(options.level)
     if options.format == "gzip":  # fixed mtime and no file name: deterministic header
         return gzip.GzipFile(
@@ -93,14 +93,25 @@ def _compressor(sink: PipeSink, options: ArchiveOptions) -> Any:
     return sink
 
 
-def _zstd_frame(sink: PipeSink, threads: int, level: int) -> Any:
-    """A writable that compresses into ``sink`` as one zstd frame, ended by its ``close``
-    (which leaves ``sink`` open)."""
-    params = zstandard.ZstdCompressionParameters.from_level(
-        level, threads=threads, job_size=_ZSTD_JOB_SIZE, write_checksum=True
-    )
-    compressor = zstandard.ZstdCompressor(compression_params=params)
-    return compressor.stream_writer(sink, write_size=CHUNK, closefd=False)  # type: ignore[arg-type]
+class _ZstdFrame:
+    """Compresses into ``sink`` as one zstd frame, ended by ``close`` (``sink`` stays open);
+    ``progress``: (bytes compressed, bytes produced) so far, as ``AdaptiveWriter`` asks."""
+
+    def __init__(self, sink: PipeSink, threads: int, level: int) -> None:
+        params = zstandard.ZstdCompressionParameters.from_level(
+            level, threads=threads, job_size=_ZSTD_JOB_SIZE, write_checksum=True
+        )
+        self._compressor = zstandard.ZstdCompressor(compression_params=params)
+        writer = self._compressor.stream_writer
+        self._writer = writer(sink, write_size=CHUNK, closefd=False)  # type: ignore[arg-type]
+        self.write = self._writer.write
+
+    def close(self) -> None:
+        self._writer.close()
+
+    def progress(self) -> tuple[int, int]:
+        _, consumed, produced = self._compressor.frame_progression()
+        return consumed, produced
 
 
 # --- unpack --------------------------------------------------------------------------------
