@@ -60,7 +60,8 @@ def pack(
     """A context manager yielding a readable stream of the compressed tar of ``directory``.
 
     Entries are ``directory``'s contents named relative to it, sorted, with uid/gid 0, no
-    owner names and whole-second mtimes, so the same tree always gives the same bytes.
+    owner names and whole-second mtimes, so the same tree always gives the same bytes (at a
+    fixed level: with ``level="auto"`` the compressed bytes depend on timing, the tar does not).
     Directories, symlinks and hard links (within the tree) are kept. Sockets, devices and
     FIFOs are refused, and so are symlinks that ``unpack`` would refuse: ``ArchiveRejected``
     naming the entry (refused, not skipped: a silently incomplete artifact is worse).
