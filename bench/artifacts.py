@@ -207,7 +207,9 @@ def ours(
     ``label`` tells apart uploads of the same round (at several levels)."""
     command = [sys.executable, __file__, "--child", direction, store_url, key, str(directory)]
     os.sync()
-    done = subprocess.run(command, env=env, check=True, capture_output=True, text=True)
+    done = subprocess.run(command, env=env, check=False, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-4000:]}")
     report = json.loads(done.stdout.strip().splitlines()[-1])
     scheme = store_url.split(":", 1)[0]
     name = f"ours {'pack+upload' if direction == 'up' else 'download+unpack'} ({scheme}){label}"
@@ -228,6 +230,8 @@ class _Windows(logging.Handler):
         "compressor_waited",
         "reader_waited",
         "stored_share",
+        "cpu_used",
+        "cpu_idle",
     )
 
     def __init__(self) -> None:

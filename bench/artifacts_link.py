@@ -125,6 +125,7 @@ def link_round(
         shift = index % len(measures)
         for measure in measures[shift:] + measures[:shift]:
             results.append(_with_server_cpu(measure, server))
+    bench.empty_bucket(client)  # objects are written once: the next round writes them anew
     print(f"round {index + 1}: " + ", ".join(f"{r.name} {r.seconds:.2f} s" for r in results))
     return results
 
@@ -133,7 +134,7 @@ Result = bench.Result
 
 
 def _ours_up(url: str, tree: Path, env: dict[str, str], level: str) -> Callable[[], Result]:
-    key = f"artifacts/level-{level}.tar.zst"
+    key = f"artifacts/level-{level}.tar.zst"  # the round's objects are deleted after it
     return lambda: bench.ours("up", url, key, tree, {**env, "ARCHIVE_LEVEL": level}, f" {level}")
 
 
@@ -254,10 +255,11 @@ def _levels(result: Result) -> list[str]:
     lines = []
     for mark in range(LEVEL_STEP, int(result.levels[-1]["tar_bytes"]) + 1, LEVEL_STEP):
         w = next(w for w in result.levels if w["tar_bytes"] >= mark)
+        idle = "?" if w["cpu_idle"] is None else f"{w['cpu_idle']:.2f}"
         lines.append(
             f"    {mark >> 20:5} MiB of tar at {w['elapsed']:5.2f} s: level"
             f" {w['archive_level']:.0f}; in that window the compressor waited"
-            f" {w['compressor_waited']:4.0%}, the uploader {w['reader_waited']:4.0%};"
-            f" stored {w['stored_share']:.2f} of the tar"
+            f" {w['compressor_waited']:4.0%}, the uploader {w['reader_waited']:4.0%}; stored"
+            f" {w['stored_share']:.2f} of the tar; CPUs used {w['cpu_used']:.2f}, idle {idle}"
         )
     return lines

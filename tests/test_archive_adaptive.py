@@ -84,6 +84,19 @@ def test_data_that_does_not_compress_never_raises_the_level() -> None:
     assert windows(Control(), waited=0.9, count=STREAK, stored=INCOMPRESSIBLE)[-1].level == 2
 
 
+def test_a_saturated_link_raises_the_level_only_if_idle_cpu_pays_for_it() -> None:
+    # Level 2 costs 1.38x level 1: 0.38 CPU seconds more per second this process used.
+    def after(idle: float) -> int:
+        control = Control()
+        for _ in range(STREAK):
+            control = next_control(control, Window(1.0, 0.9, 0.6, cpu_used=1.0, cpu_idle=idle))
+        return control.level
+
+    assert after(idle=0.0) == 1  # the uploader waits on CPU too: a higher level takes it
+    assert after(idle=0.3) == 1
+    assert after(idle=0.4) == 2
+
+
 def test_waits_between_idle_and_the_raise_threshold_hold_the_level() -> None:
     for level in range(MIN_LEVEL, MAX_LEVEL):
         between = (IDLE + raise_threshold(level)) / 2
@@ -148,7 +161,7 @@ def test_a_level_change_ends_the_frame_and_opens_one_at_the_new_level() -> None:
     frames, now = _Frames(), [0.0]
     sink: Any = type("Sink", (), {})()
     sink.waits = type("Waits", (), {"writer": frames, "reader": frames})()
-    writer = AdaptiveWriter(sink, frames.open, clock=lambda: now[0])
+    writer = AdaptiveWriter(sink, frames.open, clock=lambda: now[0], cpu=lambda: (0.0, None))
     for index in range(STREAK + 1):
         now[0] += adaptive.WINDOW_SECONDS
         frames.waited += adaptive.WINDOW_SECONDS  # the compressor waited the whole window
@@ -180,8 +193,10 @@ class Throttled:
 
 @pytest.fixture
 def short_windows(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Windows of 20 ms: a few seconds of a slow reader see several level changes."""
+    """Windows of 20 ms, and idle CPU not measured (on a busy machine there may be none):
+    a few seconds of a slow reader see several level changes."""
     monkeypatch.setattr(adaptive, "WINDOW_SECONDS", 0.02)
+    monkeypatch.setattr(adaptive, "cpu_seconds", lambda: (time.process_time(), None))
 
 
 @pytest.fixture
