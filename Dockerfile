@@ -18,7 +18,7 @@ RUN python3 -m venv /opt/venv \
  && /opt/venv/bin/pip install --only-binary=:all: -r /tmp/requirements.txt -c /tmp/constraints.txt \
  && /opt/venv/bin/pip uninstall --yes pip setuptools \
  && rm -rf /opt/venv/lib/python3*/site-packages/kubernetes/aio \
- && /opt/venv/bin/python -c "import boto3, cloudevents.core.bindings.http, docker, flask, gunicorn.app.base, \
+ && /opt/venv/bin/python -c "import ahocorasick_rs, boto3, cloudevents.core.bindings.http, docker, flask, gunicorn.app.base, \
       google.cloud.storage, kubernetes.client, kubernetes.config, kubernetes.watch, \
       prometheus_client, requests, zstandard" \
  && chmod -R a+rX,go-w /opt/venv

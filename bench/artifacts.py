@@ -145,7 +145,7 @@ def s3_server(
         yield {"AWS_ENDPOINT_URL_S3": endpoint}, None
         return
     if kind == "versitygw":
-        from tests.servers.versitygw import start_versitygw
+        from testbed.versitygw import start_versitygw
 
         with start_versitygw(root=work / "versitygw", log=work / "versitygw.log") as server:
             yield {k: v for k, v in server.env().items() if v is not None}, server.pid

@@ -75,7 +75,7 @@ def _load(averages: tuple[float, float, float]) -> str:
 @contextmanager
 def link_server(rate: str, root: Path) -> Iterator[tuple[dict[str, str], int]]:
     """versitygw behind a link shaped at ``rate`` (or on loopback): its env and pid."""
-    from tests.servers.versitygw import start_versitygw
+    from testbed.versitygw import start_versitygw
 
     log, buckets = root / "versitygw.log", root / "buckets"
     root.mkdir(parents=True)

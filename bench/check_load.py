@@ -54,7 +54,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from functions.replies import DISCOVERED_TYPE as DISCOVERED
-from tests.event_sink import EventSink, event_sink
+from testbed.event_sink import EventSink, event_sink
 
 BUCKET = "bench-checks"
 IMAGE = "example.org/bench-resource@sha256:" + "c" * 64
@@ -279,7 +279,7 @@ def store_env(kind: str, work: Path) -> Iterator[dict[str, str]]:
         (work / "store").mkdir(exist_ok=True)
         yield {**env, "STORE_URL": (work / "store" / uuid.uuid4().hex).as_uri()}
         return
-    from tests.servers.versitygw import start_versitygw
+    from testbed.versitygw import start_versitygw
 
     with start_versitygw(root=work / "versitygw", log=work / "versitygw.log") as server:
         server.client().create_bucket(Bucket=BUCKET)

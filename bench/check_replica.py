@@ -36,7 +36,7 @@ from functions.http.serving import serve
 from functions.model import Outcome, Task
 from functions.settings import Settings
 from storage import Store
-from tests.repository_runtime import AsyncRepositoryRuntime, collect_check
+from testbed.repository_runtime import AsyncRepositoryRuntime, collect_check
 
 STORE_METHODS = (
     "put", "open", "stat", "delete", "list", "read_record", "write_record",

@@ -48,7 +48,7 @@ sys.path.insert(0, str(REPO))
 from functions.cli.busybox_image import build_resource_image
 from functions.keys import ANONYMOUS, run_id
 from functions.protocol import stdin_payload
-from tests.servers.versitygw import free_port, start_versitygw
+from testbed.versitygw import free_port, start_versitygw
 
 EXAMPLE = REPO / "examples" / "hello-resource"
 BUCKET = "bench-latency"

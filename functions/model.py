@@ -87,7 +87,7 @@ class Request:
     # check: "version": "latest-known", i.e. continue from the last version in the history
     latest_known: bool = False
     check_every: float | None = None  # check: this request's interval (overrides the type's)
-    # Resolved credential values (``((var))`` references): redacted exactly, whatever their length.
+    # Resolved credential values (``((var))`` references).
     secrets: tuple[str, ...] = field(default=(), repr=False)
     trace: TraceContext | None = None
     sender: str = "-"  # the authenticated sender (its token's identity), or "-" without one
@@ -132,7 +132,11 @@ class Task:
     request_id: str = ""
     request_source: str = ""
     subject: str | None = None
-    secrets: tuple[str, ...] = field(default=(), repr=False)  # resolved credential values
+    # Every value to redact from the run's output (``redaction.secret_values``): resolved
+    # credential values, literal values under secret-named keys, URL userinfo.
+    secrets: tuple[str, ...] = field(default=(), repr=False)
+    # The resolved credential values among them: a version holding one fails the run.
+    resolved: tuple[str, ...] = field(default=(), repr=False)
     history: HistoryPlan | None = None  # check: where the versions found are recorded
     trace: TraceContext | None = None
     lease: LeaseHold | None = None  # an asynchronous check's: released once it has recorded

@@ -6,24 +6,51 @@ neither is an error of this system.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
 from functions.errors import classify, unavailable
 from functions.model import Action, Failure, FailureKind, Outcome
 from functions.protocol import InvalidOutput, parse_check_output, parse_version_output
-from functions.redaction import redact
+from functions.redaction import Redactor
 
 LOG_TAIL_BYTES = 2048
 
 
-def redact_failure(outcome: Outcome, secrets: Iterable[str]) -> Outcome:
-    """The outcome with secrets removed from its failure message (data is left alone)."""
-    if outcome.failure is None or not secrets:
-        return outcome
-    message = redact(outcome.failure.message, secrets)
-    return replace(outcome, failure=replace(outcome.failure, message=message))
+def screened(outcome: Outcome, redactor: Redactor, credentials: Redactor, log: str) -> Outcome:
+    """The outcome as it may be stored and replied: secrets (``redactor``) out of its
+    failure message and its metadata; a version that holds a resolved credential value
+    (``credentials``, in any form it knows) is ``invalid_output`` naming the field, because
+    versions go to the history and to events as they are. ``log``: redacted already."""
+    if outcome.failure is not None:
+        message = redactor.redact_text(outcome.failure.message)
+        return replace(outcome, failure=replace(outcome.failure, message=message))
+    data = outcome.data or {}
+    for where in secret_fields(data, credentials):
+        message = (
+            f"invalid output: {where} holds a credential (versions are stored in the history "
+            "and sent in events, so none may hold one in any form)"
+        )
+        failure = Failure("invalid_output", message, exit_code=0, log_tail=log_tail(log) or None)
+        return Outcome(action=outcome.action, failure=failure)
+    if "metadata" in data:
+        metadata = [{k: redactor.redact_text(v) for k, v in m.items()} for m in data["metadata"]]
+        return replace(outcome, data={**data, "metadata": metadata})
+    return outcome
+
+
+def secret_fields(data: dict[str, Any], redactor: Redactor) -> Iterator[str]:
+    """Where the reply data's versions hold a value of ``redactor``, as ``version field
+    "ref"`` (the field's name redacted too, never a value)."""
+    if not redactor:
+        return
+    versions = enumerate(data.get("versions", []))
+    named = [(f"versions[{i}]", v) for i, v in versions] + [("version", data.get("version"))]
+    for where, version in named:
+        for key, value in (version or {}).items():
+            if redactor.finds(key) or redactor.finds(value):
+                yield f'{where} field "{redactor.redact_text(key)}"'
 
 
 def log_tail(log: str, limit: int = LOG_TAIL_BYTES) -> str:

@@ -12,7 +12,8 @@ Layout of the shared build volume (``BUILD_DIR``)::
         exit-code               the script's exit code (TIMED_OUT_EXIT_CODE after a timeout)
         timed-out               the timeout in whole seconds, if the watchdog stopped it
     /secret/stdin               the stdin payload (a Secret), read by resource and collect
-    /secret/redact              resolved credential values (JSON list), for collect to redact
+    /secret/redact              the values to redact (JSON list), computed by the function
+    /secret/resolved            the resolved credential values among them (JSON list)
     /var/run/secrets/resource-functions/store/
                                 the store's credentials (the deployment's store Secret, one
                                 file per key), mounted into stage and collect only
@@ -49,9 +50,11 @@ TASK_DIR = f"{BUILD_DIR}/{TASK_SUBDIR}"
 SECRET_DIR = "/secret"
 STDIN_KEY = "stdin"
 STDIN_FILE = f"{SECRET_DIR}/{STDIN_KEY}"
-# Beside stdin in the same Secret: a JSON list of the resolved credential values, which
-# collect redacts whatever their length (they are all in stdin already).
+# Beside stdin in the same Secret: a JSON list of the values collect redacts (Task.secrets:
+# the function applies the policy, REDACT_KEYS included, so collect needs no setting).
 REDACT_KEY = "redact"
+# And the resolved credential values among them: a version holding one fails the run.
+RESOLVED_KEY = "resolved"
 # In the same Secret, mounted into collect alone: the run's reply token for the reply relay
 # (an asynchronous task's collect posts its events there; the resource image never sees it).
 REPLY_TOKEN_KEY = "reply-token"

@@ -19,6 +19,7 @@ from typing import Any, TypeVar, cast
 from functions.errors import ConfigError
 from functions.model import ResourceType
 from functions.pod_contract import STEP_ENV
+from functions.redaction import DEFAULT_REDACT_KEYS
 from functions.tracing import tracing_wanted
 from storage.archive import ArchiveOptions, Limits
 from storage.options import StoreOptions, env_int
@@ -85,6 +86,8 @@ class Settings:
     allowed_images: tuple[str, ...] = ("*",)  # ALLOWED_IMAGES: globs for an explicit image
     sender_audience: str = ""  # SENDER_AUDIENCE: require a Kubernetes token for it
     allowed_senders: tuple[str, ...] = ("*",)  # ALLOWED_SENDERS: globs of token usernames
+    # REDACT_KEYS: globs of the keys of source/params whose literal values are secrets
+    redact_keys: tuple[str, ...] = DEFAULT_REDACT_KEYS
     # SENDER_TEAMS: sender identity glob -> team globs it may name (service.teams)
     sender_teams: tuple[tuple[str, tuple[str, ...]], ...] = ()
     docker_api_version: str = "1.41"
@@ -150,6 +153,7 @@ class Settings:
             allowed_images=patterns(env.get("ALLOWED_IMAGES")),
             sender_audience=env.get("SENDER_AUDIENCE", "").strip(),
             allowed_senders=patterns(env.get("ALLOWED_SENDERS")),
+            redact_keys=redact_keys(env.get("REDACT_KEYS")),
             sender_teams=sender_teams(env.get("SENDER_TEAMS", ""), env.get("SENDER_AUDIENCE", "")),
             docker_api_version=env.get("DOCKER_API_VERSION") or "1.41",
             container_network=env.get("CONTAINER_NETWORK", ""),
@@ -192,6 +196,19 @@ def patterns(value: str | None) -> tuple[str, ...]:
         return ("*",)
     found = tuple(p for p in re.split(r"[,\s]+", value.strip()) if p)
     return () if found == ("none",) else found
+
+
+def redact_keys(value: str | None) -> tuple[str, ...]:
+    """REDACT_KEYS: globs (comma or whitespace separated); ``default`` stands for the
+    built-in list, so ``default,access_key_id`` adds one. Unset: the built-in list; empty or
+    ``none``: no literal value is redacted (resolved values and URL userinfo still are)."""
+    if value is None:
+        return DEFAULT_REDACT_KEYS
+    found = [p for p in re.split(r"[,\s]+", value.strip()) if p]
+    if found == ["none"]:
+        return ()
+    expanded = (DEFAULT_REDACT_KEYS if p == "default" else (p,) for p in found)
+    return tuple(dict.fromkeys(key for keys in expanded for key in keys))
 
 
 def sender_teams(value: str, audience: str) -> tuple[tuple[str, tuple[str, ...]], ...]:

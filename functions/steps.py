@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from functions import history, keys, records
 from functions.model import Action, ArtifactRef, HistoryPlan, Outcome
-from functions.outcome import failed, outcome_of_script, redact_failure
+from functions.outcome import failed, outcome_of_script, screened
 from functions.phases import PhaseClock, timed
-from functions.redaction import redact, secret_strings
+from functions.protocol import MAX_STDERR_BYTES
+from functions.redaction import Redactor
 from storage import Store, get_json, put_json
 from storage.archive import ArchiveOptions, Limits, suffix_for
 from storage.artifacts import download_tree, upload_tree
@@ -107,18 +107,19 @@ def collect(
     exit_code: int,
     stdout: bytes,
     stderr: bytes,
-    stdin: bytes,
     output_dir: Path | None,
-    extra_secrets: Sequence[str] = (),
+    redactor: Redactor,
+    credentials: Redactor,
     clock: PhaseClock | None = None,
 ) -> Outcome:
     """Build, store and return the outcome of one script run (idempotent per run id).
-    ``extra_secrets``: resolved credential values, redacted whatever their length.
+    ``stderr``: all of it, or its tail with ``redactor.window`` bytes before the last
+    ``MAX_STDERR_BYTES`` (``redacted_log``). ``redactor``: of every secret of the run;
+    ``credentials``: of its resolved credential values, which no version may hold.
     ``clock`` times the artifact's upload and the store writes."""
-    secrets = secret_strings(stdin, extra_secrets)
-    log = redact(stderr.decode("utf-8", errors="replace"), secrets)
-    # invalid_output messages quote stdout, which may echo a credential: redact them too.
-    outcome = redact_failure(outcome_of_script(spec.action, exit_code, stdout, log), secrets)
+    log = redacted_log(stderr, redactor)
+    outcome = outcome_of_script(spec.action, exit_code, stdout, log)
+    outcome = screened(outcome, redactor, credentials, log)
     if outcome.succeeded and spec.action == "get" and spec.cache_key and output_dir:
         with timed(clock, "upload"):
             outcome = store_artifact(store, spec, outcome, output_dir, log)
@@ -131,6 +132,17 @@ def collect(
     with timed(clock, "store"):
         records.write_once(store, keys.log_key(spec.run_id), log.encode())
         return records.record_outcome(store, spec.run_id, outcome, request=spec.request)
+
+
+def stderr_bytes(redactor: Redactor) -> int:
+    """How much of a script's stderr to keep: the log's ``MAX_STDERR_BYTES`` and, before
+    them, the redactor's window, so that a secret cut by the tail is still redacted whole."""
+    return MAX_STDERR_BYTES + redactor.window
+
+
+def redacted_log(stderr: bytes, redactor: Redactor) -> str:
+    """The stored log: the last ``MAX_STDERR_BYTES`` of ``stderr``, redacted before the cut."""
+    return redactor.tail(stderr, MAX_STDERR_BYTES).decode("utf-8", errors="replace")
 
 
 def store_artifact(

@@ -104,6 +104,89 @@ def describe(root: Path) -> dict[str, tuple[Any, ...]]:
     return result
 
 
+# security.capability value (VFS_CAP_REVISION_2, effective) granting cap_net_raw (bit 13), as
+# `setcap cap_net_raw+ep` writes it: what ping carries in Debian images.
+NET_RAW_CAPABILITY = bytes.fromhex("0100000200200000000000000000000000000000")
+
+
+def build_rootfs(root: Path) -> Path:
+    """A tree with what image root filesystems hold and ``build_tree`` does not: absolute and
+    climbing symlinks, setuid, setgid and sticky bits, other owners (when root), extended
+    attributes (kept and dropped ones), a read-only directory with contents, hard links."""
+    for name in ("bin", "etc/alternatives", "usr/bin", "var/mail", "tmp", "ro", "empty"):
+        (root / name).mkdir(parents=True, exist_ok=True)
+    (root / "bin/busybox").write_bytes(b"\x7fELF not really\n" * 100)
+    (root / "bin/busybox").chmod(0o755)
+    os.symlink("/bin/busybox", root / "bin/sh")  # absolute, as in every busybox image
+    os.symlink("../../bin/busybox", root / "usr/bin/env")
+    os.symlink("/usr/share/zoneinfo/Etc/UTC", root / "etc/localtime")  # dangling here
+    os.symlink("/etc/alternatives/editor", root / "usr/bin/editor")
+    os.symlink("../../../../../../outside", root / "etc/alternatives/climbs")
+    (root / "usr/bin/passwd").write_bytes(b"setuid root\n")
+    (root / "usr/bin/passwd").chmod(0o4755)
+    (root / "usr/bin/wall").write_bytes(b"setgid tty\n")
+    (root / "usr/bin/wall").chmod(0o2755)
+    os.link(root / "usr/bin/passwd", root / "bin/passwd-hard")
+    (root / "tmp").chmod(0o1777)
+    (root / "var/mail").chmod(0o2775)
+    (root / "ro/inside.txt").write_bytes(b"in a read-only directory\n")
+    (root / "ro").chmod(0o555)
+    ping = root / "bin/ping"
+    ping.write_bytes(b"ping\n")
+    os.setxattr(ping, "user.comment", b"kept")
+    os.setxattr(ping, "user.binary", bytes(range(256)))  # not UTF-8: travels as raw bytes
+    if os.geteuid() == 0:
+        os.setxattr(ping, "security.capability", NET_RAW_CAPABILITY)
+        os.setxattr(ping, "trusted.dropped", b"not kept")
+        os.chown(root / "etc/localtime", 1234, 5678, follow_symlinks=False)
+        os.chown(root / "empty", 65534, 65534)
+        for name, gid, mode in (("var/mail", 8, 0o2775), ("usr/bin/wall", 5, 0o2755)):
+            os.chown(root / name, 0, gid)  # clears setgid: set the mode again
+            (root / name).chmod(mode)
+    os.setxattr(root / "etc", "user.dir-attribute", b"on a directory")
+    for path in sorted(root.rglob("*"), reverse=True):
+        os.utime(path, (OLD, OLD + len(path.name)), follow_symlinks=False)
+    return root
+
+
+def inventory(root: Path) -> dict[str, tuple[Any, ...]]:
+    """Entry by entry, everything a root filesystem's round trip must keep: type, mode
+    (special bits included), uid, gid, mtime, size, sha256 or link target, extended
+    attributes (all of them, as read) and the hard-link group (its first name, in path
+    order)."""
+    entries: dict[str, tuple[Any, ...]] = {}
+    names_of: dict[tuple[int, int], list[str]] = {}
+    inode_of: dict[str, tuple[int, int]] = {}
+    for path in sorted(root.rglob("*")):
+        name = path.relative_to(root).as_posix()
+        info = path.lstat()
+        kind = stat.S_IFMT(info.st_mode)
+        if stat.S_ISLNK(info.st_mode):
+            entries[name] = (kind, None, info.st_uid, info.st_gid, int(info.st_mtime))
+            entries[name] += (None, None, os.readlink(path), None)
+            continue
+        regular = stat.S_ISREG(info.st_mode)
+        entries[name] = (kind, stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid)
+        entries[name] += (int(info.st_mtime), info.st_size if regular else None)
+        entries[name] += (file_digest(path) if regular else None, None, xattrs_of(path))
+        if regular:
+            inode_of[name] = (info.st_dev, info.st_ino)
+            names_of.setdefault(inode_of[name], []).append(name)
+    return {name: (*entry, _group(name, inode_of, names_of)) for name, entry in entries.items()}
+
+
+def _group(
+    name: str, inode_of: dict[str, tuple[int, int]], names_of: dict[tuple[int, int], list[str]]
+) -> str | None:
+    if name not in inode_of:
+        return None
+    return min(names_of[inode_of[name]], key=lambda n: n.split("/"))
+
+
+def xattrs_of(path: Path) -> dict[str, bytes]:
+    return {name: os.getxattr(path, name) for name in sorted(os.listxattr(path))}
+
+
 def file_digest(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as stream:

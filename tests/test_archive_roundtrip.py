@@ -95,8 +95,23 @@ def _member(name: str, type: bytes = tarfile.REGTYPE, **fields: object) -> tarfi
         _member("a/hard", tarfile.LNKTYPE, linkname="a/file.txt"),
         _member("x" * 100, size=1),
         _member("empty", size=0, mtime=0),
+        _member("setuid", size=3, mode=0o4755, uid=0, gid=0),
+        _member("tmp", tarfile.DIRTYPE, mode=0o1777),
+        _member("owned", size=1, mode=0o2750, uid=8**7 - 1, gid=65534),
+        _member("abs-link", tarfile.SYMTYPE, linkname="/usr/share/zoneinfo/Etc/UTC"),
     ],
-    ids=["file", "directory", "symlink", "hard-link", "100-byte-name", "empty-file"],
+    ids=[
+        "file",
+        "directory",
+        "symlink",
+        "hard-link",
+        "100-byte-name",
+        "empty-file",
+        "setuid",
+        "sticky-directory",
+        "owned-setgid",
+        "absolute-symlink",
+    ],
 )
 def test_fast_headers_are_the_ones_tarfile_writes(member: tarfile.TarInfo) -> None:
     assert ustar_header(member) == member.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
@@ -110,8 +125,20 @@ def test_fast_headers_are_the_ones_tarfile_writes(member: tarfile.TarInfo) -> No
         _member("ünï"),
         _member("l", tarfile.SYMTYPE, linkname="z" * 101),
         _member("big", size=8**11),
+        _member("big-uid", uid=8**7),
+        _member("owner-name", uname="root"),
+        _member("xattr", pax_headers={"SCHILY.xattr.user.a": "b"}),
     ],
-    ids=["101-byte-name", "dir-name-over-100-with-slash", "non-ascii", "long-link", "huge"],
+    ids=[
+        "101-byte-name",
+        "dir-name-over-100-with-slash",
+        "non-ascii",
+        "long-link",
+        "huge",
+        "uid-over-7-octal-digits",
+        "owner-name",
+        "extended-attribute",
+    ],
 )
 def test_entries_that_need_pax_records_get_no_fast_header(member: tarfile.TarInfo) -> None:
     assert ustar_header(member) is None
@@ -150,17 +177,26 @@ def test_pack_twice_gives_identical_bytes(tree: Path, format: str) -> None:
     assert packed(tree, options) == packed(tree, options)
 
 
-def test_same_content_gives_same_bytes_whatever_owner_atime_and_creation_order(
+def test_same_content_gives_same_bytes_whatever_atime_and_creation_order(
     tmp_path: Path,
 ) -> None:
     first = build_tree(tmp_path / "first")
     second = build_tree(tmp_path / "second", reverse=True)
     for path in second.rglob("*"):
         os.utime(path, ns=(123, path.lstat().st_mtime_ns), follow_symlinks=False)
-        if os.geteuid() == 0:
-            os.chown(path, 1234, 5678, follow_symlinks=False)
     assert describe(first) == describe(second)
     assert packed(first) == packed(second)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+def test_owners_are_content(tree: Path) -> None:
+    before = packed(tree, ArchiveOptions(format="none"))
+    os.chown(tree / "bin/run.sh", 1234, 5678)
+    after = packed(tree, ArchiveOptions(format="none"))
+    assert after != before
+    with tarfile.open(fileobj=io.BytesIO(after)) as tar:
+        member = tar.getmember("bin/run.sh")
+    assert (member.uid, member.gid, member.uname, member.gname) == (1234, 5678, "", "")
 
 
 def test_zstd_bytes_do_not_depend_on_the_thread_count(tree: Path) -> None:
@@ -169,14 +205,16 @@ def test_zstd_bytes_do_not_depend_on_the_thread_count(tree: Path) -> None:
     assert packed(tree, ArchiveOptions(threads=0)) == one
 
 
-def test_entries_are_relative_sorted_and_anonymous(tree: Path) -> None:
+def test_entries_are_relative_sorted_with_numeric_owners(tree: Path) -> None:
     with tarfile.open(fileobj=io.BytesIO(packed(tree, ArchiveOptions(format="none")))) as tar:
         members = tar.getmembers()
     names = [m.name for m in members]
     assert "small/d0/f000.txt" in names and "empty" in names and "nested/empty/deeper" in names
     assert not [n for n in names if n.startswith(("/", "./")) or ".." in n.split("/")]
     assert [n.split("/") for n in names] == sorted(n.split("/") for n in names)
-    assert {(m.uid, m.gid, m.uname, m.gname) for m in members} == {(0, 0, "", "")}
+    owners = {(m.uid, m.gid) for m in members}
+    assert owners == {(info.st_uid, info.st_gid) for info in map(os.lstat, tree.rglob("*"))}
+    assert {(m.uname, m.gname) for m in members} == {("", "")}
     assert {key for m in members for key in m.pax_headers} <= {"path", "linkpath"}
     link = next(m for m in members if m.name == "hard/second-name.txt")
     assert link.islnk() and link.linkname == "hard/original.txt"
@@ -253,10 +291,8 @@ def _make_char_device(path: Path) -> None:
         (os.mkfifo, "a FIFO cannot be archived"),
         (_make_socket, "a socket cannot be archived"),
         (_make_char_device, "a character device cannot be archived"),
-        (lambda p: os.symlink("/etc/passwd", p), "symlink to absolute path '/etc/passwd'"),
-        (lambda p: os.symlink("../../outside", p), "points outside the directory"),
     ],
-    ids=["fifo", "socket", "char-device", "absolute-symlink", "escaping-symlink"],
+    ids=["fifo", "socket", "char-device"],
 )
 def test_pack_refuses_what_unpack_would_refuse(tmp_path: Path, make, message: str) -> None:
     source = tmp_path / "src"

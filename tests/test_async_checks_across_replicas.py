@@ -15,10 +15,10 @@ import pytest
 
 from functions import lease
 from storage import Store, StoreOptions, open_store
+from testbed.event_sink import EventSink, event_sink
+from testbed.repository_runtime import AsyncRepositoryRuntime
 from tests.check_replicas import LEASE_KEY, check, replicas
-from tests.event_sink import EventSink, event_sink
 from tests.parallel import parallel
-from tests.repository_runtime import AsyncRepositoryRuntime
 
 SUCCEEDED = "dev.resourcefunctions.check.succeeded"
 

@@ -22,8 +22,8 @@ from functions.http.app import create_app
 from functions.model import Failure, Outcome, ResourceType
 from functions.settings import Settings
 from storage import StoreOptions, open_store
-from tests.fast.test_http_service import FakeRuntime, event, post
-from tests.repository_runtime import RepositoryRuntime
+from testbed.repository_runtime import RepositoryRuntime
+from tests.fast.http_helpers import FakeRuntime, event, post
 from tests.runs import run_of
 
 IMAGE = "example.org/test-resource@sha256:" + "b" * 64

@@ -11,7 +11,7 @@ from functions.credentials import NoProvider, Reference, find_references, interp
 from functions.credentials.local import CredentialsDir
 from functions.errors import InvalidRequest, Unavailable
 from functions.model import Build
-from functions.redaction import redact, secret_strings
+from functions.redaction import Redactor
 
 
 def test_references_whole_and_part_of_strings_in_nested_values() -> None:
@@ -147,12 +147,18 @@ def test_without_references_nothing_is_looked_up() -> None:
     assert resolved.source == {"a": "b"} and resolved.values == ()
 
 
-def test_resolved_values_are_redacted_whatever_their_length() -> None:
-    stdin = b'{"source":{"pw":"ab","uri":"https://example.org"}}'
-    secrets = secret_strings(stdin, ["ab", "two\nlines"])
-    text = "pw=ab uri=https://example.org two lines: two\nlines"
-    # each line of a multi-line value too, as for literal values
-    assert redact(text, secrets) == (
-        "pw=[redacted] uri=[redacted] [redacted] [redacted]: [redacted]"
-    )
-    assert "" not in secret_strings(stdin, [""])
+def test_a_resolved_value_too_short_to_redact_is_named_in_a_warning_never_shown(
+    creds: CredentialsDir, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "shared" / "short").write_text("e\n")
+    with caplog.at_level("WARNING", logger="functions.credentials"):
+        resolved = resolve(
+            creds, Build(), source={"a": "((short))", "b": "((user))"}, params={}, version=None
+        )
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "((short))" in warnings[0].getMessage()
+    assert warnings[0].fields == {"variable": "((short))"}  # type: ignore[attr-defined]
+    assert " e " not in f" {warnings[0].getMessage()} "
+    # "e" is never substituted: the log stays readable and does not point at the value
+    redactor = Redactor(resolved.values)
+    assert redactor.redact_text("Cloning repository") == "Cloning repository"

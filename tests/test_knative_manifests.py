@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import subprocess
+import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,9 @@ import kubernetes_validate
 import pytest
 import yaml
 from kubernetes_validate.utils import latest_version, major_minor
+
+from tests.job_plans import make_plan
+from tests.strict_schema import strict_schema
 
 REPO = Path(__file__).resolve().parents[1]
 KNATIVE = REPO / "knative"
@@ -64,8 +68,15 @@ CREDENTIALS_ROLE = "resource-functions-credentials"
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
 # Prometheus Operator kinds (knative/monitoring/): checked by tests/test_alert_rules.py.
 OPERATOR_GROUPS = {"monitoring.coreos.com"}
-# Knative kinds whose CRD schema is not in KNATIVE_SCHEMAS_DIR: checked as data only.
-NO_CRD_KINDS = {"EventPolicy"}
+# Knative kinds whose CRD schema is not in KNATIVE_SCHEMAS_DIR: read from the release source
+# the cluster tests build (../shared/third_party), member by member.
+RELEASE_CRDS = {
+    "EventPolicy": (
+        REPO.parent / "shared" / "third_party" / "knative-eventing-1.22.2.tar.xz",
+        "knative-eventing-1.22.2/config/core/resources/eventpolicy.yaml",
+    )
+}
+NO_CRD_KINDS: set[str] = set()
 ACTIONS = ("check", "get", "put")
 REQUEST_TYPES = {action: f"dev.resourcefunctions.{action}.requested" for action in ACTIONS}
 REPLY_TYPES = [
@@ -328,36 +339,6 @@ def test_latest_kubernetes_version_is_recent() -> None:
 # --- Knative kinds: CRD schemas ----------------------------------------------------------
 
 
-def _strict_schema(node: Any) -> Any:
-    """Reject fields a CRD schema does not document, wherever it lists properties.
-
-    Without x-kubernetes-preserve-unknown-fields the API server prunes unknown fields
-    (kubectl's strict field validation makes that an error). Where a CRD does preserve
-    them (Trigger.spec, delivery: room for experimental features) the cluster keeps a
-    typo and ignores it: a misspelled `filter` makes a Trigger match every event, replies
-    included. These manifests use documented fields only, so both cases are errors here.
-    """
-    if isinstance(node, list):
-        return [_strict_schema(item) for item in node]
-    if not isinstance(node, dict):
-        return node
-    out = dict(node)
-    if "properties" in out:
-        out["properties"] = {k: _strict_schema(v) for k, v in out["properties"].items()}
-        if out.get("x-kubernetes-preserve-unknown-fields") and "backoffDelay" in out["properties"]:
-            # A delivery spec: its `timeout` (feature delivery-timeout, enabled by default in
-            # config-features) is documented but kept out of the CRD schema.
-            out["properties"]["timeout"] = {"type": "string", "pattern": r"^PT[0-9.]+[HMS]"}
-        out.setdefault("additionalProperties", False)
-    for key in ("items", "additionalProperties", "not"):
-        if isinstance(out.get(key), dict):
-            out[key] = _strict_schema(out[key])
-    for key in ("allOf", "anyOf", "oneOf"):
-        if isinstance(out.get(key), list):
-            out[key] = _strict_schema(out[key])
-    return out
-
-
 @functools.cache
 def load_knative_schemas() -> dict[tuple[str, str], dict]:
     """(apiVersion, kind) -> strict JSON schema of every served CRD version.
@@ -370,24 +351,29 @@ def load_knative_schemas() -> dict[tuple[str, str], dict]:
             "folder holding the CRD YAML files (serving.knative.dev_v1_service.yaml, …)"
         )
     schemas: dict[tuple[str, str], dict] = {}
-    for path in sorted(SCHEMAS_DIR.glob("*.yaml")):
-        for crd in _load(path):
-            if crd.get("kind") != "CustomResourceDefinition":
+    crds = [crd for path in sorted(SCHEMAS_DIR.glob("*.yaml")) for crd in _load(path)]
+    for tarball, member in RELEASE_CRDS.values():
+        with tarfile.open(tarball) as release:
+            extracted = release.extractfile(member)
+            assert extracted is not None, member
+            crds += [d for d in yaml.safe_load_all(extracted.read()) if d]
+    for crd in crds:
+        if crd.get("kind") != "CustomResourceDefinition":
+            continue
+        group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
+        for version in crd["spec"]["versions"]:
+            if not version.get("served"):
                 continue
-            group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
-            for version in crd["spec"]["versions"]:
-                if not version.get("served"):
-                    continue
-                api_version = f"{group}/{version['name']}"
-                schema = _strict_schema(copy.deepcopy(version["schema"]["openAPIV3Schema"]))
-                # The API server itself handles these three on every object.
-                schema.setdefault("properties", {}).update(
-                    apiVersion={"const": api_version},
-                    kind={"const": kind},
-                    metadata={"type": "object"},
-                )
-                schema["required"] = sorted({*schema.get("required", []), "apiVersion", "kind"})
-                schemas[(api_version, kind)] = schema
+            api_version = f"{group}/{version['name']}"
+            schema = strict_schema(copy.deepcopy(version["schema"]["openAPIV3Schema"]))
+            # The API server itself handles these three on every object.
+            schema.setdefault("properties", {}).update(
+                apiVersion={"const": api_version},
+                kind={"const": kind},
+                metadata={"type": "object"},
+            )
+            schema["required"] = sorted({*schema.get("required", []), "apiVersion", "kind"})
+            schemas[(api_version, kind)] = schema
     if not schemas:
         pytest.fail(f"no CustomResourceDefinition found in {SCHEMAS_DIR}")
     return schemas
@@ -598,7 +584,6 @@ def test_no_sinkbinding_reaches_task_pods() -> None:
     """A SinkBinding on Jobs would give K_SINK to every container of a task pod, the
     resource's included: the pod spec gives it to collect alone (test_pod_spec)."""
     from functions.runtimes.podspec import labels
-    from tests.test_pod_spec import make_plan
 
     task_labels = labels(make_plan())
     for binding in _all("SinkBinding"):
@@ -629,8 +614,9 @@ def test_the_reply_relay_alone_gets_the_broker_as_sink_and_no_store() -> None:
 
 
 def test_only_the_broker_may_deliver_to_the_functions() -> None:
-    """EventPolicy (no CRD schema in KNATIVE_SCHEMAS_DIR): its shape, checked as data."""
-    (policy,) = _all("EventPolicy")
+    """The EventPolicy on the functions (its schema is checked against the release's CRD
+    with every other Knative kind): only the Broker may deliver."""
+    policy = _one("EventPolicy", "functions-from-broker")
     assert policy["apiVersion"] == "eventing.knative.dev/v1alpha1"
     assert policy["metadata"]["namespace"] == NAMESPACE
     assert set(policy["spec"]) == {"to", "from"}
@@ -1098,6 +1084,32 @@ def _with_sender_auth() -> list[dict]:
             else:
                 docs[matches[0]] = _merged(docs[matches[0]], patch)
     return docs
+
+
+def test_the_broker_takes_a_teams_events_only_from_its_senders() -> None:
+    """Through the Broker the function sees only its Trigger: the Broker's policy per team
+    names the original senders and filters on the team attribute; the functions let the
+    Triggers relay any team (SENDER_TEAMS), requiring the attribute to equal build.team."""
+    policy = _one("EventPolicy", "broker-team-main")
+    (target,) = policy["spec"]["to"]
+    assert target["ref"] == {
+        "apiVersion": "eventing.knative.dev/v1",
+        "kind": "Broker",
+        "name": "default",
+    }
+    assert all(set(sender) == {"sub"} for sender in policy["spec"]["from"])
+    assert policy["spec"]["filters"] == [{"exact": {"team": "main"}}]
+    from functions.service.teams import TEAM_ATTRIBUTE, allows
+    from functions.settings import Settings
+
+    assert TEAM_ATTRIBUTE == "team"
+    config = yaml.safe_load((SENDER_AUTH / "config-patch.yaml").read_text())["data"]
+    settings = Settings.from_env({**config, "CACHE_SECRET": "x" * 32})
+    trigger = f"system:serviceaccount:{NAMESPACE}:get-requested-oidc-eventing.knative.dev-trigger"
+    assert allows(settings.sender_teams, trigger, "main")
+    assert not allows(
+        settings.sender_teams, "system:serviceaccount:ci:pipeline-engine-main", "main"
+    )
 
 
 def test_sender_auth_component_renders_a_consistent_deployment() -> None:

@@ -15,9 +15,9 @@ from functions.errors import Unavailable
 from functions.model import Outcome
 from functions.service import shared_check
 from storage import Store, StoreOptions, open_store
+from testbed.repository_runtime import RepositoryRuntime
 from tests.check_replicas import check, replicas
 from tests.parallel import parallel
-from tests.repository_runtime import RepositoryRuntime
 
 KEY = "leases/resource.json"
 

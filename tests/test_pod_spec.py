@@ -20,7 +20,7 @@ import kubernetes_validate
 import pytest
 
 from functions import pod_contract, protocol
-from functions.model import ArtifactRef, Build, HistoryPlan, ResourceType, Task, TraceContext
+from functions.model import Build, HistoryPlan, ResourceType, TraceContext
 from functions.pod_contract import CollectStep, StageStep, parse_input
 from functions.runtimes import podspec
 from functions.runtimes.podspec import (
@@ -31,76 +31,12 @@ from functions.runtimes.podspec import (
     plan_for,
     stdin_secret_manifest,
 )
-from tests.runs import run_of
+from tests.job_plans import CANARY, CONFIG, DIGEST, STORE_URL, make_plan, make_task
 
 VERSIONS = ("1.30", "1.37")
-CANARY = "canary-7d3f9b2e-do-not-leak"
+PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 OWNER_UID = "0b6a4bd7-1f6c-4d9e-9f0e-3a1c2b3d4e5f"
 LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
-DIGEST = "sha256:" + "ab" * 32
-CONFIG = KubernetesConfig(
-    namespace="resource-functions",
-    service_account="resource-task",
-    task_image="registry.example.com/resource-functions@sha256:" + "cd" * 32,
-    ttl_seconds=600,
-    margin_seconds=300,
-    store_secret="resource-functions-store",
-    resources={"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
-    reply_sink="http://relay.example",
-    build_size_limit="8Gi",
-    node_selector={"kubernetes.io/os": "linux"},
-    tolerations=({"key": "ci", "operator": "Exists", "effect": "NoSchedule"},),
-    image_pull_secrets=("deploy-pull",),
-    step_env=(
-        ("ARCHIVE_FORMAT", "zstd"),
-        ("ARCHIVE_LEVEL", "3"),
-        ("AWS_ENDPOINT_URL_S3", "http://minio:9000"),
-    ),
-)
-STORE_URL = "s3://resource-functions/ci"
-PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-
-
-def make_task(
-    action: str = "get",
-    *,
-    request_id: str = "evt-1",
-    secret: str = CANARY,
-    resource_type: ResourceType | None = None,
-) -> Task:
-    source = {
-        "uri": "https://git.example.com/repo.git",
-        "private_key": secret,
-        "nested": [{"token": secret + "-2"}],
-    }
-    version = {"ref": "abc123"} if action != "put" else None
-    params = {"password": secret} if action != "check" else {}
-    inputs = (
-        {
-            "repo": ArtifactRef(key=f"artifacts/{'1' * 64}.tar.zst", digest=DIGEST),
-            "notes": ArtifactRef(key="artifacts/notes.tar.gz"),
-        }
-        if action == "put"
-        else {}
-    )
-    build = Build(id="17", name="42", job="unit", pipeline="main", team="main")
-    return Task(
-        run_id=run_of(b"test", "//ci.example.com", request_id, action),
-        action=action,  # type: ignore[arg-type]
-        resource_type=resource_type or ResourceType(image="docker.io/concourse/git-resource:1.17"),
-        stdin=protocol.stdin_payload(action, source, version, params),  # type: ignore[arg-type]
-        env=protocol.build_env(action, build),
-        inputs=inputs,  # type: ignore[arg-type]
-        cache_key="c" * 64 if action == "get" else None,
-        timeout_seconds=1800,
-        request_id=request_id,
-        request_source="//ci.example.com",
-        subject="pipelines/main",
-    )
-
-
-def make_plan(action: str = "get", *, reply: bool = False, **task_args: Any) -> JobPlan:
-    return plan_for(make_task(action, **task_args), CONFIG, STORE_URL, reply=reply)
 
 
 def pod_of(job: dict[str, Any]) -> dict[str, Any]:
@@ -184,7 +120,11 @@ def test_build_dir_is_shared_and_stdin_reaches_only_resource_and_collect(action:
         "secretName": podspec.job_name(action, make_task(action).run_id) + "-stdin",
         "optional": False,
         "defaultMode": 0o400,
-        "items": [{"key": "stdin", "path": "stdin"}, {"key": "redact", "path": "redact"}],
+        "items": [
+            {"key": "stdin", "path": "stdin"},
+            {"key": "redact", "path": "redact"},
+            {"key": "resolved", "path": "resolved"},
+        ],
     }
     for name, container in containers(job).items():
         assert mounts(container)["build"] == "/tmp/build"
@@ -451,8 +391,11 @@ def test_secret_holds_stdin_and_is_owned_by_the_job() -> None:
     secret = stdin_secret_manifest(plan, task.stdin, OWNER_UID)
     assert base64.b64decode(secret["data"]["stdin"]) == task.stdin
     assert json.loads(base64.b64decode(secret["data"]["redact"])) == []
-    resolved = stdin_secret_manifest(plan, task.stdin, OWNER_UID, ("pw", "token-1"))
-    assert json.loads(base64.b64decode(resolved["data"]["redact"])) == ["pw", "token-1"]
+    resolved = stdin_secret_manifest(
+        plan, task.stdin, OWNER_UID, ("pw", "token-1", "literal"), resolved=("pw", "token-1")
+    )
+    assert json.loads(base64.b64decode(resolved["data"]["redact"])) == ["pw", "token-1", "literal"]
+    assert json.loads(base64.b64decode(resolved["data"]["resolved"])) == ["pw", "token-1"]
     assert secret["immutable"] is True and secret["type"] == "Opaque"
     assert secret["metadata"]["name"] == plan.job_name + "-stdin"
     assert secret["metadata"]["ownerReferences"] == [

@@ -13,15 +13,16 @@ from typing import Any
 
 import pytest
 
-from functions import cli, keys
+from functions import cli, keys, steps
 from functions.model import ArtifactRef, HistoryPlan, TraceContext
 from functions.pod_contract import CollectStep, ReplyPlan, StageStep, StepFailure
+from functions.redaction import secret_values
 from functions.task import in_pod, untrusted_files
 from functions.task.step_settings import StepSettings
 from storage import StoreOptions, get_json, open_store
 from storage.archive import ArchiveOptions
 from storage.artifacts import upload_tree
-from tests.event_sink import event_sink
+from testbed.event_sink import event_sink
 
 CANARY = "canary-7d3f9b2e-do-not-leak"
 PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -39,7 +40,10 @@ def store(s3_env: Any, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> Any:
 @pytest.fixture
 def build(tmp_path: Path) -> Path:
     (tmp_path / "build/.task").mkdir(parents=True)
-    (tmp_path / "stdin").write_text(json.dumps({"source": {"password": CANARY}}))
+    source = {"password": CANARY}
+    (tmp_path / "stdin").write_text(json.dumps({"source": source}))
+    # The values to redact, as the function computes them into the stdin Secret.
+    (tmp_path / "redact").write_text(json.dumps(secret_values(source=source, params={})))
     return tmp_path / "build"
 
 
@@ -183,7 +187,7 @@ def test_a_missing_exit_code_is_a_runtime_failure(store: Any, build: Path) -> No
 def test_collect_keeps_the_tail_of_a_huge_log(
     store: Any, build: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(in_pod, "MAX_STDERR_BYTES", 1000)
+    monkeypatch.setattr(steps, "MAX_STDERR_BYTES", 1000)
     (build / ".task/exit-code").write_text("1")
     (build / ".task/stderr").write_text("x" * 5000 + "\nthe real error\n")
     assert collect(build) == 0

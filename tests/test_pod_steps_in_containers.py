@@ -26,6 +26,7 @@ from functions import keys
 from functions.model import Action, ArtifactRef, Build, ResourceType, Task
 from functions.pod_contract import STEP_ENV, StepFailure
 from functions.protocol import build_env, stdin_payload
+from functions.redaction import secret_values
 from functions.runtimes.podspec import (
     BUILD_VOLUME,
     STEP_UID,
@@ -118,10 +119,14 @@ class TaskPods:
             inputs=inputs or {},
             cache_key=cache_key,
             timeout_seconds=60,
+            # what the function hands collect: the values to redact (its policy applied)
+            secrets=secret_values(source=source, params=params or {}),
         )
         plan = plan_for(task, self.config(), self.store.url, reply=False)
         spec = job_manifest(plan)["spec"]["template"]["spec"]
-        stdin_secret = stdin_secret_manifest(plan, task.stdin, owner_uid=str(uuid.uuid4()))
+        stdin_secret = stdin_secret_manifest(
+            plan, task.stdin, owner_uid=str(uuid.uuid4()), secrets=task.secrets
+        )
         secrets = {
             plan.secret_name: secret_data(stdin_secret),
             STORE_SECRET: {k: v.encode() for k, v in self.environ.items() if k in CREDENTIALS},

@@ -7,18 +7,23 @@
 A provider raises ``Unavailable`` when it cannot be reached (HTTP 503, redelivered). A
 reference that no provider resolves is ``InvalidRequest`` (HTTP 400) naming the variable,
 never a value. Resolved values go nowhere but the stdin payload; ``Resolved.values`` lists
-them so that every one is redacted, whatever its length. Providers: ``local.CredentialsDir``
+them so that every one is redacted; one under ``MIN_CHARS`` characters cannot be (it would
+show itself in the text around it), and resolving it logs a warning naming the variable.
+Providers: ``local.CredentialsDir``
 (``CREDENTIALS_DIR``) and ``kubernetes.KubernetesSecrets`` (Secrets, Concourse's
 conventions); ``make_provider`` picks one from the settings.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
 from functions.credentials.interpolate import Reference, Resolved, find_references, interpolate
 from functions.errors import ConfigError, InvalidRequest
+from functions.logs import fields
 from functions.model import Build
+from functions.redaction import MIN_CHARS
 
 if TYPE_CHECKING:
     from functions.settings import Settings
@@ -33,6 +38,8 @@ __all__ = [
     "make_provider",
     "resolve",
 ]
+
+log = logging.getLogger("functions.credentials")
 
 
 class Provider(Protocol):
@@ -86,6 +93,13 @@ def resolve(
             found[ref] = value
     if missing:
         raise InvalidRequest(*missing)
+    for ref, value in found.items():
+        if 0 < len(value) < MIN_CHARS:
+            log.warning(
+                f"{ref} resolves to a value under {MIN_CHARS} characters, which is never "
+                "redacted from logs (it would show itself): give it a longer value",
+                extra=fields(variable=str(ref)),
+            )
     return Resolved(
         source=interpolate(source, found),
         params=interpolate(params, found),

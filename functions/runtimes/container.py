@@ -34,7 +34,7 @@ from functions.model import SCRIPTS, WORKDIRS, Outcome, Task
 from functions.outcome import failed, final_failure, script_timeout
 from functions.phases import PhaseClock
 from functions.pod_contract import MANAGED_BY
-from functions.redaction import redact, secret_strings
+from functions.redaction import Redactor
 from functions.runtimes import Ended
 from functions.runtimes.background import BackgroundRuns, RunsInFlight, report_end
 from functions.runtimes.output import STDERR, STDOUT, Output
@@ -216,6 +216,8 @@ class ContainerRuntime:
     def _outcome(self, task: Task, workdir: Path, container: Any, clock: PhaseClock) -> Outcome:
         """The stored outcome: of the adopted container, or of a new one."""
         output: Output | None = None  # an adopted container's is read from the engine's logs
+        redactor = Redactor(task.secrets)
+        keep = steps.stderr_bytes(redactor)
         if container is None:
             try:
                 if task.inputs:
@@ -236,7 +238,7 @@ class ContainerRuntime:
                     raise Unavailable(f"image {task.resource_type.image} vanished after its pull")
             self._script_starts(task.run_id)
             with clock.phase("script"):
-                exit_code, output = self._feed_and_wait(container, task)
+                exit_code, output = self._feed_and_wait(container, task, keep)
         else:
             self._script_starts(task.run_id)  # an adopted container's script has started
             try:
@@ -244,7 +246,7 @@ class ContainerRuntime:
                     remaining = _remaining(container, task.timeout_seconds)
                     exit_code = self._wait(container, task, remaining)
                 with clock.phase("output"):
-                    output = _read_logs(container, with_stdout=exit_code is not None)
+                    output = _read_logs(container, with_stdout=exit_code is not None, keep=keep)
             except Unavailable:
                 # The process that started the container may live on (an orphaned worker):
                 # if it stored the result and removed the container, that result stands.
@@ -252,7 +254,7 @@ class ContainerRuntime:
                 if stored is None:
                     raise
                 return stored
-        return self._collect(container, task, workdir, exit_code, output, clock)
+        return self._collect(container, task, workdir, exit_code, output, redactor, clock)
 
     def _record(self, task: Task, outcome: Outcome) -> Outcome:
         return records.record_outcome(
@@ -266,16 +268,16 @@ class ContainerRuntime:
         workdir: Path,
         exit_code: int | None,
         output: Output | None,
+        redactor: Redactor,
         clock: PhaseClock,
     ) -> Outcome:
         if output is None:
             with clock.phase("output"):
-                output = _read_logs(container, with_stdout=exit_code is not None)
+                keep = steps.stderr_bytes(redactor)
+                output = _read_logs(container, with_stdout=exit_code is not None, keep=keep)
         stdout, stderr = output.stdout, output.stderr
         if exit_code is None:
-            log_text = redact(
-                stderr.decode("utf-8", "replace"), secret_strings(task.stdin, task.secrets)
-            )
+            log_text = steps.redacted_log(stderr, redactor)
             records.write_once(self._store, keys.log_key(task.run_id), log_text.encode())
             return self._record(task, script_timeout(task.action, task.timeout_seconds, log_text))
         spec = steps.CollectSpec(
@@ -292,8 +294,8 @@ class ContainerRuntime:
             exit_code=exit_code,
             stdout=stdout,
             stderr=stderr,
-            stdin=task.stdin,
-            extra_secrets=task.secrets,
+            redactor=redactor,
+            credentials=Redactor(task.resolved),
             output_dir=workdir if task.action == "get" else None,
             clock=clock,
         )
@@ -353,11 +355,14 @@ class ContainerRuntime:
         except ENGINE_ERRORS as err:  # a name conflict included: another process runs it
             raise Unavailable(f"container engine: cannot create container: {err}") from err
 
-    def _feed_and_wait(self, container: Any, task: Task) -> tuple[int | None, Output | None]:
+    def _feed_and_wait(
+        self, container: Any, task: Task, keep: int
+    ) -> tuple[int | None, Output | None]:
         """Start with stdin, stdout and stderr attached: stdin fed from one thread (a script
         that never reads stdin cannot block us), the output read as it comes by another;
         wait. An exit code of None: the script timed out and was killed. The output is None
-        if the attach stream did not end whole (then the engine's logs are read instead)."""
+        if the attach stream did not end whole (then the engine's logs are read instead).
+        ``keep``: the bytes of stderr's tail to keep (``steps.stderr_bytes``)."""
         try:
             sock = container.attach_socket(
                 params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
@@ -365,7 +370,7 @@ class ContainerRuntime:
             container.start()
         except ENGINE_ERRORS as err:
             raise Unavailable(f"container engine: cannot start the container: {err}") from err
-        output = Output()
+        output = Output(keep)
         reader = threading.Thread(target=_drain, args=(sock, output), daemon=True)
         feeder = threading.Thread(target=_feed, args=(sock, task.stdin), daemon=True)
         reader.start()
@@ -562,10 +567,11 @@ def _close(sock: Any) -> None:
     sock.close()
 
 
-def _read_logs(container: Any, *, with_stdout: bool) -> Output:
+def _read_logs(container: Any, *, with_stdout: bool, keep: int) -> Output:
     """The output from the engine's logs (an adopted container's, or when the attach
-    stream was cut): two reads, one per stream; stdout only if it counts."""
-    output = Output()
+    stream was cut): two reads, one per stream; stdout only if it counts; the last ``keep``
+    bytes of stderr."""
+    output = Output(keep)
     streams = (STDERR, STDOUT) if with_stdout else (STDERR,)
     try:
         for stream in streams:

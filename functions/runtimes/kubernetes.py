@@ -121,7 +121,7 @@ class KubernetesRuntime:
         clock = PhaseClock()
         try:
             with clock.phase("launch"):
-                job = self._launch(plan, task.stdin, task.secrets)
+                job = self._launch(plan, task)
         except Rejected as err:
             return self._rejected(task, plan, err)
         return clock.attach(self._settle(task, plan, job, clock).outcome)
@@ -140,7 +140,7 @@ class KubernetesRuntime:
         """Create the Job (idempotent) and return; the task posts its own reply."""
         plan = plan_for(task, self._config, self._store.url, reply=True)
         try:
-            job = self._launch(plan, task.stdin, task.secrets)
+            job = self._launch(plan, task)
         except Rejected as err:
             outcome = self._rejected(task, plan, err)
             lease.release_held(self._store, task.lease)
@@ -158,7 +158,7 @@ class KubernetesRuntime:
 
     # --- creating ------------------------------------------------------------------------
 
-    def _launch(self, plan: JobPlan, stdin: bytes, secrets: tuple[str, ...] = ()) -> dict[str, Any]:
+    def _launch(self, plan: JobPlan, task: Task) -> dict[str, Any]:
         """Create the Job, or attach to the one a previous delivery created; then its Secret
         (unless that Job has finished already: no credentials for a pod that will not run)."""
         try:
@@ -169,7 +169,7 @@ class KubernetesRuntime:
                 return job
         except NotFound as err:
             raise Unavailable(f"cannot create Jobs in namespace {plan.namespace!r}: {err}") from err
-        self._create_secret(plan, stdin, job, secrets)
+        self._create_secret(plan, task, job)
         return job
 
     def _rejected(self, task: Task, plan: JobPlan, err: Rejected) -> Outcome:
@@ -199,14 +199,14 @@ class KubernetesRuntime:
             raise Unavailable(f"task Job {plan.job_name} is being deleted: try again")
         return job
 
-    def _create_secret(
-        self, plan: JobPlan, stdin: bytes, job: dict[str, Any], secrets: tuple[str, ...] = ()
-    ) -> None:
+    def _create_secret(self, plan: JobPlan, task: Task, job: dict[str, Any]) -> None:
         uid = uid_of(job)
         if not uid:
             raise Unavailable(f"the Kubernetes API returned Job {plan.job_name} without a uid")
         token = keys.reply_token(self._config.reply_secret, plan.run_id) if plan.reply else ""
-        manifest = podspec.stdin_secret_manifest(plan, stdin, uid, secrets, token)
+        manifest = podspec.stdin_secret_manifest(
+            plan, task.stdin, uid, task.secrets, token, resolved=task.resolved
+        )
         for attempt in range(2):
             try:
                 self._api.create_secret(manifest)

@@ -1,7 +1,8 @@
 """A script's two output streams, kept apart and bounded: stdout's head (one byte over the
-protocol's limit, so an oversize is detected) and stderr's tail (where errors are). Memory
-stays bounded whatever the script prints; the caller keeps reading to the end, so a script
-never blocks on a full pipe."""
+protocol's limit, so an oversize is detected) and stderr's tail (where errors are), raw:
+the caller redacts it, with the bytes before the log's own tail as context
+(``steps.stderr_bytes``). Memory stays bounded whatever the script prints; the caller keeps
+reading to the end, so a script never blocks on a full pipe."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ STDOUT, STDERR = 1, 2  # the stream numbers of the Docker API's multiplexed stre
 
 
 class Output:
-    def __init__(self) -> None:
+    def __init__(self, stderr_bytes: int = MAX_STDERR_BYTES) -> None:
         self.complete = False  # set by the reader that saw the stream end whole
+        self._stderr_bytes = stderr_bytes
         self._stdout = bytearray()
         self._stderr: deque[bytes] = deque()
         self._stderr_size = 0
@@ -27,7 +29,7 @@ class Output:
         elif stream == STDERR:
             self._stderr.append(data)
             self._stderr_size += len(data)
-            while self._stderr_size - len(self._stderr[0]) >= MAX_STDERR_BYTES:
+            while self._stderr_size - len(self._stderr[0]) >= self._stderr_bytes:
                 self._stderr_size -= len(self._stderr.popleft())
 
     @property
@@ -40,4 +42,4 @@ class Output:
 
     @property
     def stderr(self) -> bytes:
-        return b"".join(self._stderr)[-MAX_STDERR_BYTES:]
+        return b"".join(self._stderr)[-self._stderr_bytes :]

@@ -12,7 +12,7 @@ Pod layout (one shared ``emptyDir`` mounted at ``/tmp/build`` in every container
 check and get have no inputs, so they have no ``stage`` container (one image start less);
 ``RESOURCE_SCRIPT`` creates ``/tmp/build/.task`` itself. The stdin Secret (the only place the
 request's ``source``/``params`` live) is mounted into ``resource`` and ``collect`` (which
-needs it to redact secrets from the log) and nowhere else; no env var, argument, label or
+reads the values to redact beside stdin) and nowhere else; no env var, argument, label or
 annotation carries anything from it. Store credentials reach ``stage``/``collect`` only,
 as the files of the deployment's store Secret, which no other container mounts.
 """
@@ -38,6 +38,7 @@ from functions.pod_contract import (
     REPLY_TOKEN_ENV,
     REPLY_TOKEN_FILE,
     REPLY_TOKEN_KEY,
+    RESOLVED_KEY,
     SECRET_DIR,
     SINK_ENV,
     STAGE_ERROR_FILE,
@@ -318,7 +319,7 @@ def _volumes(plan: JobPlan) -> list[dict[str, Any]]:
     build: dict[str, Any] = {"sizeLimit": plan.build_size_limit} if plan.build_size_limit else {}
     volumes: list[dict[str, Any]] = [
         {"name": BUILD_VOLUME, "emptyDir": build},
-        _secret_volume(STDIN_VOLUME, plan.secret_name, (STDIN_KEY, REDACT_KEY)),
+        _secret_volume(STDIN_VOLUME, plan.secret_name, (STDIN_KEY, REDACT_KEY, RESOLVED_KEY)),
     ]
     if plan.reply:
         volumes.append(_secret_volume(REPLY_VOLUME, plan.secret_name, (REPLY_TOKEN_KEY,)))
@@ -442,16 +443,20 @@ def stdin_secret_manifest(
     owner_uid: str,
     secrets: tuple[str, ...] = (),
     reply_token: str = "",
+    *,
+    resolved: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """The Secret holding the script's stdin (and, for collect to redact, the resolved
-    credential values ``secrets``; for an asynchronous task, its ``reply_token``), owned by
-    the Job (garbage-collected with it).
+    """The Secret holding the script's stdin (and, for collect, the values to redact
+    ``secrets`` and the resolved credential values ``resolved``: ``Task.secrets`` and
+    ``Task.resolved``; for an asynchronous task, its ``reply_token``), owned by the Job
+    (garbage-collected with it).
     No ``blockOwnerDeletion``: that needs delete rights on the owner's finalizers."""
     if not owner_uid:
         raise ValueError("the stdin Secret needs the uid of the Job that owns it")
     data = {
         STDIN_KEY: base64.b64encode(stdin).decode("ascii"),
         REDACT_KEY: base64.b64encode(json.dumps(list(secrets)).encode()).decode(),
+        RESOLVED_KEY: base64.b64encode(json.dumps(list(resolved)).encode()).decode(),
     }
     if reply_token:
         data[REPLY_TOKEN_KEY] = base64.b64encode(reply_token.encode()).decode()

@@ -19,6 +19,7 @@ from functions.logs import fields
 from functions.metrics import Metrics, type_label
 from functions.model import Action, HistoryPlan, Outcome, RepeatableGet, Request, Task
 from functions.outcome import final_failure
+from functions.redaction import secret_values
 from functions.replies import discovered_events, reply_event
 from functions.runtimes import Runtime
 from functions.service import checks, shared_check
@@ -436,7 +437,13 @@ class Service:
             request_id=request.event_id,
             request_source=request.event_source,
             subject=request.subject,
-            secrets=request.secrets,
+            secrets=secret_values(
+                source=request.source,
+                params=request.params,
+                resolved=request.secrets,
+                keys=self.settings.redact_keys,
+            ),
+            resolved=request.secrets,
             history=checks.history_plan(self.settings, request),
             trace=request.trace,
             request_digest=request.digest,

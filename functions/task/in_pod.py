@@ -35,6 +35,7 @@ from functions.outcome import failed, script_timeout
 from functions.pod_contract import (
     EXIT_CODE_FILE,
     REDACT_KEY,
+    RESOLVED_KEY,
     STAGE_ERROR_FILE,
     STDERR_FILE,
     STDOUT_FILE,
@@ -44,8 +45,8 @@ from functions.pod_contract import (
     StageStep,
     StepFailure,
 )
-from functions.protocol import MAX_STDERR_BYTES, MAX_STDIN_BYTES, MAX_STDOUT_BYTES
-from functions.redaction import redact, secret_strings
+from functions.protocol import MAX_STDIN_BYTES, MAX_STDOUT_BYTES
+from functions.redaction import Redactor
 from functions.replies import reply_events
 from functions.sink import RelayToken, post_events
 from functions.task import untrusted_files
@@ -134,40 +135,40 @@ class ResourceStepFiles:
     stderr: bytes
 
     @classmethod
-    def read(cls, build_dir: str) -> ResourceStepFiles:
-        """Raises ``UntrustedFile`` naming a file that is not a plain file to read."""
+    def read(cls, build_dir: str, stderr_bytes: int) -> ResourceStepFiles:
+        """Raises ``UntrustedFile`` naming a file that is not a plain file to read.
+        ``stderr``: its last ``stderr_bytes``."""
         with untrusted_files.directory(build_dir, TASK_SUBDIR) as task:
             return cls(
                 stage_error=untrusted_files.read_head(task, STAGE_ERROR_FILE, 64 * 1024),
                 exit_code=_as_int(untrusted_files.read_head(task, EXIT_CODE_FILE, 64)),
                 timed_out=untrusted_files.read_head(task, TIMED_OUT_FILE, 64),
                 stdout=untrusted_files.read_head(task, STDOUT_FILE, MAX_STDOUT_BYTES + 1) or b"",
-                stderr=untrusted_files.read_tail(task, STDERR_FILE, MAX_STDERR_BYTES) or b"",
+                stderr=untrusted_files.read_tail(task, STDERR_FILE, stderr_bytes) or b"",
             )
 
 
 def record(store: Store, args: CollectStep, archive: ArchiveOptions) -> Outcome:
     """The outcome of what the resource step left behind, stored (first record wins)."""
     stdin_file = Path(args.stdin_file)
-    stdin = read_head(stdin_file, MAX_STDIN_BYTES)
-    extra = resolved_values(stdin_file.with_name(REDACT_KEY))
+    redactor = Redactor(listed_values(stdin_file.with_name(REDACT_KEY)))
     try:
-        left = ResourceStepFiles.read(args.build_dir)
+        left = ResourceStepFiles.read(args.build_dir, steps.stderr_bytes(redactor))
     except untrusted_files.UntrustedFile as err:
         return _record_failure(store, args, "runtime", f"the resource step's output: {err}")
-    if left.stage_error:
-        return _record_failure(store, args, "storage", left.stage_error.decode(errors="replace"))
+    if left.stage_error:  # stage wrote it, or the resource step did: redacted all the same
+        message = redactor.redact_text(left.stage_error.decode(errors="replace"))
+        return _record_failure(store, args, "storage", message)
     if left.exit_code is None:
-        log = redact(left.stderr.decode(errors="replace"), secret_strings(stdin, extra))
         return _record_failure(
             store,
             args,
             "runtime",
             "the resource step recorded no exit code (does the image have /bin/sh?)",
-            log,
+            steps.redacted_log(left.stderr, redactor),
         )
     if left.timed_out is not None:  # the same failure as the container runtime's
-        log = redact(left.stderr.decode(errors="replace"), secret_strings(stdin, extra))
+        log = steps.redacted_log(left.stderr, redactor)
         outcome = script_timeout(args.action, _as_int(left.timed_out), log)
         message = outcome.failure.message if outcome.failure else ""
         return _record_outcome(store, args, outcome, log or message)
@@ -185,14 +186,15 @@ def record(store: Store, args: CollectStep, archive: ArchiveOptions) -> Outcome:
         exit_code=left.exit_code,
         stdout=left.stdout,
         stderr=left.stderr,
-        stdin=stdin,
         output_dir=Path(args.build_dir) / "get" if args.action == "get" else None,
-        extra_secrets=extra,
+        redactor=redactor,
+        credentials=Redactor(listed_values(stdin_file.with_name(RESOLVED_KEY))),
     )
 
 
-def resolved_values(path: Path) -> list[str]:
-    """The resolved credential values beside stdin (a JSON list); none if absent."""
+def listed_values(path: Path) -> list[str]:
+    """A JSON list of strings beside stdin, which the function computed (the values to
+    redact; the resolved credential values among them); none if absent."""
     try:
         values = json.loads(read_head(path, MAX_STDIN_BYTES) or b"[]")
     except ValueError:

@@ -4,7 +4,13 @@ Every path is walked component by component from a descriptor of the target dire
 ``O_NOFOLLOW`` (``openat``), and every leaf is created relative to its parent's descriptor
 with exclusive-create flags. So nothing is written through a symlink, whether extracted
 earlier or already present, nothing existing is replaced, and path length is not limited
-by ``PATH_MAX``. Names and link targets are vetted by ``archive_safety`` first.
+by ``PATH_MAX``. That is what makes any symlink target safe to restore verbatim (an
+absolute one, ``..``): a link is created, never entered. Names are vetted by
+``archive.safety`` first.
+
+What is restored: contents, modes with setuid, setgid and sticky, mtimes, symlinks, hard
+links, the extended attributes ``archive.xattrs`` keeps, and numeric owners when running as
+root (as tar does; otherwise files belong to the extracting user).
 """
 
 from __future__ import annotations
@@ -13,8 +19,9 @@ import errno
 import os
 import stat
 import tarfile
-from typing import IO, Self
+from typing import IO, Any, Self
 
+from storage.archive import xattrs
 from storage.archive.pipe import write_all
 from storage.archive.safety import check_kind, check_symlink, member_parts, rejected
 
@@ -32,18 +39,21 @@ _CONTENT_ERRNOS = frozenset({errno.EEXIST, errno.ENAMETOOLONG, errno.EILSEQ, err
 class SafeWriter:
     """Extracts members of a tar stream, in order, below ``directory`` (created if missing).
 
-    Use as a context manager and call ``finish`` after the last member: directory modes and
-    mtimes are applied last, deepest first, so read-only directories and mtimes survive
-    their own contents being written. File modes keep the permission bits (``0o777``) and
-    drop setuid, setgid and sticky; ownership is never restored.
+    Use as a context manager and call ``finish`` after the last member: directory owners,
+    modes and mtimes are applied last, deepest first, so read-only directories and mtimes
+    survive their own contents being written. Modes are kept whole (``0o7777``); owners are
+    restored when this process is root (``restore_owners``), where the system allows it.
     """
 
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
+    def __init__(
+        self, directory: str | os.PathLike[str], *, restore_owners: bool | None = None
+    ) -> None:
         os.makedirs(directory, exist_ok=True)
         self._root = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self._cached: tuple[tuple[str, ...], int] = ((), self._root)
         self._files: set[tuple[str, ...]] = set()  # hard links may only point at these
-        self._dirs: list[tuple[tuple[str, ...], int, int]] = []
+        self._dirs: list[tuple[tuple[str, ...], tarfile.TarInfo]] = []
+        self._owners = os.geteuid() == 0 if restore_owners is None else restore_owners
 
     def __enter__(self) -> Self:
         return self
@@ -70,13 +80,15 @@ class SafeWriter:
             raise rejected(member.name, reason) from err
 
     def finish(self) -> None:
-        """Apply directory modes and mtimes, deepest first: a parent made read-only (or
-        unsearchable) must not block its children, whatever the archive's order."""
-        for parts, mode, mtime in sorted(self._dirs, key=lambda d: len(d[0]), reverse=True):
-            fd = self._walk(parts, create=False, name="/".join(parts))
+        """Apply directory owners, modes and mtimes, deepest first: a parent made read-only
+        (or unsearchable, or someone else's) must not block its children, whatever the
+        archive's order."""
+        for parts, member in sorted(self._dirs, key=lambda d: len(d[0]), reverse=True):
+            fd = self._walk(parts, create=False, name=member.name)
             try:
-                os.fchmod(fd, mode)
-                os.utime(fd, (mtime, mtime))
+                self._chown(member, fd)
+                os.fchmod(fd, _permissions(member))
+                os.utime(fd, (member.mtime, member.mtime))
             finally:
                 os.close(fd)
 
@@ -85,11 +97,15 @@ class SafeWriter:
     ) -> None:
         leaf = parts[-1]
         if member.isdir():
-            self._mkdir(leaf, parent, member.name)
-            self._dirs.append((parts, _permissions(member), int(member.mtime)))
+            self._mkdir(member, leaf, parent)
+            self._dirs.append((parts, _directory_part(member)))
         elif member.issym():
-            check_symlink("/".join(parts), member.linkname)
+            check_symlink(member.name, member.linkname)
             os.symlink(member.linkname, leaf, dir_fd=parent)
+            if self._owners:
+                _ignore_refusal(
+                    os.chown, leaf, member.uid, member.gid, dir_fd=parent, follow_symlinks=False
+                )
             os.utime(leaf, (member.mtime, member.mtime), dir_fd=parent, follow_symlinks=False)
         elif member.islnk():
             self._link(member, leaf, parent)
@@ -99,16 +115,26 @@ class SafeWriter:
             self._write_file(member, leaf, parent, source)
             self._files.add(parts)
 
-    def _mkdir(self, leaf: str, parent: int, name: str) -> None:
+    def _mkdir(self, member: tarfile.TarInfo, leaf: str, parent: int) -> None:
+        """Make the directory (or take the one an earlier entry implied) and set its extended
+        attributes now, while it is still ours and writable."""
+        attributes = _attributes(member)
         try:
             os.mkdir(leaf, 0o700, dir_fd=parent)
         except FileExistsError:
             if not stat.S_ISDIR(os.stat(leaf, dir_fd=parent, follow_symlinks=False).st_mode):
-                raise rejected(name, "already exists and is not a directory") from None
+                raise rejected(member.name, "already exists and is not a directory") from None
+        if attributes:
+            fd = os.open(leaf, _DIR_FLAGS, dir_fd=parent)
+            try:
+                xattrs.restore(fd, attributes)
+            finally:
+                os.close(fd)
 
     def _write_file(
         self, member: tarfile.TarInfo, leaf: str, parent: int, source: IO[bytes]
     ) -> None:
+        attributes = _attributes(member)
         fd = os.open(leaf, _FILE_FLAGS, 0o600, dir_fd=parent)
         try:
             remaining = member.size
@@ -118,10 +144,18 @@ class SafeWriter:
                     raise tarfile.ReadError("unexpected end of data")
                 write_all(fd, chunk)
                 remaining -= len(chunk)
+            # This order: chown clears setuid, setgid and file capabilities; a 0444 mode
+            # would stop an unprivileged owner from setting user attributes.
+            self._chown(member, fd)
+            xattrs.restore(fd, attributes)
             os.fchmod(fd, _permissions(member))
             os.utime(fd, (member.mtime, member.mtime))
         finally:
             os.close(fd)
+
+    def _chown(self, member: tarfile.TarInfo, fd: int) -> None:
+        if self._owners:
+            _ignore_refusal(os.fchown, fd, member.uid, member.gid)
 
     def _link(self, member: tarfile.TarInfo, leaf: str, parent: int) -> None:
         target = member_parts(member.linkname, entry=member.name)
@@ -195,4 +229,29 @@ def _walk_error(
 
 
 def _permissions(member: tarfile.TarInfo) -> int:
-    return member.mode & 0o777
+    return member.mode & 0o7777
+
+
+def _attributes(member: tarfile.TarInfo) -> list[tuple[str, bytes]]:
+    attributes = xattrs.of_member(member) if member.pax_headers else []
+    too_big = xattrs.oversized(attributes)
+    if too_big:
+        raise rejected(member.name, f"extended attribute {too_big!r} is over 64 KiB")
+    return attributes
+
+
+def _directory_part(member: tarfile.TarInfo) -> tarfile.TarInfo:
+    """What ``finish`` needs of a directory: not its PAX records, which may be large."""
+    kept = tarfile.TarInfo(member.name)
+    kept.mode, kept.mtime = member.mode, member.mtime
+    kept.uid, kept.gid = member.uid, member.gid
+    return kept
+
+
+def _ignore_refusal(chown: Any, *args: Any, **kwargs: Any) -> None:
+    """chown, unless the system refuses: no CAP_CHOWN, or an id this user namespace lacks."""
+    try:
+        chown(*args, **kwargs)
+    except OSError as err:
+        if err.errno not in (errno.EPERM, errno.EINVAL):
+            raise

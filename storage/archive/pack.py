@@ -1,12 +1,21 @@
 """Writes a directory as a deterministic tar stream (the uncompressed half of ``pack``).
 
 Entries are the directory's contents, depth first and sorted by name, named relative to it,
-with uid/gid 0, no owner names and whole-second mtimes: nothing but the tree's content
-decides the bytes. Hard links within the tree become LNKTYPE entries to the first name.
+with their mode (setuid, setgid and sticky included), numeric uid/gid and no owner names,
+whole-second mtimes, and the extended attributes ``archive.xattrs`` keeps: nothing but the
+tree's content decides the bytes. Symlinks are stored verbatim, whatever their target; hard
+links within the tree become LNKTYPE entries to the first name.
+
+The tree was written by an untrusted resource image and is read by a process holding store
+credentials, so nothing is read through a link: the walk goes from directory descriptor to
+directory descriptor (``O_NOFOLLOW``), every file is opened ``O_NOFOLLOW | O_NONBLOCK`` (a
+FIFO swapped in cannot block) and must then be a regular file, and a symlink is only ever
+``readlink``-ed.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import struct
@@ -14,17 +23,38 @@ import tarfile
 from collections.abc import Iterator
 from typing import Any
 
+from storage.archive import xattrs
 from storage.archive.pipe import CHUNK
-from storage.archive.safety import check_symlink, rejected
-from storage.errors import ArchiveError
+from storage.archive.safety import MAX_PATH_BYTES, check_symlink, rejected
+from storage.errors import ArchiveError, ArchiveRejected
 
 # ustar: name mode uid gid size mtime checksum type linkname magic+version uname gname
 # devmajor devminor prefix, then 12 bytes of padding to 512
 _USTAR = struct.Struct("100s8s8s8s12s12s8sc100s8s32s32s8s8s155s12x")
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# Failures that say something about the tree, not the machine: unreadable, or changed
+# under the walk (a name that was a file or a directory is now a link, or gone).
+_UNREADABLE = frozenset({errno.EACCES, errno.EPERM})
+_CHANGED = frozenset({errno.ELOOP, errno.ENOTDIR, errno.ENOENT, errno.EINVAL})
 
 
-def write_tar(root: str, out: Any) -> None:
-    """Write the tar of ``root`` to ``out`` as ``tarfile`` would (PAX format), faster.
+def open_root(root: str) -> int:
+    """A descriptor of the directory ``root``, which must not be a symlink: the tree's
+    writer could point it anywhere (``/var/run/secrets``), so a link is refused unread."""
+    try:
+        return os.open(root, _DIR_FLAGS)
+    except (NotADirectoryError, FileNotFoundError):
+        if os.path.islink(root):
+            raise ArchiveRejected(
+                f"cannot pack {root!r}: it is a symlink, not a directory (nothing was read)"
+            ) from None
+        raise NotADirectoryError(f"cannot pack {root!r}: not a directory") from None
+
+
+def write_tar(root: int, out: Any) -> None:
+    """Write the tar of the directory open as ``root`` to ``out``, as ``tarfile`` would
+    (PAX format), faster.
 
     ``TarFile.addfile`` costs ~50 us an entry, most of it building headers: with 20,000 small
     files that was half of the packing time. Headers that fit plain ustar are built here
@@ -33,28 +63,26 @@ def write_tar(root: str, out: Any) -> None:
     first_link: dict[tuple[int, int], str] = {}
     written = 0
     buffer = memoryview(bytearray(CHUNK))  # reused: no allocation per chunk of file data
-    for name, path, info in _walk(root):
-        member = _member(name, path, info, first_link)
+    for member, fd in _walk(root, first_link):
         header = ustar_header(member) or member.tobuf(
             tarfile.PAX_FORMAT, "utf-8", "surrogateescape"
         )
         out.write(header)
-        written += len(header) + (_copy_file(path, member, out, buffer) if member.isreg() else 0)
+        written += len(header) + (_copy_file(fd, member, out, buffer) if member.isreg() else 0)
     end = tarfile.NUL * (2 * tarfile.BLOCKSIZE)  # the end marker, then pad the last record
     out.write(end + tarfile.NUL * (-(written + len(end)) % tarfile.RECORDSIZE))
 
 
-def _copy_file(path: str, member: tarfile.TarInfo, out: Any, buffer: memoryview) -> int:
-    """Write ``member.size`` bytes of ``path`` and the block padding; return bytes written.
+def _copy_file(fd: int, member: tarfile.TarInfo, out: Any, buffer: memoryview) -> int:
+    """Write ``member.size`` bytes of ``fd`` and the block padding; return bytes written.
     File data passes through ``buffer``: ``out.write`` must not keep what it is given."""
     remaining = member.size
-    with open(path, "rb", buffering=0) as source:
-        while remaining:
-            count = source.readinto(buffer[: min(remaining, len(buffer))])
-            if not count:
-                raise ArchiveError(f"cannot pack {member.name!r}: the file shrank while packing")
-            out.write(buffer[:count])
-            remaining -= count
+    while remaining:
+        count = os.readv(fd, [buffer[: min(remaining, len(buffer))]])
+        if not count:
+            raise ArchiveError(f"cannot pack {member.name!r}: the file shrank while packing")
+        out.write(buffer[:count])
+        remaining -= count
     padding = -member.size % tarfile.BLOCKSIZE
     out.write(tarfile.NUL * padding)
     return member.size + padding
@@ -62,8 +90,9 @@ def _copy_file(path: str, member: tarfile.TarInfo, out: Any, buffer: memoryview)
 
 def ustar_header(member: tarfile.TarInfo) -> bytes | None:
     """The header ``member.tobuf(PAX_FORMAT)`` gives when no pax record is needed (ASCII
-    names of up to 100 bytes, uid/gid 0, no owner names, sizes and mtimes that fit), else
-    ``None``. Only regular files, directories and links, as ``pack`` writes them."""
+    names of up to 100 bytes, no owner names, no extended attributes, ids, sizes and mtimes
+    that fit), else ``None``. Only regular files, directories and links, as ``pack`` writes
+    them."""
     name = member.name + "/" if member.isdir() else member.name
     link = member.linkname
     if not (
@@ -71,6 +100,11 @@ def ustar_header(member: tarfile.TarInfo) -> bytes | None:
         and len(link) <= 100
         and name.isascii()
         and link.isascii()
+        and not member.pax_headers
+        and not member.uname
+        and not member.gname
+        and 0 <= member.uid < 8**7
+        and 0 <= member.gid < 8**7
         and member.size < 8**11
         and 0 <= member.mtime < 8**11
     ):
@@ -78,8 +112,8 @@ def ustar_header(member: tarfile.TarInfo) -> bytes | None:
     fields = (
         name.encode(),
         b"%07o\0" % (member.mode & 0o7777),
-        b"0000000\0",
-        b"0000000\0",
+        b"%07o\0" % member.uid,
+        b"%07o\0" % member.gid,
         b"%011o\0" % member.size,
         b"%011o\0" % int(member.mtime),
         b" " * 8,
@@ -95,45 +129,119 @@ def ustar_header(member: tarfile.TarInfo) -> bytes | None:
     return bytes(block)
 
 
-def _walk(root: str) -> Iterator[tuple[str, str, os.stat_result]]:
-    """Yield (name, path, lstat) for every entry below ``root``, depth first, sorted by name."""
-    stack = [("", iter(sorted(os.listdir(root))))]
-    while stack:
-        prefix, names = stack[-1]
-        entry = next(names, None)
-        if entry is None:
-            stack.pop()
-            continue
-        name = prefix + entry
-        path = os.path.join(root, name)
-        info = os.lstat(path)
-        yield name, path, info
-        if stat.S_ISDIR(info.st_mode):
-            stack.append((name + "/", iter(sorted(os.listdir(path)))))
+def _walk(
+    root: int, first_link: dict[tuple[int, int], str]
+) -> Iterator[tuple[tarfile.TarInfo, int]]:
+    """Yield (member, fd) for every entry below ``root``, depth first, sorted by name. ``fd``
+    is the open file or directory (-1 for others), valid until the next step; directories
+    stay open while their contents are walked, closed here."""
+    stack = [("", root, _sorted_entries(root))]
+    try:
+        while stack:
+            prefix, parent, entries = stack[-1]
+            entry = next(entries, None)
+            if entry is None:
+                stack.pop()
+                if parent != root:
+                    os.close(parent)
+                continue
+            member, fd = _open_entry(prefix + entry.name, parent, entry, first_link)
+            try:
+                yield member, fd
+                children = _sorted_entries(fd) if member.isdir() else None
+            except BaseException:
+                if fd >= 0:
+                    os.close(fd)
+                raise
+            if children is not None:
+                stack.append((member.name + "/", fd, children))
+            elif fd >= 0:
+                os.close(fd)
+    finally:
+        for _, fd, _ in stack:
+            if fd != root:
+                os.close(fd)
+
+
+def _sorted_entries(fd: int) -> Iterator[os.DirEntry[str]]:
+    with os.scandir(fd) as entries:
+        return iter(sorted(entries, key=lambda entry: entry.name))
+
+
+def _open_entry(
+    name: str, parent: int, entry: os.DirEntry[str], first_link: dict[tuple[int, int], str]
+) -> tuple[tarfile.TarInfo, int]:
+    """The member for ``entry`` of the directory ``parent``, and its open fd (-1 for links).
+    The kind comes from the directory (``d_type``); what is opened is checked again."""
+    if len(name.encode("utf-8", "surrogateescape")) > MAX_PATH_BYTES:
+        raise rejected(name, f"name longer than {MAX_PATH_BYTES} bytes")
+    try:
+        if entry.is_dir(follow_symlinks=False):
+            fd = os.open(entry.name, _DIR_FLAGS, dir_fd=parent)
+        elif entry.is_file(follow_symlinks=False):
+            fd = os.open(entry.name, _FILE_FLAGS, dir_fd=parent)
+        else:
+            return _unopened_member(name, parent, entry), -1
+    except OSError as err:
+        raise _content_error(name, err) from err
+    try:
+        info = os.fstat(fd)
+        if not (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)):
+            raise rejected(name, f"{_kind(info.st_mode)} cannot be archived")
+        return _member(name, fd, info, first_link), fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _unopened_member(name: str, parent: int, entry: os.DirEntry[str]) -> tarfile.TarInfo:
+    """A symlink's member (its target read, never followed); anything else is refused."""
+    try:
+        info = entry.stat(follow_symlinks=False)
+        if not stat.S_ISLNK(info.st_mode):
+            raise rejected(name, f"{_kind(info.st_mode)} cannot be archived")
+        target = os.readlink(entry.name, dir_fd=parent)
+    except OSError as err:
+        raise _content_error(name, err) from err
+    check_symlink(name, target)
+    member = _common(name, info)
+    member.type, member.linkname = tarfile.SYMTYPE, target
+    return member
 
 
 def _member(
-    name: str, path: str, info: os.stat_result, first_link: dict[tuple[int, int], str]
+    name: str, fd: int, info: os.stat_result, first_link: dict[tuple[int, int], str]
 ) -> tarfile.TarInfo:
-    """The tar header of one entry: only what the tree's content determines."""
-    member = tarfile.TarInfo(name)  # uid/gid 0, no uname/gname
-    member.mode = stat.S_IMODE(info.st_mode)
-    member.mtime = int(info.st_mtime)
-    mode = info.st_mode
-    if stat.S_ISDIR(mode):
+    """The member of an open directory or regular file."""
+    member = _common(name, info)
+    if stat.S_ISDIR(info.st_mode):
         member.type = tarfile.DIRTYPE
-    elif stat.S_ISLNK(mode):
-        member.type, member.linkname = tarfile.SYMTYPE, os.readlink(path)
-        check_symlink(name, member.linkname)
-    elif not stat.S_ISREG(mode):
-        raise rejected(name, f"{_kind(mode)} cannot be archived")
     elif info.st_nlink > 1 and (info.st_dev, info.st_ino) in first_link:
         member.type, member.linkname = tarfile.LNKTYPE, first_link[(info.st_dev, info.st_ino)]
+        return member  # the inode's attributes travel with its first name
     else:
         if info.st_nlink > 1:
             first_link[(info.st_dev, info.st_ino)] = name
         member.size = info.st_size
+    member.pax_headers = xattrs.pax_records(fd)
     return member
+
+
+def _common(name: str, info: os.stat_result) -> tarfile.TarInfo:
+    """The header fields every kind has: only what the tree's content determines."""
+    member = tarfile.TarInfo(name)  # no uname/gname: owners are numeric
+    member.mode = stat.S_IMODE(info.st_mode)
+    member.mtime = int(info.st_mtime)
+    member.uid, member.gid = info.st_uid, info.st_gid
+    return member
+
+
+def _content_error(name: str, err: OSError) -> Exception:
+    if err.errno in _CHANGED:
+        return rejected(name, f"changed while it was packed ({err.strerror})")
+    if err.errno in _UNREADABLE:
+        return rejected(name, f"cannot be read ({err.strerror})")
+    return err
 
 
 def _kind(mode: int) -> str:

@@ -24,7 +24,7 @@ import zstandard
 from storage.archive.adaptive import AdaptiveWriter
 from storage.archive.extract import SafeWriter
 from storage.archive.options import AUTO, ArchiveOptions, Limits, check_format
-from storage.archive.pack import write_tar
+from storage.archive.pack import open_root, write_tar
 from storage.archive.pipe import CHUNK, PipeSink, background_stream
 from storage.archive.readahead import ReadAhead
 from storage.archive.safety import Budget, StrictTarInfo
@@ -59,26 +59,31 @@ def pack(
 ) -> AbstractContextManager[BinaryIO]:
     """A context manager yielding a readable stream of the compressed tar of ``directory``.
 
-    Entries are ``directory``'s contents named relative to it, sorted, with uid/gid 0, no
-    owner names and whole-second mtimes, so the same tree always gives the same bytes (at a
-    fixed level: with ``level="auto"`` the compressed bytes depend on timing, the tar does not).
-    Directories, symlinks and hard links (within the tree) are kept. Sockets, devices and
-    FIFOs are refused, and so are symlinks that ``unpack`` would refuse: ``ArchiveRejected``
-    naming the entry (refused, not skipped: a silently incomplete artifact is worse).
+    Entries are ``directory``'s contents named relative to it, sorted, with their modes,
+    numeric owners, whole-second mtimes and kept extended attributes, so the same tree always
+    gives the same bytes (at a fixed level: with ``level="auto"`` the compressed bytes depend
+    on timing, the tar does not). Directories, symlinks (verbatim, whatever their target) and
+    hard links (within the tree) are kept; nothing is read through a link. Sockets, devices and
+    FIFOs are refused: ``ArchiveRejected`` naming the entry (refused, not skipped: a silently
+    incomplete artifact is worse), and so is ``directory`` itself being a symlink, before
+    anything is read. A missing directory raises ``NotADirectoryError``.
 
     A background thread produces the stream; ``read(n)`` returns ``n`` bytes until the end.
     A failure while packing is raised from ``read`` (never a clean end of stream), or else
     on leaving the block. Leaving the block early stops and joins the thread.
     """
     root = os.fspath(directory)
-    if not os.path.isdir(root):
-        raise NotADirectoryError(f"cannot pack {root!r}: not a directory")
+    os.close(open_root(root))  # refuse a link or a non-directory now, before streaming
     return background_stream(partial(_produce_archive, root, options), f"archive-pack {root}")
 
 
 def _produce_archive(root: str, options: ArchiveOptions, sink: PipeSink) -> None:
     writer = _compressor(sink, options)
-    write_tar(root, writer)
+    fd = open_root(root)  # again: whatever was checked above may have been swapped since
+    try:
+        write_tar(fd, writer)
+    finally:
+        os.close(fd)
     writer.close()  # ends the compressed stream; leaves the sink open
 
 

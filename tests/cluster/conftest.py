@@ -19,6 +19,7 @@ import signal
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,7 +98,7 @@ class GatewayS3:
 def gateway_s3(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayS3]:
     """versitygw (a real S3 server) on the bridge's host-side address only: reachable from
     this machine and from the pods on the bridge, from nowhere else."""
-    from tests.servers.versitygw import start_versitygw
+    from testbed.versitygw import start_versitygw
 
     root = tmp_path_factory.mktemp("gateway-s3")
     with start_versitygw(GATEWAY, root=root / "buckets", log=root / "server.log") as s3:
@@ -159,8 +160,8 @@ def functions_kubeconfig(
 @pytest.fixture(scope="session")
 def gateway_registry(cluster: Cluster) -> Iterator[str]:
     """A registry on the gateway that is down, busy or refusing on demand
-    (``tests/servers/registry_stub.py``), which the kubelet may pull from over plain HTTP."""
-    from tests.servers.registry_stub import registry_stub
+    (``testbed/registry_stub.py``), which the kubelet may pull from over plain HTTP."""
+    from testbed.registry_stub import registry_stub
 
     with registry_stub(GATEWAY) as address:
         cluster.allow_plain_http_registry(address)
@@ -222,22 +223,49 @@ def deployment(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[ClusterDeployment]:
     """check/get/put services on this machine, running their tasks as Jobs in the cluster."""
+    with cluster_services(
+        cluster,
+        cluster_images["task"],
+        resource_types(cluster_images["resource"], gateway_registry),
+        gateway_s3,
+        namespace,
+        functions_kubeconfig,
+        tmp_path_factory.mktemp("cluster-deployment"),
+    ) as deployed:
+        yield deployed
+
+
+@contextmanager
+def cluster_services(
+    cluster: Cluster,
+    task_image: str,
+    types: str,
+    gateway_s3: GatewayS3,
+    namespace: str,
+    kubeconfig: Path,
+    tmp: Path,
+) -> Iterator[ClusterDeployment]:
+    """The three services with ``RESOURCE_TYPES=types``, their tasks Jobs in the cluster;
+    their environment is set for the block only."""
     from storage import open_store
     from tests.e2e.conftest import start_services
+    from tests.secret_forms import HOSTILE
 
-    tmp = tmp_path_factory.mktemp("cluster-deployment")
+    (tmp / "credentials" / "shared").mkdir(parents=True)  # ((hostile)): the dir provider
+    (tmp / "credentials" / "shared" / "hostile").write_text(HOSTILE + "\n")
     env = {
         "RUNTIME": "kubernetes",
-        "KUBECONFIG": str(functions_kubeconfig),
+        "KUBECONFIG": str(kubeconfig),
         "TASK_NAMESPACE": namespace,
-        "TASK_IMAGE": cluster_images["task"],
+        "TASK_IMAGE": task_image,
         "TASK_STORE_SECRET": STORE_SECRET,
         "TASK_MARGIN_SECONDS": str(TASK_MARGIN_SECONDS),
         "STORE_URL": f"s3://{gateway_s3.bucket}/cluster-{uuid.uuid4().hex[:8]}",
-        "RESOURCE_TYPES": resource_types(cluster_images["resource"], gateway_registry),
+        "RESOURCE_TYPES": types,
         "CACHE_SECRET": "cluster-e2e-cache-secret",
         "LOG_LEVEL": "debug",
         "WORK_DIR": str(tmp),
+        "CREDENTIALS_DIR": str(tmp / "credentials"),
         **gateway_s3.env,
         "AWS_CONFIG_FILE": os.devnull,
         "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
@@ -259,9 +287,7 @@ def deployment(
         store = open_store(env["STORE_URL"])
         services = start_services(env, tmp / "services.log")
         try:
-            yield ClusterDeployment(
-                cluster, services, store, gateway_s3, namespace, functions_kubeconfig
-            )
+            yield ClusterDeployment(cluster, services, store, gateway_s3, namespace, kubeconfig)
         finally:
             services.stop()
 

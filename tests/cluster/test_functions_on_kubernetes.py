@@ -10,6 +10,7 @@ that no cache hit or redelivery crosses tests.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
 import json
@@ -23,6 +24,7 @@ from storage.archive import format_for_key, unpack
 from tests.e2e.events import request_event, send
 from tests.parallel import parallel
 from tests.runs import run_of
+from tests.secret_forms import HOSTILE, printed_forms, survivors
 
 CANARY = "canary-5e1d0c7a-cluster-do-not-leak"
 SOURCE = {"uri": "https://git.example.com/repo.git", "password": CANARY}
@@ -219,6 +221,55 @@ def test_resource_failure_is_a_failed_event_with_a_redacted_log(deployment):
     assert error["kind"] == "resource_failed" and error["exit_code"] == 3
     assert "cannot reach the repository" in error["log_tail"]
     assert CANARY not in error["log_tail"] and "[redacted]" in error["log_tail"]
+
+
+def test_collect_redacts_every_form_before_the_cut_and_refuses_a_secret_version(deployment):
+    """The task pod's path: the function puts the values to redact (and the resolved ones
+    among them) in the stdin Secret, the resource step writes stderr to a file, collect
+    reads its tail (plus the redactor's window), redacts stderr and metadata, and fails a
+    version holding the resolved credential."""
+    forms = printed_forms(HOSTILE)
+    stderr = "cloning https://git.example.com/repo.git\n" + "".join(
+        f"form {name}: {text} (end)\n" for name, (text, _) in forms.items()
+    )
+    metadata = [{"name": name, "value": text} for name, (text, _) in forms.items()]
+
+    def get(version: dict[str, str]) -> tuple[dict, str]:
+        stdout = json.dumps({"version": version, "metadata": metadata})
+        source = {
+            "mode": "forms",
+            "password": "((hostile))",
+            "nonce": uuid.uuid4().hex,
+            "stderr_b64": base64.b64encode(stderr.encode()).decode(),
+            "stdout_b64": base64.b64encode(stdout.encode()).decode(),
+        }
+        data = {"type": "test", "source": source, "version": {"ref": version["ref"]}}
+        status, reply, response = send(deployment.services.urls["get"], request_event("get", data))
+        assert status == 200, response.text
+        return reply.get_data(), response.text
+
+    body, text = get({"ref": "1"})
+    assert [m["name"] for m in body["metadata"]] == list(forms), body
+    assert all("[redacted]" in m["value"] for m in body["metadata"])
+    assert not survivors(text, HOSTILE)
+    body, text = get({"ref": "2", "auth": base64.b64encode(f"ci:{HOSTILE}".encode()).decode()})
+    assert body["error"]["kind"] == "invalid_output", body
+    assert 'version field "auth"' in body["error"]["message"]
+    assert not survivors(text, HOSTILE)
+    for key in deployment.store.list("logs/"):
+        log = read_object(deployment.store, key).decode()
+        assert not survivors(log, HOSTILE), key
+
+    source = {"mode": "straddle", "password": CANARY, "keep": 6, "nonce": uuid.uuid4().hex}
+    status, reply, _ = send(
+        deployment.services.urls["check"],
+        request_event("check", {"type": "test", "source": source}),
+    )
+    assert status == 200 and "versions" in reply.get_data(), reply.get_data()
+    cut = [k for k in deployment.store.list("logs/") if deployment.store.stat(k).size > 1 << 20]
+    assert len(cut) == 1
+    log = read_object(deployment.store, cut[0])
+    assert log.startswith(b"[redacted]xxx") and CANARY[-6:].encode() not in log, log[:40]
 
 
 def test_missing_image_fails_fast_as_image_pull(deployment):

@@ -53,8 +53,8 @@ from typing import Self
 
 import requests
 
+from testbed.process import free_port
 from tests.cluster import containerd_images, pki
-from tests.servers.process import free_port
 
 HERE = Path(__file__).resolve().parent
 K8S_VERSION = os.environ.get("K8S_VERSION", "v1.34.4")

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import requests
 
+from testbed.process import free_port
 from tests.images import build_test_resource
-from tests.servers.process import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CANARY = "canary-7d3f9b2e-do-not-leak"
@@ -25,19 +25,34 @@ E2E_CACHE_SECRET = "e2e-cache-secret"
 
 
 @pytest.fixture(scope="session")
-def docker_host(tmp_path_factory):
-    """DOCKER_HOST of a container engine: the given one, or a Podman API service we start."""
+def registry():
+    """A registry that is down, busy or refusing on demand (``testbed/registry_stub.py``):
+    the "missing" type's image is one it does not know."""
+    from testbed.registry_stub import registry_stub
+
+    with registry_stub() as address:
+        yield address
+
+
+@pytest.fixture(scope="session")
+def docker_host(tmp_path_factory, registry):
+    """DOCKER_HOST of a container engine: the given one, or a Podman API service we start,
+    which may pull from the stub registry over plain HTTP."""
     if os.environ.get("DOCKER_HOST"):
         yield os.environ["DOCKER_HOST"]
         return
     if not shutil.which("podman"):
         pytest.fail("podman is not installed and DOCKER_HOST is not set (run .ci/setup)")
-    sock = tmp_path_factory.mktemp("podman") / "podman.sock"
+    root = tmp_path_factory.mktemp("podman")
+    sock = root / "podman.sock"
     host = f"unix://{sock}"
+    conf = root / "registries.conf"
+    conf.write_text(f'[[registry]]\nlocation = "{registry}"\ninsecure = true\n')
     proc = subprocess.Popen(
         ["podman", "system", "service", "--time=0", host],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
+        env={**os.environ, "CONTAINERS_REGISTRIES_CONF": str(conf)},
     )
     _wait_for(lambda: sock.exists(), proc, "podman system service")
     yield host
@@ -137,12 +152,13 @@ def _wait_for(ready, proc, what, log_path: Path | None = None, timeout: float = 
     pytest.fail(f"{what} not ready after {timeout}s")
 
 
-def resource_types(image: str) -> str:
+def resource_types(image: str, registry: str = "") -> str:
+    """The test catalogue; ``registry``: the stub, whose "nope" image is unknown to it."""
     return json.dumps(
         {
             "test": image,
             "slow": {"image": image, "timeout_seconds": 3},
-            "missing": "localhost/rf-no-such-image:1",
+            "missing": f"{registry}/nope:1" if registry else "localhost/rf-no-such-image:1",
         }
     )
 
@@ -158,7 +174,7 @@ class Deployment:
 
 
 @pytest.fixture(scope="module", params=["file", "s3", "gcs"])
-def deployment(request, docker_host, resource_image, tmp_path_factory):
+def deployment(request, docker_host, resource_image, registry, tmp_path_factory):
     """check/get/put services on one backend (ids file, s3, gcs), for the test module."""
     from storage import open_store
 
@@ -166,7 +182,7 @@ def deployment(request, docker_host, resource_image, tmp_path_factory):
     tmp = tmp_path_factory.mktemp(f"deploy-{backend}")
     env = {
         "DOCKER_HOST": docker_host,
-        "RESOURCE_TYPES": resource_types(resource_image),
+        "RESOURCE_TYPES": resource_types(resource_image, registry),
         "CACHE_SECRET": E2E_CACHE_SECRET,
         "LOG_LEVEL": "debug",
         "WORK_DIR": str(tmp),

@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from tests.e2e.conftest import CANARY, resource_types, start_services
+from tests.e2e.conftest import CANARY, start_services
+from tests.e2e.engine import service_env
 from tests.e2e.events import request_event, send
 
 SHORT = "fail"  # a 4-character credential: literal values this short are not redacted
@@ -24,14 +25,10 @@ def deployment(docker_host, resource_image, tmp_path_factory):
     (creds / "teams" / "main" / "git" / "password").write_text(CANARY + "\n")
     (creds / "shared").mkdir()
     (creds / "shared" / "mode").write_text(SHORT + "\n")
-    (tmp / "store").mkdir()
     env = {
-        "DOCKER_HOST": docker_host,
-        "RESOURCE_TYPES": resource_types(resource_image),
+        **service_env(docker_host, resource_image, tmp),
         "CACHE_SECRET": "e2e-cache-secret",
         "LOG_LEVEL": "debug",
-        "WORK_DIR": str(tmp),
-        "STORE_URL": (tmp / "store").as_uri(),
         "CREDENTIALS_DIR": str(creds),
         "ALLOWED_IMAGES": "",
     }

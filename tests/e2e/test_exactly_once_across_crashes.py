@@ -18,24 +18,14 @@ import requests
 
 from functions.errors import RequestIdReused
 from functions.model import ResourceType, Task
-from functions.protocol import stdin_payload
+from functions.protocol import MAX_STDERR_BYTES, stdin_payload
 from functions.runtimes.container import ContainerConfig, ContainerRuntime
 from storage import open_store
 from storage.archive import ArchiveOptions, Limits
-from tests.e2e.conftest import _wait_for, resource_types, start_services
+from tests.e2e.conftest import _wait_for, start_services
+from tests.e2e.engine import containers_of, service_env, wait_running
 from tests.e2e.events import request_event, send
 from tests.runs import run_of
-
-
-def service_env(docker_host: str, image: str, tmp_path) -> dict[str, str]:
-    (tmp_path / "store").mkdir(exist_ok=True)
-    return {
-        "DOCKER_HOST": docker_host,
-        "RESOURCE_TYPES": resource_types(image),
-        "CACHE_SECRET": "e2e",
-        "STORE_URL": (tmp_path / "store").as_uri(),
-        "WORK_DIR": str(tmp_path),
-    }
 
 
 def starts(docker_host: str, run: str, since: float) -> int:
@@ -67,21 +57,6 @@ def _logged_starts(docker_host: str, run: str, since: float) -> int:
     )
     response.raise_for_status()
     return b"".join(response.iter_content(65536)).decode().count('"status":"start"')
-
-
-def containers_of(docker_host: str, run: str, **filters: str) -> list[Any]:
-    return docker.DockerClient(base_url=docker_host).containers.list(
-        all=True, filters={"label": f"run-id={run}", **filters}
-    )
-
-
-def wait_running(docker_host: str, run: str) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if containers_of(docker_host, run, status="running"):
-            return
-        time.sleep(0.2)
-    pytest.fail("the run's container never started")
 
 
 def container_left(docker_host: str, run: str) -> bool:
@@ -183,7 +158,9 @@ def test_an_exited_container_left_behind_is_adopted(docker_host, resource_image,
     task = check_task(resource_image, {"count": 1, "nonce": uuid.uuid4().hex})
     since = time.time() - 1
     leftover = runtime._create(task, tmp_path)
-    runtime._feed_and_wait(leftover, task)  # ran and exited; then "the service died"
+    runtime._feed_and_wait(
+        leftover, task, MAX_STDERR_BYTES
+    )  # ran and exited; then "the service died"
     outcome = runtime.run(task)
     runtime.close()  # waits for the removal, which no longer holds up the reply
     assert outcome.data == {"versions": [{"ref": "1"}]}
@@ -203,7 +180,7 @@ def test_a_container_left_by_another_request_is_never_adopted(
     )
     task = replace(check_task(resource_image, {"count": 1}), request_digest="a" * 64)
     leftover = runtime._create(task, tmp_path)
-    runtime._feed_and_wait(leftover, task)
+    runtime._feed_and_wait(leftover, task, MAX_STDERR_BYTES)
     try:
         with pytest.raises(RequestIdReused):
             runtime.run(replace(task, request_digest="b" * 64))

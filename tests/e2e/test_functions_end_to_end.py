@@ -9,9 +9,11 @@ import os
 import stat
 import time
 import uuid
+from pathlib import Path
 
 import docker
 import pytest
+import zstandard
 
 from storage.archive import format_for_key, unpack
 from storage.base import key_for_url
@@ -132,13 +134,27 @@ def test_get_stores_the_directory_and_a_repeat_is_a_cache_hit(deployment, tmp_pa
     assert deployment.services.metric("get", "resource_function_cache_hits_total") >= 1
 
 
-def test_get_output_linking_outside_its_directory_is_refused(deployment):
-    data = {"type": "test", "source": {"mode": "escape"}, "version": {"ref": "e"}}
+def test_get_output_links_are_stored_as_links_never_read_through(deployment, tmp_path):
+    data = {"type": "test", "source": {"mode": "escape"}, "version": {"ref": uuid.uuid4().hex}}
+    status, reply, _ = send(deployment.services.urls["get"], request_event("get", data))
+    assert status == 200 and reply.get_type() == "dev.resourcefunctions.get.succeeded", reply
+    key = key_of(deployment, reply.get_data()["artifact"]["url"])
+    raw = read_object(deployment.store, key)
+    unpack(io.BytesIO(raw), tmp_path, format=format_for_key(key))
+    assert os.readlink(tmp_path / "evil") == "/etc/passwd"
+    assert os.readlink(tmp_path / "sub/up") == ".."
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["evil", "sub", "version"]
+    tar = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(raw)).read()
+    assert Path("/etc/passwd").read_bytes() not in tar  # nothing of the host's was read
+
+
+def test_get_output_holding_a_fifo_is_refused_naming_it(deployment):
+    data = {"type": "test", "source": {"mode": "fifo"}, "version": {"ref": "f"}}
     artifacts = set(deployment.store.list("artifacts/"))
     status, reply, _ = send(deployment.services.urls["get"], request_event("get", data))
     assert status == 200 and reply.get_type() == "dev.resourcefunctions.get.failed"
     error = reply.get_data()["error"]
-    assert error["kind"] == "invalid_output" and "evil" in error["message"]
+    assert error["kind"] == "invalid_output" and "'sub/pipe': a FIFO" in error["message"]
     assert set(deployment.store.list("artifacts/")) == artifacts  # nothing half-stored
 
 
@@ -350,7 +366,7 @@ def secret_forms():
 
 
 def test_a_script_echoing_its_stdin_leaks_no_secret_in_any_encoding(deployment):
-    source = {"mode": "echo", "password": HOSTILE, "pin": PIN, "lang": "é"}
+    source = {"mode": "echo", "password": HOSTILE, "pin_token": PIN, "lang": "é"}
     event = request_event("check", {"type": "test", "source": source})
     status, reply, _ = send(deployment.services.urls["check"], event)
     assert status == 200 and reply.get_type() == "dev.resourcefunctions.check.failed"

@@ -1,5 +1,5 @@
 """The image-pull rule on the local runtime, with Podman's real pulls from a registry that is
-down, busy or refusing (``tests/servers/registry_stub.py``): a registry answering 503 or 429
+down, busy or refusing (``testbed/registry_stub.py``): a registry answering 503 or 429
 is trouble that may pass (the request is answered 503 and redelivered, nothing recorded); an
 unknown image, or one the registry refuses, fails at once (200 + ``image_pull``). The
 Kubernetes runtime applies the same rule to the kubelet's words
@@ -13,10 +13,10 @@ import uuid
 
 import pytest
 
+from testbed.registry_stub import registry_stub
 from tests.e2e.conftest import _wait_for, start_services
 from tests.e2e.events import request_event, send
 from tests.runs import run_of
-from tests.servers.registry_stub import registry_stub
 
 
 @pytest.fixture(scope="module")

@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 import requests
 
+from testbed.event_sink import event_sink
 from tests.e2e.conftest import Services, start_services
+from tests.e2e.engine import containers_of, service_env, wait_running
 from tests.e2e.events import request_event, send
-from tests.e2e.test_exactly_once_across_crashes import containers_of, service_env, wait_running
-from tests.event_sink import event_sink
 from tests.runs import run_of as run_id_of
 
 

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 from functions.model import ACTIONS
+from testbed.process import ServerError, free_port
+from testbed.prometheus import Prometheus, start_prometheus
 from tests.e2e.conftest import REPO, start_services
 from tests.e2e.events import request_event, send
-from tests.servers.process import ServerError, free_port
-from tests.servers.prometheus import Prometheus, start_prometheus
 
 README = REPO / "README.md"
 DASHBOARD = REPO / "knative" / "monitoring" / "dashboard.json"

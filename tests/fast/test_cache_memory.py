@@ -8,10 +8,9 @@ from typing import Any
 
 import pytest
 
-from functions import records
 from functions.service.cache_memory import CacheMemory
-from storage import Store, put_json
-from tests.fast.test_http_service import FakeRuntime, event, make_client, post, reply_of
+from storage import Store
+from tests.fast.http_helpers import FakeRuntime, cache_entry, event, make_client, post, reply_of
 
 
 class Clock:
@@ -94,15 +93,6 @@ def test_the_least_recently_used_entry_goes_first() -> None:
 
 
 GET = {"type": "mock", "source": {"uri": "x"}, "version": {"ref": "v1"}}
-
-
-def cache_entry(store: Store, cache_key: str) -> str:
-    """Store an artifact and its cache record, as a get's collect does; return the key."""
-    key = f"artifacts/{cache_key}.tar.zst"
-    records.write_once(store, key, b"bytes")
-    artifact = {"url": store.url_for(key), "digest": "sha256:" + "0" * 64, "size": 5}
-    put_json(store, f"artifacts/{cache_key}.json", {**RECORD, "artifact": artifact})
-    return key
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """Checks that remember, through the HTTP layer and the Service in-process: a runtime whose
-"script" lists the commits of an in-memory repository (``tests.repository_runtime``), the file
+"script" lists the commits of an in-memory repository (``testbed.repository_runtime``), the file
 store, and a real HTTP sink for the ``version.discovered`` events."""
 
 from __future__ import annotations
@@ -11,15 +11,12 @@ from typing import Any
 import pytest
 from cloudevents.core.v1.event import CloudEvent
 
-from functions.http.app import create_app
-from functions.model import ResourceType
-from functions.settings import Settings
 from storage import Store, open_store
+from testbed.event_sink import EventSink, event_sink
+from testbed.repository_runtime import RepositoryRuntime
 from tests.check_replicas import send
-from tests.event_sink import EventSink, event_sink
-from tests.repository_runtime import RepositoryRuntime
+from tests.fast.http_helpers import check_client as client
 
-IMAGE = "example.org/git-resource@sha256:" + "a" * 64
 SECRET = "s3cret-token-value"
 DISCOVERED = "dev.resourcefunctions.version.discovered"
 
@@ -34,16 +31,6 @@ def store(tmp_path: Path) -> Store:
 def sink() -> Iterator[EventSink]:
     with event_sink() as running:
         yield running
-
-
-def client(store: Store, runtime: RepositoryRuntime, sink: str = "", **type_settings: Any) -> Any:
-    settings = Settings(
-        store_url=store.url,
-        resource_types={"git": ResourceType(image=IMAGE, **type_settings)},
-        cache_secret=b"k" * 32,
-        sink=sink,
-    )
-    return create_app(settings, "check", store=store, runtime=runtime).test_client()  # type: ignore[arg-type]
 
 
 def tick(test_client: Any, event_id: str, **data: Any) -> tuple[int, dict[str, Any]]:

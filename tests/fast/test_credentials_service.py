@@ -13,9 +13,8 @@ from functions.credentials import Reference
 from functions.errors import Unavailable
 from functions.model import Build
 from storage import Store
-from tests.fast.test_http_service import FakeRuntime, event, make_client, post, reply_of, store
+from tests.fast.http_helpers import FakeRuntime, event, make_client, post, reply_of
 
-__all__ = ["store"]
 SECRET = "s3cr"  # short on purpose: resolved values are redacted whatever their length
 
 

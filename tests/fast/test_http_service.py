@@ -6,102 +6,19 @@ from __future__ import annotations
 import json
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 from cloudevents.core.bindings.http import (
-    HTTPMessage,
-    from_http_event,
     to_binary_event,
     to_structured_event,
 )
-from cloudevents.core.v1.event import CloudEvent
 
 from functions import records
 from functions.errors import Unavailable
-from functions.http.app import create_app
-from functions.model import Failure, Outcome, ResourceType, Task
-from functions.settings import Settings
-from storage import Store, open_store
-
-IMAGE = "example.org/mock-resource@sha256:" + "a" * 64
-
-
-class FakeRuntime:
-    """Answers ``run`` with a scripted outcome and records it, as every runtime must."""
-
-    def __init__(self, store: Store, outcome: Outcome | Exception | None = None) -> None:
-        self.store = store
-        self.outcome = outcome
-        self.ran: list[Task] = []
-        self.started: list[Task] = []
-
-    def run(self, task: Task) -> Outcome:
-        self.ran.append(task)
-        if isinstance(self.outcome, Exception):
-            raise self.outcome
-        outcome = self.outcome or Outcome(action=task.action, data=_data(task))
-        return records.record_outcome(self.store, task.run_id, outcome, request=task.request_digest)
-
-    def start(self, task: Task, ended: Any = None) -> None:
-        self.started.append(task)
-
-    def tasks_waiting(self) -> int:
-        return 0
-
-    def close(self) -> None:
-        pass
-
-
-def _data(task: Task) -> dict[str, Any]:
-    if task.action == "check":
-        return {"versions": [{"ref": "v1"}]}
-    return {"version": {"ref": "v1"}, "metadata": []}
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Store:
-    (tmp_path / "store").mkdir()
-    return open_store((tmp_path / "store").as_uri())
-
-
-def make_client(
-    store: Store, action: str, runtime: FakeRuntime, senders: Any = None, **settings: Any
-) -> Any:
-    config = Settings(
-        store_url=store.url,
-        resource_types={"mock": ResourceType(image=IMAGE)},
-        cache_secret=b"k" * 32,
-        **settings,
-    )
-    app = create_app(config, action, store=store, runtime=runtime, senders=senders)  # type: ignore[arg-type]
-    return app.test_client()
-
-
-def event(action: str = "check", data: Any = None, **attributes: Any) -> CloudEvent:
-    attrs = {
-        "specversion": "1.0",
-        "type": f"dev.resourcefunctions.{action}.requested",
-        "source": "/ci/pipeline",
-        "id": "evt-1",
-        "datacontenttype": "application/json",
-    }
-    attrs.update(attributes)
-    return CloudEvent(
-        attributes=attrs, data={"type": "mock", "source": {"uri": "x"}} if data is None else data
-    )
-
-
-def post(
-    client: Any, request: CloudEvent, encode: Any = to_binary_event, headers: Any = None
-) -> Any:
-    message = encode(request)
-    return client.post("/", headers={**message.headers, **(headers or {})}, data=message.body)
-
-
-def reply_of(response: Any) -> CloudEvent:
-    return from_http_event(HTTPMessage(headers=dict(response.headers), body=response.data))
+from functions.model import Failure, Outcome, Task
+from storage import Store
+from tests.fast.http_helpers import FakeRuntime, event, make_client, post, reply_of
 
 
 @pytest.mark.parametrize(

@@ -18,10 +18,8 @@ from werkzeug.test import Client
 from functions.http.repeated_gets import MAX_BODY, RepeatedGets
 from functions.http.senders import SenderCheck
 from storage import Store
-from tests.fast.test_cache_memory import cache_entry
-from tests.fast.test_http_service import FakeRuntime, event, make_client, post, reply_of, store
+from tests.fast.http_helpers import FakeRuntime, cache_entry, event, make_client, post, reply_of
 
-__all__ = ["store"]
 GET = {"type": "mock", "source": {"uri": "x"}, "version": {"ref": "v1"}}
 SDK_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{6})?Z")
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"

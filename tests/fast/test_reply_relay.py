@@ -16,7 +16,7 @@ from functions.http.reply_relay import create_relay_app
 from functions.model import HistoryPlan, Outcome
 from functions.replies import reply_event, reply_events
 from functions.sink import RUN_HEADER, RelayToken, post_events
-from tests.event_sink import EventSink, event_sink
+from testbed.event_sink import EventSink, event_sink
 
 SECRET = b"relay-test-secret"
 RUN, OTHER_RUN = "1" * 32, "2" * 32

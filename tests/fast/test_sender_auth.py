@@ -10,9 +10,8 @@ from typing import Any
 from functions.errors import Unavailable
 from functions.http.senders import REMEMBER_SECONDS, SenderCheck
 from storage import Store
-from tests.fast.test_http_service import FakeRuntime, event, make_client, post, store
+from tests.fast.http_helpers import FakeRuntime, event, make_client, post
 
-__all__ = ["store"]
 BROKER = "system:serviceaccount:resource-functions:check-oidc-eventing.knative.dev-trigger"
 OTHER = "system:serviceaccount:team-a:default"
 TOKENS = {"broker-token": BROKER, "other-token": OTHER}

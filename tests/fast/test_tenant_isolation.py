@@ -21,9 +21,8 @@ from functions.credentials import Reference
 from functions.http.senders import SenderCheck
 from functions.model import Build
 from storage import Store
-from tests.fast.test_http_service import FakeRuntime, event, make_client, post, reply_of, store
+from tests.fast.http_helpers import FakeRuntime, event, make_client, post, reply_of
 
-__all__ = ["store"]
 ENGINE = "system:serviceaccount:ci:engine"
 TRIGGER = "system:serviceaccount:resource-functions:get-oidc-eventing.knative.dev-trigger"
 INTRUDER = "system:serviceaccount:ci:task-pod"

@@ -10,10 +10,10 @@ from functions.model import HistoryPlan, Outcome, TraceContext
 from functions.replies import reply_events
 from functions.tracing import trace_context
 from storage import Store
-from tests.event_sink import event_sink
-from tests.fast.test_check_history_service import client as history_client
-from tests.fast.test_http_service import FakeRuntime, event, make_client, post, reply_of
-from tests.repository_runtime import RepositoryRuntime
+from testbed.event_sink import event_sink
+from testbed.repository_runtime import RepositoryRuntime
+from tests.fast.http_helpers import FakeRuntime, event, make_client, post, reply_of
+from tests.fast.http_helpers import check_client as history_client
 
 PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 STATE = "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"

@@ -29,6 +29,14 @@ case "$mode" in
   malformed) echo "this is not json"; exit 0 ;;
   badversion) echo '[{"ref": 1}]'; exit 0 ;;
   slow) sleep "$(number seconds)"; echo 'null'; exit 0 ;;
+  # "forms": print what the test made (a secret in every form: busybox has no encoder for
+  # most), "stderr_b64" decoded to stderr and "stdout_b64" to stdout; exit "exit_code".
+  forms) field stderr_b64 | base64 -d >&2; field stdout_b64 | base64 -d
+         code=$(number exit_code); exit "${code:-0}" ;;
+  # "straddle": the password, then enough bytes that the log's 4 MiB tail starts "keep"
+  # bytes before the password's end.
+  straddle) printf '%s' "$(field password)" >&2
+            head -c $((4194304 - $(number keep))) /dev/zero | tr '\0' x >&2; echo '[]'; exit 0 ;;
   # "flood": more than the limits on both streams (8 MiB stdout, 4 MiB stderr), interleaved;
   # stdout starts with a valid answer, stderr ends with a marker.
   flood) echo '[{"ref":"1"}]'; i=0; while [ $i -lt 600 ]; do

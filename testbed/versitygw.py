@@ -6,13 +6,13 @@ hundred MB/s on loopback, so it neither hides our own costs nor has an emulator'
 
 Usable from any harness, not only pytest::
 
-    from tests.servers.versitygw import start_versitygw
+    from testbed.versitygw import start_versitygw
     with start_versitygw("10.88.0.1", root=Path("/tmp/s3")) as s3:
         s3.endpoint, s3.access_key, s3.secret_key, s3.region   # for the clients
         s3.client().create_bucket(Bucket="b")                   # boto3, path-style
         env = s3.env()                                          # AWS_* for child processes
 
-The binary is built once by ``tests/servers/build_versitygw.sh`` (``go install`` of a released
+The binary is built once by ``testbed/build_versitygw.sh`` (``go install`` of a released
 version, cached under ``~/.cache/resource-functions/versitygw-<version>/bin``); ``.ci/setup
 --tests`` runs it. ``VERSITYGW_BIN`` names another binary.
 """
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.servers.process import ServerError, free_port, running
+from testbed.process import ServerError, free_port, running
 
 BUILD_SCRIPT = Path(__file__).with_name("build_versitygw.sh")
 

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tests.servers.process import ServerError, free_port, running
+from testbed.process import ServerError, free_port, running
 
 SCRAPE_SECONDS = 1
 

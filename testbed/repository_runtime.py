@@ -12,6 +12,7 @@ from typing import Any
 from functions import lease, steps
 from functions.errors import Unavailable
 from functions.model import Outcome, Task
+from functions.redaction import Redactor
 from functions.sink import post_outcome
 from storage import Store
 from storage.archive import ArchiveOptions
@@ -60,7 +61,14 @@ def collect_check(store: Store, task: Task, stdout: bytes) -> Outcome:
         history=task.history,
     )
     return steps.collect(
-        store, spec, exit_code=0, stdout=stdout, stderr=b"", stdin=task.stdin, output_dir=None
+        store,
+        spec,
+        exit_code=0,
+        stdout=stdout,
+        stderr=b"",
+        output_dir=None,
+        redactor=Redactor(task.secrets),
+        credentials=Redactor(task.resolved),
     )
 
 

@@ -6,7 +6,7 @@
 # ~/.cache/resource-functions/prometheus-operator-crds-<version>/ (about 3 minutes the first
 # time, for controller-gen; free after). Prints the folder.
 #
-#   tests/servers/build_prometheus_operator_crds.sh
+#   testbed/build_prometheus_operator_crds.sh
 set -euo pipefail
 
 version="${PROMETHEUS_OPERATOR_VERSION:-v0.86.2}"

@@ -4,8 +4,8 @@
 # ~/.cache/resource-functions/versitygw-<version>/bin (about a minute the first time; a second
 # run is free). Prints the path of the binary.
 #
-#   tests/servers/build_versitygw.sh
-#   VERSITYGW_VERSION=v1.8.0 tests/servers/build_versitygw.sh
+#   testbed/build_versitygw.sh
+#   VERSITYGW_VERSION=v1.8.0 testbed/build_versitygw.sh
 set -euo pipefail
 
 version="${VERSITYGW_VERSION:-v1.8.0}"

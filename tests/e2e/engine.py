@@ -1,0 +1,38 @@
+"""The container engine and the service as the e2e tests see them: the service's environment
+for a store in a directory, and the task containers of a run, by its label."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import docker
+import pytest
+
+from tests.e2e.conftest import resource_types
+
+
+def service_env(docker_host: str, image: str, tmp_path) -> dict[str, str]:
+    (tmp_path / "store").mkdir(exist_ok=True)
+    return {
+        "DOCKER_HOST": docker_host,
+        "RESOURCE_TYPES": resource_types(image),
+        "CACHE_SECRET": "e2e",
+        "STORE_URL": (tmp_path / "store").as_uri(),
+        "WORK_DIR": str(tmp_path),
+    }
+
+
+def containers_of(docker_host: str, run: str, **filters: str) -> list[Any]:
+    return docker.DockerClient(base_url=docker_host).containers.list(
+        all=True, filters={"label": f"run-id={run}", **filters}
+    )
+
+
+def wait_running(docker_host: str, run: str) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if containers_of(docker_host, run, status="running"):
+            return
+        time.sleep(0.2)
+    pytest.fail("the run's container never started")

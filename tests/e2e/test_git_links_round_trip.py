@@ -1,0 +1,177 @@
+"""A git repository with an absolute symlink committed, through the real services on Podman.
+The resource is our own (tests/images/git-repo-resource: the local Debian base and Debian's
+git): check asks a ``git daemon`` on loopback for the branch's head, in clones it, out checks
+that the clone it was given is exactly its commit (``git status``), commits another absolute
+link and pushes. Every link comes back exactly as git stores it, after the get and after the
+put, and ``git status`` here finds the unpacked working tree equal to its commit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from storage import open_store
+from testbed.process import free_port
+from tests.e2e.conftest import Services, start_services
+from tests.e2e.events import request_event, send
+from tests.fidelity_resources import git_repo_resource, unpack_artifact
+
+LINKS = {
+    "ca.crt": "/etc/ssl/certs/ca-certificates.crt",  # absolute, as repositories commit them
+    "sub/climbs": "../../outside/of/the/repository",
+    "sub/readme": "../README",
+}
+
+
+@pytest.fixture(scope="module")
+def services(docker_host: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
+    tmp = tmp_path_factory.mktemp("git-links")
+    (tmp / "store").mkdir()
+    env = {
+        "DOCKER_HOST": docker_host,
+        "RESOURCE_TYPES": json.dumps({"git": git_repo_resource()}),
+        "CONTAINER_NETWORK": "host",  # to reach the git daemon on 127.0.0.1
+        "CACHE_SECRET": "e2e-git-cache-secret",
+        "STORE_URL": (tmp / "store").as_uri(),
+        "WORK_DIR": str(tmp),
+    }
+    services = start_services(env, tmp / "services.log")
+    try:
+        yield services
+    finally:
+        services.stop()
+
+
+def git(*args: str, cwd: Path) -> str:
+    command = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=True).stdout
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """(its git:// URI, the bare repository): one commit holding LINKS, a file and an
+    executable, served by ``git daemon`` (pushes allowed) on 127.0.0.1."""
+    root = tmp_path_factory.mktemp("git-server")
+    work = root / "work"
+    (work / "sub").mkdir(parents=True)
+    (work / "README").write_text("a repository with links\n")
+    (work / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    (work / "run.sh").chmod(0o755)
+    for name, target in LINKS.items():
+        os.symlink(target, work / name)
+    git("init", "-q", "-b", "main", cwd=work)
+    git("add", "-A", cwd=work)
+    git("commit", "-q", "-m", "links", cwd=work)
+    git("clone", "-q", "--bare", str(work), str(root / "repo.git"), cwd=root)
+    port = free_port()
+    daemon = subprocess.Popen(
+        [
+            "git", "daemon", "--reuseaddr", "--export-all", "--enable=receive-pack",
+            f"--base-path={root}", "--listen=127.0.0.1", f"--port={port}", str(root),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wait_for_port(port, daemon)
+        yield f"git://127.0.0.1:{port}/repo.git", root / "repo.git"
+    finally:
+        daemon.terminate()
+        daemon.wait(10)
+
+
+def wait_for_port(port: int, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        assert process.poll() is None, "git daemon exited"
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    pytest.fail("git daemon did not listen within 10 s")
+
+
+def request(services: Services, action: str, data: dict[str, Any]) -> dict[str, Any]:
+    status, reply, response = send(services.urls[action], request_event(action, data))
+    assert status == 200, response.text
+    assert reply.get_type().endswith(".succeeded"), reply.get_data()
+    return reply.get_data()
+
+
+def committed_links(bare: Path, ref: str) -> dict[str, str]:
+    """Path -> target of every symlink in ``ref``'s tree, as git stores it."""
+    links = {}
+    for line in filter(None, git("ls-tree", "-r", "-z", ref, cwd=bare).split("\0")):
+        meta, path = line.split("\t", 1)
+        mode, _, blob = meta.split()
+        if mode == "120000":
+            links[path] = git("cat-file", "blob", blob, cwd=bare)
+    return links
+
+
+def unpacked_links(tree: Path) -> dict[str, str]:
+    return {
+        path.relative_to(tree).as_posix(): os.readlink(path)
+        for path in sorted(tree.rglob("*"))
+        if path.is_symlink() and ".git" not in path.relative_to(tree).parts
+    }
+
+
+def get(services: Services, source: dict[str, str], version: dict[str, str]) -> dict[str, Any]:
+    reply = request(services, "get", {"type": "git", "source": source, "version": version})
+    assert reply["version"] == version
+    return reply
+
+
+def working_tree(services: Services, reply: dict[str, Any], into: Path) -> Path:
+    """The get's artifact unpacked: a clone whose working tree ``git status`` finds equal
+    to its commit (links, modes, contents), at the version fetched."""
+    tree = unpack_artifact(open_store(services.env["STORE_URL"]), reply["artifact"], into)
+    assert git("status", "--porcelain", "--untracked-files=all", cwd=tree) == ""
+    assert git("rev-parse", "HEAD", cwd=tree).strip() == reply["version"]["ref"]
+    return tree
+
+
+def test_links_committed_to_git_come_back_exactly_through_get_and_put(
+    services, repository, tmp_path
+):
+    uri, bare = repository
+    main = {"uri": uri, "branch": "main"}
+    (version,) = request(services, "check", {"type": "git", "source": main})["versions"]
+    assert version == {"ref": git("rev-parse", "main", cwd=bare).strip()}
+    assert committed_links(bare, "main") == LINKS
+
+    got = get(services, main, version)
+    tree = working_tree(services, got, tmp_path / "get")
+    assert unpacked_links(tree) == LINKS
+    assert os.stat(tree / "run.sh").st_mode & 0o111
+
+    # The get's artifact as a put's input: out finds it equal to its commit, commits one
+    # more absolute link on top and pushes it to another branch.
+    copy = {"uri": uri, "branch": "copy"}
+    artifact = got["artifact"]
+    put = request(
+        services,
+        "put",
+        {
+            "type": "git",
+            "source": copy,
+            "params": {"repository": "repo", "link": "hostname", "target": "/etc/hostname"},
+            "inputs": {"repo": {"url": artifact["url"], "digest": artifact["digest"]}},
+        },
+    )
+    assert put["version"] == {"ref": git("rev-parse", "copy", cwd=bare).strip()}
+    assert git("rev-parse", "copy~1", cwd=bare).strip() == version["ref"]
+    pushed = {**LINKS, "hostname": "/etc/hostname"}
+    assert committed_links(bare, "copy") == pushed
+    again = working_tree(services, get(services, copy, put["version"]), tmp_path / "again")
+    assert unpacked_links(again) == pushed

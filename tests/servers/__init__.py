@@ -1,1 +1,0 @@
-"""Real servers for tests and benchmarks, usable without pytest (see ``versitygw``)."""
