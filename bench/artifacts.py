@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import random
 import shutil
@@ -69,6 +70,7 @@ class Result:
     detail: str = ""  # how a baseline's time splits
     client_cpu: float | None = None  # seconds, user + system, of the uploading process
     server_cpu: float | None = None  # seconds, of the S3 server while this ran
+    levels: tuple[dict[str, float], ...] = ()  # ARCHIVE_LEVEL=auto: its windows, in order
 
 
 # --- the tree ------------------------------------------------------------------------------
@@ -205,12 +207,39 @@ def ours(
     ``label`` tells apart uploads of the same round (at several levels)."""
     command = [sys.executable, __file__, "--child", direction, store_url, key, str(directory)]
     os.sync()
-    done = subprocess.run(command, env=env, check=True, capture_output=True, text=True)
+    done = subprocess.run(command, env=env, check=False, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-4000:]}")
     report = json.loads(done.stdout.strip().splitlines()[-1])
     scheme = store_url.split(":", 1)[0]
     name = f"ours {'pack+upload' if direction == 'up' else 'download+unpack'} ({scheme}){label}"
     hwm = report["hwm_kib"] / 1024
-    return Result(name, report["seconds"], report["size"], hwm, client_cpu=report["cpu"])
+    levels = tuple(report["levels"])
+    return Result(
+        name, report["seconds"], report["size"], hwm, client_cpu=report["cpu"], levels=levels
+    )
+
+
+class _Windows(logging.Handler):
+    """Collects the windows that ``ARCHIVE_LEVEL=auto`` logs (storage/archive/adaptive.py)."""
+
+    FIELDS = (
+        "elapsed",
+        "tar_bytes",
+        "archive_level",
+        "compressor_waited",
+        "reader_waited",
+        "stored_share",
+        "cpu_used",
+        "cpu_idle",
+    )
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.windows: list[dict[str, float]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.windows.append({field: getattr(record, field) for field in self.FIELDS})
 
 
 def child(direction: str, store_url: str, key: str, directory: str) -> None:
@@ -219,13 +248,17 @@ def child(direction: str, store_url: str, key: str, directory: str) -> None:
     from storage.artifacts import download_tree, upload_tree
 
     store = open_store(store_url)
+    windows, logger = _Windows(), logging.getLogger("storage.archive.adaptive")
+    logger.addHandler(windows)
+    logger.setLevel(logging.DEBUG)
     cpu, start = cpu_seconds(), time.perf_counter()
     if direction == "up":
         size = upload_tree(store, key, directory, ArchiveOptions.from_env(os.environ)).size
     else:
         size = download_tree(store, key, directory).size
     seconds, cpu = time.perf_counter() - start, cpu_seconds() - cpu
-    print(json.dumps({"seconds": seconds, "size": size, "hwm_kib": _vm_hwm_kib(), "cpu": cpu}))
+    report = {"seconds": seconds, "size": size, "hwm_kib": _vm_hwm_kib(), "cpu": cpu}
+    print(json.dumps({**report, "levels": windows.windows}))
 
 
 def _vm_hwm_kib() -> int:
@@ -490,6 +523,11 @@ def run(args: argparse.Namespace, work: Path) -> None:
         f"ARCHIVE_LEVEL={','.join(args.levels)}",
         flush=True,
     )
+    if args.link:
+        from artifacts_link import run_links
+
+        run_links(args, work, tree, tree_bytes)
+        return
     if args.rss_only:
         env = {**os.environ, "ARCHIVE_LEVEL": args.levels[0]}
         result = ours("up", store_root.as_uri(), "artifacts/rss.tar.zst", tree, env)
@@ -559,9 +597,26 @@ def parse_args() -> argparse.Namespace:
         help="S3 uploads only, one at a time: (b) and each of --levels in turn, this many "
         "rounds; report medians",
     )
+    parser.add_argument(
+        "--link",
+        type=_links,
+        metavar="RATE[,RATE...]",
+        help="S3 over a link shaped with tc at each rate (1gbit, 200mbit; loopback: unshaped) "
+        "in one run: ours, (a) and (b), both directions (bench/artifacts_link.py; needs root)",
+    )
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     return parser.parse_args()
 
 
+def _links(text: str) -> list[str]:
+    from artifacts_link import parse_links
+
+    try:
+        return parse_links(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 if __name__ == "__main__":
+    sys.modules["artifacts"] = sys.modules["__main__"]  # artifacts_link imports this script
     main()

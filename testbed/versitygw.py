@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import secrets
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,17 +94,24 @@ def start_versitygw(
     log: Path | None = None,
     access_key: str = "rf-test-access-key",
     secret_key: str | None = None,
+    command_prefix: Sequence[str] = (),
 ) -> Iterator[S3Server]:
     """Run versitygw on ``host:port`` (a free port if ``None``) for the duration of the block,
     its buckets in subdirectories of ``root`` (created), its output in ``log`` (default
     ``root/../versitygw.log``). Yields once the server answers; raises ``ServerError`` with its
-    output if it exits or does not answer in time (``process.START_TIMEOUT``). Stops it on leaving."""
+    output if it exits or does not answer in time (``process.START_TIMEOUT``). Stops it on leaving.
+    ``command_prefix`` runs it through another command that then execs it (``ip netns exec NS``:
+    give ``port`` then, as ``host`` is not this namespace's)."""
     port = port or free_port(host)
     secret_key = secret_key or secrets.token_hex(16)
     root.mkdir(parents=True, exist_ok=True)
     log = log or root.parent / f"versitygw-{port}.log"
     endpoint = f"http://{host}:{port}"
     environ = {**os.environ, "ROOT_ACCESS_KEY": access_key, "ROOT_SECRET_KEY": secret_key}
-    command = [str(versitygw_binary()), "--port", f"{host}:{port}", "posix", str(root)]
+    command = [
+        *command_prefix,
+        str(versitygw_binary()),
+        *("--port", f"{host}:{port}", "posix", str(root)),
+    ]
     with running("versitygw", command, endpoint + "/", log, env=environ) as pid:
         yield S3Server(endpoint, access_key, secret_key, pid=pid)

@@ -36,11 +36,31 @@ def test_options_from_env() -> None:
     assert ArchiveOptions.from_env(env) == ArchiveOptions("gzip", 9, 2)
 
 
+@pytest.mark.parametrize("raw", ["auto", " AUTO ", "Auto"])
+def test_archive_level_auto_is_read_in_any_case(raw: str) -> None:
+    assert ArchiveOptions.from_env({"ARCHIVE_LEVEL": raw}) == ArchiveOptions(level="auto")
+
+
+@pytest.mark.parametrize(("raw", "level"), [("1", 1), (" 19 ", 19), ("", 3), ("  ", 3)])
+def test_archive_level_numbers_and_blank(raw: str, level: int) -> None:
+    assert ArchiveOptions.from_env({"ARCHIVE_LEVEL": raw}).level == level
+
+
+def test_archive_level_auto_without_compression_is_accepted_and_ignored() -> None:
+    options = ArchiveOptions.from_env({"ARCHIVE_FORMAT": "none", "ARCHIVE_LEVEL": "auto"})
+    assert options == ArchiveOptions("none", "auto")
+
+
 @pytest.mark.parametrize(
     ("env", "message"),
     [
         ({"ARCHIVE_FORMAT": "xz"}, "archive format 'xz': expected one of zstd, gzip, none"),
-        ({"ARCHIVE_LEVEL": "fast"}, "ARCHIVE_LEVEL='fast': not an integer"),
+        ({"ARCHIVE_LEVEL": "fast"}, "ARCHIVE_LEVEL='fast': not an integer or 'auto'"),
+        ({"ARCHIVE_LEVEL": "auto-ish"}, "ARCHIVE_LEVEL='auto-ish': not an integer or 'auto'"),
+        (
+            {"ARCHIVE_FORMAT": "gzip", "ARCHIVE_LEVEL": "auto"},
+            "level 'auto' is for zstd only: give gzip a level of 0..9",
+        ),
         ({"ARCHIVE_LEVEL": "23"}, "zstd level 23 is out of range 1..22"),
         ({"ARCHIVE_LEVEL": "0"}, "zstd level 0 is out of range 1..22"),
         ({"ARCHIVE_FORMAT": "gzip", "ARCHIVE_LEVEL": "10"}, "gzip level 10 is out of range 0..9"),
@@ -49,6 +69,8 @@ def test_options_from_env() -> None:
     ids=[
         "unknown-format",
         "level-not-a-number",
+        "level-almost-auto",
+        "gzip-auto",
         "zstd-level-too-high",
         "zstd-level-zero",
         "gzip-level-too-high",

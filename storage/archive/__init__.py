@@ -4,7 +4,9 @@ options   formats, key suffixes, ArchiveOptions, Limits (imports no other module
 safety    checks on names, links, kinds and sizes of entries (hostile input assumed)
 xattrs    which extended attributes are kept, and how they travel in PAX records
 pipe      a background producer thread feeding a pipe, read as a stream
+readahead a stream read ahead of its reader by a thread, bounded
 pack      a directory as a tar stream, reading nothing through a link
+adaptive  ARCHIVE_LEVEL=auto: zstd's level from the compressor's waits on the pipe
 extract   writing checked entries below a directory, never through a link
 stream    pack() and unpack(): compression, digests, the two ends put together
 """

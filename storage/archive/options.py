@@ -6,12 +6,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 from storage.options import env_int
 
 FORMATS = ("zstd", "gzip", "none")
+AUTO: Literal["auto"] = (
+    "auto"  # ARCHIVE_LEVEL=auto: zstd's level follows the bottleneck (archive/adaptive.py)
+)
 _SUFFIXES = {"zstd": ".tar.zst", "gzip": ".tar.gz", "none": ".tar"}
 _LEVELS = {"zstd": range(1, 23), "gzip": range(10)}
+Level = int | Literal["auto"]
 
 
 def suffix_for(format: str) -> str:
@@ -35,16 +40,19 @@ def check_format(format: str) -> None:
 
 @dataclass(frozen=True)
 class ArchiveOptions:
-    """How ``pack`` compresses. ``threads=0`` uses every CPU this process may run on."""
+    """How ``pack`` compresses. ``threads=0`` uses every CPU this process may run on.
+    ``level="auto"`` (zstd only) lets the level follow the bottleneck while packing."""
 
     format: str = "zstd"
-    level: int = 3  # zstd 1..22, gzip 0..9; ignored for "none"
+    level: Level = 3  # zstd 1..22 or "auto", gzip 0..9; ignored for "none"
     threads: int = 0  # zstd only
 
     def __post_init__(self) -> None:
         check_format(self.format)
         levels = _LEVELS.get(self.format)
-        if levels is not None and self.level not in levels:
+        if self.level == AUTO and self.format == "gzip":
+            raise ValueError("level 'auto' is for zstd only: give gzip a level of 0..9")
+        if levels is not None and self.level != AUTO and self.level not in levels:
             raise ValueError(
                 f"{self.format} level {self.level} is out of range {levels[0]}..{levels[-1]}"
             )
@@ -53,16 +61,28 @@ class ArchiveOptions:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> ArchiveOptions:
-        """Read ``ARCHIVE_FORMAT`` (zstd), ``ARCHIVE_LEVEL`` (3), ``ARCHIVE_THREADS`` (0)."""
+        """Read ``ARCHIVE_FORMAT`` (zstd), ``ARCHIVE_LEVEL`` (3, or ``auto``) and
+        ``ARCHIVE_THREADS`` (0)."""
         format = environ.get("ARCHIVE_FORMAT", "").strip().lower() or cls.format
         try:
             return cls(
                 format=format,
-                level=env_int(environ, "ARCHIVE_LEVEL", cls.level),
+                level=level_from_env(environ, cls.level),
                 threads=env_int(environ, "ARCHIVE_THREADS", cls.threads),
             )
         except ValueError as err:
             raise ValueError(f"archive settings from the environment: {err}") from None
+
+
+def level_from_env(environ: Mapping[str, str], default: Level) -> Level:
+    """``ARCHIVE_LEVEL``: ``auto`` (any case) or an integer; unset or blank: ``default``."""
+    raw = environ.get("ARCHIVE_LEVEL", "").strip()
+    if raw.lower() == AUTO:
+        return AUTO
+    try:
+        return int(raw) if raw else default
+    except ValueError:
+        raise ValueError(f"ARCHIVE_LEVEL={raw!r}: not an integer or 'auto'") from None
 
 
 @dataclass(frozen=True)

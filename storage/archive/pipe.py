@@ -14,23 +14,56 @@ import fcntl
 import io
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
 
 CHUNK = 1 << 20  # pipe and buffer size: large chunks keep syscalls and thread switches rare
 
 
-class PipeSink:
-    """The writer's end: collects small writes into large pipe writes; ``tell`` counts bytes."""
+class WaitClock:
+    """Seconds one end of the pipe has spent blocked in the pipe, a wait in progress included.
 
-    def __init__(self, fd: int) -> None:
+    Timed by that end's thread (``with clock:`` around each pipe call), read by any thread:
+    the state is one tuple, replaced whole, so a reader never sees half an update."""
+
+    def __init__(self) -> None:
+        self._state: tuple[float, float | None] = (0.0, None)  # (total, waiting since)
+
+    def __enter__(self) -> None:
+        self._state = (self._state[0], time.perf_counter())
+
+    def __exit__(self, *exc: object) -> None:
+        total, since = self._state
+        self._state = (total + time.perf_counter() - (since or 0.0), None)
+
+    def seconds(self, now: float) -> float:
+        total, since = self._state
+        return total + (now - since if since is not None else 0.0)
+
+
+class Waits:
+    """How long each end waited for the other: the writer for room (the reader is slower),
+    the reader for data (the writer is slower). ``ARCHIVE_LEVEL=auto`` steers by them."""
+
+    def __init__(self) -> None:
+        self.writer, self.reader = WaitClock(), WaitClock()
+
+
+class PipeSink:
+    """The writer's end: collects small writes into large pipe writes; ``tell`` counts bytes;
+    ``waits`` times both ends' blocking."""
+
+    def __init__(self, fd: int, waits: Waits) -> None:
         self._fd, self._buffer, self._position = fd, bytearray(), 0
+        self.waits = waits
 
     def write(self, data: Any) -> int:
         size = len(data)
         self._position += size
         if not self._buffer and size >= CHUNK:
-            write_all(self._fd, data)
+            with self.waits.writer:
+                write_all(self._fd, data)
             return size
         self._buffer += data
         if len(self._buffer) >= CHUNK:
@@ -38,7 +71,8 @@ class PipeSink:
         return size
 
     def flush(self) -> None:
-        write_all(self._fd, self._buffer)
+        with self.waits.writer:
+            write_all(self._fd, self._buffer)
         self._buffer.clear()
 
     def tell(self) -> int:
@@ -61,8 +95,9 @@ def background_stream(produce: Callable[[PipeSink], None], name: str) -> Iterato
     read_fd, write_fd = os.pipe()
     with contextlib.suppress(OSError):  # a bigger pipe means fewer thread switches; optional
         fcntl.fcntl(write_fd, fcntl.F_SETPIPE_SZ, CHUNK)
-    producer = _Producer(produce, write_fd, name)
-    stream = io.BufferedReader(_PipeReader(read_fd, producer), CHUNK)
+    waits = Waits()
+    producer = _Producer(produce, write_fd, name, waits)
+    stream = io.BufferedReader(_PipeReader(read_fd, producer, waits.reader), CHUNK)
     producer.start()
     try:
         yield stream
@@ -76,14 +111,16 @@ def background_stream(produce: Callable[[PipeSink], None], name: str) -> Iterato
 class _Producer(threading.Thread):
     """Runs ``produce`` into the pipe; keeps the exception that stopped it for the reader."""
 
-    def __init__(self, produce: Callable[[PipeSink], None], fd: int, name: str) -> None:
+    def __init__(
+        self, produce: Callable[[PipeSink], None], fd: int, name: str, waits: Waits
+    ) -> None:
         super().__init__(name=name, daemon=True)
-        self._produce, self._fd = produce, fd
+        self._produce, self._fd, self._waits = produce, fd, waits
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
-            sink = PipeSink(self._fd)
+            sink = PipeSink(self._fd, self._waits)
             self._produce(sink)
             sink.flush()
         except BaseException as err:  # noqa: BLE001 - handed to the reader, never lost
@@ -95,15 +132,16 @@ class _Producer(threading.Thread):
 class _PipeReader(io.RawIOBase):
     """The read end of the pipe; turns the producer's failure into the reader's exception."""
 
-    def __init__(self, fd: int, producer: _Producer) -> None:
+    def __init__(self, fd: int, producer: _Producer, waits: WaitClock) -> None:
         super().__init__()
-        self._fd, self._producer, self._reported = fd, producer, False
+        self._fd, self._producer, self._reported, self._waits = fd, producer, False, waits
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: Any) -> int:
-        count = os.readv(self._fd, [buffer])
+        with self._waits:
+            count = os.readv(self._fd, [buffer])
         if count == 0:
             self._producer.join()
             self._raise_failure(early_close=False)
