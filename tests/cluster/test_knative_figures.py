@@ -380,6 +380,25 @@ def where_gets_waited(
     return lines
 
 
+def scheduler_said(core, namespace: str, node: dict) -> list[str]:
+    """Why the scheduler kept task pods waiting (its FailedScheduling events, by message) and
+    the node's room: allocatable CPU and pods against what the pods on it request."""
+    events = json.loads(core.list_namespaced_event(namespace, _preload_content=False).data)
+    said: Counter[str] = Counter()
+    pods = set()
+    for event in events["items"]:
+        if event.get("reason") == "FailedScheduling":
+            said[event.get("message", "").strip()] += event.get("count") or 1
+            pods.add((event.get("involvedObject") or {}).get("name"))
+    lines = [f"scheduler, {n} times: {message}" for message, n in said.most_common(3)]
+    allocatable = node["status"]["allocatable"]
+    lines.append(
+        f"node: allocatable cpu {allocatable['cpu']}, pods {allocatable['pods']}; "
+        f"task pods the scheduler turned away at least once: {len(pods)}"
+    )
+    return lines
+
+
 def function_memory(d) -> list[str]:
     """Each function pod's peak memory: the largest VmHWM (peak RSS) of its processes (the
     gunicorn worker), their sum, and its memory cgroup's max_usage_in_bytes (page cache
@@ -473,6 +492,7 @@ def test_many_runs_at_once(sink_retries, unenforced, capsys):
         assert job["spec"].get("ttlSecondsAfterFinished"), job["metadata"]["name"]
     names = {j["metadata"]["name"] for j in jobs}
     pods = json.loads(core.list_namespaced_pod(d.tasks_namespace, _preload_content=False).data)
+    node = json.loads(core.list_node(_preload_content=False).data)["items"][0]
     for pod in pods["items"]:
         if pod["metadata"].get("labels", {}).get("job-name") in names:
             assert pod["status"]["phase"] == "Succeeded", pod["metadata"]["name"]
@@ -511,6 +531,7 @@ def test_many_runs_at_once(sink_retries, unenforced, capsys):
             f"reply events delivered again (same id): {redelivered}; stdin Secrets left to "
             + f"their Job's TTL: {len(left)} of {len(jobs)}",
             *where_gets_waited(gets, got, by_run, pods["items"]),
+            *scheduler_said(core, d.tasks_namespace, node),
             *memory,
         ],
     )
