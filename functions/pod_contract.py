@@ -74,7 +74,9 @@ KILL_AFTER_SECONDS = 2  # from SIGTERM to SIGKILL when the script overruns
 # A failed stage or collect step exits 1 (2: its arguments do not parse) and leaves a
 # StepFailure as its termination message: whether the request may succeed later (then the
 # function deletes the Job and answers 503) and, if not, the failure's kind.
-TERMINATION_MESSAGE_BYTES = 4000  # the kubelet keeps at most 4096 bytes
+# The kubelet keeps at most 4096 bytes per container, and 12 KiB for the whole pod divided
+# among its containers: 2000 leaves room for sidecars a mesh injects.
+TERMINATION_MESSAGE_BYTES = 2000
 
 # The env of stage/collect: the store and the sink (collect only, the function's own K_SINK),
 # plus the function's own non-secret settings named in STEP_ENV, which the steps need to reach
@@ -118,9 +120,16 @@ class StepFailure:
     message: str
 
     def termination_message(self) -> str:
-        room = TERMINATION_MESSAGE_BYTES - 100  # the JSON around the message, escapes aside
-        body = {"kind": self.kind, "retryable": self.retryable, "message": self.message[-room:]}
-        return json.dumps(body)[:TERMINATION_MESSAGE_BYTES]
+        """The JSON, at most ``TERMINATION_MESSAGE_BYTES``: the message's tail is kept whole
+        (a cut JSON would not parse, and the kind and ``retryable`` would be lost)."""
+        message = self.message
+        while True:
+            body = {"kind": self.kind, "retryable": self.retryable, "message": message}
+            text = json.dumps(body)  # ASCII: escapes make a character up to 12 bytes
+            over = len(text) - TERMINATION_MESSAGE_BYTES
+            if over <= 0:
+                return text
+            message = message[max(1, over // 12) :]
 
     @classmethod
     def parse(cls, text: str) -> StepFailure | None:

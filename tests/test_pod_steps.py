@@ -17,7 +17,14 @@ import pytest
 
 from functions import cli, keys, steps
 from functions.model import ArtifactRef, HistoryPlan, Phase, TraceContext
-from functions.pod_contract import CollectStep, ReplyPlan, StageStep, StepFailure, StepTimings
+from functions.pod_contract import (
+    TERMINATION_MESSAGE_BYTES,
+    CollectStep,
+    ReplyPlan,
+    StageStep,
+    StepFailure,
+    StepTimings,
+)
 from functions.redaction import secret_values
 from functions.task import in_pod, untrusted_files
 from functions.task.step_settings import StepSettings
@@ -265,7 +272,7 @@ def test_termination_message_reports_the_failure(
     )
     long = "x" * 10_000
     in_pod.fail(long, kind="storage", retryable=True)
-    assert len(log.read_bytes()) <= 4000  # the kubelet keeps 4096 bytes at most
+    assert len(log.read_bytes()) <= TERMINATION_MESSAGE_BYTES  # the kubelet keeps 4096 at most
     kept = StepFailure.parse(log.read_text())
     assert kept is not None and kept.retryable and kept.message == long[-len(kept.message) :]
 

@@ -7,8 +7,22 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from functions.model import ACTIONS, ArtifactRef, HistoryPlan, LeaseHold, TraceContext
-from functions.pod_contract import CollectStep, ReplyPlan, StageStep, StepArgsError
+from functions.model import (
+    ACTIONS,
+    FAILURE_KINDS,
+    ArtifactRef,
+    HistoryPlan,
+    LeaseHold,
+    TraceContext,
+)
+from functions.pod_contract import (
+    TERMINATION_MESSAGE_BYTES,
+    CollectStep,
+    ReplyPlan,
+    StageStep,
+    StepArgsError,
+    StepFailure,
+)
 
 HEX = "0123456789abcdef"
 # Event ids, subjects and keys are any Unicode text (the request's validation keeps NUL and
@@ -90,3 +104,24 @@ def test_malformed_collect_arguments_say_what_is_wrong(argv: list[str], problem:
 def test_a_malformed_input_argument_says_what_is_wrong() -> None:
     with pytest.raises(StepArgsError, match="NAME=KEY"):
         StageStep.parse(["--dir=/tmp/build/put", "--input=no-separator"])
+
+
+@given(
+    kind=st.sampled_from(sorted(FAILURE_KINDS)),
+    retryable=st.booleans(),
+    message=st.text(max_size=3000)
+    | st.text(st.sampled_from('é"\\\n\x01😀'), min_size=500, max_size=3000),
+)
+def test_a_step_failure_fits_its_termination_message_and_parses_back(
+    kind: str, retryable: bool, message: str
+) -> None:
+    """Whatever the message (escapes make a character up to 12 bytes of JSON), the step's
+    termination message fits the kubelet's budget and is still the failure: its kind, whether
+    it is retryable, and the message's tail."""
+    text = StepFailure(kind, retryable, message).termination_message()  # type: ignore[arg-type]
+    assert len(text.encode()) <= TERMINATION_MESSAGE_BYTES
+    parsed = StepFailure.parse(text)
+    assert parsed is not None
+    assert (parsed.kind, parsed.retryable) == (kind, retryable)
+    assert message.endswith(parsed.message)
+    assert len(parsed.message) >= min(len(message), TERMINATION_MESSAGE_BYTES // 12 - 10)
