@@ -10,13 +10,18 @@ replica keeps one watch open however many runs it follows.
 
 The thread starts with the first ``follow`` and ends at ``close`` (which also wakes every
 follower, so that it sees the runtime closing). Until the first list has answered, the view is
-empty: a follower then waits as for a pod not created yet.
+empty: a follower then waits as for a pod not created yet. A view that no list has renewed for
+longer than a healthy watch takes (``seconds`` plus the longest pause) is stale: followers then
+list their own Job's pods, as each run did before the watch was shared, until it recovers.
+The pause grows while watches fail, also when the list before them answered, and from the
+second 410 Gone in a row: a watch that cannot work costs a few requests a minute, not a loop.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -29,6 +34,8 @@ log = logging.getLogger("functions.kubernetes")
 
 FIRST_PAUSE = 0.5  # after an error, before listing again; doubles up to MAX_PAUSE
 MAX_PAUSE = 10.0
+STALE_SLACK = 5.0  # beyond a watch's time and the longest pause: its read timeout
+SHORT_WATCH = 1.0  # a watch that ended sooner (or in half its time) with no event failed
 Pods = dict[str, dict[str, Any]]  # pod name -> pod (metadata and status)
 
 
@@ -42,6 +49,8 @@ class PodWatch:
         self._followers: dict[str, _Follower] = {}
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
+        self._listed_at = time.monotonic()  # or the thread's start: the view's age
+        self._short_watch = min(SHORT_WATCH, seconds / 2)
 
     @contextmanager
     def follow(self, job: str) -> Iterator[Following]:
@@ -51,10 +60,12 @@ class PodWatch:
             if follower is None:
                 follower = self._followers[job] = _Follower(threading.Condition(self._lock))
             follower.count += 1
-            if self._thread is None and not self._closed.is_set():
-                self._thread = threading.Thread(target=self._run, name="pod-watch", daemon=True)
-                self._thread.start()
         try:
+            with self._lock:
+                if self._thread is None and not self._closed.is_set():
+                    thread = threading.Thread(target=self._run, name="pod-watch", daemon=True)
+                    thread.start()
+                    self._thread, self._listed_at = thread, time.monotonic()
             yield Following(self, job, follower)
         finally:
             with self._lock:
@@ -74,26 +85,42 @@ class PodWatch:
     def closed(self) -> bool:
         return self._closed.is_set()
 
+    @property
+    def stale(self) -> bool:
+        """Whether no list has renewed the view for longer than a healthy watch takes."""
+        return time.monotonic() - self._listed_at > self._seconds + MAX_PAUSE + STALE_SLACK
+
+    def list_job(self, job: str) -> list[dict[str, Any]]:
+        """Job ``job``'s pods, read from the API (for a follower while the view is stale)."""
+        pods, _ = self._api.list_pods(f"{JOB_NAME_LABELS[0]}={job}")
+        return [trimmed(pod) for pod in pods]
+
     def _run(self) -> None:
-        pause = FIRST_PAUSE
+        pause, gone = FIRST_PAUSE, 0
         while not self._closed.is_set():
             try:
                 version = self._list()
-                pause = FIRST_PAUSE
-                self._watch(version)
+                started = time.monotonic()
+                if self._watch(version) or time.monotonic() - started >= self._short_watch:
+                    pause, gone = FIRST_PAUSE, 0
+                    continue
+                failure = "the watch ended at once with no event"
             except Gone:
-                continue  # the list's version is too old already: list again
+                gone += 1
+                if gone == 1:
+                    continue  # the list's version is too old already: list again
+                failure = f"410 Gone {gone} times in a row"
             except (Unavailable, KubeApiError) as err:
-                log.warning(
-                    "cannot watch the task pods; trying again",
-                    extra=fields(error=str(err), pause=pause),
-                )
-                self._closed.wait(pause)
-                pause = min(pause * 2, MAX_PAUSE)
-            except Exception:  # a bug: keep the followers served by their own reads
+                failure = str(err)
+            except Exception as err:  # a bug: followers read their own pods once it is stale
                 log.exception("the task pod watch failed; trying again")
-                self._closed.wait(pause)
-                pause = min(pause * 2, MAX_PAUSE)
+                failure = f"{type(err).__name__}: {err}"
+            log.warning(
+                "cannot watch the task pods; trying again",
+                extra=fields(error=failure, pause=pause),
+            )
+            self._closed.wait(pause)
+            pause = min(pause * 2, MAX_PAUSE)
 
     def _list(self) -> str:
         pods, version = self._api.list_pods(self._selector)
@@ -103,21 +130,26 @@ class PodWatch:
             if job:
                 by_job.setdefault(job, {})[pod["metadata"]["name"]] = trimmed(pod)
         with self._lock:
-            self._by_job = by_job
-            for follower in self._followers.values():
-                follower.changed()
+            before, self._by_job, self._listed_at = self._by_job, by_job, time.monotonic()
+            for job, follower in self._followers.items():
+                if before.get(job) != by_job.get(job):  # else its wait runs out: Job read
+                    follower.changed()
         return version
 
-    def _watch(self, version: str) -> None:
-        """Apply pod events until the watch request ends (its time is up, or it was cut)."""
+    def _watch(self, version: str) -> int:
+        """Apply pod events until the watch request ends (its time is up, or it was cut);
+        how many came."""
         events = self._api.watch_pods(self._selector, version, self._seconds)
+        count = 0
         try:
             for event in events:
                 if self._closed.is_set():
-                    return
+                    break
+                count += 1
                 self._apply(event.get("type") or "", event.get("object") or {})
         finally:
             events.close()
+        return count
 
     def _apply(self, kind: str, pod: dict[str, Any]) -> None:
         job = job_of(pod)
@@ -161,7 +193,13 @@ class Following:
 
     def pods(self, uid: str = "") -> Pods:
         """The Job's pods now (of that ``uid``, if given: not those of an earlier Job of the
-        same name), as the watch last saw them."""
+        same name), as the watch last saw them, or as the API lists them while the watch's
+        view is stale."""
+        if self._watch.stale:
+            listed = {p["metadata"]["name"]: p for p in self._watch.list_job(self._job)}
+            with self._watch._lock:
+                self._seen = self._follower.changes
+            return {name: pod for name, pod in listed.items() if belongs(pod, self._job, uid)}
         with self._watch._lock:
             self._seen = self._follower.changes
             pods = self._watch._by_job.get(self._job) or {}
