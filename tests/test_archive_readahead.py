@@ -51,6 +51,8 @@ def test_the_stream_error_comes_after_the_bytes_before_it() -> None:
         assert ahead.read(2 * CHUNK) + ahead.read(2 * CHUNK) == data
         with pytest.raises(StoreUnavailable, match="connection lost"):
             ahead.read(CHUNK)
+        with pytest.raises(StoreUnavailable, match="connection lost"):
+            ahead.read(CHUNK)  # again: a failed stream never reads as a clean end
 
 
 def test_it_reads_at_most_its_limit_ahead() -> None:
@@ -70,3 +72,4 @@ def test_closing_early_stops_and_joins_the_thread() -> None:
     ahead.close()
     assert read_ahead_threads() == []
     assert source.given < 40 * CHUNK
+    assert ahead.read(CHUNK) == b""  # after close: the end at once, no wait on the thread

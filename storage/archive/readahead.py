@@ -13,14 +13,16 @@ from storage.archive.pipe import CHUNK
 
 class ReadAhead:
     """``read(n)`` of ``stream``, which a thread reads ``CHUNK`` bytes at a time, keeping up to
-    ``limit`` bytes ready. The thread's exception is raised by the ``read`` that reaches it.
-    ``close`` (or leaving the ``with`` block) stops and joins the thread; it does not close
-    ``stream``, which belongs to the caller (a read in progress ends first)."""
+        ``limit`` bytes ready. The thread's exception is raised by the ``read`` that reaches it, and
+    by every read after it.
+        ``close`` (or leaving the ``with`` block) stops and joins the thread; it does not close
+        ``stream``, which belongs to the caller (a read in progress ends first)."""
 
     def __init__(self, stream: BinaryIO, limit: int, name: str = "archive-read-ahead") -> None:
         self._stream = stream
         self._chunks: queue.Queue[bytes | BaseException] = queue.Queue(max(1, limit // CHUNK))
         self._current, self._offset, self._ended = b"", 0, False
+        self._failed: BaseException | None = None  # raised again by every later read
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._fill, name=name, daemon=True)
         self._thread.start()
@@ -48,17 +50,21 @@ class ReadAhead:
 
     def close(self) -> None:
         self._stop.set()
+        # A read after close is the end, never a wait on a thread that is gone.
+        self._current, self._offset, self._ended = b"", 0, True
         while self._thread.is_alive():  # let a blocked put through, then the thread sees stop
             self._drain()
             self._thread.join(timeout=0.05)
         self._drain()
 
     def _next_chunk(self) -> bool:
+        if self._failed is not None:
+            raise self._failed  # never a clean end after a failure
         if self._ended:
             return False
         item = self._chunks.get()
         if isinstance(item, BaseException):
-            self._ended = True
+            self._failed = item
             raise item
         self._current, self._offset, self._ended = item, 0, not item
         return bool(item)
