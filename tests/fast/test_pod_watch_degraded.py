@@ -69,13 +69,16 @@ def follow_for(watch: PodWatch, seconds: float) -> None:
 
 
 @pytest.mark.parametrize("watch_answer", [failing_watch, gone_watch, empty_watch])
-def test_a_watch_that_keeps_failing_after_good_lists_backs_off(watch_answer: Any) -> None:
+def test_a_watch_that_keeps_failing_after_good_lists_backs_off(
+    watch_answer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Lists answer, the watch after each fails at once (an error, 410 Gone every time, or an
-    end with no event): the pause still grows, 0.5 s, 1 s, 2 s…, so three lists in 3.2 s (at
-    0, 0.5 and 1.5 s; a first 410 lists again at once: four), not one every 0.5 s or
-    hundreds."""
+    end with no event): the pause still grows, here 0.1 s, 0.2 s, 0.4 s…, so three lists in
+    0.65 s (at 0, 0.1 and 0.3 s; a first 410 lists again at once: four), not one every 0.1 s
+    or hundreds."""
+    monkeypatch.setattr(pod_watch, "FIRST_PAUSE", 0.1)
     api = ScriptedApi(lambda selector: [], watch_answer)
-    follow_for(PodWatch(api, "app=tasks", seconds=30), 3.2)  # type: ignore[arg-type]
+    follow_for(PodWatch(api, "app=tasks", seconds=30), 0.65)  # type: ignore[arg-type]
     assert 2 <= api.count("list") <= 4, api.calls[:10]
 
 
