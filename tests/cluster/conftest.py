@@ -540,20 +540,32 @@ def write_overlay(
 
 
 def wait_ready(cluster: Cluster, namespace: str, objects: list[str], timeout: int = 300) -> None:
+    """Until each of ``objects`` (``kind/name``, or ``kind --all``) has the condition Ready
+    True, read by polling: a full run once saw ``kubectl wait`` time out on Triggers whose
+    status had said Ready for minutes (a watch event it never got)."""
     for target in objects:
-        done = cluster.run_kubectl(
-            "-n",
-            namespace,
-            "wait",
-            "--for=condition=Ready",
-            *target.split(),
-            f"--timeout={timeout}s",
-        )
-        if done.returncode != 0:
-            shown = cluster.kubectl(
-                "-n", namespace, "get", target.split()[0], "-o", "yaml", check=False
+        args, deadline = target.replace("--all", "").split(), time.monotonic() + timeout
+        while True:
+            got = cluster.run_kubectl("-n", namespace, "get", *args, "-o", "json")
+            listed = json.loads(got.stdout) if got.returncode == 0 else {}
+            items = listed.get("items", []) if "items" in listed else [listed] if listed else []
+            pending = [i["metadata"]["name"] for i in items if not _ready(i)] or (
+                [got.stderr.strip()] if got.returncode else []
             )
-            pytest.fail(f"{target} not Ready: {done.stderr.strip()}\n{shown[-4000:]}")
+            if items and not pending:
+                break
+            if time.monotonic() > deadline:
+                shown = cluster.kubectl("-n", namespace, "get", args[0], "-o", "yaml", check=False)
+                pytest.fail(
+                    f"{target} not Ready after {timeout}s: {pending or 'none listed'}\n"
+                    f"{shown[-4000:]}"
+                )
+            time.sleep(1)
+
+
+def _ready(item: dict) -> bool:
+    conditions = (item.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
 def wait_functions_serve(

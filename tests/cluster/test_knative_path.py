@@ -21,7 +21,7 @@ import requests
 import yaml
 from cloudevents.core.v1.event import CloudEvent
 
-from tests.cluster.conftest import KNATIVE_CACHE_SECRET, REPO
+from tests.cluster.conftest import KNATIVE_CACHE_SECRET, REPO, wait_functions_serve
 from tests.e2e.events import ENCODERS, request_event
 from tests.runs import run_of
 
@@ -646,6 +646,50 @@ def eventually(condition, seconds: float = 30) -> bool:
     return True
 
 
+def min_scale(d, service: str, value: str | None) -> None:
+    """Set (or, with None, remove) ``service``'s min-scale annotation: a new revision."""
+    annotations = {"autoscaling.knative.dev/min-scale": value}
+    patch = {"spec": {"template": {"metadata": {"annotations": annotations}}}}
+    d.cluster.kubectl(
+        "-n", d.namespace, "patch", "ksvc", service, "--type=merge", "-p", json.dumps(patch)
+    )
+
+
+def one_pod_kept(d, service: str) -> str:
+    """Keep one pod of ``service`` (min-scale 1, a new revision) until ``min_scale(d,
+    service, None)`` and give its address: a pod scaled to zero mid-test would make every
+    "cannot reach it" pass for nothing (a full run saw the check pod go before the test's
+    last probe)."""
+    min_scale(d, service, "1")
+    wait_functions_serve(d.cluster, d.namespace)
+    revision = d.cluster.kubectl(
+        "-n",
+        d.namespace,
+        "get",
+        "ksvc",
+        service,
+        "-o",
+        "jsonpath={.status.latestReadyRevisionName}",
+    ).strip()
+
+    def running_pod_ip() -> str:
+        return d.cluster.kubectl(
+            "-n",
+            d.namespace,
+            "get",
+            "pods",
+            "-l",
+            f"serving.knative.dev/revision={revision}",
+            "--field-selector=status.phase=Running",
+            "-o",
+            "jsonpath={.items[*].status.podIP}",
+            check=False,
+        ).strip()
+
+    assert eventually(lambda: bool(running_pod_ip()), 120), f"no running pod of {revision}"
+    return running_pod_ip().split()[0]
+
+
 def test_the_shipped_network_policies_fence_task_pods_and_the_functions(
     knative_deployment, network_policies, cluster_images
 ):
@@ -660,19 +704,10 @@ def test_the_shipped_network_policies_fence_task_pods_and_the_functions(
 
     d = knative_deployment
     network_policies.assert_enforcing()
+    function_ip = one_pod_kept(d, "check")
     check = request_event("check", {"type": "test", "source": source()})
     assert post(d.broker, check)[0] == 202
-    reply_to(d, check, "check")  # the check Service has a pod now
-    function_ip = d.cluster.kubectl(
-        "-n",
-        d.namespace,
-        "get",
-        "pods",
-        "-l",
-        "serving.knative.dev/service=check",
-        "-o",
-        "jsonpath={.items[0].status.podIP}",
-    ).strip()
+    reply_to(d, check, "check")  # that pod answers
     broker = urlsplit(d.broker)
     s3 = urlsplit(d.s3.endpoint)
     image = cluster_images["resource"]
@@ -708,3 +743,4 @@ def test_the_shipped_network_policies_fence_task_pods_and_the_functions(
         for prober in (task, other, knative):
             prober.delete()
         d.cluster.kubectl("delete", "namespace", other_ns, "--wait=false", check=False)
+        min_scale(d, "check", None)
