@@ -555,10 +555,14 @@ def wait_ready(cluster: Cluster, namespace: str, objects: list[str], timeout: in
             if items and not pending:
                 break
             if time.monotonic() > deadline:
-                shown = cluster.kubectl("-n", namespace, "get", args[0], "-o", "yaml", check=False)
+                why = {
+                    i["metadata"]["name"]: (i.get("status") or {}).get("conditions")
+                    for i in items
+                    if not _ready(i)
+                }
                 pytest.fail(
-                    f"{target} not Ready after {timeout}s: {pending or 'none listed'}\n"
-                    f"{shown[-4000:]}"
+                    f"{target} not Ready after {timeout}s: {pending or 'none listed'}; "
+                    f"their conditions: {json.dumps(why, indent=1)[-6000:]}"
                 )
             time.sleep(1)
 
