@@ -47,6 +47,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from shaped_link import parse_links
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 MiB = 1 << 20
@@ -504,6 +506,9 @@ def main() -> None:
     if args.child:
         child(*args.child)
         return
+    if args.link:  # its own script, which imports this one (not the other way round)
+        link = str(Path(__file__).with_name("artifacts_link.py"))
+        os.execv(sys.executable, [sys.executable, link, *sys.argv[1:]])
     work = Path(tempfile.mkdtemp(prefix="bench-artifacts-", dir=args.tmp))
     try:
         run(args, work)
@@ -511,9 +516,9 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def run(args: argparse.Namespace, work: Path) -> None:
-    tree, store_root = work / "tree", work / "store"
-    store_root.mkdir()
+def prepare(args: argparse.Namespace, work: Path) -> tuple[Path, int]:
+    """The tree of ``args`` built in ``work`` (and the header line printed): its path, bytes."""
+    tree = work / "tree"
     start = time.perf_counter()
     tree_bytes = build_tree(tree, args.size_mib, args.small_files)
     print(
@@ -523,11 +528,13 @@ def run(args: argparse.Namespace, work: Path) -> None:
         f"ARCHIVE_LEVEL={','.join(args.levels)}",
         flush=True,
     )
-    if args.link:
-        from artifacts_link import run_links
+    return tree, tree_bytes
 
-        run_links(args, work, tree, tree_bytes)
-        return
+
+def run(args: argparse.Namespace, work: Path) -> None:
+    store_root = work / "store"
+    store_root.mkdir()
+    tree, tree_bytes = prepare(args, work)
     if args.rss_only:
         env = {**os.environ, "ARCHIVE_LEVEL": args.levels[0]}
         result = ours("up", store_root.as_uri(), "artifacts/rss.tar.zst", tree, env)
@@ -609,8 +616,6 @@ def parse_args() -> argparse.Namespace:
 
 
 def _links(text: str) -> list[str]:
-    from artifacts_link import parse_links
-
     try:
         return parse_links(text)
     except ValueError as err:
@@ -618,5 +623,4 @@ def _links(text: str) -> list[str]:
 
 
 if __name__ == "__main__":
-    sys.modules["artifacts"] = sys.modules["__main__"]  # artifacts_link imports this script
     main()

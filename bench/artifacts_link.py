@@ -23,8 +23,10 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import shutil
 import statistics
 import subprocess
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -32,18 +34,12 @@ from pathlib import Path
 from typing import Any
 
 import artifacts as bench
-from shaped_link import check_rate, exit_on_sigterm, shaped_link
+from shaped_link import LOOPBACK, exit_on_sigterm, shaped_link
 
-LOOPBACK = "loopback"
 PORT = 7070  # inside a namespace of our own: nothing else listens there
 PLAIN_UP, PLAIN_DOWN = "(b) upload_file of plain tar", "(b) download_file + tar xf"
 TGZ_UP, TGZ_DOWN = "(a) tar czf + upload_file", "(a) download_file + tar xzf"
 LEVEL_STEP = 64 << 20  # the level over time: one figure per this much tar
-
-
-def parse_links(text: str) -> list[str]:
-    """``loopback`` or tc rates, comma-separated; ``ValueError`` naming a bad one."""
-    return [part if part == LOOPBACK else check_rate(part) for part in text.split(",")]
 
 
 def run_links(args: argparse.Namespace, work: Path, tree: Path, tree_bytes: int) -> None:
@@ -263,3 +259,19 @@ def _levels(result: Result) -> list[str]:
             f" {w['stored_share']:.2f} of the tar; CPUs used {w['cpu_used']:.2f}, idle {idle}"
         )
     return lines
+
+
+def main() -> None:
+    """``bench/artifacts.py --link`` hands over to this script (so that ``artifacts.py``
+    imports nothing of it): the same arguments, the same tree."""
+    args = bench.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-artifacts-", dir=args.tmp))
+    try:
+        tree, tree_bytes = bench.prepare(args, work)
+        run_links(args, work, tree, tree_bytes)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

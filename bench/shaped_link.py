@@ -154,3 +154,11 @@ def exit_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGHUP, stop)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+LOOPBACK = "loopback"  # no shaping: the server on 127.0.0.1
+
+
+def parse_links(text: str) -> list[str]:
+    """``loopback`` or tc rates, comma-separated; ``ValueError`` naming a bad one."""
+    return [part if part == LOOPBACK else check_rate(part) for part in text.split(",")]
