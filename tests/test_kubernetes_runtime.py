@@ -241,6 +241,16 @@ class Node:
         }
         self.core.patch_namespaced_pod_status(pod, NAMESPACE, {"status": status})
 
+    def succeed(self, pod: str, job: dict[str, Any], collect_message: str | None = None) -> None:
+        """The pod ends well (both steps terminated 0) and its Job is Complete."""
+        self.pod_status(
+            pod,
+            "Succeeded",
+            [container_status("resource", terminated())],
+            [container_status("collect", terminated(0, collect_message))],
+        )
+        self.job_condition(job, "Complete")
+
     def job_condition(self, job: dict[str, Any], kind: str, reason: str = "") -> None:
         condition = {"type": kind, "status": "True", "reason": reason, "message": reason}
         self.batch.patch_namespaced_job_status(
@@ -332,13 +342,7 @@ def finish(
         assert node.run_step(job, "collect", secret, task_files, output) == 0
         after_collect()
         message = termination.read_text() if termination else None
-        node.pod_status(
-            pod,
-            "Succeeded",
-            [container_status("resource", terminated())],
-            [container_status("collect", terminated(0, message))],
-        )
-        node.job_condition(job, "Complete")
+        node.succeed(pod, job, message)
 
     return script
 
@@ -387,13 +391,7 @@ def test_a_job_waits_for_its_pod_until_a_container_starts(
         until(0)
         task_files = {"exit-code": b"0\n", "stdout": VERSION_OUT, "stderr": b""}
         assert node.run_step(job, "collect", secret, task_files, {"f": b"x"}) == 0
-        node.pod_status(
-            pod,
-            "Succeeded",
-            [container_status("resource", terminated())],
-            [container_status("collect", terminated())],
-        )
-        node.job_condition(job, "Complete")
+        node.succeed(pod, job)
 
     thread = node.play(script)
     outcome = runtime.run(make_task("get"))

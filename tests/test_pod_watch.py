@@ -28,7 +28,6 @@ from tests.test_kubernetes_runtime import (
     make_task,
     node,
     store,
-    terminated,
 )
 
 __all__ = ["api", "cluster", "make_runtime", "node", "store"]  # fixtures
@@ -51,13 +50,7 @@ def finish_all(count: int, delay: float = 0.0) -> Any:
             node.pod_status(pod, "Pending", [container_status("resource", RUNNING)])
             files = {"exit-code": b"0\n", "stdout": b'[{"ref": "1"}]', "stderr": b""}
             assert node.run_step(job, "collect", secret, files) == 0
-            node.pod_status(
-                pod,
-                "Succeeded",
-                [container_status("resource", terminated())],
-                [container_status("collect", terminated())],
-            )
-            node.job_condition(job, "Complete")
+            node.succeed(pod, job)
 
     return script
 
