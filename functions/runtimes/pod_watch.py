@@ -195,15 +195,14 @@ class Following:
         """The Job's pods now (of that ``uid``, if given: not those of an earlier Job of the
         same name), as the watch last saw them, or as the API lists them while the watch's
         view is stale."""
-        if self._watch.stale:
-            listed = {p["metadata"]["name"]: p for p in self._watch.list_job(self._job)}
-            with self._watch._lock:
-                self._seen = self._follower.changes
-            return {name: pod for name, pod in listed.items() if belongs(pod, self._job, uid)}
+        listed = self._watch.list_job(self._job) if self._watch.stale else None
         with self._watch._lock:
             self._seen = self._follower.changes
-            pods = self._watch._by_job.get(self._job) or {}
-            return {name: pod for name, pod in pods.items() if belongs(pod, self._job, uid)}
+            if listed is None:
+                pods = dict(self._watch._by_job.get(self._job) or {})
+            else:
+                pods = {pod["metadata"]["name"]: pod for pod in listed}
+        return {name: pod for name, pod in pods.items() if belongs(pod, self._job, uid)}
 
     def wait(self, seconds: float) -> bool:
         """Until the pods changed since ``pods`` was last called (True), the watch closed
