@@ -27,9 +27,10 @@ def reply_of(run: str) -> CloudEvent:
     return reply_event(action="get", outcome=outcome, request_id="r", subject=None, run_id=run)
 
 
-def discovered_of(run: str) -> CloudEvent:
+def check_events(run: str) -> list[CloudEvent]:
+    """A check's events that found a new version: its discovered event, then its reply."""
     outcome = Outcome(action="check", data={"versions": [{"ref": "1"}], "new": [{"ref": "1"}]})
-    found, _ = reply_events(
+    return reply_events(
         action="check",
         outcome=outcome,
         request_id="r",
@@ -37,7 +38,10 @@ def discovered_of(run: str) -> CloudEvent:
         run_id=run,
         history=HistoryPlan("k" * 64, 10),
     )
-    return found
+
+
+def discovered_of(run: str) -> CloudEvent:
+    return check_events(run)[0]
 
 
 def relay(client: Any, event: CloudEvent, run: str = RUN, token: str | None = None) -> Any:
@@ -69,15 +73,7 @@ def test_a_runs_reply_with_its_token_is_forwarded_as_it_is(client: Any, sink: Ev
 
 
 def test_discovered_versions_of_a_check_are_forwarded(client: Any, sink: EventSink) -> None:
-    outcome = Outcome(action="check", data={"versions": [{"ref": "1"}], "new": [{"ref": "1"}]})
-    events = reply_events(
-        action="check",
-        outcome=outcome,
-        request_id="r",
-        subject=None,
-        run_id=RUN,
-        history=HistoryPlan("k" * 64, 10),
-    )
+    events = check_events(RUN)
     assert [relay(client, e).status_code for e in events] == [202, 202]
     assert [e.get_type().rsplit(".", 1)[-1] for e in sink.drain()] == ["discovered", "succeeded"]
 
