@@ -33,16 +33,18 @@ from tests.test_kubernetes_runtime import (
 __all__ = ["api", "cluster", "make_runtime", "node", "store"]  # fixtures
 
 
-def finish_all(count: int, delay: float = 0.0) -> Any:
-    """A node script: once ``count`` Jobs exist (after ``delay``), each one's pod runs, its
-    real collect step records a check's versions and the Job completes."""
+def finish_all(count: int, until: Any = None) -> Any:
+    """A node script: once ``count`` Jobs exist (and ``until()`` holds, if given), each one's
+    pod runs, its real collect step records a check's versions and the Job completes."""
 
     def script(node: Node) -> None:
         end = time.monotonic() + 20
         while len(jobs := node.batch.list_namespaced_job(NAMESPACE).items) < count:
             assert time.monotonic() < end, "the runs did not create their Jobs"
             time.sleep(0.05)
-        time.sleep(delay)
+        while until is not None and not until():
+            assert time.monotonic() < end, "what the runs waited for did not happen"
+            time.sleep(0.05)
         for listed in jobs:
             job = node.api_client.sanitize_for_serialization(listed)
             secret = node.wait_secret(job)
@@ -91,13 +93,17 @@ def test_the_shared_watch_lists_again_after_410_gone_and_each_expiry(
     make_runtime: Any, node: Node, cluster: Cluster
 ) -> None:
     cluster.emulator.gone_watches = 2
+
+    def relisted() -> bool:  # first, after each 410, after two expiries (the pods wait)
+        return len(cluster.requests("list", "pods")) >= 5
+
     runtime = make_runtime(watch_seconds=0.5)
-    thread = node.play(finish_all(3, delay=3))
+    thread = node.play(finish_all(3, until=relisted))
     outcomes, seconds = run_all(runtime, 3)
     node.check(thread)
     assert len(outcomes) == 3 and all(o.succeeded for o in outcomes)
     lists, watches = len(cluster.requests("list", "pods")), len(cluster.requests("watch", "pods"))
-    assert lists >= 5 and watches >= 5  # first, after each 410, after each expiry
+    assert lists >= 5 and watches >= 5
     # One list and one watch at a time for the three runs: a cycle lasts a watch's 0.5 s
     # at least, unless a 410 ends it at once.
     assert lists <= seconds / 0.5 + 2 + 1, (lists, seconds)
