@@ -25,7 +25,7 @@ they write it, so two runs differ there (``tests/e2e/test_rootfs_round_trip.py``
 artifacts keep mtimes exactly). It also prints how the rootfs differs from the image as Podman
 stores it (what the resource itself keeps or drops). Exit status 1 on any failed check.
 
-    python3 testbed/verify_real_resources.py --registry-image ~/src/registry-image-resource \
+    python3 -m tests.verify_real_resources --registry-image ~/src/registry-image-resource \
         --git ~/src/git-resource
 """
 
@@ -44,9 +44,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 from storage import open_store
 from testbed.process import free_port, running
