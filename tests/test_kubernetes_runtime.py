@@ -937,7 +937,9 @@ def test_async_start_returns_at_once_and_collect_replies(
     runtime = make_runtime(sink=url)
     started = time.monotonic()
     runtime.start(task)
-    assert time.monotonic() - started < 1
+    # Nothing ends the Job before the node plays below: a start that waited for the run
+    # would take the task's 600 s. Far below that, and far above what a busy machine takes.
+    assert time.monotonic() - started < 30
     job = cluster.live("jobs", f"rf-check-{task.run_id[:20]}")
     assert job is not None
     command = job["spec"]["template"]["spec"]["containers"][0]["command"]
