@@ -12,7 +12,12 @@ from typing import Any
 
 from functions.errors import classify, unavailable
 from functions.model import Action, Failure, FailureKind, Outcome
-from functions.protocol import InvalidOutput, parse_check_output, parse_version_output
+from functions.protocol import (
+    METADATA_KEYS,
+    InvalidOutput,
+    parse_check_output,
+    parse_version_output,
+)
 from functions.redaction import Redactor
 
 LOG_TAIL_BYTES = 2048
@@ -35,9 +40,18 @@ def screened(outcome: Outcome, redactor: Redactor, credentials: Redactor, log: s
         failure = Failure("invalid_output", message, exit_code=0, log_tail=log_tail(log) or None)
         return Outcome(action=outcome.action, failure=failure)
     if "metadata" in data:
-        metadata = [{k: redactor.redact_text(v) for k, v in m.items()} for m in data["metadata"]]
+        metadata = [redacted_field(field, redactor) for field in data["metadata"]]
         return replace(outcome, data={**data, "metadata": metadata})
     return outcome
+
+
+def redacted_field(field: dict[str, str], redactor: Redactor) -> dict[str, str]:
+    """A metadata field with secrets out of its values, and of the names of members other
+    than ``name`` and ``value`` (a resource chooses those too)."""
+    return {
+        (k if k in METADATA_KEYS else redactor.redact_text(k)): redactor.redact_text(v)
+        for k, v in field.items()
+    }
 
 
 def secret_fields(data: dict[str, Any], redactor: Redactor) -> Iterator[str]:

@@ -117,6 +117,9 @@ def parse_version_output(stdout: bytes) -> tuple[dict[str, str], list[dict[str, 
     return version, metadata
 
 
+METADATA_KEYS = ("name", "value")
+
+
 def check_version(value: Any, where: str) -> dict[str, str]:
     """A version is a flat map of strings to strings."""
     if not isinstance(value, dict):
@@ -128,7 +131,9 @@ def check_version(value: Any, where: str) -> dict[str, str]:
 
 
 def check_metadata(value: Any) -> list[dict[str, str]]:
-    """Metadata is a list of {"name", "value"} string pairs; absent or null means none."""
+    """Metadata is a list of {"name", "value"} string pairs; absent or null means none. A
+    field's other string members are kept as given (git's ``"type": "time"``, which a UI
+    renders by); others are dropped, as Concourse drops every other member."""
     if value is None:
         return []
     if not isinstance(value, list):
@@ -137,7 +142,14 @@ def check_metadata(value: Any) -> list[dict[str, str]]:
         ok = isinstance(item, dict) and isinstance(item.get("name"), str)
         if not ok or not isinstance(item.get("value", ""), str):
             raise InvalidOutput(f'metadata[{i}] must be {{"name": str, "value": str}}')
-    return [{"name": item["name"], "value": item.get("value", "")} for item in value]
+    return [
+        {
+            "name": item["name"],
+            "value": item.get("value", ""),
+            **{k: v for k, v in item.items() if k not in METADATA_KEYS and isinstance(v, str)},
+        }
+        for item in value
+    ]
 
 
 def _kind(value: Any) -> str:

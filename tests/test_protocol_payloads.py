@@ -120,6 +120,23 @@ def test_version_output_with_metadata():
     assert parse_version_output(out) == ({"ref": "a"}, [{"name": "author", "value": "me"}])
 
 
+def test_a_metadata_field_keeps_its_other_string_members_and_drops_the_rest():
+    # git-resource gives dates and messages a "type" (what a UI renders them by).
+    out = json.dumps(
+        {
+            "version": {"ref": "a"},
+            "metadata": [
+                {"name": "author_date", "value": "2026-12-02 02:09:15 +0000", "type": "time"},
+                {"name": "n", "value": "1", "count": 1, "tags": ["x"], "note": None},
+            ],
+        }
+    ).encode()
+    assert parse_version_output(out)[1] == [
+        {"name": "author_date", "value": "2026-12-02 02:09:15 +0000", "type": "time"},
+        {"name": "n", "value": "1"},
+    ]
+
+
 def test_version_output_without_metadata():
     assert parse_version_output(b'{"version":{"ref":"a"}}') == ({"ref": "a"}, [])
 

@@ -155,14 +155,16 @@ def test_metadata_values_are_redacted(tmp_path: Path, store_dir: Path) -> None:
             "version": {"ref": "v1"},
             "metadata": [
                 {"name": "url", "value": f"https://ci:{quote(SECRET, safe='')}@git/r"},
-                {"name": "author", "value": "someone"},
+                {"name": "author", "value": "someone", "type": "person"},
+                {"name": "x", "value": "y", "type": f"t-{SECRET}", f"k-{SECRET}": "z"},
             ],
         }
     )
     result, _ = collect(tmp_path, store_dir, b"", stdout=stdout, action="put")
     assert result["data"]["metadata"] == [
         {"name": "url", "value": "https://ci:[redacted]@git/r"},
-        {"name": "author", "value": "someone"},
+        {"name": "author", "value": "someone", "type": "person"},
+        {"name": "x", "value": "y", "type": "t-[redacted]", "k-[redacted]": "z"},
     ]
 
 
