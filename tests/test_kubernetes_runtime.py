@@ -156,6 +156,16 @@ class Node:
         if self.errors:
             raise self.errors[0]
 
+    def wait_until(self, condition: Callable[[], bool], what: str, timeout: float = 20) -> None:
+        """Until ``condition()`` holds. Past ``timeout`` the script goes on, so that the runs
+        it serves end, and ``check`` reports that ``what`` did not happen."""
+        end = time.monotonic() + timeout
+        while not condition():
+            if time.monotonic() > end:
+                self.errors.append(AssertionError(f"{what} did not happen"))
+                return
+            time.sleep(0.05)
+
     def wait_job(self, timeout: float = 10) -> dict[str, Any]:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
@@ -309,15 +319,17 @@ def finish(
     output: dict[str, bytes] | None = None,
     seen: dict[str, Any] | None = None,
     delay: float = 0.0,
+    until: Callable[[], bool] | None = None,
     files: dict[str, bytes] | None = None,
     after_collect: Callable[[], None] = lambda: None,
     termination: Path | None = None,
 ) -> Callable[[Node], None]:
     """A node script: the pod runs, the resource step ends with ``exit_code``, collect runs
-    for real and the Job completes. ``seen`` receives the Job and Secret as created;
-    ``files`` are more files the resource step left in .task/; ``after_collect`` runs once
-    collect has exited, before the pod's end shows; ``termination``: collect's termination
-    message file, shown in its container status as the kubelet does."""
+    for real and the Job completes. ``seen`` receives the Job and Secret as created; the
+    pod comes after ``delay``, and once ``until()`` holds if given; ``files`` are more files
+    the resource step left in .task/; ``after_collect`` runs once collect has exited, before
+    the pod's end shows; ``termination``: collect's termination message file, shown in its
+    container status as the kubelet does."""
 
     def script(node: Node) -> None:
         job = node.wait_job()
@@ -325,6 +337,8 @@ def finish(
         if seen is not None:
             seen.update(job=job, secret=secret)
         time.sleep(delay)
+        if until is not None:
+            node.wait_until(until, "what the pod waited for")
         pod = node.create_pod(job)
         node.pod_status(pod, "Pending", [container_status("resource", RUNNING)])
         node.pod_status(
@@ -804,11 +818,15 @@ def test_watch_expiry_and_410_gone_make_the_runtime_list_again(
     make_runtime: Any, node: Node, cluster: Cluster
 ) -> None:
     cluster.emulator.gone_watches = 1
-    thread = node.play(finish(stdout=b"[]", delay=2.5))
+
+    def relisted() -> bool:  # first, after the 410, after an expiry (the pod waits)
+        return len(cluster.requests("watch", "pods")) >= 3  # each watch after its list
+
+    thread = node.play(finish(stdout=b"[]", until=relisted))
     outcome = make_runtime(watch_seconds=0.5).run(make_task("check"))
     node.check(thread)
     assert outcome.data == {"versions": []}
-    assert len(cluster.requests("list", "pods")) >= 3  # first, after 410, after expiry
+    assert len(cluster.requests("list", "pods")) >= 3
     assert len(cluster.requests("watch", "pods")) >= 3
 
 
@@ -919,7 +937,9 @@ def test_async_start_returns_at_once_and_collect_replies(
     runtime = make_runtime(sink=url)
     started = time.monotonic()
     runtime.start(task)
-    assert time.monotonic() - started < 1
+    # Nothing ends the Job before the node plays below: a start that waited for the run
+    # would take the task's 600 s. Far below that, and far above what a busy machine takes.
+    assert time.monotonic() - started < 30
     job = cluster.live("jobs", f"rf-check-{task.run_id[:20]}")
     assert job is not None
     command = job["spec"]["template"]["spec"]["containers"][0]["command"]

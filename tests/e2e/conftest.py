@@ -136,7 +136,7 @@ def start_services(
 def _healthy(url: str) -> bool:
     try:
         return requests.get(url + "/healthz", timeout=1).status_code == 200
-    except requests.ConnectionError:
+    except (requests.ConnectionError, requests.Timeout):  # bound, worker not up yet: again
         return False
 
 

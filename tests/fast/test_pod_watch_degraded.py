@@ -62,10 +62,17 @@ def empty_watch() -> Iterator[Any]:
     yield from ()  # a generator, closable as the API's event stream is
 
 
-def follow_for(watch: PodWatch, seconds: float) -> None:
+def follow_until(watch: PodWatch, condition: Any) -> float:
+    """Follow a Job until ``condition()`` holds; the seconds that took."""
+    started = time.monotonic()
     with watch.follow(JOB):
-        time.sleep(seconds)
+        end = started + 20  # bounds a failure only
+        while not condition():
+            assert time.monotonic() < end, "the watch did not list again"
+            time.sleep(0.01)
+        seconds = time.monotonic() - started
     watch.close()
+    return seconds
 
 
 @pytest.mark.parametrize("watch_answer", [failing_watch, gone_watch, empty_watch])
@@ -73,13 +80,15 @@ def test_a_watch_that_keeps_failing_after_good_lists_backs_off(
     watch_answer: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Lists answer, the watch after each fails at once (an error, 410 Gone every time, or an
-    end with no event): the pause still grows, here 0.1 s, 0.2 s, 0.4 s…, so three lists in
-    0.65 s (at 0, 0.1 and 0.3 s; a first 410 lists again at once: four), not one every 0.1 s
-    or hundreds."""
+    end with no event): the pause still grows, here 0.1 s, 0.2 s, 0.4 s…, so the fourth list
+    comes 0.7 s after the first (a first 410 lists again at once: the fifth), not 0.3 s after
+    (a pause that does not grow) or at once. Time only adds to that on a busy machine."""
     monkeypatch.setattr(pod_watch, "FIRST_PAUSE", 0.1)
     api = ScriptedApi(lambda selector: [], watch_answer)
-    follow_for(PodWatch(api, "app=tasks", seconds=30), 0.65)  # type: ignore[arg-type]
-    assert 2 <= api.count("list") <= 4, api.calls[:10]
+    lists = 5 if watch_answer is gone_watch else 4
+    watch = PodWatch(api, "app=tasks", seconds=30)  # type: ignore[arg-type]
+    seconds = follow_until(watch, lambda: api.count("list") >= lists)
+    assert seconds >= 0.6, (seconds, api.calls[:10])
 
 
 def test_a_follower_lists_its_own_pods_while_the_view_is_stale(
