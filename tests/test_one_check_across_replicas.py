@@ -87,6 +87,47 @@ def test_waiters_of_a_holder_that_died_hand_the_check_to_exactly_one(store: Stor
     assert results == [(Outcome(action="check", data={"versions": [calls[0]]}), calls[0])] * 4
 
 
+def test_a_waiter_asleep_through_another_waiters_whole_run_takes_its_result(
+    store: Store, monkeypatch: Any
+) -> None:
+    """The holder died. Waiter A sleeps between two reads of the lease while waiter B takes
+    the expired lease, runs the check and releases: A answers with B's result, not a run of
+    its own (it read only the dead holder's result before, and ran the check again)."""
+    assert lease.take(store, KEY, None, run="dead", ttl=1, now=time.time()) is not None
+    calls: list[str] = []
+    lock, asleep, b_done = threading.Lock(), threading.Event(), threading.Event()
+    real_sleep = time.sleep
+
+    class Clock:  # A's pause lasts until B's run is over; others sleep as asked
+        def __getattr__(self, name: str) -> Any:
+            return getattr(time, name)
+
+        @staticmethod
+        def sleep(seconds: float) -> None:
+            if threading.current_thread().name != "waiter-A":
+                real_sleep(seconds)
+            elif not b_done.is_set():
+                asleep.set()
+                b_done.wait(30)
+
+    monkeypatch.setattr(shared_check, "time", Clock())
+
+    def waiter(run: str) -> Any:
+        work = lambda: recorded(store, calls, lock, run)
+        return shared_check.run_or_wait(store, KEY, run=run, ttl=30, timeout=60, work=work)
+
+    a_replied: list[Any] = []
+    a = threading.Thread(target=lambda: a_replied.append(waiter("A")), name="waiter-A")
+    a.start()
+    assert asleep.wait(10), "A did not find the dead holder's lease"
+    b_replied = waiter("B")  # waits for the lease to expire, then runs
+    b_done.set()
+    a.join(30)
+
+    assert calls == ["B"]
+    assert a_replied == [b_replied] == [(Outcome(action="check", data={"versions": ["B"]}), "B")]
+
+
 def test_waiters_of_a_holder_that_gave_up_without_a_result_run_the_check_once(
     store: Store,
 ) -> None:

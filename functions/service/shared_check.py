@@ -4,7 +4,8 @@ The caller that takes the lease runs the check; the others wait, polling the lea
 backoff, for the holder's run to end, then take its stored result (``results/<run>.json``,
 written before the holder releases). A waiter whose holder released without a result (its
 run raised, e.g. the engine was unreachable) or let the lease expire (its replica died)
-takes the lease itself, so one of the waiters runs the check. Waiting is bounded by
+takes the lease itself, so one of the waiters runs the check; a waiter that slept through
+that waiter's whole run finds the lease released under it, and takes its result. Waiting is bounded by
 ``timeout``: past it the request is ``Unavailable`` (503; redelivery tries again).
 
 Two ways to hold it, one loop (``lead_or_wait``): ``run_or_wait`` runs the check in this
@@ -106,6 +107,12 @@ def lead_or_wait(
             done = records.read_outcome(store, followed, request=None)  # another request's
             if done is not None:
                 return done, followed
+            if seen is not None and seen.lease.released and seen.lease.run != run:
+                # A run that took over the followed holder's lease while this call slept,
+                # and ended: it started after this request came, so its result is ours.
+                done = records.read_outcome(store, seen.lease.run, request=None)
+                if done is not None:
+                    return done, seen.lease.run
         if seen is None or seen.lease.free(now):
             held = lease.take(store, key, seen, run=run, ttl=ttl, now=now)
             if held is not None:
