@@ -58,6 +58,7 @@ from tests.fidelity_resources import (
     rootfs_resource,
     unpack_artifact,
 )
+from tests.git_server import LINKS, git, served_repository
 from tests.project_image import BASE_IMAGE, ensure_debian_base
 
 CRANE = "github.com/google/go-containerregistry/cmd/crane@v0.22.1"
@@ -295,49 +296,8 @@ def verify_registry_image(source: Path, work: Path, socket: Path, checks: Checks
         )
 
 
-LINKS = {
-    "ca.crt": "/etc/ssl/certs/ca-certificates.crt",
-    "sub/climbs": "../../outside/of/the/repository",
-    "sub/readme": "../README",
-}
 # Git's files in a clone that hold times of the run (the index keeps each file's ctime).
 GIT_TIMED = (".git/index", ".git/FETCH_HEAD", ".git/ORIG_HEAD", ".git/logs/")
-
-
-def git(*args: str, cwd: Path) -> str:
-    return run("git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-C", str(cwd), *args)
-
-
-@contextmanager
-def git_daemon(work: Path) -> Iterator[tuple[str, Path]]:
-    """(its git:// URI, the bare repository): one commit holding LINKS, a file and an
-    executable, served by ``git daemon`` (pushes allowed) on 127.0.0.1."""
-    tree = work / "server/tree"
-    (tree / "sub").mkdir(parents=True)
-    (tree / "README").write_text("a repository with links\n")
-    (tree / "run.sh").write_text("#!/bin/sh\necho hi\n")
-    (tree / "run.sh").chmod(0o755)
-    for name, target in LINKS.items():
-        os.symlink(target, tree / name)
-    git("init", "-q", "-b", "main", cwd=tree)
-    git("add", "-A", cwd=tree)
-    git("commit", "-q", "-m", "links", cwd=tree)
-    git("clone", "-q", "--bare", str(tree), str(work / "server/repo.git"), cwd=work)
-    port = free_port()
-    daemon = subprocess.Popen(
-        [
-            "git", "daemon", "--reuseaddr", "--export-all", "--enable=receive-pack",
-            f"--base-path={work / 'server'}", "--listen=127.0.0.1", f"--port={port}",
-            str(work / "server"),
-        ],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        time.sleep(0.5)
-        yield f"git://127.0.0.1:{port}/repo.git", work / "server/repo.git"
-    finally:
-        daemon.terminate()
-        daemon.wait(10)
 
 
 def comparable(entries: list[list[Any]]) -> list[list[Any]]:
@@ -355,10 +315,13 @@ def links_in(tree: Path) -> dict[str, str]:
 
 def verify_git(source: Path, work: Path, socket: Path, checks: Checks) -> None:
     resource = git_resource(source)
-    with git_daemon(work) as (uri, served), services_for("git", resource, socket, work) as services:
+    with (
+        served_repository(work / "server") as (uri, served),
+        services_for("git", resource, socket, work) as services,
+    ):
         store = open_store(services.env["STORE_URL"])
         main = {"uri": uri, "branch": "main"}
-        head = git("rev-parse", "main", cwd=served)
+        head = git("rev-parse", "main", cwd=served).strip()
         versions = ask(services, "check", {"type": "git", "source": main})["versions"]
         checks.expect(
             f"git: check answers the branch's head {head}",
@@ -400,7 +363,9 @@ def verify_git(source: Path, work: Path, socket: Path, checks: Checks) -> None:
         bare(
             resource, "out", {"source": {**main, "branch": "bare-pushed"}, "params": params}, inputs
         )
-        pushed, bare_pushed = (git("rev-parse", b, cwd=served) for b in ("pushed", "bare-pushed"))
+        pushed, bare_pushed = (
+            git("rev-parse", b, cwd=served).strip() for b in ("pushed", "bare-pushed")
+        )
         checks.expect(
             f"git: a put of the clone pushes what the bare `out` pushes ({bare_pushed})",
             []

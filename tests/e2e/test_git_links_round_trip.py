@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,16 +17,10 @@ from typing import Any
 import pytest
 
 from storage import open_store
-from testbed.process import free_port
 from tests.e2e.conftest import Services, start_services
 from tests.e2e.events import request_event, send
 from tests.fidelity_resources import git_repo_resource, unpack_artifact
-
-LINKS = {
-    "ca.crt": "/etc/ssl/certs/ca-certificates.crt",  # absolute, as repositories commit them
-    "sub/climbs": "../../outside/of/the/repository",
-    "sub/readme": "../README",
-}
+from tests.git_server import LINKS, git, served_repository
 
 
 @pytest.fixture(scope="module")
@@ -51,53 +42,11 @@ def services(docker_host: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
         services.stop()
 
 
-def git(*args: str, cwd: Path) -> str:
-    command = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args]
-    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=True).stdout
-
-
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    """(its git:// URI, the bare repository): one commit holding LINKS, a file and an
-    executable, served by ``git daemon`` (pushes allowed) on 127.0.0.1."""
-    root = tmp_path_factory.mktemp("git-server")
-    work = root / "work"
-    (work / "sub").mkdir(parents=True)
-    (work / "README").write_text("a repository with links\n")
-    (work / "run.sh").write_text("#!/bin/sh\necho hi\n")
-    (work / "run.sh").chmod(0o755)
-    for name, target in LINKS.items():
-        os.symlink(target, work / name)
-    git("init", "-q", "-b", "main", cwd=work)
-    git("add", "-A", cwd=work)
-    git("commit", "-q", "-m", "links", cwd=work)
-    git("clone", "-q", "--bare", str(work), str(root / "repo.git"), cwd=root)
-    port = free_port()
-    daemon = subprocess.Popen(
-        [
-            "git", "daemon", "--reuseaddr", "--export-all", "--enable=receive-pack",
-            f"--base-path={root}", "--listen=127.0.0.1", f"--port={port}", str(root),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        wait_for_port(port, daemon)
-        yield f"git://127.0.0.1:{port}/repo.git", root / "repo.git"
-    finally:
-        daemon.terminate()
-        daemon.wait(10)
-
-
-def wait_for_port(port: int, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        assert process.poll() is None, "git daemon exited"
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    pytest.fail("git daemon did not listen within 10 s")
+    """(its git:// URI, the bare repository): ``tests/git_server.py``'s."""
+    with served_repository(tmp_path_factory.mktemp("git-server")) as served:
+        yield served
 
 
 def request(services: Services, action: str, data: dict[str, Any]) -> dict[str, Any]:

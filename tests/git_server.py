@@ -1,0 +1,73 @@
+"""A git repository with links committed, served by ``git daemon`` on loopback (pushes
+allowed), for the tests and checks that clone from it and push to it.
+
+    served_repository(root) -> (its git:// URI, the bare repository), for the block
+    git(*args, cwd) -> git's stdout (a fixed committer)
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from testbed.process import free_port
+
+LINKS = {
+    "ca.crt": "/etc/ssl/certs/ca-certificates.crt",  # absolute, as repositories commit them
+    "sub/climbs": "../../outside/of/the/repository",
+    "sub/readme": "../README",
+}
+
+
+def git(*args: str, cwd: Path) -> str:
+    command = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=True).stdout
+
+
+@contextmanager
+def served_repository(root: Path) -> Iterator[tuple[str, Path]]:
+    """One commit on ``main`` holding LINKS, a file and an executable, in ``root/repo.git``,
+    served on 127.0.0.1 for the block."""
+    work = root / "work"
+    (work / "sub").mkdir(parents=True)
+    (work / "README").write_text("a repository with links\n")
+    (work / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    (work / "run.sh").chmod(0o755)
+    for name, target in LINKS.items():
+        os.symlink(target, work / name)
+    git("init", "-q", "-b", "main", cwd=work)
+    git("add", "-A", cwd=work)
+    git("commit", "-q", "-m", "links", cwd=work)
+    git("clone", "-q", "--bare", str(work), str(root / "repo.git"), cwd=root)
+    port = free_port()
+    daemon = subprocess.Popen(
+        [
+            "git", "daemon", "--reuseaddr", "--export-all", "--enable=receive-pack",
+            f"--base-path={root}", "--listen=127.0.0.1", f"--port={port}", str(root),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        _wait_for_port(port, daemon)
+        yield f"git://127.0.0.1:{port}/repo.git", root / "repo.git"
+    finally:
+        daemon.terminate()
+        daemon.wait(10)
+
+
+def _wait_for_port(port: int, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError("git daemon exited")
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError("git daemon did not listen within 10 s")
