@@ -45,10 +45,13 @@ def result_body(outcome: Outcome, request: str) -> dict[str, Any]:
     return {**body, "request": request} if request else body
 
 
-def read_outcome(store: Store, run: str, *, request: str | None) -> Outcome | None:
+def read_outcome(
+    store: Store, run: str, *, request: str | None, since: float | None = None
+) -> Outcome | None:
     """The stored outcome of ``run``, or None. With ``request`` (its digest), a record of
     another request raises ``RequestIdReused``: a pair reused for other data never gets
-    this reply. ``request=None``: any request's (another run's result, read on purpose)."""
+    this reply. ``request=None``: any request's (another run's result, read on purpose).
+    ``since``: a record finished before that time (epoch seconds) counts as none."""
     try:
         record = get_json(store, keys.result_key(run))
     except ObjectNotFound:
@@ -56,6 +59,8 @@ def read_outcome(store: Store, run: str, *, request: str | None) -> Outcome | No
     recorded = record.get("request")
     if request is not None and recorded is not None and recorded != request:
         raise RequestIdReused()
+    if since is not None and float(record.get("finished_at") or 0) < since:
+        return None
     return Outcome.from_record(record)
 
 

@@ -87,28 +87,26 @@ def test_waiters_of_a_holder_that_died_hand_the_check_to_exactly_one(store: Stor
     assert results == [(Outcome(action="check", data={"versions": [calls[0]]}), calls[0])] * 4
 
 
-def test_a_waiter_asleep_through_another_waiters_whole_run_takes_its_result(
-    store: Store, monkeypatch: Any
-) -> None:
-    """The holder died. Waiter A sleeps between two reads of the lease while waiter B takes
-    the expired lease, runs the check and releases: A answers with B's result, not a run of
-    its own (it read only the dead holder's result before, and ran the check again)."""
+def asleep_through(store: Store, monkeypatch: Any, other: str) -> tuple[Any, Any, list[str]]:
+    """The holder died. Waiter A sleeps between two reads of the lease while waiter ``other``
+    takes the expired lease, runs the check and releases. A's reply, the other's, and the
+    check runs in order."""
     assert lease.take(store, KEY, None, run="dead", ttl=1, now=time.time()) is not None
     calls: list[str] = []
-    lock, asleep, b_done = threading.Lock(), threading.Event(), threading.Event()
+    lock, asleep, other_done = threading.Lock(), threading.Event(), threading.Event()
     real_sleep = time.sleep
 
-    class Clock:  # A's pause lasts until B's run is over; others sleep as asked
+    class Clock:  # A's first pause lasts until the other's run is over
         def __getattr__(self, name: str) -> Any:
             return getattr(time, name)
 
         @staticmethod
         def sleep(seconds: float) -> None:
-            if threading.current_thread().name != "waiter-A":
-                real_sleep(seconds)
-            elif not b_done.is_set():
+            if threading.current_thread().name == "waiter-A" and not asleep.is_set():
                 asleep.set()
-                b_done.wait(30)
+                other_done.wait(30)
+            else:
+                real_sleep(seconds)
 
     monkeypatch.setattr(shared_check, "time", Clock())
 
@@ -119,13 +117,39 @@ def test_a_waiter_asleep_through_another_waiters_whole_run_takes_its_result(
     a_replied: list[Any] = []
     a = threading.Thread(target=lambda: a_replied.append(waiter("A")), name="waiter-A")
     a.start()
-    assert asleep.wait(10), "A did not find the dead holder's lease"
-    b_replied = waiter("B")  # waits for the lease to expire, then runs
-    b_done.set()
-    a.join(30)
+    try:
+        assert asleep.wait(10), "A did not find the dead holder's lease"
+        other_replied = waiter(other)  # waits for the lease to expire, then runs
+    finally:
+        other_done.set()
+        a.join(30)
+    return a_replied, other_replied, calls
+
+
+def test_a_waiter_asleep_through_another_waiters_whole_run_takes_its_result(
+    store: Store, monkeypatch: Any
+) -> None:
+    # Before, A read only the dead holder's result, found none, and ran the check again.
+    a_replied, b_replied, calls = asleep_through(store, monkeypatch, "B")
 
     assert calls == ["B"]
     assert a_replied == [b_replied] == [(Outcome(action="check", data={"versions": ["B"]}), "B")]
+
+
+def test_a_waiter_never_takes_a_result_recorded_before_it_came(
+    store: Store, monkeypatch: Any
+) -> None:
+    # Run R's first delivery recorded its result; R's redelivery takes the lease over while
+    # A sleeps, finds that result stored (its work runs no script) and releases. It is
+    # older than A's request: A runs the check.
+    old = Outcome(action="check", data={"versions": ["from before A came"]})
+    records.record_outcome(store, "R", old, request="")
+    time.sleep(0.01)  # finished_at has milliseconds
+
+    a_replied, r_replied, calls = asleep_through(store, monkeypatch, "R")
+
+    assert r_replied == (old, "R") and calls == ["R", "A"]
+    assert a_replied == [(Outcome(action="check", data={"versions": ["A"]}), "A")]
 
 
 def test_waiters_of_a_holder_that_gave_up_without_a_result_run_the_check_once(

@@ -4,9 +4,11 @@ The caller that takes the lease runs the check; the others wait, polling the lea
 backoff, for the holder's run to end, then take its stored result (``results/<run>.json``,
 written before the holder releases). A waiter whose holder released without a result (its
 run raised, e.g. the engine was unreachable) or let the lease expire (its replica died)
-takes the lease itself, so one of the waiters runs the check; a waiter that slept through
-that waiter's whole run finds the lease released under it, and takes its result. Waiting is bounded by
-``timeout``: past it the request is ``Unavailable`` (503; redelivery tries again).
+takes the lease itself, so one of the waiters runs the check. A waiter that slept through
+that waiter's whole run finds the lease released under it, and takes its result if it was
+recorded after the waiter came (not a result a redelivered run found stored from before).
+Waiting is bounded by ``timeout``: past it the request is ``Unavailable`` (503; redelivery
+tries again).
 
 Two ways to hold it, one loop (``lead_or_wait``): ``run_or_wait`` runs the check in this
 request and renews the lease meanwhile (sync replies); ``start_or_wait`` starts the check's
@@ -94,7 +96,7 @@ def lead_or_wait(
     """``lead(claim)`` once this call has taken the lease ``key`` (``rejoin(claim)`` if it
     finds it held by ``run`` already and ``rejoin`` is given), with ``run``; else the stored
     outcome of the run that held it, with that run's id."""
-    deadline = time.monotonic() + timeout
+    deadline, came = time.monotonic() + timeout, time.time()
     followed: str | None = None  # the holder's run whose result we wait for
     pause = FIRST_PAUSE
     while True:
@@ -107,10 +109,11 @@ def lead_or_wait(
             done = records.read_outcome(store, followed, request=None)  # another request's
             if done is not None:
                 return done, followed
-            if seen is not None and seen.lease.released and seen.lease.run != run:
-                # A run that took over the followed holder's lease while this call slept,
-                # and ended: it started after this request came, so its result is ours.
-                done = records.read_outcome(store, seen.lease.run, request=None)
+            if seen is not None and seen.lease.released and seen.lease.run != followed:
+                # A run took the lease over while this call slept, and ended. Its result is
+                # ours if it is newer than this request: replicas' clocks agree to well
+                # under a check's run, and a skew can only cost a check run again.
+                done = records.read_outcome(store, seen.lease.run, request=None, since=came)
                 if done is not None:
                     return done, seen.lease.run
         if seen is None or seen.lease.free(now):
