@@ -16,6 +16,10 @@ from functions.tracing import trace_env
 MAX_STDOUT_BYTES = 8 * 1024 * 1024  # only the first JSON value counts: the head is kept
 MAX_STDERR_BYTES = 4 * 1024 * 1024  # the log keeps the tail: that is where errors are
 MAX_STDIN_BYTES = 2 * 1024 * 1024  # a Secret holds at most 1 MiB
+# Metadata goes into every reply, the cache record and the history: well under the reply
+# relay's 4 MiB per event, far over what resources print (a commit message, a digest, URLs).
+MAX_METADATA_BYTES = 1024 * 1024
+METADATA_KEYS = ("name", "value")
 
 
 class InvalidOutput(ValueError):
@@ -117,9 +121,6 @@ def parse_version_output(stdout: bytes) -> tuple[dict[str, str], list[dict[str, 
     return version, metadata
 
 
-METADATA_KEYS = ("name", "value")
-
-
 def check_version(value: Any, where: str) -> dict[str, str]:
     """A version is a flat map of strings to strings."""
     if not isinstance(value, dict):
@@ -132,8 +133,9 @@ def check_version(value: Any, where: str) -> dict[str, str]:
 
 def check_metadata(value: Any) -> list[dict[str, str]]:
     """Metadata is a list of {"name", "value"} string pairs; absent or null means none. A
-    field's other string members are kept as given (git's ``"type": "time"``, which a UI
-    renders by); others are dropped, as Concourse drops every other member."""
+    field's other string members are kept as given (git-resource's ``"type": "time"``; a
+    consumer of the replies may use them, where Concourse drops every other member), the
+    rest dropped. At most ``MAX_METADATA_BYTES`` of JSON."""
     if value is None:
         return []
     if not isinstance(value, list):
@@ -142,7 +144,7 @@ def check_metadata(value: Any) -> list[dict[str, str]]:
         ok = isinstance(item, dict) and isinstance(item.get("name"), str)
         if not ok or not isinstance(item.get("value", ""), str):
             raise InvalidOutput(f'metadata[{i}] must be {{"name": str, "value": str}}')
-    return [
+    fields = [
         {
             "name": item["name"],
             "value": item.get("value", ""),
@@ -150,6 +152,10 @@ def check_metadata(value: Any) -> list[dict[str, str]]:
         }
         for item in value
     ]
+    size = len(json.dumps(fields, ensure_ascii=False).encode())
+    if size > MAX_METADATA_BYTES:
+        raise InvalidOutput(f"metadata is {size} bytes of JSON, over {MAX_METADATA_BYTES}")
+    return fields
 
 
 def _kind(value: Any) -> str:

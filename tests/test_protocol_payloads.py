@@ -151,6 +151,13 @@ def test_version_output_without_metadata():
         pytest.param(
             b'{"version":{},"metadata":[{"value":"x"}]}', "metadata[0]", id="meta-no-name"
         ),
+        pytest.param(
+            json.dumps(
+                {"version": {}, "metadata": [{"name": "n", "value": "", "big": "x" * (1 << 20)}]}
+            ).encode(),
+            f"bytes of JSON, over {1 << 20}",
+            id="meta-too-large",
+        ),
     ],
 )
 def test_malformed_version_output_is_rejected_with_reason(stdout, message):
