@@ -257,7 +257,8 @@ def verify_registry_image(source: Path, work: Path, socket: Path, checks: Checks
                 mismatches(without_mtimes(entries), without_mtimes(manifest(alone))),
             )
             checks.expect(
-                f"registry-image: the {form} get's version and metadata are what the bare `in` says",
+                f"registry-image: the {form} get's version and metadata are what the bare "
+                "`in` says",
                 [f"{a}: {b}" for a, b in said_apart(got, said)],
             )
             trees[form] = ours
@@ -270,7 +271,8 @@ def verify_registry_image(source: Path, work: Path, socket: Path, checks: Checks
         image = without_mtimes(image_manifest(tested, tops))
         differ = mismatches(without_mtimes(manifest(trees["rootfs"] / "rootfs")), image)
         checks.inform(
-            f"registry-image: the rootfs against the image as Podman stores it: {len(differ)} entries differ (the resource's own choices)",
+            f"registry-image: the rootfs against the image as Podman stores it: {len(differ)} "
+            "entries differ (the resource's own choices)",
             differ,
         )
         params = {"image": "image/image.tar"}
@@ -291,7 +293,8 @@ def verify_registry_image(source: Path, work: Path, socket: Path, checks: Checks
         again = ask(services, "check", {"type": "registry-image", "source": pushed})["versions"]
         expected = digest_of("bare-pushed")
         checks.expect(
-            f"registry-image: a put of the oci image.tar pushes what the bare `out` pushes ({expected})",
+            "registry-image: a put of the oci image.tar pushes what the bare `out` pushes "
+            f"({expected})",
             [] if again[-1].get("digest") == expected == digest_of("pushed") else [str(again)],
         )
 
@@ -383,18 +386,16 @@ def main() -> int:
         parser.error("give --registry-image DIR, --git DIR or both")
     work = Path(tempfile.mkdtemp(prefix="rf-real-resources-"))
     checks = Checks()
-    try:
-        with running_podman(work / "podman.sock", work / "podman.log"):
-            if args.registry_image:
-                verify_registry_image(
-                    args.registry_image.resolve(),
-                    work / "registry-image",
-                    work / "podman.sock",
-                    checks,
-                )
-            if args.git:
-                verify_git(args.git.resolve(), work / "git", work / "podman.sock", checks)
-    finally:
+    with running_podman(work / "podman.sock", work / "podman.log"):
+        if args.registry_image:
+            verify_registry_image(
+                args.registry_image.resolve(), work / "registry-image", work / "podman.sock", checks
+            )
+        if args.git:
+            verify_git(args.git.resolve(), work / "git", work / "podman.sock", checks)
+    if checks.failed:  # an exit on the way leaves it too: its logs say why
+        print(f"what the runs wrote, and their logs: {work}")
+    else:
         shutil.rmtree(work, ignore_errors=True)
     print("FAILED: " + ", ".join(checks.failed) if checks.failed else "all checks passed")
     return 1 if checks.failed else 0

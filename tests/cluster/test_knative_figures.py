@@ -282,8 +282,8 @@ def drive(d, events: list, action: str, at_once: int) -> list[tuple[float, float
     ``at_once`` in flight; (posted, latency)."""
 
     def one(event) -> tuple[float, float]:
-        posted = time.monotonic()
         for attempt in range(SENDER_TRIES):
+            posted = time.monotonic()  # the latency counts from the post that was taken
             status = post(d.broker, event)[0]
             if status < 500 or attempt == SENDER_TRIES - 1:
                 break
