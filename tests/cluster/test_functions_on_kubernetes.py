@@ -18,6 +18,7 @@ import threading
 import time
 import uuid
 
+import pytest
 from cloudevents.core.v1.event import CloudEvent
 
 from storage.archive import format_for_key, unpack
@@ -472,7 +473,26 @@ def post_from_pod(url: str, token: str = "") -> str:
     return f"wget -S -O- {headers} {auth} --post-data '{body}' {url}/ 2>&1 | grep HTTP/"
 
 
-def test_with_a_sender_audience_only_allowed_identities_may_send(deployment, tmp_path):
+@pytest.fixture
+def sender_accounts(deployment):
+    """The allowed sender's and an intruder's ServiceAccounts, deleted after the test."""
+    from tests.cluster.conftest import NAMESPACE
+
+    accounts = (ALLOWED_SENDER, "intruder")
+    for account in accounts:
+        deployment.cluster.kubectl(
+            "-n", NAMESPACE, "create", "serviceaccount", account, check=False
+        )
+    yield accounts
+    for account in accounts:
+        deployment.cluster.kubectl(
+            "-n", NAMESPACE, "delete", "serviceaccount", account, check=False
+        )
+
+
+def test_with_a_sender_audience_only_allowed_identities_may_send(
+    deployment, sender_accounts, tmp_path
+):
     """SENDER_AUDIENCE against the real API server, under knative/sender-auth/'s RBAC: a token
     of an allowed identity for the audience is accepted (TokenReview), a pod posting straight
     to the function is refused, with or without its own token, and so are other identities
@@ -483,8 +503,6 @@ def test_with_a_sender_audience_only_allowed_identities_may_send(deployment, tmp
 
     cluster = deployment.cluster
     cluster.kubectl("apply", "-f", str(REPO / "knative/sender-auth/tokenreview-rbac.yaml"))
-    for account in (ALLOWED_SENDER, "intruder"):
-        cluster.kubectl("-n", NAMESPACE, "create", "serviceaccount", account, check=False)
     env = {
         **deployment.services.env,
         "SENDER_AUDIENCE": AUDIENCE,
@@ -531,8 +549,6 @@ def test_with_a_sender_audience_only_allowed_identities_may_send(deployment, tmp
         assert "Bearer" not in log and allowed["Authorization"][7:] not in log
     finally:
         services.stop()
-        for account in (ALLOWED_SENDER, "intruder"):
-            cluster.kubectl("-n", NAMESPACE, "delete", "serviceaccount", account, check=False)
 
 
 def everything_readable(deployment) -> dict[str, str]:
