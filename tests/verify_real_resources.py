@@ -39,13 +39,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from storage import open_store
+from testbed.podman import podman_service
 from testbed.process import free_port, running
 from tests.e2e.conftest import Services, start_services
 from tests.e2e.events import request_event, send
@@ -167,19 +167,12 @@ RUN chmod +x /opt/resource/*
 @contextmanager
 def running_podman(socket: Path, log: Path) -> Iterator[None]:
     """A Podman API service of our own on ``socket`` for the block."""
-    command = ["podman", "system", "service", "--time=0", f"unix://{socket}"]
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 30
-            while not socket.exists():
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise SystemExit(f"podman system service did not start: {log}")
-                time.sleep(0.1)
-            yield
-        finally:
-            process.terminate()
-            process.wait(10)
+    process = podman_service(socket, log)
+    try:
+        yield
+    finally:
+        process.terminate()
+        process.wait(10)
 
 
 @contextmanager

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from testbed.podman import podman_service
 from testbed.process import free_port
 from tests.images import build_test_resource
 
@@ -48,13 +49,8 @@ def docker_host(tmp_path_factory, registry):
     host = f"unix://{sock}"
     conf = root / "registries.conf"
     conf.write_text(f'[[registry]]\nlocation = "{registry}"\ninsecure = true\n')
-    proc = subprocess.Popen(
-        ["podman", "system", "service", "--time=0", host],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "CONTAINERS_REGISTRIES_CONF": str(conf)},
-    )
-    _wait_for(lambda: sock.exists(), proc, "podman system service")
+    env = {**os.environ, "CONTAINERS_REGISTRIES_CONF": str(conf)}
+    proc = podman_service(sock, root / "podman.log", env)
     yield host
     proc.terminate()
     proc.wait(10)

@@ -5,7 +5,6 @@ and reads its result; it is removed once the result is stored. Real services, re
 from __future__ import annotations
 
 import json
-import subprocess
 import threading
 import time
 import uuid
@@ -22,7 +21,8 @@ from functions.protocol import MAX_STDERR_BYTES, stdin_payload
 from functions.runtimes.container import ContainerConfig, ContainerRuntime
 from storage import open_store
 from storage.archive import ArchiveOptions, Limits
-from tests.e2e.conftest import _wait_for, start_services
+from testbed.podman import podman_service
+from tests.e2e.conftest import start_services
 from tests.e2e.engine import containers_of, service_env, wait_running
 from tests.e2e.events import request_event, send
 from tests.runs import run_of
@@ -107,20 +107,9 @@ def test_a_service_killed_mid_run_is_not_run_twice(docker_host, resource_image, 
     assert (tmp_path / "store" / "results" / f"{run}.json").exists()
 
 
-def podman_service(sock) -> subprocess.Popen:
-    sock.unlink(missing_ok=True)
-    proc = subprocess.Popen(
-        ["podman", "system", "service", "--time=0", f"unix://{sock}"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    _wait_for(sock.exists, proc, "podman system service")
-    return proc
-
-
 def test_a_restarted_engine_does_not_run_it_twice(docker_host, resource_image, tmp_path):
     sock = tmp_path / "engine.sock"
-    engine = podman_service(sock)
+    engine = podman_service(sock, tmp_path / "engine.log")
     env = service_env(f"unix://{sock}", resource_image, tmp_path)
     since = time.time() - 1
     services = start_services(env, tmp_path / "services.log", actions=("check",))
@@ -137,7 +126,7 @@ def test_a_restarted_engine_does_not_run_it_twice(docker_host, resource_image, t
         engine.wait(10)
         thread.join(30)
         assert status == [503]  # lost the engine: Knative redelivers
-        engine = podman_service(sock)
+        engine = podman_service(sock, tmp_path / "engine.log")
         code, reply, _ = send(services.urls["check"], event)
         assert code == 200 and reply.get_data()["versions"] == [{"ref": "1"}, {"ref": "2"}]
     finally:

@@ -8,13 +8,13 @@ Kubernetes runtime applies the same rule to the kubelet's words
 from __future__ import annotations
 
 import json
-import subprocess
 import uuid
 
 import pytest
 
+from testbed.podman import podman_service
 from testbed.registry_stub import registry_stub
-from tests.e2e.conftest import _wait_for, start_services
+from tests.e2e.conftest import start_services
 from tests.e2e.events import request_event, send
 from tests.runs import run_of
 
@@ -28,13 +28,8 @@ def services(tmp_path_factory: pytest.TempPathFactory):
         conf = tmp / "registries.conf"
         conf.write_text(f'[[registry]]\nlocation = "{registry}"\ninsecure = true\n')
         sock = tmp / "podman.sock"
-        engine = subprocess.Popen(
-            ["podman", "system", "service", "--time=0", f"unix://{sock}"],
-            env={"CONTAINERS_REGISTRIES_CONF": str(conf), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.STDOUT,
-        )
-        _wait_for(sock.exists, engine, "podman system service")
+        env = {"CONTAINERS_REGISTRIES_CONF": str(conf), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+        engine = podman_service(sock, tmp / "podman.log", env)
         (tmp / "store").mkdir()
         types = {name: f"{registry}/{name}:1" for name in ("down", "busy", "nope", "locked")}
         env = {
