@@ -7,7 +7,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -25,6 +25,35 @@ class ServerError(RuntimeError):
     """A test server could not be built or started; the message ends with its output."""
 
 
+def start(
+    name: str,
+    command: list[str],
+    log: Path,
+    ready: Callable[[], bool],
+    awaited: str,
+    env: Mapping[str, str] | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start ``command`` (output to ``log``) and return it once ``ready()`` holds (``awaited``
+    says what that is, for the error); ``ServerError`` with the output if it exits or is not
+    ready in time. The caller stops it."""
+    with log.open("wb") as out:  # a file, not a pipe: a full pipe would block the server
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+    deadline = time.monotonic() + START_TIMEOUT
+    while not ready():
+        if process.poll() is not None:
+            why = f"exited with status {process.returncode}"
+        elif time.monotonic() > deadline:
+            process.kill()
+            process.wait()
+            why = f"did not {awaited} within {START_TIMEOUT} s"
+        else:
+            time.sleep(0.05)
+            continue
+        output = log.read_text(errors="replace")[-4000:]
+        raise ServerError(f"{name} {why}; its output:\n{output}")
+    return process
+
+
 @contextmanager
 def running(
     name: str,
@@ -36,10 +65,8 @@ def running(
     """Run ``command`` (output to ``log``) for the duration of the block, once ``ready_url``
     answers; yields its pid. ``ServerError`` with the output if it exits or does not answer
     in time."""
-    with log.open("wb") as out:  # a file, not a pipe: a full pipe would block the server
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+    process = start(name, command, log, lambda: _answers(ready_url), f"answer {ready_url}", env)
     try:
-        _wait_until_ready(name, process, ready_url, log)
         yield process.pid
     finally:
         process.terminate()
@@ -48,22 +75,6 @@ def running(
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-
-
-def _wait_until_ready(
-    name: str, process: subprocess.Popen[bytes], ready_url: str, log: Path
-) -> None:
-    deadline = time.monotonic() + START_TIMEOUT
-    while not _answers(ready_url):
-        if process.poll() is not None:
-            why = f"exited with status {process.returncode}"
-        elif time.monotonic() > deadline:
-            why = f"did not answer {ready_url} within {START_TIMEOUT} s"
-        else:
-            time.sleep(0.05)
-            continue
-        output = log.read_text(errors="replace")[-4000:]
-        raise ServerError(f"{name} {why}; its output:\n{output}")
 
 
 def _answers(url: str) -> bool:
