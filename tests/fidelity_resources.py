@@ -8,6 +8,8 @@
     git_repo_resource() -> "localhost/rf-git-repo-resource:<hash>"
         the base plus Debian's git: check, in (clone) and out (commit, push) against a git
         server (tests/images/git-repo-resource)
+    podman_image(name, containerfile, scripts, as_name) -> "localhost/<name>:<hash>"
+        an image of a Containerfile on the base with a folder of scripts in its context
     manifest(tree, *tops) -> list of entries
         tests/images/rootfs-resource/manifest run on this machine: the tree entry by entry
     image_manifest(ref, tops), mismatches(actual, expected)
@@ -98,13 +100,20 @@ def add_special_cases(root: Path) -> None:
 
 
 def git_repo_resource() -> str:
+    return podman_image("rf-git-repo-resource", GIT_CONTAINERFILE, GIT_SCRIPTS, "scripts")
+
+
+def podman_image(name: str, containerfile: str, scripts: Path, as_name: str) -> str:
+    """``localhost/<name>:<tag>``, built by Podman from ``containerfile`` on the local Debian
+    base with ``scripts`` in its context as ``as_name`` (reused while the tag, which hashes
+    the base, the recipe and the scripts, is unchanged)."""
     ensure_debian_base()
-    ref = f"localhost/rf-git-repo-resource:{_tag(GIT_SCRIPTS, GIT_CONTAINERFILE)}"
+    ref = f"localhost/{name}:{_tag(scripts, containerfile)}"
     if image_exists(ref):
         return ref
     with tempfile.TemporaryDirectory() as context:
-        shutil.copytree(GIT_SCRIPTS, Path(context) / "scripts")
-        (Path(context) / "Containerfile").write_text(GIT_CONTAINERFILE)
+        shutil.copytree(scripts, Path(context) / as_name)
+        (Path(context) / "Containerfile").write_text(containerfile)
         _run("podman", "build", "--network=host", "--pull=never", "--tag", ref, context)
     return ref
 

@@ -55,6 +55,7 @@ from tests.fidelity_resources import (
     image_manifest,
     manifest,
     mismatches,
+    podman_image,
     rootfs_resource,
     unpack_artifact,
 )
@@ -153,15 +154,7 @@ RUN apt-get update -qq \\
 COPY assets/ /opt/resource/
 RUN chmod +x /opt/resource/*
 """
-    assets = sorted((source / "assets").iterdir())
-    digest = hashlib.sha256(recipe.encode() + b"".join(a.read_bytes() for a in assets))
-    ref = f"localhost/rf-real-git-resource:{digest.hexdigest()[:12]}"
-    ensure_debian_base()
-    with tempfile.TemporaryDirectory() as context:
-        shutil.copytree(source / "assets", Path(context) / "assets")
-        (Path(context) / "Containerfile").write_text(recipe)
-        run("podman", "build", "--quiet", "--network=host", "--pull=never", "-t", ref, context)
-    return ref
+    return podman_image("rf-real-git-resource", recipe, source / "assets", "assets")
 
 
 @contextmanager
