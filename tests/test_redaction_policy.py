@@ -188,3 +188,18 @@ def test_a_long_log_of_many_lines_keeps_every_line_and_loses_every_occurrence() 
         for at in range(edge - len(secret) - 2, edge + 2):
             shown = "x" * at + secret + "\n" + "y" * 10
             assert Redactor([secret]).redact_text(shown) == "x" * at + REDACTED + "\n" + "y" * 10
+
+
+def test_a_form_is_found_from_its_rarest_bytes_at_either_end_and_across_a_search_block() -> None:
+    """A form's anchor starts at its rarest byte (here the `Z`, 11 bytes in), so the form
+    begins before the anchor: found at the text's first byte, at its last, and at every
+    position across the edge of a 256 KiB search block, where the anchor is in one block
+    and the form's start in the one before."""
+    secret = "lowercase-Zone-of-text"
+    redactor = Redactor([secret])
+    assert redactor.redact_text(secret + " tail") == f"{REDACTED} tail"
+    assert redactor.redact_text("head " + secret) == f"head {REDACTED}"
+    edge = 1 << 18
+    for at in range(edge - len(secret) - 2, edge + 2):
+        shown = "x" * at + secret + "y" * 10
+        assert redactor.redact_text(shown) == "x" * at + REDACTED + "y" * 10, at

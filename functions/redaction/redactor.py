@@ -1,13 +1,13 @@
 """THE redactor: every form of every secret out of a text, at a cost linear in the text.
 
-One Aho-Corasick automaton (``ahocorasick_rs``) is built per run over the first bytes of
-every form (``forms``) of every redactable value (``policy``); a match is then compared with
-the whole forms that start so. The text is searched with its line breaks
-(CR, LF) taken out, and the patterns too, so a form folded across lines (base64 wrapped at 76
-columns, a terminal's wrap) is found like a whole one; a match counts if its breaks add at
-most two bytes per character of the form (``span``). Matches may overlap (one secret
-inside or across another): the union of them all is redacted, each maximal run of covered
-bytes replaced by one ``[redacted]``.
+One Aho-Corasick automaton (``ahocorasick_rs``) is built per run over an anchor, a few bytes
+from the rarest byte on, of every form (``forms``) of every redactable value (``policy``); a
+match is then compared with the whole forms anchored there. The text is searched with its
+line breaks (CR, LF) taken out, and the patterns too, so a form folded across lines (base64
+wrapped at 76 columns, a terminal's wrap) is found like a whole one; a match counts if its
+breaks add at most two bytes per character of the form (``span``). Matches may overlap (one
+secret inside or across another): the union of them all is redacted, each maximal run of
+covered bytes replaced by one ``[redacted]``.
 
 A cut never leaves part of a secret: ``tail(data, limit)`` redacts the last ``limit`` bytes
 of ``data`` with what comes before them as context, and an occurrence that reaches into
@@ -30,11 +30,35 @@ from functions.redaction.policy import redactable
 REDACTED = "[redacted]"
 _TOKEN = REDACTED.encode()
 MIN_FORM_BYTES = 4
-# The automaton holds each form's first bytes only (fewer states: a smaller automaton is a
-# faster one, built sooner); a match is a candidate, compared with the whole forms. Six
-# bytes make candidates rare even in hex (16^6 values) where no secret is.
+# The automaton holds an anchor of each form, ANCHOR_BYTES of it (fewer states: a smaller
+# automaton is a faster one, built sooner); a match is a candidate, compared with the whole
+# form. Six bytes make candidates rare even in hex (16^6 values) where no secret is.
 ANCHOR_BYTES = 6
+# Bytes from the most common in build logs to the rarest, by class (English text in lower
+# case, digits, everyday punctuation, upper case, other punctuation; anything else rarest).
+# A form's anchor is the window that starts with its rarest byte: the automaton leaves its
+# start state only where a text holds an anchor's first byte, so with thousands of forms
+# whose anchors would start anywhere it takes a step deeper at nearly every byte, which made
+# a scan for 3,200 secrets cost 2-3x one for a single secret (bench/README.md, R2).
+_COMMON_FIRST = (
+    b" \t"
+    b"etaoinsrhldcumfpgwybvkxjqz"
+    b"0123456789"
+    b"./-_:=,()'\"%"
+    b"ETAOINSRHLDCUMFPGWYBVKXJQZ"
+    b"[]{}<>;?+*&#$@!|^~`\\"
+)
+_RARITY = bytes(
+    _COMMON_FIRST.index(b) if b in _COMMON_FIRST else len(_COMMON_FIRST) for b in range(256)
+)
 _BLOCK = 1 << 18  # searched at a time: bounds the list of matches of a pathological text
+
+
+def anchor_at(pattern: bytes) -> int:
+    """Where a form's anchor starts: at the rarest byte that an anchor can start at (the
+    first of them)."""
+    rarity = pattern[: max(1, len(pattern) - ANCHOR_BYTES + 1)].translate(_RARITY)
+    return rarity.index(max(rarity))
 
 
 class Redactor:
@@ -49,11 +73,12 @@ class Redactor:
                     spans[flat] = max(spans.get(flat, 0), span(form, flat))
         self._patterns = list(spans)
         self._spans = list(spans.values())
-        anchors: dict[bytes, list[int]] = {}
+        anchors: dict[bytes, list[tuple[int, int]]] = {}
         for index, pattern in enumerate(self._patterns):
-            anchors.setdefault(pattern[:ANCHOR_BYTES], []).append(index)
+            at = anchor_at(pattern)
+            anchors.setdefault(pattern[at : at + ANCHOR_BYTES], []).append((index, at))
         self._anchors = list(anchors)
-        self._anchored = list(anchors.values())  # the patterns of each anchor
+        self._anchored = list(anchors.values())  # each anchor's forms, and where it starts in them
         # The most bytes an occurrence can cover in a text: keep this much before a cut.
         self.window = max(self._spans, default=0)
 
@@ -123,10 +148,11 @@ class Redactor:
         for anchor, begin, end in matches:
             if base + end <= block:
                 continue
-            for index in self._anchored[anchor]:
-                if not flat.startswith(self._patterns[index], base + begin):
+            for index, at in self._anchored[anchor]:
+                start = base + begin - at
+                if start < 0 or not flat.startswith(self._patterns[index], start):
                     continue
-                start, stop = base + begin, base + begin + len(self._patterns[index])
+                stop = start + len(self._patterns[index])
                 if offsets is not None:
                     start, stop = offsets.original(start), offsets.original(stop - 1) + 1
                     if stop - start > self._spans[index]:
