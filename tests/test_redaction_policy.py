@@ -4,11 +4,14 @@ userinfo; never a value too short to hide; overlapping secrets leave nothing."""
 from __future__ import annotations
 
 import json
+import random
+import string
 
 import pytest
 
 from functions.protocol import stdin_payload
 from functions.redaction import DEFAULT_REDACT_KEYS, REDACTED, Redactor, secret_values
+from functions.redaction.forms import forms
 from functions.settings import Settings, redact_keys
 
 URL = "https://git.example.com/team/repo.git"
@@ -203,3 +206,29 @@ def test_a_form_is_found_from_its_rarest_bytes_at_either_end_and_across_a_search
     for at in range(edge - len(secret) - 2, edge + 2):
         shown = "x" * at + secret + "y" * 10
         assert redactor.redact_text(shown) == "x" * at + REDACTED + "y" * 10, at
+
+
+def test_forms_of_different_secrets_do_not_share_an_anchor_an_encoder_wrote() -> None:
+    """Each match of an anchor is compared with each form it stands for. Go's JSON writes
+    `&` as `\\u0026` in every secret that holds one: anchored there, 200 secrets' forms would
+    be compared at every `\\u0026` of a log. An anchor stands for one secret's forms, and no
+    anchor is a run of one byte (a form of backslashes escaped thrice has other windows),
+    and every secret is still redacted in each of those forms."""
+    rng = random.Random(24)
+    letters = string.ascii_lowercase
+    values = [
+        "".join(rng.choices(letters, k=5)) + "&" + "".join(rng.choices(letters, k=5))
+        for _ in range(200)
+    ] + ['"C:\\Users"' + "".join(rng.choices(letters, k=4))]
+    redactor = Redactor(values)
+    owners = {form: value for value in values for form in forms(value)}
+    for anchored in redactor._anchored:
+        assert len({owners[redactor._patterns[index]] for index, _ in anchored}) == 1
+    assert not [a for a in redactor._anchors if len(a) > 1 and a.count(a[:1]) == len(a)]
+    for value in values:
+        shown = json.dumps({"v": value}).replace("&", "\\u0026")
+        redacted = redactor.redact_text(f"log {shown} end")
+        assert (
+            value not in redacted and redacted.startswith("log ") and redacted.endswith(" end")
+        ), value
+        assert REDACTED in redacted

@@ -1,13 +1,13 @@
 """THE redactor: every form of every secret out of a text, at a cost linear in the text.
 
 One Aho-Corasick automaton (``ahocorasick_rs``) is built per run over an anchor, a few bytes
-from the rarest byte on, of every form (``forms``) of every redactable value (``policy``); a
-match is then compared with the whole forms anchored there. The text is searched with its
-line breaks (CR, LF) taken out, and the patterns too, so a form folded across lines (base64
-wrapped at 76 columns, a terminal's wrap) is found like a whole one; a match counts if its
-breaks add at most two bytes per character of the form (``span``). Matches may overlap (one
-secret inside or across another): the union of them all is redacted, each maximal run of
-covered bytes replaced by one ``[redacted]``.
+from a rare byte on and one secret's only, of every form (``forms``) of every redactable
+value (``policy``); a match is then compared with the whole forms anchored there. The text
+is searched with its line breaks (CR, LF) taken out, and the patterns too, so a form folded
+across lines (base64 wrapped at 76 columns, a terminal's wrap) is found like a whole one; a
+match counts if its breaks add at most two bytes per character of the form (``span``).
+Matches may overlap (one secret inside or across another): the union of them all is
+redacted, each maximal run of covered bytes replaced by one ``[redacted]``.
 
 A cut never leaves part of a secret: ``tail(data, limit)`` redacts the last ``limit`` bytes
 of ``data`` with what comes before them as context, and an occurrence that reaches into
@@ -39,7 +39,7 @@ ANCHOR_BYTES = 6
 # A form's anchor is the window that starts with its rarest byte: the automaton leaves its
 # start state only where a text holds an anchor's first byte, so with thousands of forms
 # whose anchors would start anywhere it takes a step deeper at nearly every byte, which made
-# a scan for 3,200 secrets cost 2-3x one for a single secret (bench/README.md, R2).
+# a search for 3,200 secrets cost 2.4-3.2x one for a single secret (bench/README.md, R2).
 _COMMON_FIRST = (
     b" \t"
     b"etaoinsrhldcumfpgwybvkxjqz"
@@ -51,14 +51,49 @@ _COMMON_FIRST = (
 _RARITY = bytes(
     _COMMON_FIRST.index(b) if b in _COMMON_FIRST else len(_COMMON_FIRST) for b in range(256)
 )
+# An anchor stands for the forms of one secret: the first secret to take a window keeps it,
+# and another secret's forms take their next rarest window. A window that forms of different
+# secrets share was written by an encoder, not drawn from a secret (``\u0026``, ``%2F``), and
+# is common in logs for the same reason; each match of an anchor is compared with each of its
+# forms, so one such window, left shared, cost thousands of compares at each of its matches.
+# Forms of one secret share windows freely (its raw and escaped forms hold the same letters):
+# those match only where the secret's own bytes are.
 _BLOCK = 1 << 18  # searched at a time: bounds the list of matches of a pathological text
 
 
-def anchor_at(pattern: bytes) -> int:
-    """Where a form's anchor starts: at the rarest byte that an anchor can start at (the
-    first of them)."""
+def anchor_at(pattern: bytes, secret: int, owners: dict[bytes, int]) -> int:
+    """Where the anchor of a form of ``secret`` (a number) starts: at its rarest byte that an
+    anchor can start at (the first of them), unless that window is one byte repeated or
+    ``owners`` (the secret of each anchor chosen so far) gives it to another secret; then at
+    the next rarest, and so on; if no window is left, at the rarest that is not one byte
+    repeated, shared."""
     rarity = pattern[: max(1, len(pattern) - ANCHOR_BYTES + 1)].translate(_RARITY)
-    return rarity.index(max(rarity))
+    at = rarity.index(max(rarity))
+    window = pattern[at : at + ANCHOR_BYTES]
+    if owners.get(window, secret) == secret and not _repeated(window):
+        return at  # nearly always: the rest is for the windows encoders write
+
+    levels = sorted(set(rarity), reverse=True)
+    for level in levels:  # rarest first; at a level, the first first
+        start = rarity.find(level)
+        while start != -1:
+            window = pattern[start : start + ANCHOR_BYTES]
+            if owners.get(window, secret) == secret and not _repeated(window):
+                return start
+            start = rarity.find(level, start + 1)
+    for level in levels:
+        start = rarity.find(level)
+        while start != -1:
+            if not _repeated(pattern[start : start + ANCHOR_BYTES]):
+                return start
+            start = rarity.find(level, start + 1)
+    return at
+
+
+def _repeated(window: bytes) -> bool:
+    """One byte over and over (``\\\\\\``, ``======``): in escaped or padded text, such a
+    window matches at every byte of a run."""
+    return len(window) > 1 and not window.strip(window[:1])
 
 
 class Redactor:
@@ -66,17 +101,22 @@ class Redactor:
 
     def __init__(self, values: Iterable[str]) -> None:
         spans: dict[bytes, int] = {}
-        for value in redactable(values):
+        secret_of: dict[bytes, int] = {}  # the first secret (a number) of each form
+        for secret, value in enumerate(redactable(values)):
             for form in forms(value):
                 flat = _flat(form)
                 if len(flat) >= MIN_FORM_BYTES:
                     spans[flat] = max(spans.get(flat, 0), span(form, flat))
+                    secret_of.setdefault(flat, secret)
         self._patterns = list(spans)
         self._spans = list(spans.values())
         anchors: dict[bytes, list[tuple[int, int]]] = {}
+        owners: dict[bytes, int] = {}  # the secret of each anchor (the first to take it)
         for index, pattern in enumerate(self._patterns):
-            at = anchor_at(pattern)
-            anchors.setdefault(pattern[at : at + ANCHOR_BYTES], []).append((index, at))
+            at = anchor_at(pattern, secret_of[pattern], owners)
+            window = pattern[at : at + ANCHOR_BYTES]
+            anchors.setdefault(window, []).append((index, at))
+            owners.setdefault(window, secret_of[pattern])
         self._anchors = list(anchors)
         self._anchored = list(anchors.values())  # each anchor's forms, and where it starts in them
         # The most bytes an occurrence can cover in a text: keep this much before a cut.
