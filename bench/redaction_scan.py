@@ -185,6 +185,10 @@ def main() -> None:
     print(
         f"  aligned 8-byte blocks (numpy): {block_filter_scan(many._patterns, flat, args.rounds)}"
     )
+    print("a run's build (forms, anchors, automaton), 3,200 secrets:")
+    for what, choose in ANCHORINGS.items():
+        build = timed(lambda c=choose: anchored(c, pool)._automaton, args.rounds)
+        print(f"  {what:>22}: {build:6.0f} ms")
     print("for comparison, the automaton's build, 3,200 secrets (peak RSS grows, DFA last):")
     for kind in ("ContiguousNFA", "DFA"):
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -221,7 +221,10 @@ def test_forms_of_different_secrets_do_not_share_an_anchor_an_encoder_wrote() ->
         for _ in range(200)
     ] + ['"C:\\Users"' + "".join(rng.choices(letters, k=4))]
     redactor = Redactor(values)
-    owners = {form: value for value in values for form in forms(value)}
+    owners: dict[bytes, str] = {}  # a form's secret is the first that has it, as the redactor's
+    for value in values:
+        for form in forms(value):
+            owners.setdefault(form, value)
     for anchored in redactor._anchored:
         assert len({owners[redactor._patterns[index]] for index, _ in anchored}) == 1
     assert not [a for a in redactor._anchors if len(a) > 1 and a.count(a[:1]) == len(a)]
@@ -232,3 +235,14 @@ def test_forms_of_different_secrets_do_not_share_an_anchor_an_encoder_wrote() ->
             value not in redacted and redacted.startswith("log ") and redacted.endswith(" end")
         ), value
         assert REDACTED in redacted
+
+
+def test_one_secret_is_not_anchored_at_an_escape_or_at_bytes_of_another_language() -> None:
+    """`\\` starts the escapes of every log that escapes (.NET writes `+` as `\\u002B`), and
+    bytes past ASCII are all of a log in another language: neither is where an anchor starts
+    while a form has rarer ASCII (here its upper case)."""
+    key = "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"
+    redactor = Redactor([key, "пароль-Xyz-секрет"])
+    assert not [a for a in redactor._anchors if a[:1] == b"\\" or a[0] >= 0x80]
+    shown = json.dumps({"key": key}).replace("+", "\\u002B")
+    assert redactor.redact_text(f"got {shown}") == f'got {{"key": "{REDACTED}"}}'

@@ -34,30 +34,32 @@ MIN_FORM_BYTES = 4
 # automaton is a faster one, built sooner); a match is a candidate, compared with the whole
 # form. Six bytes make candidates rare even in hex (16^6 values) where no secret is.
 ANCHOR_BYTES = 6
-# Bytes from the most common in build logs to the rarest, by class (English text in lower
-# case, digits, everyday punctuation, upper case, other punctuation; anything else rarest).
-# A form's anchor is the window that starts with its rarest byte: the automaton leaves its
+# Bytes from the most common in build logs to the rarest, by class: English text in lower
+# case, digits, bytes of UTF-8 characters past ASCII (common in a log of another language,
+# and a secret that holds them has rarer ASCII bytes more often than not), everyday
+# punctuation and what starts an escape (``\`` of JSON and ``repr``, ``%``: a form's escapes
+# are in every log that escapes), upper case, other punctuation; control bytes rarest. A
+# form's anchor is the window that starts with its rarest byte: the automaton leaves its
 # start state only where a text holds an anchor's first byte, so with thousands of forms
 # whose anchors would start anywhere it takes a step deeper at nearly every byte, which made
-# a search for 3,200 secrets cost 2.4-3.2x one for a single secret (bench/README.md, R2).
+# a search for 3,200 secrets cost 2.7-3.2x one for a single secret (bench/README.md, R2).
 _COMMON_FIRST = (
     b" \t"
     b"etaoinsrhldcumfpgwybvkxjqz"
-    b"0123456789"
-    b"./-_:=,()'\"%"
+    b"0123456789" + bytes(range(0x80, 0x100)) + b"./-_:=,()'\"%\\"
     b"ETAOINSRHLDCUMFPGWYBVKXJQZ"
-    b"[]{}<>;?+*&#$@!|^~`\\"
+    b"[]{}<>;?+*&#$@!|^~`"
 )
 _RARITY = bytes(
     _COMMON_FIRST.index(b) if b in _COMMON_FIRST else len(_COMMON_FIRST) for b in range(256)
 )
 # An anchor stands for the forms of one secret: the first secret to take a window keeps it,
 # and another secret's forms take their next rarest window. A window that forms of different
-# secrets share was written by an encoder, not drawn from a secret (``\u0026``, ``%2F``), and
-# is common in logs for the same reason; each match of an anchor is compared with each of its
-# forms, so one such window, left shared, cost thousands of compares at each of its matches.
-# Forms of one secret share windows freely (its raw and escaped forms hold the same letters):
-# those match only where the secret's own bytes are.
+# secrets share was written by an encoder (``\u0026``, ``%2F``) or is a prefix many secrets
+# have (the base64 of ``ghp_``), and is common in logs for the same reason; each match of an
+# anchor is compared with each of its forms, so one such window, left shared, cost thousands
+# of compares at each of its matches. Forms of one secret share windows freely (its raw and
+# escaped forms hold the same letters): those match only where the secret's own bytes are.
 _BLOCK = 1 << 18  # searched at a time: bounds the list of matches of a pathological text
 
 
