@@ -163,9 +163,9 @@ def main() -> None:
         print(f"  {kind:>13}: {scans[0]:6.1f} ms / {scans[1]:6.1f} ms ({scans[1] / scans[0]:.1f}x)")
 
     print("where anchors start, the whole search (scan and compares; one secret / 3,200):")
+    pairs = {what: [anchored(c, pool[:1]), anchored(c, pool)] for what, c in ANCHORINGS.items()}
     for name, text in texts(flat).items():
-        for what, choose in ANCHORINGS.items():
-            pair = [anchored(choose, pool[:1]), anchored(choose, pool)]
+        for what, pair in pairs.items():
             spent = [timed(lambda r=r, t=text: r.covered(t), args.rounds) for r in pair]
             print(
                 f"  {name:>34}, {what:>22}: {spent[0]:6.1f} ms / {spent[1]:6.1f} ms "
