@@ -16,11 +16,11 @@
         ├── Gone              410: a watch's resourceVersion is too old
         └── Rejected          any other 4xx: the API refused the request as invalid
 
-``storage.errors.StorageError`` carries ``retryable`` the same way. ``classify`` is THE
+``storage.store_errors.StorageError`` carries ``retryable`` the same way. ``classify`` is THE
 decision, for every path (the service, both runtimes, the in-pod steps): an error becomes a
 ``Classified`` (its failure kind, whether it is retryable, its message), and
-``functions.outcome.final_failure`` turns that into "503" (raise ``Unavailable``) or "200 +
-failed event" (an ``Outcome``). HTTP answers are judged by ``storage.errors.retryable_status``
+``functions.steps.outcome.final_failure`` turns that into "503" (raise ``Unavailable``) or "200 +
+failed event" (an ``Outcome``). HTTP answers are judged by ``storage.store_errors.retryable_status``
 and image pulls by ``pull_is_transient``, the same on both runtimes. A resource that runs and
 fails is *not* an error: it is an ``Outcome`` with a failure kind.
 """
@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass
 
 from functions.model import FAILURE_KINDS, FailureKind
-from storage.errors import StorageError
+from storage.store_errors import StorageError
 
 
 class FunctionError(Exception):

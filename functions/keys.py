@@ -57,12 +57,12 @@ def resource_key(secret: bytes, *, image: str, source: Any) -> str:
 
 
 def history_record_key(key: str) -> str:
-    """The record holding a resource's version history (``functions.history``)."""
+    """The record holding a resource's version history (``functions.ledger.history``)."""
     return f"history/{key}.json"
 
 
 def lease_record_key(key: str) -> str:
-    """The record naming the run that checks a resource now (``functions.lease``)."""
+    """The record naming the run that checks a resource now (``functions.ledger.lease``)."""
     return f"leases/{key}.json"
 
 

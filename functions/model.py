@@ -145,7 +145,7 @@ class Task:
 
 @dataclass(frozen=True)
 class LeaseHold:
-    """The check lease an asynchronous check's task holds (``functions.lease``): the lease
+    """The check lease an asynchronous check's task holds (``functions.ledger.lease``): the lease
     record's key and the nonce of this holding. Nobody renews it while the task runs; the
     task releases it once its outcome is recorded. No secret in it."""
 

@@ -18,11 +18,11 @@ from typing import Any, TypeVar, cast
 
 from functions.errors import ConfigError
 from functions.model import ResourceType
-from functions.pod_contract import STEP_ENV
 from functions.redaction import DEFAULT_REDACT_KEYS
+from functions.steps.pod_contract import STEP_ENV
 from functions.tracing import tracing_wanted
 from storage.archive import ArchiveOptions, Limits
-from storage.options import StoreOptions, env_int
+from storage.tuning import StoreOptions, env_int
 
 T = TypeVar("T")
 

@@ -15,9 +15,9 @@ from functions.errors import SinkRefused
 from functions.events import to_http
 from functions.model import Outcome, Task
 from functions.replies import reply_events
-from storage.errors import retryable_status
+from storage.store_errors import retryable_status
 
-# Retried by the session (storage.errors.retryable_status's table, as urllib3 wants it).
+# Retried by the session (storage.store_errors.retryable_status's table, as urllib3 wants it).
 RETRYABLE = frozenset(s for s in range(400, 600) if retryable_status(s))
 RUN_HEADER = "Resource-Functions-Run"  # the run whose events a relayed POST carries
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from urllib.parse import SplitResult, unquote, urlsplit
 
 from storage.base import ObjectInfo, Store, get_json, key_problem, put_json
-from storage.errors import (
+from storage.store_errors import (
     InvalidKey,
     InvalidStoreURL,
     ObjectExists,
@@ -25,7 +25,7 @@ from storage.errors import (
     StorageError,
     StoreUnavailable,
 )
-from storage.options import StoreOptions
+from storage.tuning import StoreOptions
 
 __all__ = [
     "InvalidKey",

@@ -23,10 +23,10 @@ A store holds immutable objects under string keys (``artifacts/…``, ``results/
   still matches (a change computed from those bytes is still right). A write the client
   library retried may take effect and still report ``PreconditionFailed`` (the retry saw
   the first attempt's result): callers re-read and redo, so changes must be idempotent
-  (``storage.records.update_record`` does that loop). Records and write-once objects share
+  (``storage.compare_and_swap.update_record`` does that loop). Records and write-once objects share
   the key space: ``put`` refuses a record's key and creating a record refuses an object's.
 * Backends retry transient faults themselves (via their client library) and raise
-  ``storage.errors`` types, never the library's own.
+  ``storage.store_errors`` types, never the library's own.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Protocol
 
-from storage.errors import InvalidKey, StorageError
+from storage.store_errors import InvalidKey, StorageError
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from typing import Any
 
 from storage.base import Store
 from storage.credentials import StoreCredentials
-from storage.errors import StoreUnavailable
-from storage.options import StoreOptions
+from storage.store_errors import StoreUnavailable
+from storage.tuning import StoreOptions
 
 
 def s3_store(bucket: str, prefix: str, options: StoreOptions) -> Store:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from storage.errors import StoreUnavailable
+from storage.store_errors import StoreUnavailable
 
 GCS_KEY_FILE = "service-account.json"
 _MAX_BYTES = 64 * 1024

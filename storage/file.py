@@ -41,7 +41,7 @@ from storage.base import (
     validate_key,
     validate_prefix,
 )
-from storage.errors import (
+from storage.store_errors import (
     InvalidKey,
     ObjectExists,
     ObjectNotFound,

@@ -45,7 +45,7 @@ from storage.base import (
     validate_key,
     validate_prefix,
 )
-from storage.errors import (
+from storage.store_errors import (
     ObjectExists,
     ObjectNotFound,
     PreconditionFailed,
@@ -53,7 +53,7 @@ from storage.errors import (
     StoreUnavailable,
     retryable_status,
 )
-from storage.options import StoreOptions
+from storage.tuning import StoreOptions
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """A runtime stand-in for checks: its "script" lists the commits of an in-memory repository
-and hands its stdout to the real ``steps.collect`` (the one path that records the history);
+and hands its stdout to the real ``stage_collect.collect`` (the one path that records the history);
 ``AsyncRepositoryRuntime`` also starts them as asynchronous tasks."""
 
 from __future__ import annotations
@@ -9,11 +9,12 @@ import threading
 import time
 from typing import Any
 
-from functions import lease, steps
 from functions.errors import Unavailable
+from functions.ledger import lease
 from functions.model import Outcome, Task
 from functions.redaction import Redactor
 from functions.sink import post_outcome
+from functions.steps import stage_collect
 from storage import Store
 from storage.archive import ArchiveOptions
 
@@ -52,15 +53,15 @@ class RepositoryRuntime:
 
 def collect_check(store: Store, task: Task, stdout: bytes) -> Outcome:
     """What a runtime does after a check script printed ``stdout`` and exited 0: the real
-    ``steps.collect`` (result, log and the history)."""
-    spec = steps.CollectSpec(
+    ``stage_collect.collect`` (result, log and the history)."""
+    spec = stage_collect.CollectSpec(
         run_id=task.run_id,
         action=task.action,
         cache_key=None,
         archive=ArchiveOptions(),
         history=task.history,
     )
-    return steps.collect(
+    return stage_collect.collect(
         store,
         spec,
         exit_code=0,

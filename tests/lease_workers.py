@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from functions import lease
+from functions.ledger import lease
 from storage import open_store
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from storage import open_store
-from storage.records import update_record
+from storage.compare_and_swap import update_record
 
 
 def add_to_counter(url: str, key: str, name: str, times: int) -> int:

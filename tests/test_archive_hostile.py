@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from storage.archive import ArchiveOptions, Limits, pack, unpack
-from storage.errors import ArchiveError, ArchiveRejected, DigestMismatch
+from storage.store_errors import ArchiveError, ArchiveRejected, DigestMismatch
 from tests.archive_trees import (
     FORMATS,
     Entry,

@@ -11,7 +11,7 @@ import pytest
 
 from storage.archive.pipe import CHUNK
 from storage.archive.readahead import ReadAhead
-from storage.errors import StoreUnavailable
+from storage.store_errors import StoreUnavailable
 
 
 class Source(io.RawIOBase):

@@ -16,7 +16,7 @@ import pytest
 
 from storage.archive import ArchiveOptions, pack, unpack
 from storage.archive.pack import ustar_header
-from storage.errors import ArchiveRejected
+from storage.store_errors import ArchiveRejected
 from tests.archive_trees import FORMATS, build_tree, describe, file_digest
 
 MiB = 1 << 20

@@ -10,7 +10,7 @@ import pytest
 from storage import Store
 from storage.archive import ArchiveOptions
 from storage.artifacts import download_tree, upload_tree
-from storage.errors import ArchiveRejected, DigestMismatch, ObjectNotFound
+from storage.store_errors import ArchiveRejected, DigestMismatch, ObjectNotFound
 from tests.archive_trees import build_tree, describe
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from functions import lease
+from functions.ledger import lease
 from storage import Store, StoreOptions, open_store
 from testbed.event_sink import EventSink, event_sink
 from testbed.repository_runtime import AsyncRepositoryRuntime

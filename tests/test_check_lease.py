@@ -1,4 +1,4 @@
-"""The check lease (``functions.lease``) on every backend (file, s3 on versitygw, gcs on
+"""The check lease (``functions.ledger.lease``) on every backend (file, s3 on versitygw, gcs on
 fake-gcs-server): of replicas that find it free at once exactly one takes it, from threads
 and from processes; an expired lease goes to exactly one of them; renewal and release by
 the holder only."""
@@ -12,7 +12,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
-from functions import lease
+from functions.ledger import lease
 from storage import Store, StoreOptions, open_store
 from tests.lease_workers import take_after
 from tests.parallel import parallel

@@ -15,10 +15,11 @@ from typing import Any
 
 import pytest
 
-from functions import keys, run_index
+from functions import keys
 from functions.cli.commands import main
 from functions.cli.inspect import Progress
 from functions.http.app import create_app
+from functions.ledger import run_index
 from functions.model import Failure, Outcome, ResourceType
 from functions.settings import Settings
 from storage import StoreOptions, open_store

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from functions.credentials import NoProvider, Reference, find_references, interpolate, resolve
-from functions.credentials.local import CredentialsDir
+from functions.credentials.directory import CredentialsDir
 from functions.errors import InvalidRequest, Unavailable
 from functions.model import Build
 from functions.redaction import Redactor

@@ -12,7 +12,7 @@ import pytest
 from kubernetes import client
 
 from functions.credentials import Reference, resolve
-from functions.credentials.kubernetes import KubernetesSecrets
+from functions.credentials.namespace_secrets import KubernetesSecrets
 from functions.errors import InvalidRequest, Unavailable
 from functions.model import Build
 from functions.runtimes.kube_api import KubeApi

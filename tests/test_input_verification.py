@@ -7,7 +7,7 @@ import io
 import pytest
 
 from functions.model import ArtifactRef
-from functions.steps import StageFailed, known_digest, stage
+from functions.steps.stage_collect import StageFailed, known_digest, stage
 from storage import put_json
 from storage.archive import Limits
 from storage.artifacts import upload_tree

@@ -2,9 +2,9 @@
 say what went wrong (what redaction does: tests/test_redaction_*.py)."""
 
 from functions import keys
-from functions.outcome import log_tail, outcome_of_script
 from functions.protocol import stdin_payload
 from functions.redaction import Redactor, secret_values
+from functions.steps.outcome import log_tail, outcome_of_script
 
 SECRET = "canary-4f1d2a9c-secret"
 
@@ -98,7 +98,7 @@ def test_log_tail_keeps_whole_lines():
 
 
 def test_invalid_output_never_quotes_stdout(tmp_path):
-    from functions.steps import CollectSpec, collect
+    from functions.steps.stage_collect import CollectSpec, collect
     from storage import open_store
     from storage.archive import ArchiveOptions
 

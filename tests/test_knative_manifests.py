@@ -710,7 +710,7 @@ def test_credentials_role_only_gets_secrets_and_is_bound_per_team() -> None:
     assert team_bindings[0]["subjects"] == [
         {"kind": "ServiceAccount", "name": FUNCTION_SA, "namespace": NAMESPACE}
     ]
-    from functions.credentials.kubernetes import DEFAULT_PREFIX
+    from functions.credentials.namespace_secrets import DEFAULT_PREFIX
 
     prefix = _config_data()["CREDENTIALS_KUBERNETES_NAMESPACE_PREFIX"]
     assert prefix == DEFAULT_PREFIX and TEAM_NAMESPACE.startswith(prefix)

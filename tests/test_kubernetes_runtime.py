@@ -27,16 +27,17 @@ import kubernetes_validate
 import pytest
 from kubernetes import client
 
-from functions import cli, keys, lease, protocol, records
+from functions import cli, keys, protocol
 from functions.errors import RequestIdReused, Unavailable
+from functions.ledger import lease, results
 from functions.model import Build, LeaseHold, ResourceType, Task
-from functions.pod_contract import CollectStep, StageStep, StepFailure
 from functions.redaction import secret_values
 from functions.runtimes.job_status import judge
 from functions.runtimes.kube_api import Rejected, belongs, translate
 from functions.runtimes.kubernetes import KubernetesRuntime
 from functions.runtimes.podspec import KubernetesConfig
 from functions.settings import Settings
+from functions.steps.pod_contract import CollectStep, StageStep, StepFailure
 from storage import StoreOptions, get_json, open_store
 from storage.artifacts import download_tree
 from tests.kube_emulator import Cluster, api, api_client_for, cluster
@@ -434,7 +435,7 @@ def test_get_succeeds_and_its_artifact_is_in_the_store(
     key = f"artifacts/{task.cache_key}.tar.zst"
     download_tree(store, key, tmp_path / "out", expected_digest=artifact["digest"])
     assert (tmp_path / "out/src/main.py").read_bytes() == b"print(1)\n"
-    assert records.read_outcome(store, task.run_id, request=task.request_digest) == outcome
+    assert results.read_outcome(store, task.run_id, request=task.request_digest) == outcome
     kubernetes_validate.validate(seen["job"], "1.37", strict=True)
     # Coarser than the local runtime's: what happens inside the pod is one phase.
     assert [phase.name for phase in outcome.phases] == ["launch", "pod", "result"]
@@ -521,7 +522,7 @@ def test_image_pull_failure_fails_fast_and_deletes_the_job(
     deletes = cluster.requests("delete", "jobs")
     assert deletes and deletes[0].params.get("propagationPolicy") == "Background"
     assert (
-        records.read_outcome(store, task.run_id, request=task.request_digest) == outcome
+        results.read_outcome(store, task.run_id, request=task.request_digest) == outcome
     )  # a redelivery replays it
 
 
@@ -540,7 +541,7 @@ def test_timeout_deletes_the_job(
     assert 1.4 <= time.monotonic() - started < 8  # creationTimestamp has whole seconds
     assert outcome.failure is not None and outcome.failure.kind == "timeout"
     assert cluster.live("jobs", f"rf-check-{task.run_id[:20]}") is None
-    assert records.read_outcome(store, task.run_id, request=task.request_digest) == outcome
+    assert results.read_outcome(store, task.run_id, request=task.request_digest) == outcome
 
 
 def test_deadline_exceeded_job_is_a_timeout(make_runtime: Any, node: Node) -> None:
@@ -620,7 +621,7 @@ def test_a_store_outage_in_a_step_is_retried_not_recorded(
     node.check(thread)
     assert "collect: the store is unavailable" in str(raised.value)
     assert (
-        records.read_outcome(store, task.run_id, request=task.request_digest) is None
+        results.read_outcome(store, task.run_id, request=task.request_digest) is None
     )  # nothing for a redelivery to replay
     assert cluster.live("jobs", name) is None and cluster.live("secrets", f"{name}-stdin") is None
     old_pods = [p for p in cluster.ever("pods") if p["metadata"]["labels"]["job-name"] == name]
@@ -651,7 +652,7 @@ def test_a_store_outage_in_stage_is_retried(
         make_runtime().run(task)
     node.check(thread)
     assert cluster.live("jobs", f"rf-put-{task.run_id[:20]}") is None
-    assert records.read_outcome(store, task.run_id, request=task.request_digest) is None
+    assert results.read_outcome(store, task.run_id, request=task.request_digest) is None
 
 
 def test_async_store_outage_is_replied_as_storage_and_not_recorded(
@@ -680,7 +681,7 @@ def test_async_store_outage_is_replied_as_storage_and_not_recorded(
     assert reply["headers"]["ce-type"] == "dev.resourcefunctions.check.failed"
     assert reply["body"]["error"]["kind"] == "storage"
     assert (
-        records.read_outcome(store, task.run_id, request=task.request_digest) is None
+        results.read_outcome(store, task.run_id, request=task.request_digest) is None
     )  # sending it again runs afresh
 
 
@@ -875,7 +876,7 @@ def test_an_invalid_secret_is_a_recorded_failure_and_its_job_is_deleted(
     assert outcome.failure is not None and outcome.failure.kind == "runtime"
     assert "Too long" in outcome.failure.message
     assert cluster.live("jobs", f"rf-check-{task.run_id[:20]}") is None
-    assert records.read_outcome(store, task.run_id, request=task.request_digest) == outcome
+    assert results.read_outcome(store, task.run_id, request=task.request_digest) == outcome
 
 
 @pytest.mark.parametrize(
@@ -1037,7 +1038,7 @@ def test_an_async_checks_lease_is_released_by_the_function_when_collect_never_ra
 
     assert wait_for(lambda: received)[0]["body"]["error"]["kind"] == "image_pull"
     assert released(store, task)  # before the reply: a waiter need not wait for the expiry
-    assert records.read_outcome(store, task.run_id, request=task.request_digest) is not None
+    assert results.read_outcome(store, task.run_id, request=task.request_digest) is not None
 
 
 # --- configuration --------------------------------------------------------------------------

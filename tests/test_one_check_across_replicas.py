@@ -10,8 +10,8 @@ import threading
 import time
 from typing import Any
 
-from functions import lease, records
 from functions.errors import Unavailable
+from functions.ledger import lease, results
 from functions.model import Outcome
 from functions.service import shared_check
 from storage import Store, StoreOptions, open_store
@@ -58,7 +58,7 @@ def recorded(store: Store, calls: list[str], lock: threading.Lock, run: str) -> 
         calls.append(run)
     time.sleep(0.3)
     outcome = Outcome(action="check", data={"versions": [run]})
-    return records.record_outcome(store, run, outcome, request="")
+    return results.record_outcome(store, run, outcome, request="")
 
 
 def wait_together(store: Store, n: int, **options: Any) -> tuple[list[Any], list[str]]:
@@ -143,7 +143,7 @@ def test_a_waiter_never_takes_a_result_recorded_before_it_came(
     # A sleeps, finds that result stored (its work runs no script) and releases. It is
     # older than A's request: A runs the check.
     old = Outcome(action="check", data={"versions": ["from before A came"]})
-    records.record_outcome(store, "R", old, request="")
+    results.record_outcome(store, "R", old, request="")
     time.sleep(0.01)  # finished_at has milliseconds
 
     a_replied, r_replied, calls = asleep_through(store, monkeypatch, "R")

@@ -19,9 +19,8 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from functions import pod_contract, protocol
+from functions import protocol
 from functions.model import Build, HistoryPlan, ResourceType, TraceContext
-from functions.pod_contract import CollectStep, StageStep, parse_input
 from functions.runtimes import podspec
 from functions.runtimes.podspec import (
     RESOURCE_SCRIPT,
@@ -31,6 +30,8 @@ from functions.runtimes.podspec import (
     plan_for,
     stdin_secret_manifest,
 )
+from functions.steps import pod_contract
+from functions.steps.pod_contract import CollectStep, StageStep, parse_input
 from tests.job_plans import CANARY, CONFIG, DIGEST, STORE_URL, make_plan, make_task
 
 VERSIONS = ("1.30", "1.37")

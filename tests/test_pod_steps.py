@@ -15,9 +15,11 @@ from typing import Any
 
 import pytest
 
-from functions import cli, keys, steps
+from functions import cli, keys
 from functions.model import ArtifactRef, HistoryPlan, Phase, TraceContext
-from functions.pod_contract import (
+from functions.redaction import secret_values
+from functions.steps import stage_collect
+from functions.steps.pod_contract import (
     TERMINATION_MESSAGE_BYTES,
     CollectStep,
     ReplyPlan,
@@ -25,7 +27,6 @@ from functions.pod_contract import (
     StepFailure,
     StepTimings,
 )
-from functions.redaction import secret_values
 from functions.task import in_pod, untrusted_files
 from functions.task.step_settings import StepSettings
 from storage import StoreOptions, get_json, open_store
@@ -196,7 +197,7 @@ def test_a_missing_exit_code_is_a_runtime_failure(store: Any, build: Path) -> No
 def test_collect_keeps_the_tail_of_a_huge_log(
     store: Any, build: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(steps, "MAX_STDERR_BYTES", 1000)
+    monkeypatch.setattr(stage_collect, "MAX_STDERR_BYTES", 1000)
     (build / ".task/exit-code").write_text("1")
     (build / ".task/stderr").write_text("x" * 5000 + "\nthe real error\n")
     assert collect(build) == 0

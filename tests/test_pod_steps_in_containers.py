@@ -24,7 +24,6 @@ import pytest
 
 from functions import keys
 from functions.model import Action, ArtifactRef, Build, ResourceType, Task
-from functions.pod_contract import STEP_ENV, StepFailure
 from functions.protocol import build_env, stdin_payload
 from functions.redaction import secret_values
 from functions.runtimes.podspec import (
@@ -35,6 +34,7 @@ from functions.runtimes.podspec import (
     plan_for,
     stdin_secret_manifest,
 )
+from functions.steps.pod_contract import STEP_ENV, StepFailure
 from storage import Store, StoreOptions, get_json, open_store
 from storage.artifacts import download_tree, upload_tree
 from tests.conftest import Server

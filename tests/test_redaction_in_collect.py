@@ -17,8 +17,8 @@ from urllib.parse import quote, quote_plus
 import pytest
 
 from functions import keys
-from functions.pod_contract import CollectStep
 from functions.protocol import MAX_STDERR_BYTES
+from functions.steps.pod_contract import CollectStep
 from functions.task import in_pod
 from functions.task.step_settings import StepSettings
 from storage import get_json, open_store

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from functions import steps
 from functions.model import ArtifactRef
+from functions.steps import stage_collect
 from storage import open_store
 from storage.archive import ArchiveOptions, Limits
 from storage.artifacts import upload_tree
@@ -27,12 +27,14 @@ def test_the_total_limit_spans_all_inputs_of_a_put(artifact, tmp_path):
     store, ref = artifact
     limits = Limits(max_total_bytes=1_000_000)
     work = tmp_path / "one"
-    steps.stage(store, {"a": ref, "b": ref}, work, limits)  # 800 KB: within the bound
-    with pytest.raises(steps.StageFailed, match="together"):
-        steps.stage(store, {"a": ref, "b": ref, "c": ref}, tmp_path / "two", limits)
+    stage_collect.stage(store, {"a": ref, "b": ref}, work, limits)  # 800 KB: within the bound
+    with pytest.raises(stage_collect.StageFailed, match="together"):
+        stage_collect.stage(store, {"a": ref, "b": ref, "c": ref}, tmp_path / "two", limits)
 
 
 def test_the_entry_limit_spans_all_inputs_of_a_put(artifact, tmp_path):
     store, ref = artifact
-    with pytest.raises(steps.StageFailed):
-        steps.stage(store, {"a": ref, "b": ref, "c": ref}, tmp_path / "w", Limits(max_entries=2))
+    with pytest.raises(stage_collect.StageFailed):
+        stage_collect.stage(
+            store, {"a": ref, "b": ref, "c": ref}, tmp_path / "w", Limits(max_entries=2)
+        )

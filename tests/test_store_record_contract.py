@@ -14,8 +14,8 @@ import pytest
 
 from storage import ObjectExists, Store, StoreOptions, open_store
 from storage.base import MAX_RECORD_BYTES, Record
-from storage.errors import PreconditionFailed, StorageError
-from storage.records import update_record
+from storage.compare_and_swap import update_record
+from storage.store_errors import PreconditionFailed, StorageError
 from tests.record_workers import add_to_counter
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from functions import history
+from functions.ledger import history
 from functions.model import HistoryPlan
 from storage import Store
 

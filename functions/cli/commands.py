@@ -18,9 +18,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from functions import pod_contract
 from functions.errors import ConfigError, FunctionError
-from storage.errors import StorageError
+from functions.steps import pod_contract
+from storage.store_errors import StorageError
 
 
 def console() -> None:
@@ -128,7 +128,7 @@ def cmd_versions(args: argparse.Namespace) -> int:
 
 def add_pod_step_parsers(sub: Any) -> None:
     """``stage`` and ``collect``: run inside task pods. Listed here for ``--help``; their
-    arguments are parsed by ``functions.pod_contract`` (the side that the pod spec writes)."""
+    arguments are parsed by ``functions.steps.pod_contract`` (the side that the pod spec writes)."""
     for name, what in (("stage", "unpack a put's inputs"), ("collect", "record the outcome")):
         step = sub.add_parser(name, help=f"(task pods) {what}", add_help=False)
         step.add_argument("args", nargs=argparse.REMAINDER)
@@ -190,7 +190,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from functions.cli.local import run_local
+    from functions.cli.run import run_local
 
     data: dict[str, Any] = {"source": _json_arg(args.source, "--source")}
     data.update({"type": args.type} if args.type else {"image": args.image})

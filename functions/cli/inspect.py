@@ -11,8 +11,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, TextIO
 
-from functions import credentials, history, keys, run_index
+from functions import credentials, keys
 from functions.errors import ConfigError
+from functions.ledger import history, run_index
 from functions.model import Build, Request
 from functions.service import checks
 from functions.service.request_data import parse_request_data

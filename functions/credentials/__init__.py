@@ -59,11 +59,11 @@ def make_provider(settings: Settings) -> Provider:
     if settings.credentials_provider == "dir":
         if not settings.credentials_dir:
             raise ConfigError("CREDENTIALS_PROVIDER=dir needs CREDENTIALS_DIR")
-        from functions.credentials.local import CredentialsDir
+        from functions.credentials.directory import CredentialsDir
 
         return CredentialsDir(settings.credentials_dir)
     if settings.credentials_provider == "kubernetes":
-        from functions.credentials.kubernetes import KubernetesSecrets
+        from functions.credentials.namespace_secrets import KubernetesSecrets
 
         return KubernetesSecrets.from_settings(settings)
     return NoProvider()

@@ -24,11 +24,11 @@ from functions.errors import (
     TeamNotAllowed,
     Unavailable,
 )
+from functions.http.metered_store import MeteredStore
 from functions.http.repeated_gets import RepeatedGets
 from functions.http.senders import SenderCheck, sender_check_from
 from functions.keys import ANONYMOUS
 from functions.logs import fields
-from functions.metered_store import MeteredStore
 from functions.metrics import Metrics
 from functions.model import Action
 from functions.runtimes import Runtime, make_runtime

@@ -27,22 +27,24 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from functions import keys, lease, records, steps
+from functions import keys
 from functions.errors import RequestIdReused, Unavailable, failure_kind, pull_is_transient
+from functions.ledger import lease, results
 from functions.logs import fields
 from functions.model import SCRIPTS, WORKDIRS, Outcome, Task
-from functions.outcome import failed, final_failure, script_timeout
 from functions.phases import PhaseClock
-from functions.pod_contract import MANAGED_BY
 from functions.redaction import Redactor
 from functions.runtimes import Ended
 from functions.runtimes.background import BackgroundRuns, RunsInFlight, report_end
 from functions.runtimes.output import STDERR, STDOUT, Output
 from functions.runtimes.sweep import Sweeper
 from functions.sink import post_outcome
+from functions.steps import stage_collect
+from functions.steps.outcome import failed, final_failure, script_timeout
+from functions.steps.pod_contract import MANAGED_BY
 from storage import Store
 from storage.archive import ArchiveOptions, Limits
-from storage.errors import StorageError
+from storage.store_errors import StorageError
 
 if TYPE_CHECKING:
     from functions.settings import Settings
@@ -217,13 +219,13 @@ class ContainerRuntime:
         """The stored outcome: of the adopted container, or of a new one."""
         output: Output | None = None  # an adopted container's is read from the engine's logs
         redactor = Redactor(task.secrets)
-        keep = steps.stderr_bytes(redactor)
+        keep = stage_collect.stderr_bytes(redactor)
         if container is None:
             try:
                 if task.inputs:
                     with clock.phase("stage"):
-                        steps.stage(self._store, task.inputs, workdir, self._config.limits)
-            except steps.StageFailed as err:
+                        stage_collect.stage(self._store, task.inputs, workdir, self._config.limits)
+            except stage_collect.StageFailed as err:
                 return self._record(task, failed(task.action, "storage", str(err)))
             with clock.phase("create"):
                 container = self._create(task, workdir)
@@ -250,14 +252,14 @@ class ContainerRuntime:
             except Unavailable:
                 # The process that started the container may live on (an orphaned worker):
                 # if it stored the result and removed the container, that result stands.
-                stored = records.read_outcome(self._store, task.run_id, request=task.request_digest)
+                stored = results.read_outcome(self._store, task.run_id, request=task.request_digest)
                 if stored is None:
                     raise
                 return stored
         return self._collect(container, task, workdir, exit_code, output, redactor, clock)
 
     def _record(self, task: Task, outcome: Outcome) -> Outcome:
-        return records.record_outcome(
+        return results.record_outcome(
             self._store, task.run_id, outcome, request=task.request_digest
         )
 
@@ -273,14 +275,14 @@ class ContainerRuntime:
     ) -> Outcome:
         if output is None:
             with clock.phase("output"):
-                keep = steps.stderr_bytes(redactor)
+                keep = stage_collect.stderr_bytes(redactor)
                 output = _read_logs(container, with_stdout=exit_code is not None, keep=keep)
         stdout, stderr = output.stdout, output.stderr
         if exit_code is None:
-            log_text = steps.redacted_log(stderr, redactor)
-            records.write_once(self._store, keys.log_key(task.run_id), log_text.encode())
+            log_text = stage_collect.redacted_log(stderr, redactor)
+            results.write_once(self._store, keys.log_key(task.run_id), log_text.encode())
             return self._record(task, script_timeout(task.action, task.timeout_seconds, log_text))
-        spec = steps.CollectSpec(
+        spec = stage_collect.CollectSpec(
             run_id=task.run_id,
             action=task.action,
             cache_key=task.cache_key,
@@ -288,7 +290,7 @@ class ContainerRuntime:
             history=task.history,
             request=task.request_digest,
         )
-        return steps.collect(  # stores the result record
+        return stage_collect.collect(  # stores the result record
             self._store,
             spec,
             exit_code=exit_code,
@@ -362,7 +364,7 @@ class ContainerRuntime:
         that never reads stdin cannot block us), the output read as it comes by another;
         wait. An exit code of None: the script timed out and was killed. The output is None
         if the attach stream did not end whole (then the engine's logs are read instead).
-        ``keep``: the bytes of stderr's tail to keep (``steps.stderr_bytes``)."""
+        ``keep``: the bytes of stderr's tail to keep (``stage_collect.stderr_bytes``)."""
         try:
             sock = container.attach_socket(
                 params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}

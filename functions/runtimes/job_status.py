@@ -27,7 +27,7 @@ from typing import Any
 
 from functions.errors import pull_is_transient
 from functions.model import FailureKind, Phase
-from functions.pod_contract import StepFailure, StepTimings
+from functions.steps.pod_contract import StepFailure, StepTimings
 
 PULL_FAILURES = frozenset(
     {

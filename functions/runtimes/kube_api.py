@@ -18,7 +18,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from functions.errors import ConfigError, Conflict, Gone, NotFound, Rejected, Unavailable
-from storage.errors import retryable_status
+from storage.store_errors import retryable_status
 
 JOB_NAME_LABELS = ("job-name", "batch.kubernetes.io/job-name")
 CONTROLLER_UID_LABELS = ("controller-uid", "batch.kubernetes.io/controller-uid")

@@ -6,7 +6,7 @@ Job's pod until a verdict (``job_status.judge``), as one watch of the task pods 
 run of the runtime sees it (``pod_watch``): fails fast on image-pull errors, deletes the Job on
 timeout, reads ``results/<run-id>.json`` that ``collect`` stored on completion.
 Failures that only the function sees (image pull, timeout, a failed or vanished Job) are
-recorded with ``records.record_outcome`` so a redelivery replays them. A step that could not
+recorded with ``results.record_outcome`` so a redelivery replays them. A step that could not
 reach the store is not a failure of the request: the Job and its Secret are deleted, nothing
 is recorded and ``TaskUnavailable`` (an ``Unavailable``: HTTP 503) makes Knative
 redeliver, which starts a new Job. ``start`` creates the Job with reply-to-sink arguments and
@@ -16,7 +16,7 @@ cannot be redelivered after the 202: a ``storage`` failure is posted, and nothin
 
 API errors arrive translated by ``kube_api``: ``Unavailable`` for anything worth retrying,
 a ``KubeApiError`` (``NotFound``/``Conflict``/``Gone``, ``Rejected``: an invalid request)
-otherwise; ``functions.outcome.final_failure`` decides what a store error means.
+otherwise; ``functions.steps.outcome.final_failure`` decides what a store error means.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from functions import keys, lease, records
+from functions import keys
 from functions.errors import (
     Conflict,
     KubeApiError,
@@ -39,11 +39,10 @@ from functions.errors import (
     Unavailable,
     failure_kind,
 )
+from functions.ledger import lease, results
 from functions.logs import fields
 from functions.model import FailureKind, Outcome, Task
-from functions.outcome import failed, final_failure, task_deadline
 from functions.phases import PhaseClock, timed
-from functions.pod_contract import MANAGED_BY
 from functions.runtimes import Ended, podspec
 from functions.runtimes.background import BackgroundRuns, report_end
 from functions.runtimes.job_status import (
@@ -58,8 +57,10 @@ from functions.runtimes.kube_api import KubeApi, api_client_from_env, owner_uids
 from functions.runtimes.pod_watch import Pods, PodWatch
 from functions.runtimes.podspec import JobPlan, KubernetesConfig, plan_for
 from functions.sink import post_outcome
+from functions.steps.outcome import failed, final_failure, task_deadline
+from functions.steps.pod_contract import MANAGED_BY
 from storage import Store
-from storage.errors import StorageError
+from storage.store_errors import StorageError
 
 if TYPE_CHECKING:
     from functions.settings import Settings
@@ -186,7 +187,7 @@ class KubernetesRuntime:
         self._api.delete_job(plan.job_name)
         outcome = failed(task.action, "runtime", f"cannot start the task: {err}")
         try:
-            return records.record_outcome(
+            return results.record_outcome(
                 self._store, task.run_id, outcome, request=task.request_digest
             )
         except StorageError as store_err:
@@ -309,7 +310,7 @@ class KubernetesRuntime:
                 return Settled(stored, by_collect=True)
             if verdict.kind == "complete":
                 verdict = Verdict("runtime", "the task Job completed but stored no result")
-        outcome = records.record_outcome(
+        outcome = results.record_outcome(
             self._store,
             task.run_id,
             self._failure(task, plan, verdict),
@@ -329,7 +330,7 @@ class KubernetesRuntime:
     def _read_result(self, task: Task, wait: float) -> Outcome | None:
         end = time.monotonic() + wait
         while True:
-            outcome = records.read_outcome(self._store, task.run_id, request=task.request_digest)
+            outcome = results.read_outcome(self._store, task.run_id, request=task.request_digest)
             if outcome is not None or time.monotonic() >= end:
                 return outcome
             time.sleep(0.2)

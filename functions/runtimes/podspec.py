@@ -26,9 +26,9 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from functions.budget import DEADLINE_SLACK_SECONDS, RESULT_WAIT_SECONDS, deadline_seconds
 from functions.model import SCRIPTS, WORKDIRS, Action, ArtifactRef, HistoryPlan, LeaseHold, Task
-from functions.pod_contract import (
+from functions.steps.budget import DEADLINE_SLACK_SECONDS, RESULT_WAIT_SECONDS, deadline_seconds
+from functions.steps.pod_contract import (
     BUILD_DIR,
     EXIT_CODE_FILE,
     KILL_AFTER_SECONDS,

@@ -24,7 +24,7 @@ from functions import keys
 from functions.errors import Unavailable
 from functions.logs import fields
 from storage import Store
-from storage.errors import StorageError
+from storage.store_errors import StorageError
 
 SWEEP_SECONDS = 300
 RUN_ID = re.compile(r"[0-9a-f]{32}")  # keys.run_id: a label that is not one is not ours

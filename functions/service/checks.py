@@ -1,13 +1,14 @@
 """What the version history does for a check before it runs: ``"version": "latest-known"``
 becomes the history's last version, and a resource checked less than its interval ago is
-answered from the history without a run (``functions.history`` keeps the record); and the
+answered from the history without a run (``functions.ledger.history`` keeps the record); and the
 answer of a check that waited for another replica's run of the same resource."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from functions import history, keys
+from functions import keys
+from functions.ledger import history
 from functions.model import HistoryPlan, Outcome, Request
 from functions.settings import Settings
 from storage import Store

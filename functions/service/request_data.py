@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from functions.errors import InvalidRequest
-from functions.history import LATEST_KNOWN
+from functions.ledger.history import LATEST_KNOWN
 from functions.model import Action, ArtifactRef, Build, Request, ResourceType
 from functions.settings import is_seconds
 from storage.archive import FORMATS, suffix_for

@@ -8,7 +8,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from functions import run_index
+from functions.ledger import run_index
 from functions.logs import fields
 from functions.metrics import Metrics
 from functions.model import Action, Outcome, Task

@@ -12,13 +12,12 @@ from typing import Any
 
 from cloudevents.core.v1.event import CloudEvent
 
-from functions import credentials, events, keys, protocol, records
-from functions.budget import async_lease_seconds
+from functions import credentials, events, keys, protocol
 from functions.errors import InvalidRequest, SinkRefused, Unavailable
+from functions.ledger import results
 from functions.logs import fields
 from functions.metrics import Metrics, type_label
 from functions.model import Action, HistoryPlan, Outcome, RepeatableGet, Request, Task
-from functions.outcome import final_failure
 from functions.redaction import secret_values
 from functions.replies import discovered_events, reply_event
 from functions.runtimes import Runtime
@@ -30,10 +29,12 @@ from functions.service.run_report import RunReport
 from functions.service.teams import TEAM_ATTRIBUTE, check_team
 from functions.settings import Settings
 from functions.sink import post_events
+from functions.steps.budget import async_lease_seconds
+from functions.steps.outcome import final_failure
 from functions.tracing import RunTracer, trace_context
 from storage import Store
 from storage.base import url_prefix
-from storage.errors import StorageError
+from storage.store_errors import StorageError
 
 log = logging.getLogger("functions")
 
@@ -86,7 +87,7 @@ class Service:
         except InvalidRequest:
             # A redelivery of a finished run replays its answer, even if a credential it
             # used has been deleted since; only a request that would run is refused.
-            stored = records.read_outcome(self.store, run, request=request.digest)
+            stored = results.read_outcome(self.store, run, request=request.digest)
             if stored is None:
                 raise
             return self._reply(request, run, stored)
@@ -255,7 +256,7 @@ class Service:
             # The run may have been another request's: record the answer under this request's
             # run id too, so its redelivery replays it instead of running again. Its versions
             # are announced by the request whose run found them, not again by each joiner.
-            records.record_if_absent(self.store, run, outcome, request=request.digest)
+            results.record_if_absent(self.store, run, outcome, request=request.digest)
         return self._reply(request, run, outcome, announce=not joined)
 
     def _start(
@@ -345,7 +346,7 @@ class Service:
         that its redelivery replays it."""
         self.metrics.joined.labels(self.action).inc()
         answer = checks.joined_answer(self.store, request, plan, shared)
-        return records.record_outcome(self.store, task.run_id, answer, request=request.digest)
+        return results.record_outcome(self.store, task.run_id, answer, request=request.digest)
 
     def _fresh(self, request: Request, run: str, fresh: Outcome | None) -> Outcome | None:
         """A check answered from the history (within its interval), recorded as this run's
@@ -353,11 +354,11 @@ class Service:
         if fresh is None:
             return None
         self.metrics.cache_hits.labels(self.action).inc()
-        return records.record_outcome(self.store, run, fresh, request=request.digest)
+        return results.record_outcome(self.store, run, fresh, request=request.digest)
 
     def _stored_answer(self, request: Request, run: str, cache_key: str | None) -> Outcome | None:
         """The stored result of this run (redelivery), or a get's cache entry."""
-        stored = records.read_outcome(self.store, run, request=request.digest)
+        stored = results.read_outcome(self.store, run, request=request.digest)
         if stored is not None:
             self.metrics.joined.labels(self.action).inc()
             return stored
@@ -372,7 +373,7 @@ class Service:
 
     def _read_cache(self, cache_key: str) -> dict[str, Any] | None:
         """The cache entry, its record from memory if kept, its artifact looked for."""
-        cached = records.read_cache(self.store, cache_key, self.cache_memory.record(cache_key))
+        cached = results.read_cache(self.store, cache_key, self.cache_memory.record(cache_key))
         if cached is None:
             self.cache_memory.forget(cache_key)
         else:

@@ -1,4 +1,4 @@
-"""One check per resource across replicas, through the resource's lease (``functions.lease``).
+"""One check per resource across replicas, through the resource's lease (``functions.ledger.lease``).
 
 The caller that takes the lease runs the check; the others wait, polling the lease with
 backoff, for the holder's run to end, then take its stored result (``results/<run>.json``,
@@ -22,8 +22,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from functions import lease, records
 from functions.errors import Unavailable
+from functions.ledger import lease, results
 from functions.model import LeaseHold, Outcome
 from storage import Store
 
@@ -106,14 +106,14 @@ def lead_or_wait(
             seen is None or seen.lease.run != followed or seen.lease.free(now)
         ):
             # The holder's run ended (or changed hands): its result, if it left one, is ours.
-            done = records.read_outcome(store, followed, request=None)  # another request's
+            done = results.read_outcome(store, followed, request=None)  # another request's
             if done is not None:
                 return done, followed
             if seen is not None and seen.lease.released and seen.lease.run != followed:
                 # A run took the lease over while this call slept, and ended. Its result is
                 # ours if it is newer than this request: replicas' clocks agree to well
                 # under a check's run, and a skew can only cost a check run again.
-                done = records.read_outcome(store, seen.lease.run, request=None, since=came)
+                done = results.read_outcome(store, seen.lease.run, request=None, since=came)
                 if done is not None:
                     return done, seen.lease.run
         if seen is None or seen.lease.free(now):

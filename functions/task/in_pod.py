@@ -1,5 +1,5 @@
 """The steps that run inside a task pod: ``python -m functions stage|collect`` (see
-``functions.runtimes.podspec`` for the pod layout). Thin: the work is ``functions.steps``.
+``functions.runtimes.podspec`` for the pod layout). Thin: the work is ``functions.steps.stage_collect``.
 
 stage: unpack a put's inputs into its working directory. A missing or unsafe input fails the
 request, not the pod: its message goes to ``.task/stage-error`` (the resource step then does
@@ -30,12 +30,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from functions import keys, lease, records, steps
+from functions import keys
 from functions.errors import ConfigError, SinkRefused, classify, is_retryable
+from functions.ledger import lease, results
 from functions.model import FailureKind, Outcome, Phase
-from functions.outcome import failed, script_timeout
 from functions.phases import PhaseClock
-from functions.pod_contract import (
+from functions.protocol import MAX_STDIN_BYTES, MAX_STDOUT_BYTES
+from functions.redaction import Redactor
+from functions.replies import reply_events
+from functions.sink import RelayToken, post_events
+from functions.steps import stage_collect
+from functions.steps.outcome import failed, script_timeout
+from functions.steps.pod_contract import (
     EXIT_CODE_FILE,
     REDACT_KEY,
     RESOLVED_KEY,
@@ -50,15 +56,11 @@ from functions.pod_contract import (
     StepFailure,
     StepTimings,
 )
-from functions.protocol import MAX_STDIN_BYTES, MAX_STDOUT_BYTES
-from functions.redaction import Redactor
-from functions.replies import reply_events
-from functions.sink import RelayToken, post_events
 from functions.task import untrusted_files
 from functions.task.step_settings import StepSettings
 from storage import Store, open_store
 from storage.archive import ArchiveOptions
-from storage.errors import StorageError
+from storage.store_errors import StorageError
 
 TERMINATION_LOG = Path("/dev/termination-log")  # kubelet mounts it; absent elsewhere
 
@@ -89,11 +91,11 @@ def stage_main(step: StageStep, *, settings: StepSettings) -> int:
     try:
         store = open_store(settings.store_url, settings.store_options)
         directory.mkdir(parents=True, exist_ok=True)
-        steps.stage(store, inputs, directory, settings.limits)
+        stage_collect.stage(store, inputs, directory, settings.limits)
         # The resource image may run as any user, and put scripts write into their inputs
         # (a git commit, a rebase): open the whole staged tree, as a Concourse volume is.
         make_writable_by_all(directory)
-    except steps.StageFailed as err:
+    except stage_collect.StageFailed as err:
         return _stage_failed(task_dir, str(err))
     except StorageError as err:
         if is_retryable(err):
@@ -211,7 +213,7 @@ def record(
     stdin_file = Path(args.stdin_file)
     redactor = Redactor(listed_values(stdin_file.with_name(REDACT_KEY)))
     try:
-        left = ResourceStepFiles.read(args.build_dir, steps.stderr_bytes(redactor))
+        left = ResourceStepFiles.read(args.build_dir, stage_collect.stderr_bytes(redactor))
     except untrusted_files.UntrustedFile as err:
         return _record_failure(store, args, "runtime", f"the resource step's output: {err}")
     if left.stage_error:  # stage wrote it, or the resource step did: redacted all the same
@@ -223,14 +225,14 @@ def record(
             args,
             "runtime",
             "the resource step recorded no exit code (does the image have /bin/sh?)",
-            steps.redacted_log(left.stderr, redactor),
+            stage_collect.redacted_log(left.stderr, redactor),
         )
     if left.timed_out is not None:  # the same failure as the container runtime's
-        log = steps.redacted_log(left.stderr, redactor)
+        log = stage_collect.redacted_log(left.stderr, redactor)
         outcome = script_timeout(args.action, _as_int(left.timed_out), log)
         message = outcome.failure.message if outcome.failure else ""
         return _record_outcome(store, args, outcome, log or message)
-    spec = steps.CollectSpec(
+    spec = stage_collect.CollectSpec(
         run_id=args.run_id,
         action=args.action,
         cache_key=args.cache_key,
@@ -238,7 +240,7 @@ def record(
         history=args.history,
         request=args.request,
     )
-    return steps.collect(
+    return stage_collect.collect(
         store,
         spec,
         exit_code=left.exit_code,
@@ -270,8 +272,8 @@ def _record_failure(
 
 
 def _record_outcome(store: Store, args: CollectStep, outcome: Outcome, log: str) -> Outcome:
-    records.write_once(store, keys.log_key(args.run_id), log.encode())
-    return records.record_outcome(store, args.run_id, outcome, request=args.request)
+    results.write_once(store, keys.log_key(args.run_id), log.encode())
+    return results.record_outcome(store, args.run_id, outcome, request=args.request)
 
 
 def _post(args: CollectStep, outcome: Outcome, sink: str, reply_token: str) -> int:

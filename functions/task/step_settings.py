@@ -1,5 +1,5 @@
 """The settings of the in-pod steps (``stage``, ``collect``), read once from the environment
-the task pod gets (see ``functions.pod_contract.STEP_ENV``): the store, the sink and the
+the task pod gets (see ``functions.steps.pod_contract.STEP_ENV``): the store, the sink and the
 archive options; the store's credentials come from the files of its mounted Secret."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from functions.errors import ConfigError
-from functions.pod_contract import (
+from functions.steps.pod_contract import (
     REPLY_TOKEN_ENV,
     SINK_ENV,
     STORE_CREDENTIALS_ENV,
@@ -17,7 +17,7 @@ from functions.pod_contract import (
 )
 from storage.archive import ArchiveOptions, Limits
 from storage.credentials import read_credentials_dir
-from storage.options import StoreOptions
+from storage.tuning import StoreOptions
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from storage.options import env_int
+from storage.tuning import env_int
 
 FORMATS = ("zstd", "gzip", "none")
 AUTO: Literal["auto"] = (

@@ -26,7 +26,7 @@ from typing import Any
 from storage.archive import xattrs
 from storage.archive.pipe import CHUNK
 from storage.archive.safety import MAX_PATH_BYTES, check_symlink, rejected
-from storage.errors import ArchiveError, ArchiveRejected
+from storage.store_errors import ArchiveError, ArchiveRejected
 
 # ustar: name mode uid gid size mtime checksum type linkname magic+version uname gname
 # devmajor devminor prefix, then 12 bytes of padding to 512

@@ -19,7 +19,7 @@ import tarfile
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Self
 
-from storage.errors import ArchiveError, ArchiveRejected
+from storage.store_errors import ArchiveError, ArchiveRejected
 
 if TYPE_CHECKING:
     from storage.archive.options import Limits

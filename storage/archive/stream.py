@@ -29,7 +29,7 @@ from storage.archive.pipe import CHUNK, PipeSink, background_stream
 from storage.archive.readahead import ReadAhead
 from storage.archive.safety import Budget, StrictTarInfo
 from storage.base import HashingReader, is_digest, readinto_via_read
-from storage.errors import ArchiveError, ArchiveRejected, DigestMismatch
+from storage.store_errors import ArchiveError, ArchiveRejected, DigestMismatch
 
 _TAR_BUFSIZE = 16 << 10  # tarfile re-slices this buffer per read; 512 B..64 KiB measured alike
 _MAX_TRAILING_BYTES = 1 << 20  # tar record padding is ~10 KiB; more after the end is not padding

@@ -402,7 +402,8 @@ def test_the_pingsource_example_reports_a_commit_between_two_ticks(knative_deplo
         assert "count_url" not in json.dumps(found.get_data())  # no source in events
         # The tick's task held its resource's check lease (async replies) and let it go
         # once it had recorded: the next tick takes it at once.
-        from functions import keys, lease
+        from functions import keys
+        from functions.ledger import lease
 
         claim = lease.read(d.store, keys.lease_record_key(found.get_data()["resource"]))
         assert claim is not None and claim.lease.released

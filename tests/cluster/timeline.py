@@ -27,7 +27,7 @@ from typing import Any, Self
 
 from kubernetes import client, config, watch
 
-from functions.pod_contract import StepTimings
+from functions.steps.pod_contract import StepTimings
 
 MONOTONIC_TO_WALL = time.time() - time.monotonic()  # for the sink's monotonic arrival times
 

@@ -9,8 +9,8 @@ from typing import Any
 from cloudevents.core.bindings.http import HTTPMessage, from_http_event, to_binary_event
 from cloudevents.core.v1.event import CloudEvent
 
-from functions import records
 from functions.http.app import create_app
+from functions.ledger import results
 from functions.model import Outcome, ResourceType, Task
 from functions.settings import Settings
 from storage import Store, put_json
@@ -32,7 +32,7 @@ class FakeRuntime:
         if isinstance(self.outcome, Exception):
             raise self.outcome
         outcome = self.outcome or Outcome(action=task.action, data=_data(task))
-        return records.record_outcome(self.store, task.run_id, outcome, request=task.request_digest)
+        return results.record_outcome(self.store, task.run_id, outcome, request=task.request_digest)
 
     def start(self, task: Task, ended: Any = None) -> None:
         self.started.append(task)
@@ -94,7 +94,7 @@ RECORD = {"version": {"ref": "v1"}, "metadata": []}
 def cache_entry(store: Store, cache_key: str) -> str:
     """Store an artifact and its cache record, as a get's collect does; return the key."""
     key = f"artifacts/{cache_key}.tar.zst"
-    records.write_once(store, key, b"bytes")
+    results.write_once(store, key, b"bytes")
     artifact = {"url": store.url_for(key), "digest": "sha256:" + "0" * 64, "size": 5}
     put_json(store, f"artifacts/{cache_key}.json", {**RECORD, "artifact": artifact})
     return key

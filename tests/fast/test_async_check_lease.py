@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from functions import cli
-from functions.budget import async_lease_seconds
 from functions.model import HistoryPlan, LeaseHold, ResourceType, Task
-from functions.pod_contract import CollectStep
 from functions.runtimes.podspec import KubernetesConfig, job_manifest, plan_for
+from functions.steps.budget import async_lease_seconds
+from functions.steps.pod_contract import CollectStep
 from functions.task import in_pod
 
 CONFIG = KubernetesConfig(namespace="tasks", service_account="task", task_image="rf:test")

@@ -17,7 +17,7 @@ from functions.errors import (
 from functions.model import FAILURE_KINDS
 from functions.runtimes.job_status import judge
 from functions.sink import RETRYABLE
-from storage.errors import ArchiveRejected, ObjectNotFound, StoreUnavailable, retryable_status
+from storage.store_errors import ArchiveRejected, ObjectNotFound, StoreUnavailable, retryable_status
 
 
 @pytest.mark.parametrize(

@@ -14,8 +14,8 @@ from cloudevents.core.bindings.http import (
     to_structured_event,
 )
 
-from functions import records
 from functions.errors import Unavailable
+from functions.ledger import results
 from functions.model import Failure, Outcome, Task
 from storage import Store
 from tests.fast.http_helpers import FakeRuntime, event, make_client, post, reply_of
@@ -109,7 +109,7 @@ def test_a_get_of_a_cached_version_answers_without_a_run(store: Store) -> None:
     task = runtime.ran[0]
     assert task.cache_key
     artifact_key = f"artifacts/{task.cache_key}.tar.zst"
-    records.write_once(store, artifact_key, b"bytes")
+    results.write_once(store, artifact_key, b"bytes")
     record = {
         "version": {"ref": "v1"},
         "metadata": [],

@@ -99,3 +99,13 @@ def test_the_shipped_modules_import_each_other_without_a_cycle() -> None:
     for name in sorted(graph):
         visit(name, ())
     assert len(done) == len(graph) > 50
+
+
+def test_no_module_name_is_used_twice_in_shipped_code() -> None:
+    """``functions.errors`` and ``storage.errors`` read alike in a traceback: each module name
+    of the shipped packages says one thing."""
+    names: dict[str, list[str]] = {}
+    for name in modules():
+        if name.startswith(PACKAGES[:2]) and modules()[name].name != "__init__.py":
+            names.setdefault(name.rsplit(".", 1)[-1], []).append(name)
+    assert {short: full for short, full in names.items() if len(full) > 1} == {}

@@ -15,7 +15,7 @@ from functions.model import (
     LeaseHold,
     TraceContext,
 )
-from functions.pod_contract import (
+from functions.steps.pod_contract import (
     TERMINATION_MESSAGE_BYTES,
     CollectStep,
     ReplyPlan,

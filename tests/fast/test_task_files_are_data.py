@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from functions import keys
-from functions.pod_contract import CollectStep
+from functions.steps.pod_contract import CollectStep
 from functions.task import in_pod
 from functions.task.step_settings import StepSettings
 from storage import get_json, open_store

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from functions.history import History, dump, merge, parse, since
+from functions.ledger.history import History, dump, merge, parse, since
 
 
 def v(*refs: str) -> list[dict[str, str]]:

@@ -33,9 +33,9 @@ from dataclasses import dataclass, replace
 from functions.logs import fields
 from functions.model import LeaseHold
 from storage import Store
-from storage.errors import PreconditionFailed, StorageError
+from storage.store_errors import PreconditionFailed, StorageError
 
-log = logging.getLogger("functions.lease")
+log = logging.getLogger("functions.ledger.lease")
 
 
 @dataclass(frozen=True)

@@ -15,17 +15,18 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from functions import history, keys, records
+from functions import keys
+from functions.ledger import history, results
 from functions.model import Action, ArtifactRef, HistoryPlan, Outcome
-from functions.outcome import failed, outcome_of_script, screened
 from functions.phases import PhaseClock, timed
 from functions.protocol import MAX_STDERR_BYTES
 from functions.redaction import Redactor
+from functions.steps.outcome import failed, outcome_of_script, screened
 from storage import Store, get_json, put_json
 from storage.archive import ArchiveOptions, Limits, suffix_for
 from storage.artifacts import download_tree, upload_tree
 from storage.base import key_for_url
-from storage.errors import ArchiveError, ObjectExists, ObjectNotFound
+from storage.store_errors import ArchiveError, ObjectExists, ObjectNotFound
 
 FORMAT_NAMES = {"zstd": "tar+zstd", "gzip": "tar+gzip", "none": "tar"}
 
@@ -124,14 +125,14 @@ def collect(
         with timed(clock, "upload"):
             outcome = store_artifact(store, spec, outcome, output_dir, log)
     if outcome.succeeded and spec.action == "check" and spec.history:
-        stored = records.read_outcome(store, spec.run_id, request=spec.request)
+        stored = results.read_outcome(store, spec.run_id, request=spec.request)
         if stored is not None:  # a redelivered run: its versions are in the history already
             return stored
         with timed(clock, "history"):
             outcome = with_history(store, spec.history, outcome)
     with timed(clock, "store"):
-        records.write_once(store, keys.log_key(spec.run_id), log.encode())
-        return records.record_outcome(store, spec.run_id, outcome, request=spec.request)
+        results.write_once(store, keys.log_key(spec.run_id), log.encode())
+        return results.record_outcome(store, spec.run_id, outcome, request=spec.request)
 
 
 def stderr_bytes(redactor: Redactor) -> int:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from storage.base import Store
-from storage.errors import PreconditionFailed
+from storage.store_errors import PreconditionFailed
 
 T = TypeVar("T")
 ATTEMPTS = 50

@@ -12,7 +12,7 @@ order (Concourse's check order), so the history's last version is the check's la
 check that finds nothing new (a late replica, a repeated tick) leaves the order alone, so a
 stale check cannot make an old version the latest again. Versions over the limit drop off the
 oldest end (a dropped version found again counts as new). Updates go through the store's
-compare-and-swap (``storage.records``): replicas checking one resource at once lose no version.
+compare-and-swap (``storage.compare_and_swap``): replicas checking one resource at once lose no version.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 from functions import keys
 from functions.model import HistoryPlan
 from storage import Store
-from storage.records import update_record
+from storage.compare_and_swap import update_record
 
 Version = dict[str, str]
 LATEST_KNOWN = "latest-known"  # the request's "version" that continues from the history

@@ -15,7 +15,7 @@ from functions.errors import RequestIdReused
 from functions.model import Outcome
 from storage import Store, get_json, put_json
 from storage.base import key_for_url
-from storage.errors import ObjectExists, ObjectNotFound
+from storage.store_errors import ObjectExists, ObjectNotFound
 
 
 def record_outcome(store: Store, run: str, outcome: Outcome, *, request: str) -> Outcome:
@@ -40,7 +40,7 @@ def record_if_absent(store: Store, run: str, outcome: Outcome, *, request: str) 
 
 def result_body(outcome: Outcome, request: str) -> dict[str, Any]:
     """The result record: the outcome, the request's digest and ``finished_at`` (epoch
-    seconds, when it was recorded: ``functions.run_index`` shows a run's duration from it)."""
+    seconds, when it was recorded: ``functions.ledger.run_index`` shows a run's duration from it)."""
     body = {**outcome.as_record(), "finished_at": round(time.time(), 3)}
     return {**body, "request": request} if request else body
 
