@@ -2,7 +2,7 @@
 # steps of task pods (command: python -m functions stage|collect …).
 #
 # BASE: any Debian-based image with python3 (3.11+) and its venv module. The default is the
-# official slim image; tests/project_image.py builds FROM a locally made Debian base instead
+# official slim image; tests/support/project_image.py builds FROM a locally made Debian base instead
 # (python3 + python3-venv from debootstrap), as its machine reaches no registry. The venv is
 # copied between two stages of the SAME base, so its interpreter link stays valid.
 ARG BASE=docker.io/library/python:3.11-slim-bookworm

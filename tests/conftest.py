@@ -25,7 +25,6 @@ import shutil
 import sys
 import uuid
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,14 +33,7 @@ import pytest
 from storage import Store, StoreOptions, open_store
 from testbed.process import ServerError, free_port, running
 from testbed.versitygw import start_versitygw
-
-
-@dataclass(frozen=True)
-class Server:
-    """An endpoint and the environment (``None`` = unset) that points client libraries at it."""
-
-    endpoint: str
-    env: Mapping[str, str | None] = field(default_factory=dict)
+from tests.support.endpoints import Server
 
 
 @pytest.fixture
@@ -241,9 +233,11 @@ def termination(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return path
 
 
-# What makes a test need a real server (its fixtures, wherever they come from, or its place):
-# it is marked ``server`` at collection, so ``-m "not server"`` is the fast tier: no server,
-# no container, no cluster.
+# The tiers are folders: ``fast/`` needs no server, no container and no cluster; ``servers/``
+# (in-process against real servers), ``e2e/`` (the real services and containers) and
+# ``cluster/`` (a real Kubernetes) are marked ``server`` at collection, so ``-m "not server"``
+# is ``tests/fast``. A fast test that asks for a server fixture, or a parametrised store other
+# than the file one, is an error at collection: it belongs in ``servers/``.
 SERVER_FIXTURES = frozenset(
     {
         "s3_endpoint",
@@ -254,21 +248,26 @@ SERVER_FIXTURES = frozenset(
         "podman",
     }
 )
-SERVER_DIRECTORIES = ("e2e", "cluster")
+SERVER_TIERS = ("servers", "e2e", "cluster")
+
+
+def tier(item: pytest.Item) -> str:
+    return Path(str(item.fspath)).relative_to(Path(__file__).parent).parts[0]
 
 
 def needs_a_server(item: pytest.Item) -> bool:
-    fixtures = set(getattr(item, "fixturenames", ()))
-    if fixtures & SERVER_FIXTURES:
+    if set(getattr(item, "fixturenames", ())) & SERVER_FIXTURES:
         return True
     callspec = getattr(item, "callspec", None)
-    if callspec is not None and callspec.params.get("backend", "file") != "file":
-        return True
-    parts = Path(str(item.fspath)).relative_to(Path(__file__).parent).parts
-    return parts[0] in SERVER_DIRECTORIES
+    return callspec is not None and callspec.params.get("backend", "file") != "file"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    misplaced = [item.nodeid for item in items if tier(item) == "fast" and needs_a_server(item)]
+    if misplaced:
+        raise pytest.UsageError(
+            "tests/fast needs no server; move these to tests/servers: " + ", ".join(misplaced)
+        )
     for item in items:
-        if needs_a_server(item) and not item.get_closest_marker("server"):
+        if tier(item) in SERVER_TIERS and not item.get_closest_marker("server"):
             item.add_marker(pytest.mark.server)

@@ -9,7 +9,7 @@ and ``github.com/concourse/git-resource`` (403), and no other source of them is 
 - ``--registry-image DIR``: its ``check``, ``in`` and ``out`` built statically (``CGO_ENABLED=0``,
   as its Dockerfile does) into an image on the local Debian base; the fidelity tests' root
   filesystem image (absolute and climbing links, hard links, setuid/setgid/sticky, other
-  owners, a file capability, user xattrs: ``tests/fidelity_resources.py``) pushed into
+  owners, a file capability, user xattrs: ``tests/support/fidelity_resources.py``) pushed into
   ``crane registry serve`` on loopback. Check answers the registry's digest; a ``format:
   rootfs`` and a ``format: oci`` get give artifacts that equal, entry by entry (type, link
   target, mode, owner, size, sha256, hard-link group, kept xattrs), what the bare ``in``
@@ -47,9 +47,8 @@ from typing import Any
 from storage import open_store
 from testbed.podman import podman_service
 from testbed.process import free_port, running
-from tests.e2e.conftest import Services, start_services
-from tests.e2e.events import request_event, send
-from tests.fidelity_resources import (
+from tests.support.events import request_event, send
+from tests.support.fidelity_resources import (
     MTIME,
     PATH,
     image_manifest,
@@ -59,8 +58,9 @@ from tests.fidelity_resources import (
     rootfs_resource,
     unpack_artifact,
 )
-from tests.git_server import LINKS, git, served_repository
-from tests.project_image import BASE_IMAGE, ensure_debian_base
+from tests.support.git_server import LINKS, git, served_repository
+from tests.support.project_image import BASE_IMAGE, ensure_debian_base
+from tests.support.services import Services, start_services
 
 CRANE = "github.com/google/go-containerregistry/cmd/crane@v0.22.1"
 CACHE = Path.home() / ".cache/resource-functions"

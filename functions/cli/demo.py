@@ -10,10 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -23,7 +20,8 @@ from cloudevents.core.bindings.http import HTTPMessage, from_http_event, to_bina
 from cloudevents.core.v1.event import CloudEvent
 
 from functions.cli.busybox_image import build_resource_image, scripts_hash
-from functions.http.serving import GRACEFUL_TIMEOUT_SECONDS
+from functions.cli.launch import NotReady, launch, wait_until
+from functions.model import ACTIONS
 from functions.runtimes.container import engine_environment
 from functions.settings import Settings
 
@@ -44,25 +42,26 @@ def run_demo(*, serve: bool = False, base_port: int = 8081) -> int:
     store = Settings.from_env(env).store_url
     # SIGTERM stops the demo as Ctrl-C does, so the services never outlive it.
     previous = signal.signal(signal.SIGTERM, _interrupt)
-    procs: list[subprocess.Popen[bytes]] = []
+    ports: dict[str, int] = {a: base_port + offset for offset, a in enumerate(ACTIONS)}
+    services = launch(env, ports=ports)  # they boot while the image is built
     try:
-        urls = _launch(env, base_port, procs)  # they boot while the image is built
         build_resource_image(IMAGE, EXAMPLE)
         if engine is not None:
-            _wait(lambda: Path(PODMAN_SOCKET).exists(), "podman system service")
+            wait_until(lambda: Path(PODMAN_SOCKET).exists(), "podman system service")
         say(f"engine {env['DOCKER_HOST']}, store {store}, resource type hello = {image}")
-        for action, url in urls.items():
-            _wait(lambda url=url: _healthy(url), f"{action} service on {url}")
-        say("services: " + ", ".join(f"{a} {u}" for a, u in urls.items()))
-        _round_trip(urls)
+        services.wait_serving()
+        say("services: " + ", ".join(f"{a} {u}" for a, u in services.urls.items()))
+        _round_trip(services.urls)
         if serve:
             say("services are up; Ctrl-C stops them. Try the curl examples in the README.")
-            procs[0].wait()
+            services.procs["check"].wait()
     except KeyboardInterrupt:
         pass
+    except NotReady as err:
+        raise SystemExit(f"did not come up: {err}") from err
     finally:
         signal.signal(signal.SIGTERM, previous)
-        _stop(procs)
+        services.stop()
         say("the check, get and put services are stopped")
         if engine is not None:
             say(
@@ -70,19 +69,6 @@ def run_demo(*, serve: bool = False, base_port: int = 8081) -> int:
                 f" (pid {engine.pid}; stop it with: kill {engine.pid})"
             )
     return 0
-
-
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    """SIGTERM, then wait for each service's drain (runs under way, container removals)."""
-    for proc in procs:
-        proc.terminate()
-    deadline = time.monotonic() + GRACEFUL_TIMEOUT_SECONDS + 5
-    for proc in procs:
-        try:
-            proc.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _interrupt(signum: int, _frame: object) -> None:
@@ -103,34 +89,6 @@ def _engine(env: dict[str, str]) -> tuple[str, subprocess.Popen[bytes] | None]:
         start_new_session=True,
     )
     return f"unix://{PODMAN_SOCKET}", engine
-
-
-def _launch(
-    env: dict[str, str], base_port: int, procs: list[subprocess.Popen[bytes]]
-) -> dict[str, str]:
-    """Start the three services (into ``procs``, for stopping them); their URLs."""
-    urls: dict[str, str] = {}
-    for offset, action in enumerate(("check", "get", "put")):
-        port = _free(base_port + offset)
-        procs.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "functions",
-                    "serve",
-                    action,
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(port),
-                ],
-                env={**env, "PYTHONPATH": str(REPO)},
-                cwd=REPO,
-            )
-        )
-        urls[action] = f"http://127.0.0.1:{port}"
-    return urls
 
 
 def _round_trip(urls: dict[str, str]) -> None:
@@ -187,30 +145,6 @@ def _send(url: str, action: str, data: dict[str, Any]) -> dict[str, Any]:
     if not reply.get_type().endswith(".succeeded"):
         raise SystemExit(f"{action} failed")
     return body
-
-
-def _free(preferred: int) -> int:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", preferred))
-        except OSError:
-            sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return requests.get(url + "/healthz", timeout=1).ok
-    except requests.ConnectionError:
-        return False
-
-
-def _wait(ready: Any, what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not ready():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"{what} did not come up within {timeout:g}s")
-        time.sleep(0.1)
 
 
 def say(text: str) -> None:

@@ -44,8 +44,8 @@ SLOW_TIMEOUT_SECONDS = 5
 @pytest.fixture(scope="session")
 def cluster_images() -> dict[str, str]:
     """The project image (stage/collect steps) and the test resource image."""
-    from tests.images import build_test_resource
-    from tests.project_image import build_project_image
+    from tests.support.images import build_test_resource
+    from tests.support.project_image import build_project_image
 
     return {"task": build_project_image(), "resource": build_test_resource()}
 
@@ -183,7 +183,7 @@ def resource_types(image: str, registry: str = "") -> str:
 @dataclass
 class ClusterDeployment:
     cluster: Cluster
-    services: object  # tests.e2e.conftest.Services
+    services: object  # tests.support.services.Services
     store: object
     s3: GatewayS3
     namespace: str
@@ -248,8 +248,8 @@ def cluster_services(
     """The three services with ``RESOURCE_TYPES=types``, their tasks Jobs in the cluster;
     their environment is set for the block only."""
     from storage import open_store
-    from tests.e2e.conftest import start_services
-    from tests.secret_forms import HOSTILE
+    from tests.support.secret_forms import HOSTILE
+    from tests.support.services import start_services
 
     (tmp / "credentials" / "shared").mkdir(parents=True)  # ((hostile)): the dir provider
     (tmp / "credentials" / "shared" / "hostile").write_text(HOSTILE + "\n")

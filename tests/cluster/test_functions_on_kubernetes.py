@@ -22,10 +22,10 @@ import pytest
 from cloudevents.core.v1.event import CloudEvent
 
 from storage.archive import format_for_key, unpack
-from tests.e2e.events import request_event, send
-from tests.parallel import parallel
-from tests.runs import run_of
-from tests.secret_forms import HOSTILE, printed_forms, survivors
+from tests.support.events import request_event, send
+from tests.support.parallel import parallel
+from tests.support.runs import run_of
+from tests.support.secret_forms import HOSTILE, printed_forms, survivors
 
 CANARY = "canary-5e1d0c7a-cluster-do-not-leak"
 SOURCE = {"uri": "https://git.example.com/repo.git", "password": CANARY}
@@ -499,7 +499,7 @@ def test_with_a_sender_audience_only_allowed_identities_may_send(
     and other audiences; nothing runs for a refused request."""
     from tests.cluster.conftest import NAMESPACE, REPO
     from tests.cluster.up import GATEWAY
-    from tests.e2e.conftest import start_services
+    from tests.support.services import start_services
 
     cluster = deployment.cluster
     cluster.kubectl("apply", "-f", str(REPO / "knative/sender-auth/tokenreview-rbac.yaml"))

@@ -59,8 +59,8 @@ from tests.cluster.timeline import (
     stamp,
     wall,
 )
-from tests.e2e.events import request_event
-from tests.runs import run_of
+from tests.support.events import request_event
+from tests.support.runs import run_of
 
 RUN_ID = f"{LABEL}run-id"
 

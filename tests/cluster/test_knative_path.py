@@ -22,8 +22,8 @@ import yaml
 from cloudevents.core.v1.event import CloudEvent
 
 from tests.cluster.conftest import KNATIVE_CACHE_SECRET, REPO, wait_functions_serve
-from tests.e2e.events import ENCODERS, request_event
-from tests.runs import run_of
+from tests.support.events import ENCODERS, request_event
+from tests.support.runs import run_of
 
 LABEL = "resource-functions.dev/"
 REPLY_SOURCE = "/resource-functions/{action}"
@@ -492,7 +492,7 @@ def test_credentials_by_reference_come_from_team_secrets_and_appear_nowhere(knat
     """((var)) resolved by the function from Secrets in the team's namespace, under the
     shipped RBAC (knative/teams/ binds get, never list); the values reach the script and
     nothing else a user or operator can read."""
-    from tests.e2e.conftest import CANARY
+    from tests.support.services import CANARY
 
     d = knative_deployment
     d.cluster.kubectl("create", "namespace", TEAM_NAMESPACE, check=False)

@@ -1,5 +1,5 @@
 """A root filesystem get on the real cluster: the rootfs resource of the e2e tests
-(tests/images/rootfs-resource) runs in a task pod, copies its image's own root filesystem into
+(tests/support/images/rootfs-resource) runs in a task pod, copies its image's own root filesystem into
 the get's output and takes its manifest; ``collect`` stores it. Unpacked here, the artifact
 equals that manifest entry by entry.
 
@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 from tests.cluster.conftest import ClusterDeployment, cluster_services
-from tests.e2e.events import request_event, send
-from tests.fidelity_resources import (
+from tests.support.events import request_event, send
+from tests.support.fidelity_resources import (
     CONTENT,
     GID,
     GROUP,

@@ -52,8 +52,8 @@ from tests.cluster.test_knative_path import (
     source,
     wait_for,
 )
-from tests.e2e.events import request_event
-from tests.runs import run_of
+from tests.support.events import request_event
+from tests.support.runs import run_of
 
 FEATURE = "authentication-oidc"
 SENDERS_NAMESPACE = "ci"

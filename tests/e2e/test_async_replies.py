@@ -12,9 +12,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from cloudevents.core.bindings.http import HTTPMessage, from_http_event
 
-from tests.e2e.conftest import resource_types, start_services
-from tests.e2e.events import request_event, send
-from tests.runs import run_of
+from tests.support.events import request_event, send
+from tests.support.runs import run_of
+from tests.support.services import resource_types, start_services
 
 PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 

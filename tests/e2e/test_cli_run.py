@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.e2e.conftest import REPO, resource_types
+from tests.support.services import REPO, resource_types
 
 
 @pytest.fixture

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from tests.e2e.conftest import CANARY, start_services
-from tests.e2e.engine import service_env
-from tests.e2e.events import request_event, send
+from tests.support.engine import service_env
+from tests.support.events import request_event, send
+from tests.support.services import CANARY, start_services
 
 SHORT = "fail"  # a 4-character credential: literal values this short are not redacted
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from tests.e2e.conftest import REPO
+from tests.support.services import REPO
 
 
 def listening(port: int) -> bool:

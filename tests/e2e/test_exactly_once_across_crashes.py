@@ -22,10 +22,10 @@ from functions.runtimes.container import ContainerConfig, ContainerRuntime
 from storage import open_store
 from storage.archive import ArchiveOptions, Limits
 from testbed.podman import podman_service
-from tests.e2e.conftest import start_services
-from tests.e2e.engine import containers_of, service_env, wait_running
-from tests.e2e.events import request_event, send
-from tests.runs import run_of
+from tests.support.engine import containers_of, service_env, wait_running
+from tests.support.events import request_event, send
+from tests.support.runs import run_of
+from tests.support.services import start_services
 
 
 def starts(docker_host: str, run: str, since: float) -> int:

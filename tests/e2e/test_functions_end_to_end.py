@@ -17,10 +17,10 @@ import zstandard
 
 from storage.archive import format_for_key, unpack
 from storage.base import key_for_url
-from tests.e2e.conftest import CANARY, E2E_CACHE_SECRET
-from tests.e2e.events import request_event, send
-from tests.parallel import parallel
-from tests.runs import run_of
+from tests.support.events import request_event, send
+from tests.support.parallel import parallel
+from tests.support.runs import run_of
+from tests.support.services import CANARY, E2E_CACHE_SECRET
 
 SOURCE = {"uri": "https://git.example.com/repo.git", "password": CANARY}
 

@@ -1,5 +1,5 @@
 """A git repository with an absolute symlink committed, through the real services on Podman.
-The resource is our own (tests/images/git-repo-resource: the local Debian base and Debian's
+The resource is our own (tests/support/images/git-repo-resource: the local Debian base and Debian's
 git): check asks a ``git daemon`` on loopback for the branch's head, in clones it, out checks
 that the clone it was given is exactly its commit (``git status``), commits another absolute
 link and pushes. Every link comes back exactly as git stores it, after the get and after the
@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from storage import open_store
-from tests.e2e.conftest import Services, start_services
-from tests.e2e.events import request_event, send
-from tests.fidelity_resources import git_repo_resource, unpack_artifact
-from tests.git_server import LINKS, git, served_repository
+from tests.support.events import request_event, send
+from tests.support.fidelity_resources import git_repo_resource, unpack_artifact
+from tests.support.git_server import LINKS, git, served_repository
+from tests.support.services import Services, start_services
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,7 @@ def services(docker_host: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    """(its git:// URI, the bare repository): ``tests/git_server.py``'s."""
+    """(its git:// URI, the bare repository): ``tests/support/git_server.py``'s."""
     with served_repository(tmp_path_factory.mktemp("git-server")) as served:
         yield served
 

@@ -14,9 +14,9 @@ import pytest
 
 from testbed.podman import podman_service
 from testbed.registry_stub import registry_stub
-from tests.e2e.conftest import start_services
-from tests.e2e.events import request_event, send
-from tests.runs import run_of
+from tests.support.events import request_event, send
+from tests.support.runs import run_of
+from tests.support.services import start_services
 
 
 @pytest.fixture(scope="module")

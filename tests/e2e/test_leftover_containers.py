@@ -20,10 +20,10 @@ import pytest
 import requests
 
 from testbed.event_sink import event_sink
-from tests.e2e.conftest import Services, start_services
-from tests.e2e.engine import containers_of, service_env, wait_running
-from tests.e2e.events import request_event, send
-from tests.runs import run_of as run_id_of
+from tests.support.engine import containers_of, service_env, wait_running
+from tests.support.events import request_event, send
+from tests.support.runs import run_of as run_id_of
+from tests.support.services import Services, start_services
 
 
 def get_event(delay: int = 0, **extensions: str) -> Any:

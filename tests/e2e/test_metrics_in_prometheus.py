@@ -20,8 +20,8 @@ import pytest
 from functions.model import ACTIONS
 from testbed.process import ServerError, free_port
 from testbed.prometheus import Prometheus, start_prometheus
-from tests.e2e.conftest import REPO, start_services
-from tests.e2e.events import request_event, send
+from tests.support.events import request_event, send
+from tests.support.services import REPO, start_services
 
 README = REPO / "README.md"
 DASHBOARD = REPO / "knative" / "monitoring" / "dashboard.json"

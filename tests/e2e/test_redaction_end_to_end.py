@@ -1,6 +1,6 @@
 """Redaction end to end on the local runtime: real services under gunicorn, real containers
 under Podman, CREDENTIALS_DIR as the provider. The test resource prints a resolved secret
-in every covered form to stderr and into metadata (forms made by tests/secret_forms.py),
+in every covered form to stderr and into metadata (forms made by tests/support/secret_forms.py),
 and a version holding it; it prints a log whose 4 MiB tail starts inside a secret; and it
 prints literal values of its source, secret-named and not."""
 
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import CANARY, start_services
-from tests.e2e.engine import service_env
-from tests.e2e.events import request_event, send
-from tests.secret_forms import HOSTILE, printed_forms, survivors
+from tests.support.engine import service_env
+from tests.support.events import request_event, send
+from tests.support.secret_forms import HOSTILE, printed_forms, survivors
+from tests.support.services import CANARY, start_services
 
 BUILD = {"team": "main", "pipeline": "p", "id": "1"}
 URL = "https://git.example.com/team/repo.git"

@@ -1,5 +1,5 @@
 """A root filesystem through the real services on Podman, byte-exact. The resource is our own
-(tests/images/rootfs-resource, the local Debian base and a few special cases): its ``in``
+(tests/support/images/rootfs-resource, the local Debian base and a few special cases): its ``in``
 copies its image's own root filesystem into the get's output with ``cp -a`` and takes a
 manifest of what it wrote, in its container. The artifact, unpacked, equals entry by entry
 (type, link target, mode, owner, mtime, size, sha256, hard-link group, kept xattrs):
@@ -27,9 +27,8 @@ import zstandard
 from storage import open_store
 from storage.archive import format_for_key
 from storage.base import key_for_url
-from tests.e2e.conftest import Services, start_services
-from tests.e2e.events import request_event, send
-from tests.fidelity_resources import (
+from tests.support.events import request_event, send
+from tests.support.fidelity_resources import (
     CONTENT,
     GID,
     GROUP,
@@ -46,6 +45,7 @@ from tests.fidelity_resources import (
     rootfs_resource,
     unpack_artifact,
 )
+from tests.support.services import Services, start_services
 
 CACHE_SECRET = "e2e-rootfs-cache-secret"
 VERSION = {"tree": "root"}

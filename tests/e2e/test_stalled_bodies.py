@@ -8,8 +8,8 @@ import time
 
 import requests
 
-from tests.e2e.conftest import resource_types, start_services
-from tests.e2e.events import request_event, send
+from tests.support.events import request_event, send
+from tests.support.services import resource_types, start_services
 
 
 def stall(url: str) -> socket.socket:

@@ -17,9 +17,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from tests.e2e.conftest import E2E_CACHE_SECRET, resource_types, start_services
-from tests.e2e.events import request_event, send
-from tests.runs import run_of
+from tests.support.events import request_event, send
+from tests.support.runs import run_of
+from tests.support.services import E2E_CACHE_SECRET, resource_types, start_services
 
 TRACE_ID = uuid.uuid4().hex
 PARENT_ID = uuid.uuid4().hex[:16]

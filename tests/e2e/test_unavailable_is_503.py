@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.conftest import resource_types, start_services
-from tests.e2e.events import request_event, send
+from tests.support.events import request_event, send
+from tests.support.services import resource_types, start_services
 
 
 @pytest.fixture

@@ -8,9 +8,9 @@ import uuid
 
 import pytest
 
-from tests.e2e.conftest import E2E_CACHE_SECRET, resource_types, start_services
-from tests.e2e.events import request_event, send
-from tests.runs import run_of
+from tests.support.events import request_event, send
+from tests.support.runs import run_of
+from tests.support.services import E2E_CACHE_SECRET, resource_types, start_services
 
 
 @pytest.fixture(scope="module")

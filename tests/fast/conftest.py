@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from storage import Store, open_store
-from tests.fast.http_helpers import FakeRuntime, make_client
+from tests.support.http_helpers import FakeRuntime, make_client
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pytest
 
 from functions.service.cache_memory import CacheMemory
 from storage import Store
-from tests.fast.http_helpers import FakeRuntime, cache_entry, event, make_client, post, reply_of
+from tests.support.http_helpers import FakeRuntime, cache_entry, event, make_client, post, reply_of
 
 
 class Clock:

@@ -14,8 +14,8 @@ from cloudevents.core.v1.event import CloudEvent
 from storage import Store, open_store
 from testbed.event_sink import EventSink, event_sink
 from testbed.repository_runtime import RepositoryRuntime
-from tests.check_replicas import send
-from tests.fast.http_helpers import check_client as client
+from tests.support.check_replicas import send
+from tests.support.http_helpers import check_client as client
 
 SECRET = "s3cret-token-value"
 DISCOVERED = "dev.resourcefunctions.version.discovered"

@@ -13,7 +13,7 @@ from functions.credentials import Reference
 from functions.errors import Unavailable
 from functions.model import Build
 from storage import Store
-from tests.fast.http_helpers import FakeRuntime, event, make_client, post, reply_of
+from tests.support.http_helpers import FakeRuntime, event, make_client, post, reply_of
 
 SECRET = "s3cr"  # short on purpose: resolved values are redacted whatever their length
 

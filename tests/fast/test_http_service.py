@@ -18,7 +18,7 @@ from functions.errors import Unavailable
 from functions.ledger import results
 from functions.model import Failure, Outcome, Task
 from storage import Store
-from tests.fast.http_helpers import FakeRuntime, event, make_client, post, reply_of
+from tests.support.http_helpers import FakeRuntime, event, make_client, post, reply_of
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ from werkzeug.test import Client
 from functions.http.repeated_gets import MAX_BODY, RepeatedGets
 from functions.http.senders import SenderCheck
 from storage import Store
-from tests.fast.http_helpers import FakeRuntime, cache_entry, event, make_client, post, reply_of
+from tests.support.http_helpers import FakeRuntime, cache_entry, event, make_client, post, reply_of
 
 GET = {"type": "mock", "source": {"uri": "x"}, "version": {"ref": "v1"}}
 SDK_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{6})?Z")

@@ -10,7 +10,7 @@ from typing import Any
 from functions.errors import Unavailable
 from functions.http.senders import REMEMBER_SECONDS, SenderCheck
 from storage import Store
-from tests.fast.http_helpers import FakeRuntime, event, make_client, post
+from tests.support.http_helpers import FakeRuntime, event, make_client, post
 
 BROKER = "system:serviceaccount:resource-functions:check-oidc-eventing.knative.dev-trigger"
 OTHER = "system:serviceaccount:team-a:default"

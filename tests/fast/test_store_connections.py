@@ -11,7 +11,7 @@ import pytest
 from functions.http.app import create_app
 from functions.settings import Settings
 from storage import StoreOptions
-from tests.fast.http_helpers import FakeRuntime
+from tests.support.http_helpers import FakeRuntime
 
 
 def s3_pool_size(store: Any) -> int:

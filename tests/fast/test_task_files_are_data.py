@@ -4,7 +4,7 @@ bounded amount of any file. Each case ends in a clean failure naming the file, a
 secret that a followed link would have read (here: this process's environment, standing for
 collect's) is nowhere: not in the result, the log, or any other stored object.
 
-Run in-process against a file store; ``tests/test_pod_steps_in_containers.py`` runs the
+Run in-process against a file store; ``tests/servers/test_pod_steps_in_containers.py`` runs the
 same cases with the real collect container under Podman.
 """
 

@@ -21,7 +21,7 @@ from functions.credentials import Reference
 from functions.http.senders import SenderCheck
 from functions.model import Build
 from storage import Store
-from tests.fast.http_helpers import FakeRuntime, event, make_client, post, reply_of
+from tests.support.http_helpers import FakeRuntime, event, make_client, post, reply_of
 
 ENGINE = "system:serviceaccount:ci:engine"
 TRIGGER = "system:serviceaccount:resource-functions:get-oidc-eventing.knative.dev-trigger"

@@ -12,8 +12,8 @@ from functions.tracing import trace_context
 from storage import Store
 from testbed.event_sink import event_sink
 from testbed.repository_runtime import RepositoryRuntime
-from tests.fast.http_helpers import FakeRuntime, event, make_client, post, reply_of
-from tests.fast.http_helpers import check_client as history_client
+from tests.support.http_helpers import FakeRuntime, event, make_client, post, reply_of
+from tests.support.http_helpers import check_client as history_client
 
 PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 STATE = "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"

@@ -14,8 +14,8 @@ import pytest
 
 from functions.ledger import lease
 from storage import Store, StoreOptions, open_store
-from tests.lease_workers import take_after
-from tests.parallel import parallel
+from tests.support.lease_workers import take_after
+from tests.support.parallel import parallel
 
 KEY = "leases/resource.json"
 

@@ -18,7 +18,13 @@ import pytest
 from storage.archive import ArchiveOptions, pack, unpack
 from storage.archive.pack import _open_entry
 from storage.store_errors import ArchiveRejected
-from tests.archive_trees import FORMATS, NET_RAW_CAPABILITY, build_rootfs, inventory, xattrs_of
+from tests.support.archive_trees import (
+    FORMATS,
+    NET_RAW_CAPABILITY,
+    build_rootfs,
+    inventory,
+    xattrs_of,
+)
 
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="owners and capabilities need root")
 NOBODY = 65534

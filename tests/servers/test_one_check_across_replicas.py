@@ -16,8 +16,8 @@ from functions.model import Outcome
 from functions.service import shared_check
 from storage import Store, StoreOptions, open_store
 from testbed.repository_runtime import RepositoryRuntime
-from tests.check_replicas import check, replicas
-from tests.parallel import parallel
+from tests.support.check_replicas import check, replicas
+from tests.support.parallel import parallel
 
 KEY = "leases/resource.json"
 

@@ -18,9 +18,9 @@ import pytest
 import yaml
 
 from functions.metrics import Metrics
-from tests.strict_schema import strict_schema
+from tests.support.strict_schema import strict_schema
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MONITORING = REPO / "knative" / "monitoring"
 RULES = MONITORING / "rules.yaml"
 RULE_TESTS = sorted((REPO / "tests" / "monitoring").glob("*.yaml"))

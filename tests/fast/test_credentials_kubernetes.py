@@ -16,7 +16,7 @@ from functions.credentials.namespace_secrets import KubernetesSecrets
 from functions.errors import InvalidRequest, Unavailable
 from functions.model import Build
 from functions.runtimes.kube_api import KubeApi
-from tests.kube_emulator import Cluster, api, api_client_for, cluster
+from tests.support.kube_emulator import Cluster, api, api_client_for, cluster
 
 __all__ = ["api", "cluster"]
 TEAM = Build(team="main", pipeline="deploy")

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 IMAGE = "localhost/resource-functions"
 BASE_IMAGE = "localhost/rf-debian-base:bookworm"
 SUITE = "bookworm"

@@ -32,10 +32,10 @@ import pytest
 import yaml
 from kubernetes_validate.utils import latest_version, major_minor
 
-from tests.job_plans import make_plan
-from tests.strict_schema import strict_schema
+from tests.support.job_plans import make_plan
+from tests.support.strict_schema import strict_schema
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 KNATIVE = REPO / "knative"
 SCHEMAS_DIR = Path(
     os.environ.get("KNATIVE_SCHEMAS_DIR") or REPO.parent / "shared" / "schemas" / "knative"
@@ -66,7 +66,7 @@ TEAMS = KNATIVE / "teams"  # a team's credential namespace (applied per team)
 TEAM_NAMESPACE = "concourse-main"
 CREDENTIALS_ROLE = "resource-functions-credentials"
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
-# Prometheus Operator kinds (knative/monitoring/): checked by tests/test_alert_rules.py.
+# Prometheus Operator kinds (knative/monitoring/): checked by tests/fast/test_alert_rules.py.
 OPERATOR_GROUPS = {"monitoring.coreos.com"}
 # Knative kinds whose CRD schema is not in KNATIVE_SCHEMAS_DIR: read from the release source
 # the cluster tests build (../shared/third_party), member by member.
@@ -129,7 +129,7 @@ def _rel(path: Path) -> str:
     return path.relative_to(KNATIVE).as_posix()
 
 
-# Not Kubernetes documents: a plain Prometheus rule file (tests/test_alert_rules.py checks it).
+# Not Kubernetes documents: a plain Prometheus rule file (tests/fast/test_alert_rules.py checks it).
 NOT_MANIFESTS = {KNATIVE / "monitoring" / "rules.yaml"}
 YAML_FILES = sorted(
     p

@@ -16,7 +16,7 @@ from storage import ObjectExists, Store, StoreOptions, open_store
 from storage.base import MAX_RECORD_BYTES, Record
 from storage.compare_and_swap import update_record
 from storage.store_errors import PreconditionFailed, StorageError
-from tests.record_workers import add_to_counter
+from tests.support.record_workers import add_to_counter
 
 
 def test_a_missing_record_reads_as_none(store: Store) -> None:

@@ -24,13 +24,13 @@ from functions.model import Failure, Outcome, ResourceType
 from functions.settings import Settings
 from storage import StoreOptions, open_store
 from testbed.repository_runtime import RepositoryRuntime
-from tests.fast.http_helpers import FakeRuntime, event, post
-from tests.runs import run_of
+from tests.support.http_helpers import FakeRuntime, event, post
+from tests.support.runs import run_of
 
 IMAGE = "example.org/test-resource@sha256:" + "b" * 64
 SECRET = "inspect-cache-secret"
 REPO_URL = "https://git.example.org/team/repo-secret-7f3a.git"
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import pytest
 from storage.archive import ArchiveOptions, pack, unpack
 from storage.archive.pack import ustar_header
 from storage.store_errors import ArchiveRejected
-from tests.archive_trees import FORMATS, build_tree, describe, file_digest
+from tests.support.archive_trees import FORMATS, build_tree, describe, file_digest
 
 MiB = 1 << 20
 

@@ -32,7 +32,7 @@ from storage.archive.adaptive import (
     raise_threshold,
 )
 from storage.artifacts import download_tree, upload_tree
-from tests.archive_trees import build_tree, describe
+from tests.support.archive_trees import build_tree, describe
 
 MiB = 1 << 20
 

@@ -17,8 +17,8 @@ from functions.ledger import lease
 from storage import Store, StoreOptions, open_store
 from testbed.event_sink import EventSink, event_sink
 from testbed.repository_runtime import AsyncRepositoryRuntime
-from tests.check_replicas import LEASE_KEY, check, replicas
-from tests.parallel import parallel
+from tests.support.check_replicas import LEASE_KEY, check, replicas
+from tests.support.parallel import parallel
 
 SUCCEEDED = "dev.resourcefunctions.check.succeeded"
 

@@ -9,7 +9,7 @@ from typing import Any
 import docker
 import pytest
 
-from tests.e2e.conftest import resource_types
+from tests.support.services import resource_types
 
 
 def service_env(docker_host: str, image: str, tmp_path) -> dict[str, str]:

@@ -32,7 +32,7 @@ from functions.runtimes.podspec import (
 )
 from functions.steps import pod_contract
 from functions.steps.pod_contract import CollectStep, StageStep, parse_input
-from tests.job_plans import CANARY, CONFIG, DIGEST, STORE_URL, make_plan, make_task
+from tests.support.job_plans import CANARY, CONFIG, DIGEST, STORE_URL, make_plan, make_task
 
 VERSIONS = ("1.30", "1.37")
 PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"

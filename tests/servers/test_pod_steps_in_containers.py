@@ -1,5 +1,5 @@
 """The task pod's steps for real: the Job's pod spec (``podspec.job_manifest``) run container
-by container under Podman (``tests/podman_pod.py``), with the project image (Dockerfile) for
+by container under Podman (``tests/support/podman_pod.py``), with the project image (Dockerfile) for
 stage/collect, the test resource image for the resource step, and a real S3 server as store.
 
 The emptyDir is a host directory prepared as the kubelet prepares it (2777, group fsGroup);
@@ -37,10 +37,10 @@ from functions.runtimes.podspec import (
 from functions.steps.pod_contract import STEP_ENV, StepFailure
 from storage import Store, StoreOptions, get_json, open_store
 from storage.artifacts import download_tree, upload_tree
-from tests.conftest import Server
-from tests.images import build_test_resource
-from tests.podman_pod import StepResult, run_pod, secret_data, volume_path
-from tests.project_image import build_project_image
+from tests.support.endpoints import Server
+from tests.support.images import build_test_resource
+from tests.support.podman_pod import StepResult, run_pod, secret_data, volume_path
+from tests.support.project_image import build_project_image
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(1800)]  # a cold image build: minutes
 

@@ -20,7 +20,7 @@ import pytest
 
 from storage.archive import ArchiveOptions, Limits, pack, unpack
 from storage.store_errors import ArchiveError, ArchiveRejected, DigestMismatch
-from tests.archive_trees import (
+from tests.support.archive_trees import (
     FORMATS,
     Entry,
     compress,

@@ -1,4 +1,4 @@
-"""The test resource image: busybox plus the scripts in tests/images/test-resource."""
+"""The test resource image: busybox plus the scripts in tests/support/images/test-resource."""
 
 from __future__ import annotations
 

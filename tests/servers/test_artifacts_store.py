@@ -11,7 +11,7 @@ from storage import Store
 from storage.archive import ArchiveOptions
 from storage.artifacts import download_tree, upload_tree
 from storage.store_errors import ArchiveRejected, DigestMismatch, ObjectNotFound
-from tests.archive_trees import build_tree, describe
+from tests.support.archive_trees import build_tree, describe
 
 
 @pytest.mark.server

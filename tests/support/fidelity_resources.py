@@ -1,17 +1,17 @@
 """Resource images of our own for the fidelity tests, on the local Debian base
-(``tests/project_image.py``), and the reference their trees are compared with.
+(``tests/support/project_image.py``), and the reference their trees are compared with.
 
     rootfs_resource() -> "localhost/rf-rootfs-resource:<hash>"
         the base plus the special cases it lacks (another owner, a file capability, user
         attributes, links climbing out or to /proc); its ``in`` copies the image's own root
-        filesystem into the output with its manifest (tests/images/rootfs-resource)
+        filesystem into the output with its manifest (tests/support/images/rootfs-resource)
     git_repo_resource() -> "localhost/rf-git-repo-resource:<hash>"
         the base plus Debian's git: check, in (clone) and out (commit, push) against a git
-        server (tests/images/git-repo-resource)
+        server (tests/support/images/git-repo-resource)
     podman_image(name, containerfile, scripts, as_name) -> "localhost/<name>:<hash>"
         an image of a Containerfile on the base with a folder of scripts in its context
     manifest(tree, *tops) -> list of entries
-        tests/images/rootfs-resource/manifest run on this machine: the tree entry by entry
+        tests/support/images/rootfs-resource/manifest run on this machine: the tree entry by entry
     image_manifest(ref, tops), mismatches(actual, expected)
         the image's own filesystem as Podman stores it; what differs, entry by entry
     unpack_artifact(store, artifact, into)
@@ -35,8 +35,8 @@ from typing import Any
 
 from storage.archive import format_for_key, unpack
 from storage.base import key_for_url
-from tests.archive_trees import NET_RAW_CAPABILITY
-from tests.project_image import BASE_IMAGE, ensure_debian_base, image_exists, image_id
+from tests.support.archive_trees import NET_RAW_CAPABILITY
+from tests.support.project_image import BASE_IMAGE, ensure_debian_base, image_exists, image_id
 
 IMAGES = Path(__file__).parent / "images"
 ROOTFS_SCRIPTS = IMAGES / "rootfs-resource"

@@ -16,13 +16,11 @@ from kubernetes import client
 
 from functions.errors import Unavailable
 from functions.model import Outcome
-from tests.test_kubernetes_runtime import (
+from tests.support.kube_emulator import Cluster, api, cluster
+from tests.support.kube_node import (
     NAMESPACE,
     RUNNING,
-    Cluster,
     Node,
-    api,
-    cluster,
     container_status,
     make_runtime,
     make_task,
