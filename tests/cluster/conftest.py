@@ -302,6 +302,11 @@ def pytest_runtest_makereport(item, call):
         if instance is not None:
             if {"knative_deployment", "sender_auth"} & set(item.fixturenames):
                 report.sections.append(("knative", knative_diagnostics(instance, NAMESPACE)))
+            if "tekton" in item.fixturenames:
+                from tests.cluster.tekton import tekton_diagnostics
+
+                namespaces = getattr(item.module, "TEKTON_NAMESPACES", ())
+                report.sections.append(("tekton", tekton_diagnostics(instance, namespaces)))
             report.sections.append(("cluster logs", instance.diagnostics(25)))
 
 
@@ -711,3 +716,16 @@ class EventSink:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+# --- a pipeline engine: Tekton Pipelines and Triggers ---------------------------------------
+
+
+@pytest.fixture(scope="session")
+def tekton(cluster: Cluster):
+    """Tekton Pipelines and Triggers installed from their release manifests
+    (``tests/cluster/tekton.py``), only in sessions with a test that asks for them; kept for
+    the session (the component images take a minute or two the first time on a machine)."""
+    from tests.cluster.tekton import build_tekton, install_tekton
+
+    return install_tekton(cluster, build_tekton())

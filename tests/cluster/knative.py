@@ -27,6 +27,7 @@ EndpointSlice to the gateway) is the load balancer that Routes' placeholder Serv
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from dataclasses import dataclass
@@ -65,9 +66,11 @@ class Knative:
         return f"{self.broker_ingress}/{namespace}/{broker}"
 
 
-def component_image(binary: Path, repo: str, version: str) -> str:
-    """``localhost/knative-<repo>-<name>:<version>``, built once per machine."""
-    ref = f"localhost/knative-{repo}-{binary.name.replace('_', '-')}:{version}"
+def component_image(binary: Path, repo: str, version: str, project: str = "knative") -> str:
+    """``localhost/<project>-<repo>-<name>:<version>``, built once per machine: the binary at
+    ``/ko-app/<name>`` (where ko puts it, and where Tekton's pod specs run it), the CA bundle,
+    user 65532."""
+    ref = f"localhost/{project}-{repo}-{binary.name.replace('_', '-')}:{version}"
     if subprocess.run(["podman", "image", "exists", ref], check=False).returncode == 0:
         return ref
     container = run(["buildah", "from", "scratch"])
@@ -105,30 +108,43 @@ def component_image(binary: Path, repo: str, version: str) -> str:
     return ref
 
 
-def component_images(tools: dict[str, Path]) -> dict[str, str]:
-    """``ko://`` reference -> local image, for every binary built."""
+def component_images(
+    tools: dict[str, Path],
+    releases: tuple[tuple[str, str], ...] = (
+        ("eventing", EVENTING_VERSION),
+        ("serving", SERVING_VERSION),
+    ),
+    module: str = "knative.dev/{repo}",
+    project: str = "knative",
+) -> dict[str, str]:
+    """``ko://`` reference -> local image, for every binary built: each ``ko://<module>/cmd/…``
+    of a release's ``config/`` (``tools[repo]``: its binaries, ``config/`` beside them)."""
     images = {}
-    for repo, version in (("eventing", EVENTING_VERSION), ("serving", SERVING_VERSION)):
+    for repo, version in releases:
         config = tools[repo].parent / "config"
-        refs = set()
-        for path in config.rglob("*.yaml"):
-            refs.update(
-                w.strip("\"'")
-                for w in path.read_text().split()
-                if w.strip("\"'").startswith(f"ko://knative.dev/{repo}/cmd/")
-            )
+        pattern = re.compile(re.escape("ko://" + module.format(repo=repo) + "/cmd/") + r"[\w./-]+")
+        refs = {ref for path in config.rglob("*.yaml") for ref in pattern.findall(path.read_text())}
         for ref in sorted(refs):
             binary = tools[repo] / ref.rsplit("/", 1)[1]
             if binary.is_file():
-                images[ref] = component_image(binary, repo, version)
+                images[ref] = component_image(binary, repo, version, project)
     return images
 
 
-def render(folder: Path, images: dict[str, str]) -> list[dict]:
-    """The documents of every YAML file under ``folder``, with images replaced, the left-out
-    Deployments dropped and the test settings applied."""
+def render(
+    folder: Path,
+    images: dict[str, str],
+    left_out: set[tuple[str, str]] = LEFT_OUT,
+    settings: dict[tuple[str, str], dict[str, str]] = SETTINGS,
+    skip: tuple[str, ...] = (),
+) -> list[dict]:
+    """The documents of every YAML file under ``folder`` but its subfolders named in ``skip``,
+    with images replaced, the ``left_out`` Deployments (namespace, name) and the
+    HorizontalPodAutoscalers dropped, and the ``settings`` ConfigMap values applied."""
     docs = []
     for path in sorted(folder.rglob("*.yaml")):
+        if set(path.relative_to(folder).parts[:-1]) & set(skip):
+            continue
         text = path.read_text()
         for ko, local in sorted(images.items(), key=lambda kv: -len(kv[0])):
             text = text.replace(ko, local)
@@ -137,12 +153,12 @@ def render(folder: Path, images: dict[str, str]) -> list[dict]:
                 continue
             meta = doc.get("metadata", {})
             key = (meta.get("namespace"), meta.get("name"))
-            if doc["kind"] in ("Deployment", "StatefulSet") and key in LEFT_OUT:
+            if doc["kind"] in ("Deployment", "StatefulSet") and key in left_out:
                 continue
             if doc["kind"] == "HorizontalPodAutoscaler":  # no metrics API here: one replica
                 continue
-            if doc["kind"] == "ConfigMap" and key in SETTINGS:
-                doc.setdefault("data", {}).update(SETTINGS[key])
+            if doc["kind"] == "ConfigMap" and key in settings:
+                doc.setdefault("data", {}).update(settings[key])
             docs.append(doc)
     return docs
 

@@ -1213,11 +1213,17 @@ def _tail(path: Path, lines: int = 40) -> str:
 def build_knative() -> dict[str, Path]:
     """Directories of the Knative binaries and manifests (``eventing``, ``serving``), of
     ``coredns`` and of ``kingress`` (built on first use: minutes)."""
+    return build_tools("build_knative.sh")
+
+
+def build_tools(script: str) -> dict[str, Path]:
+    """Run ``tests/cluster/<script>`` (a build, cached by the script); the ``NAME=DIR`` lines
+    it prints, as a dict."""
     done = subprocess.run(
-        ["bash", str(HERE / "build_knative.sh")], stdout=subprocess.PIPE, text=True, check=False
+        ["bash", str(HERE / script)], stdout=subprocess.PIPE, text=True, check=False
     )
     if done.returncode != 0:
-        raise ClusterError(f"tests/cluster/build_knative.sh exited with status {done.returncode}")
+        raise ClusterError(f"tests/cluster/{script} exited with status {done.returncode}")
     return {
         name: Path(path)
         for name, _, path in (
