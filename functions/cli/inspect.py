@@ -100,7 +100,9 @@ def versions(type_name: str, source: Any, *, team: str, pipeline: str, out: Text
     request = resolved_check(
         settings, store, type_name, source, Build(team=team, pipeline=pipeline)
     )
-    plan = checks.history_plan(settings, request)
+    plan = checks.history_plan(
+        request, cache_secret=settings.cache_secret, limit=settings.history_limit
+    )
     assert plan is not None
     known = history.read(store, plan.resource_key)
     out.write(format_versions(known, plan.resource_key))

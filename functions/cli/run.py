@@ -10,10 +10,12 @@ from cloudevents.core.v1.event import CloudEvent
 
 from functions import events
 from functions.cli.progress import ProgressReader
+from functions.credentials import make_provider
 from functions.http.app import open_local_or_remote_store
 from functions.metrics import Metrics
 from functions.model import Action
 from functions.runtimes import make_runtime
+from functions.service.config import ServiceConfig
 from functions.service.service import Service
 from functions.settings import Settings
 from storage import Store
@@ -35,7 +37,9 @@ def run_local(
         }
     runtime = make_runtime(settings, store)
     try:
-        service = Service(action, settings, store, runtime, Metrics())
+        service = Service(
+            action, ServiceConfig.of(settings), store, runtime, Metrics(), make_provider(settings)
+        )
         reply = service.handle(_event(action, data))
     finally:
         runtime.close()

@@ -17,6 +17,7 @@ from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from functions import events
+from functions.credentials import make_provider
 from functions.errors import (
     InvalidRequest,
     NotAuthenticated,
@@ -32,6 +33,7 @@ from functions.logs import fields
 from functions.metrics import Metrics
 from functions.model import Action
 from functions.runtimes import Runtime, make_runtime
+from functions.service.config import ServiceConfig
 from functions.service.service import Service
 from functions.settings import Settings
 from storage import Store, open_store
@@ -57,7 +59,9 @@ def create_app(
             "CACHE_SECRET is not set: using a random key, so cache entries do not "
             "survive a restart and are not shared between replicas"
         )
-    service = Service(action, settings, store, runtime, metrics)
+    service = Service(
+        action, ServiceConfig.of(settings), store, runtime, metrics, make_provider(settings)
+    )
     app = Flask(f"resource-functions-{action}")
     app.config["MAX_CONTENT_LENGTH"] = events.MAX_BODY_BYTES  # refused before it is read
     app.extensions["service"] = service

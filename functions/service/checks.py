@@ -10,19 +10,16 @@ from dataclasses import replace
 from functions import keys
 from functions.ledger import history
 from functions.model import HistoryPlan, Outcome, Request
-from functions.settings import Settings
 from storage import Store
 
 
-def history_plan(settings: Settings, request: Request) -> HistoryPlan | None:
-    """Where a check's versions are recorded (resolved source: see ``keys.resource_key``);
-    None for get and put."""
+def history_plan(request: Request, *, cache_secret: bytes, limit: int) -> HistoryPlan | None:
+    """Where a check's versions are recorded (resolved source: see ``keys.resource_key``),
+    ``limit`` of them kept; None for get and put."""
     if request.action != "check":
         return None
-    key = keys.resource_key(
-        settings.cache_secret, image=request.resource_type.image, source=request.source
-    )
-    return HistoryPlan(resource_key=key, limit=settings.history_limit)
+    key = keys.resource_key(cache_secret, image=request.resource_type.image, source=request.source)
+    return HistoryPlan(resource_key=key, limit=limit)
 
 
 def interval(request: Request) -> float:

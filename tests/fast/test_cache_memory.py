@@ -100,7 +100,7 @@ def setup(store: Store) -> Any:
     runtime = FakeRuntime(store)
     client = make_client(store, "get", runtime, cache_recheck_seconds=5)
     clock = Clock()
-    client.application.extensions["service"].cache_memory = CacheMemory(5, clock=clock)
+    client.application.extensions["service"].answers.cache_memory = CacheMemory(5, clock=clock)
     post(client, event("get", GET, id="run"))  # a miss: runs, then the entry is stored
     key = cache_entry(store, runtime.ran[0].cache_key)
     return client, runtime, clock, key

@@ -17,6 +17,7 @@ from werkzeug.test import Client
 
 from functions.http.repeated_gets import MAX_BODY, RepeatedGets
 from functions.http.senders import SenderCheck
+from functions.service.call import cache_key
 from storage import Store
 from tests.support.http_helpers import FakeRuntime, cache_entry, event, make_client, post, reply_of
 
@@ -256,7 +257,9 @@ def test_large_bodies_go_the_full_way(store: Store) -> None:
 
 def test_in_async_mode_a_hit_is_answered_in_the_response_by_both_ways(store: Store) -> None:
     ways = Ways(store, reply_mode="async", sink="http://127.0.0.1:9/")
-    cache_entry(store, ways.service._cache_key(ways.service.parse(event("get", GET))))
+    key = cache_key(ways.service.config, ways.service.parse(event("get", GET)))
+    assert key is not None
+    cache_entry(store, key)
     post(ways.short, event("get", GET, id="seen", replymode="sync"))  # puts it in memory
     calls = ways.full_calls
     for attributes in ({}, {"replymode": "async"}):

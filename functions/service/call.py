@@ -1,0 +1,100 @@
+"""One request's call, made once per request: the request, its run id, its get's cache key
+and its check's history plan; and what derives from it alone (its flight keys, its task)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from functions import keys, protocol
+from functions.model import HistoryPlan, Request, Task
+from functions.redaction import secret_values
+from functions.service import checks
+from functions.service.config import ServiceConfig
+
+
+@dataclass(frozen=True)
+class Call:
+    request: Request
+    run: str
+    cache_key: str | None  # a get's cache entry
+    plan: HistoryPlan | None  # a check's version history
+
+    def with_request(self, request: Request) -> Call:
+        """The same call for a request changed by the history (``latest-known`` resolved):
+        the run, the cache key and the plan stay those of the request as sent."""
+        return replace(self, request=request)
+
+
+def make_call(config: ServiceConfig, request: Request, run: str) -> Call:
+    plan = checks.history_plan(
+        request, cache_secret=config.cache_secret, limit=config.history_limit
+    )
+    return Call(request=request, run=run, cache_key=cache_key(config, request), plan=plan)
+
+
+def cache_key(config: ServiceConfig, request: Request) -> str | None:
+    if request.action != "get":
+        return None
+    return keys.cache_key(
+        config.cache_secret,
+        image=request.resource_type.image,
+        source=request.source,
+        version=request.version,
+        params=request.params,
+    )
+
+
+def flight_keys(config: ServiceConfig, call: Call) -> list[str]:
+    """Identical checks and gets arriving together share one run. A redelivery joins its
+    run by run id and digest: another request reusing the run id never joins it (its
+    runtime refuses it when it finds the run's container or Job)."""
+    request = call.request
+    flight = [f"{call.run}:{request.digest}"]
+    if call.cache_key:
+        flight.append(f"get:{call.cache_key}")
+    elif request.action == "check":
+        flight.append(
+            "check:"
+            + keys.cache_key(
+                config.cache_secret,
+                image=request.resource_type.image,
+                source=request.source,
+                version=request.version,
+                params={},
+                action="check",
+            )
+        )
+    return flight
+
+
+def task(config: ServiceConfig, call: Call) -> Task:
+    request = call.request
+    # TASK_TIMEOUT_SECONDS is this service's ceiling (it must fit its request timeout);
+    # a resource type may only lower it.
+    timeout = min(request.resource_type.timeout_seconds or math.inf, config.task_timeout_seconds)
+    return Task(
+        run_id=call.run,
+        action=request.action,
+        resource_type=request.resource_type,
+        stdin=protocol.stdin_payload(
+            request.action, request.source, request.version, request.params
+        ),
+        env=protocol.build_env(request.action, request.build, request.trace),
+        inputs=request.inputs,
+        cache_key=call.cache_key,
+        timeout_seconds=timeout,
+        request_id=request.event_id,
+        request_source=request.event_source,
+        subject=request.subject,
+        secrets=secret_values(
+            source=request.source,
+            params=request.params,
+            resolved=request.secrets,
+            keys=config.redact_keys,
+        ),
+        resolved=request.secrets,
+        history=call.plan,
+        trace=request.trace,
+        request_digest=request.digest,
+    )
