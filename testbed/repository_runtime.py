@@ -10,10 +10,9 @@ import time
 from typing import Any
 
 from functions.errors import Unavailable
-from functions.ledger import lease
 from functions.model import Outcome, Task
 from functions.redaction import Redactor
-from functions.sink import post_outcome
+from functions.runtimes.background import end_async_run
 from functions.steps import stage_collect
 from storage import Store
 from storage.archive import ArchiveOptions
@@ -76,8 +75,8 @@ def collect_check(store: Store, task: Task, stdout: bytes) -> Outcome:
 class AsyncRepositoryRuntime(RepositoryRuntime):
     """Also starts checks, as a runtime does for asynchronous replies: a task per run id
     (however many replicas start it: they share the engine or cluster) that runs in the
-    background, lets go of its check lease through the real ``lease.release_held`` and
-    posts its reply to ``sink``. ``starts``: every task it was asked to start; ``refuse``:
+    background and ends it as every runtime does (``end_async_run``: the lease let go, the
+    reply posted to ``sink``). ``starts``: every task it was asked to start; ``refuse``:
     how many starts raise ``Unavailable`` first (the engine unreachable)."""
 
     def __init__(self, store: Store, sink: str, seconds: float = 0.0) -> None:
@@ -100,9 +99,7 @@ class AsyncRepositoryRuntime(RepositoryRuntime):
         thread.start()
 
     def _run_and_reply(self, task: Task) -> None:
-        outcome = self.run(task)
-        lease.release_held(self.store, task.lease)
-        post_outcome(self.sink, task, outcome)
+        end_async_run(self.store, self.sink, task, self.run(task), ended=None)
 
     def join(self, timeout: float = 60) -> None:
         """Wait for every task started so far."""

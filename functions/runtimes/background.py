@@ -15,9 +15,12 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
-from functions.errors import Unavailable
+from functions.errors import SinkRefused, Unavailable
+from functions.ledger import lease
 from functions.logs import fields
 from functions.model import Outcome, Task
+from functions.sink import post_outcome
+from storage import Store
 
 log = logging.getLogger("functions.runtimes")
 
@@ -70,6 +73,42 @@ class RunsInFlight:
         with self._changed:
             self._closed = True
             self._changed.wait_for(lambda: self._count == 0)
+
+
+def end_async_run(
+    store: Store,
+    sink: str,
+    task: Task,
+    outcome: Outcome,
+    ended: Callable[[Outcome], None] | None,
+    *,
+    may_still_run: bool = False,
+    replied: bool = False,
+    in_request: bool = False,
+) -> None:
+    """The end of an asynchronous run (``Runtime.start``), the same in every runtime:
+    1. its check lease is let go, unless the task ``may_still_run`` (following it failed:
+       its own ``collect`` lets go then, or the lease expires). Whether the outcome was
+       recorded or not (a store down), a waiter then answers from the record or runs the
+       check itself;
+    2. the end is reported (``ended``: metrics, the log line, spans);
+    3. the reply is posted to K_SINK, unless the task ``replied`` itself (``collect`` in a
+       task pod). After a 202 nobody redelivers, so a failed post is logged; ``in_request``
+       (a start refused while its request is still answered) makes a refused post a 503, so
+       that the redelivery replays the record and posts again."""
+    if not may_still_run:
+        lease.release_held(store, task.lease)
+    report_end(ended, task, outcome)
+    if replied:
+        return
+    try:
+        post_outcome(sink, task, outcome)
+    except SinkRefused as err:
+        if in_request:
+            raise Unavailable(f"cannot post the reply: {err}") from err
+        log.exception("cannot post the reply", extra=fields(run_id=task.run_id))
+    except Exception:
+        log.exception("cannot post the reply", extra=fields(run_id=task.run_id))
 
 
 def report_end(ended: Callable[[Outcome], None] | None, task: Task, outcome: Outcome) -> None:

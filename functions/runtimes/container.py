@@ -29,16 +29,15 @@ import requests.exceptions
 
 from functions import keys
 from functions.errors import RequestIdReused, Unavailable, failure_kind, pull_is_transient
-from functions.ledger import lease, results
+from functions.ledger import results
 from functions.logs import fields
 from functions.model import SCRIPTS, WORKDIRS, Outcome, Task
 from functions.phases import PhaseClock
 from functions.redaction import Redactor
 from functions.runtimes import Ended
-from functions.runtimes.background import BackgroundRuns, RunsInFlight, report_end
+from functions.runtimes.background import BackgroundRuns, RunsInFlight, end_async_run
 from functions.runtimes.output import STDERR, STDOUT, Output
 from functions.runtimes.sweep import Sweeper
-from functions.sink import post_outcome
 from functions.steps import stage_collect
 from functions.steps.outcome import failed, final_failure, script_timeout
 from functions.steps.pod_contract import MANAGED_BY
@@ -150,12 +149,8 @@ class ContainerRuntime:
         except Exception as err:  # after a 202 nobody redelivers: reply with the failure
             log.exception("asynchronous task failed", extra=fields(run_id=task.run_id))
             outcome = failed(task.action, failure_kind(err), f"the task could not run: {err}")
-        lease.release_held(self._store, task.lease)  # recorded, or it never will be
-        report_end(ended, task, outcome)
         try:
-            post_outcome(self._config.sink, task, outcome)
-        except Exception:
-            log.exception("cannot post the reply", extra=fields(run_id=task.run_id))
+            end_async_run(self._store, self._config.sink, task, outcome, ended)
         finally:
             with self._lock:
                 self._started.pop(task.run_id, None)

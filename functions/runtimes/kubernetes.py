@@ -35,16 +35,15 @@ from functions.errors import (
     NotFound,
     Rejected,
     RequestIdReused,
-    SinkRefused,
     Unavailable,
     failure_kind,
 )
-from functions.ledger import lease, results
+from functions.ledger import results
 from functions.logs import fields
 from functions.model import FailureKind, Outcome, Task
 from functions.phases import PhaseClock, timed
 from functions.runtimes import Ended, podspec
-from functions.runtimes.background import BackgroundRuns, report_end
+from functions.runtimes.background import BackgroundRuns, end_async_run
 from functions.runtimes.job_status import (
     Verdict,
     is_finished,
@@ -56,7 +55,6 @@ from functions.runtimes.job_status import (
 from functions.runtimes.kube_api import KubeApi, api_client_from_env, owner_uids, uid_of
 from functions.runtimes.pod_watch import Pods, PodWatch
 from functions.runtimes.podspec import JobPlan, KubernetesConfig, plan_for
-from functions.sink import post_outcome
 from functions.steps.outcome import failed, final_failure, task_deadline
 from functions.steps.pod_contract import MANAGED_BY
 from storage import Store
@@ -152,12 +150,7 @@ class KubernetesRuntime:
                 job = self._launch(plan, task)
         except Rejected as err:
             outcome = self._rejected(task, plan, err)
-            lease.release_held(self._store, task.lease)
-            report_end(ended, task, outcome)
-            try:
-                post_outcome(self._config.sink, task, outcome)
-            except SinkRefused as post_err:  # 503: a redelivery replays the record
-                raise Unavailable(f"cannot post the reply: {post_err}") from post_err
+            end_async_run(self._store, self._config.sink, task, outcome, ended, in_request=True)
             return
         with self._lock:
             if task.run_id in self._following:
@@ -346,12 +339,6 @@ class KubernetesRuntime:
                 extra=fields(secret=plan.secret_name, error=str(err)),
             )
 
-    def _post_quietly(self, task: Task, outcome: Outcome) -> None:
-        try:
-            post_outcome(self._config.sink, task, outcome)
-        except Exception:  # best effort: already logged above, nothing else to try
-            log.exception("cannot post the reply", extra=fields(run_id=task.run_id))
-
     def _follow_and_reply(
         self,
         task: Task,
@@ -365,13 +352,6 @@ class KubernetesRuntime:
         The run's phases are ``run``'s (``pod``: from when this follower began)."""
         try:
             settled = self._settle(task, plan, job, clock)
-            # The task has ended: collect released an async check's lease if it ran (this is
-            # then one read); else the failure is recorded here, or nothing if the store is
-            # down (a waiter then runs the check).
-            lease.release_held(self._store, task.lease)
-            report_end(ended, task, clock.attach(settled.outcome))
-            if not settled.by_collect:
-                post_outcome(self._config.sink, task, settled.outcome)
         except StoppedFollowing:
             log.info(
                 "stopped following an asynchronous task at close; collect replies",
@@ -384,18 +364,23 @@ class KubernetesRuntime:
                 "an asynchronous task could not reach the store; its Job was deleted",
                 extra=fields(run_id=task.run_id, job=plan.job_name, error=str(err)),
             )
-            lease.release_held(self._store, task.lease)  # no result: a waiter runs the check
             outcome = failed(task.action, failure_kind(err), str(err))
-            report_end(ended, task, outcome)
-            self._post_quietly(task, outcome)
+            end_async_run(self._store, self._config.sink, task, outcome, ended)
         except Exception as err:  # the task may still run: its lease is left to collect
             log.exception(
                 "following an asynchronous task failed",
                 extra=fields(run_id=task.run_id, job=plan.job_name),
             )
             outcome = failed(task.action, "runtime", f"following the task failed: {err}")
-            report_end(ended, task, outcome)
-            self._post_quietly(task, outcome)
+            end_async_run(self._store, self._config.sink, task, outcome, ended, may_still_run=True)
+        else:
+            # The task has ended: collect let go of an async check's lease if it ran (this
+            # is then one read) and replied; else the failure is recorded here, or nothing
+            # if the store is down (a waiter then runs the check).
+            outcome = clock.attach(settled.outcome)
+            end_async_run(
+                self._store, self._config.sink, task, outcome, ended, replied=settled.by_collect
+            )
         finally:
             with self._lock:
                 self._following.discard(task.run_id)
