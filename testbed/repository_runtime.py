@@ -46,6 +46,9 @@ class RepositoryRuntime:
     def tasks_waiting(self) -> int:
         return 0
 
+    def ready(self) -> None:
+        pass  # runs in this process: nothing else to answer
+
     def close(self) -> None:
         pass
 

@@ -26,6 +26,7 @@ from functions.errors import (
     Unavailable,
 )
 from functions.http.metered_store import MeteredStore
+from functions.http.readiness import Readiness
 from functions.http.repeated_gets import RepeatedGets
 from functions.http.senders import SenderCheck, sender_check_from
 from functions.keys import ANONYMOUS
@@ -69,6 +70,8 @@ def create_app(
         app.wsgi_app = RepeatedGets(app.wsgi_app, service, senders)  # type: ignore[method-assign]
     app.add_url_rule("/", "event", lambda: _handle(service, senders), methods=["POST"])
     app.add_url_rule("/healthz", "healthz", lambda: {"status": "ok", "action": action})
+    readiness = Readiness(store, runtime)
+    app.add_url_rule("/readyz", "readyz", lambda: _ready(readiness, action))
     app.add_url_rule(
         "/metrics",
         "metrics",
@@ -83,6 +86,13 @@ def open_local_or_remote_store(settings: Settings) -> Store:
     if settings.store_url.startswith("file://"):
         Path(settings.store_url[len("file://") :]).mkdir(parents=True, exist_ok=True)
     return open_store(settings.store_url, replace(settings.store_options, threads=settings.threads))
+
+
+def _ready(readiness: Readiness, action: Action) -> Response:
+    status, body = readiness.probe()
+    response = jsonify({**body, "action": action})
+    response.status_code = status
+    return response
 
 
 def _handle(service: Service, senders: SenderCheck | None) -> Response:

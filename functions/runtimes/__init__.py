@@ -4,6 +4,7 @@
         def run(self, task: Task) -> Outcome      # blocks until the outcome is stored
         def start(self, task: Task, ended=None) -> None  # begin; the task replies itself (async)
         def tasks_waiting(self) -> int             # accepted, script not started yet
+        def ready(self) -> None                    # Unavailable unless the engine/API answers
         def start_sweeps(self) -> None             # a serving process: remove leftovers, now and then
         def close(self) -> None                    # drain: wait for runs and their cleanup
 
@@ -39,6 +40,8 @@ class Runtime(Protocol):
     def start(self, task: Task, ended: Ended | None = None) -> None: ...
 
     def tasks_waiting(self) -> int: ...
+
+    def ready(self) -> None: ...
 
     def start_sweeps(self) -> None: ...
 

@@ -133,6 +133,13 @@ class ContainerRuntime:
                 self._waiting.discard(task.run_id)
             raise
 
+    def ready(self) -> None:
+        """``Unavailable`` unless the container engine answers a ping."""
+        try:
+            self._client.ping()
+        except (docker.errors.APIError, requests.exceptions.RequestException) as err:
+            raise Unavailable(f"the container engine does not answer: {err}") from err
+
     def tasks_waiting(self) -> int:
         """Tasks accepted whose script has not started: queued behind ``ASYNC_RUN_LIMIT``
         others, pulling the image, staging inputs, creating the container."""

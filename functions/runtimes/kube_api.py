@@ -115,6 +115,11 @@ class KubeApi:
         except NotFound:
             pass
 
+    def answers(self) -> None:
+        """One cheap call the runtime's account may make (a page of one Job): ``Unavailable``
+        if the API does not answer it."""
+        self._json("list", "jobs", self._batch.list_namespaced_job, limit=1)
+
     def list_pods(self, selector: str) -> tuple[list[dict[str, Any]], str]:
         """The pods of the namespace with labels ``selector``, and the list's
         resourceVersion to watch from."""

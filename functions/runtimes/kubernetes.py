@@ -131,6 +131,10 @@ class KubernetesRuntime:
             return self._rejected(task, plan, err)
         return clock.attach(self._settle(task, plan, job, clock).outcome)
 
+    def ready(self) -> None:
+        """``Unavailable`` unless the Kubernetes API answers (a page of one Job)."""
+        self._api.answers()
+
     def tasks_waiting(self) -> int:
         """Followed Jobs whose pod has not started (not created, not scheduled, pulling
         its first image). Asynchronous Jobs count while this replica follows them."""

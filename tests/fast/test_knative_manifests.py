@@ -764,8 +764,11 @@ def test_project_services_are_probed_and_locked_down(service: dict) -> None:
     template = service["spec"]["template"]
     container = _container(service)
     assert container["ports"] == [{"containerPort": 8080}]
-    for probe in ("readinessProbe", "livenessProbe"):
-        assert container[probe]["httpGet"] == {"path": "/healthz", "port": 8080}, probe
+    # The action services are ready when their store and runtime answer (/readyz); the
+    # relay and the dead-letter sink have no runtime and serve /healthz for both.
+    ready = "/readyz" if _name(service) in ("check", "get", "put") else "/healthz"
+    assert container["readinessProbe"]["httpGet"] == {"path": ready, "port": 8080}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": 8080}
     assert "periodSeconds" not in container["readinessProbe"], "keeps Knative's fast probing"
     security = container["securityContext"]
     assert security["runAsNonRoot"] is True

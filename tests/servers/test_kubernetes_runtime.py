@@ -527,6 +527,19 @@ def test_unreachable_api_is_unavailable(store: Any, unused_port: int) -> None:
     runtime.close()
 
 
+def test_ready_when_the_api_lists_a_job_and_not_when_unreachable(
+    make_runtime: Any, cluster: Cluster, store: Any, unused_port: int
+) -> None:
+    make_runtime().ready()
+    assert cluster.requests("list", "jobs")
+    unreachable = KubernetesRuntime(
+        api_client_for(f"http://127.0.0.1:{unused_port}"), store, CONFIG
+    )
+    with pytest.raises(Unavailable, match="unreachable"):
+        unreachable.ready()
+    unreachable.close()
+
+
 def test_forbidden_names_the_missing_verb(make_runtime: Any, cluster: Cluster) -> None:
     (
         cluster.emulator["post", "/apis/batch/v1/namespaces/tasks/jobs"]

@@ -9,6 +9,7 @@ from typing import Any
 from cloudevents.core.bindings.http import HTTPMessage, from_http_event, to_binary_event
 from cloudevents.core.v1.event import CloudEvent
 
+from functions.errors import Unavailable
 from functions.http.app import create_app
 from functions.ledger import results
 from functions.model import Outcome, ResourceType, Task
@@ -26,6 +27,7 @@ class FakeRuntime:
         self.outcome = outcome
         self.ran: list[Task] = []
         self.started: list[Task] = []
+        self.unready = ""  # set: ready() raises Unavailable with it (the engine is down)
 
     def run(self, task: Task) -> Outcome:
         self.ran.append(task)
@@ -39,6 +41,10 @@ class FakeRuntime:
 
     def tasks_waiting(self) -> int:
         return 0
+
+    def ready(self) -> None:
+        if self.unready:
+            raise Unavailable(self.unready)
 
     def close(self) -> None:
         pass
