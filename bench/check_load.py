@@ -34,7 +34,6 @@ import argparse
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import tempfile
@@ -46,6 +45,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import requests
@@ -53,6 +53,7 @@ import requests
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from functions.cli.launch import alive, free_port, serving, wait_until
 from functions.replies import DISCOVERED_TYPE as DISCOVERED
 from testbed.event_sink import EventSink, event_sink
 
@@ -108,12 +109,6 @@ class Result:
         return sum(self.store_requests.values()) / self.checks
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextmanager
 def replicas(env: dict[str, str], count: int, log: Path) -> Iterator[list[str]]:
     """``count`` replica processes on ``env``'s store; their URLs once all are healthy."""
@@ -126,27 +121,18 @@ def replicas(env: dict[str, str], count: int, log: Path) -> Iterator[list[str]]:
             urls.append(f"http://127.0.0.1:{port}")
     try:
         for url, proc in zip(urls, procs, strict=True):
-            wait_healthy(url, proc, log)
+            wait_until(
+                partial(serving, url),
+                f"replica {url} (log: {log})",
+                60,
+                alive=partial(alive, proc),
+            )
         yield urls
     finally:
         for proc in procs:
             proc.terminate()
         for proc in procs:
             proc.wait(30)
-
-
-def wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"replica exited:\n{log.read_text()[-3000:]}")
-        try:
-            if requests.get(url + "/healthz", timeout=1).ok:
-                return
-        except requests.ConnectionError:
-            pass
-        time.sleep(0.1)
-    raise SystemExit(f"replica {url} not healthy after 60 s")
 
 
 def schedule(load: Load, rng: random.Random) -> list[tuple[float, int, int]]:

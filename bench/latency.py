@@ -35,7 +35,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -46,9 +45,11 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from functions.cli.busybox_image import build_resource_image
+from functions.cli.launch import launch
 from functions.keys import ANONYMOUS, run_id
 from functions.protocol import stdin_payload
-from testbed.versitygw import free_port, start_versitygw
+from testbed.podman import podman_service
+from testbed.versitygw import start_versitygw
 
 EXAMPLE = REPO / "examples" / "hello-resource"
 BUCKET = "bench-latency"
@@ -67,13 +68,8 @@ def engine(tmp: Path) -> Iterator[str]:
         yield os.environ["DOCKER_HOST"]
         return
     sock = tmp / "podman.sock"
-    proc = subprocess.Popen(
-        ["podman", "system", "service", "--time=0", f"unix://{sock}"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = podman_service(sock, tmp / "podman.log")
     try:
-        _wait(sock.exists, "podman system service")
         yield f"unix://{sock}"
     finally:
         proc.terminate()
@@ -82,45 +78,15 @@ def engine(tmp: Path) -> Iterator[str]:
 
 @contextmanager
 def service(action: str, env: dict[str, str], log: Path) -> Iterator[str]:
-    """One service as a real process; yields its URL once /healthz answers."""
-    port = free_port()
-    command = [sys.executable, "-m", "functions", "serve", action, "--host", "127.0.0.1"]
+    """One service as a real process (``functions.cli.launch``); yields its URL once it
+    serves."""
     with log.open("ab") as out:
-        proc = subprocess.Popen(
-            [*command, "--port", str(port)],
-            env={**os.environ, **env, "PYTHONPATH": str(REPO)},
-            cwd=REPO,
-            stdout=out,
-            stderr=out,
-        )
-    url = f"http://127.0.0.1:{port}"
+        launched = launch({**os.environ, **env}, actions=(action,), output=out)
     try:
-        _wait(lambda: _answers(url + "/healthz"), f"{action} service (log: {log})", proc)
-        yield url
+        launched.wait_serving(60)
+        yield launched.urls[action]
     finally:
-        proc.terminate()
-        proc.wait(15)
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
-
-
-def _wait(
-    ready: Callable[[], bool], what: str, proc: subprocess.Popen[bytes] | None = None
-) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if ready():
-            return
-        if proc is not None and proc.poll() is not None:
-            sys.exit(f"{what} exited with {proc.returncode}")
-        time.sleep(0.1)
-    sys.exit(f"{what} not ready after 60 s")
+        launched.stop()
 
 
 # --- HTTP: a lean keep-alive client, so the load generator costs little ---------------------

@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
+from functions.cli.launch import NotReady, alive, wait_until
+
 START_TIMEOUT = 30.0
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port on ``host`` that nothing listens on (at the time of the call)."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 class ServerError(RuntimeError):
@@ -38,19 +32,17 @@ def start(
     ready in time. The caller stops it."""
     with log.open("wb") as out:  # a file, not a pipe: a full pipe would block the server
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
-    deadline = time.monotonic() + START_TIMEOUT
-    while not ready():
-        if process.poll() is not None:
-            why = f"exited with status {process.returncode}"
-        elif time.monotonic() > deadline:
+    try:
+        wait_until(ready, awaited, START_TIMEOUT, alive=partial(alive, process))
+    except NotReady as err:
+        if process.poll() is None:
             process.kill()
             process.wait()
-            why = f"did not {awaited} within {START_TIMEOUT} s"
-        else:
-            time.sleep(0.05)
-            continue
         output = log.read_text(errors="replace")[-4000:]
-        raise ServerError(f"{name} {why}; its output:\n{output}")
+        why = (
+            f"exited with status {process.returncode}" if "exited" in str(err) else f"did not {err}"
+        )
+        raise ServerError(f"{name} {why}; its output:\n{output}") from err
     return process
 
 

@@ -13,7 +13,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from testbed.process import ServerError, free_port, running
+from functions.cli.launch import free_port
+from testbed.process import ServerError, running
 
 SCRAPE_SECONDS = 1
 

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from testbed.process import ServerError, free_port, running
+from functions.cli.launch import free_port
+from testbed.process import ServerError, running
 
 BUILD_SCRIPT = Path(__file__).with_name("build_versitygw.sh")
 

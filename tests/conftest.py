@@ -30,8 +30,10 @@ from typing import Any
 
 import pytest
 
+from functions.cli.launch import free_port
 from storage import Store, StoreOptions, open_store
-from testbed.process import ServerError, free_port, running
+from testbed.event_sink import EventSink, event_sink
+from testbed.process import ServerError, running
 from testbed.versitygw import start_versitygw
 from tests.support.endpoints import Server
 
@@ -271,3 +273,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if tier(item) in SERVER_TIERS and not item.get_closest_marker("server"):
             item.add_marker(pytest.mark.server)
+
+
+@pytest.fixture
+def sink() -> Iterator[EventSink]:
+    """A CloudEvents sink on loopback for this test (``testbed.event_sink``)."""
+    with event_sink() as running:
+        yield running

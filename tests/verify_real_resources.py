@@ -44,9 +44,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from functions.cli.launch import free_port
 from storage import open_store
 from testbed.podman import podman_service
-from testbed.process import free_port, running
+from testbed.process import running
 from tests.support.events import request_event, send
 from tests.support.fidelity_resources import (
     MTIME,

@@ -73,7 +73,8 @@ def serving(url: str) -> bool:
         return False
 
 
-def _running(proc: subprocess.Popen[bytes]) -> bool:
+def alive(proc: subprocess.Popen[bytes]) -> bool:
+    """``proc`` has not exited (``wait_until``'s ``alive``)."""
     return proc.poll() is None
 
 
@@ -91,7 +92,7 @@ class Launched:
                 partial(serving, url),
                 f"the {action} service on {url}",
                 timeout,
-                alive=partial(_running, proc),
+                alive=partial(alive, proc),
             )
 
     def stop(self) -> None:

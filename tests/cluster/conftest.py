@@ -26,6 +26,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from testbed import event_sink as sinks
+from testbed.event_sink import EventSink
 from tests.cluster.network_policies import NetworkPolicyEnforcement, enforce_network_policies
 from tests.cluster.up import GATEWAY, Cluster, new_cluster
 
@@ -347,11 +349,8 @@ def knative(cluster: Cluster):
 @pytest.fixture(scope="session")
 def event_sink(cluster: Cluster) -> Iterator[EventSink]:
     """A CloudEvents sink on the gateway, the end of every reply's way through the Broker."""
-    sink = EventSink(GATEWAY)
-    try:
+    with sinks.event_sink(GATEWAY) as sink:
         yield sink
-    finally:
-        sink.close()
 
 
 @pytest.fixture(scope="session")
@@ -644,78 +643,6 @@ class KnativeDeployment:
         if selector:
             args += ["-l", selector]
         return json.loads(self.cluster.kubectl(*args))["items"]
-
-
-class EventSink:
-    """CloudEvents received over HTTP (either content mode), kept in arrival order."""
-
-    def __init__(self, host: str) -> None:
-        import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-        from cloudevents.core.bindings.http import HTTPMessage, from_http_event
-
-        self.events: list[tuple[float, object]] = []
-        self._cond = threading.Condition()
-        sink = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("content-length") or 0))
-                event = from_http_event(HTTPMessage(headers=dict(self.headers), body=body))
-                with sink._cond:
-                    sink.events.append((time.monotonic(), event))
-                    sink._cond.notify_all()
-                self.send_response(202)
-                self.send_header("content-length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer((host, 0), Handler)
-        self.url = f"http://{host}:{self._server.server_address[1]}/"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
-
-    def matching(self, **attributes: str) -> list:
-        with self._cond:
-            return [
-                e
-                for _, e in self.events
-                if all(e.get_attributes().get(k) == v for k, v in attributes.items())
-            ]
-
-    def wait(self, timeout: float = 120, count: int = 1, **attributes: str) -> list:
-        """The events whose attributes have these values, once there are ``count`` of them."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while True:
-                found = [
-                    e
-                    for _, e in self.events
-                    if all(e.get_attributes().get(k) == v for k, v in attributes.items())
-                ]
-                if len(found) >= count:
-                    return found
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    seen = [
-                        (e.get_attributes().get("type"), e.get_attributes().get("requestid"))
-                        for _, e in self.events[-20:]
-                    ]
-                    raise AssertionError(
-                        f"no {count} event(s) with {attributes} after {timeout}s; last seen: {seen}"
-                    )
-                self._cond.wait(left)
-
-    def arrival(self, event) -> float:
-        with self._cond:
-            return next(t for t, e in self.events if e is event)
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
 
 
 # --- a pipeline engine: Tekton Pipelines and Triggers ---------------------------------------

@@ -35,8 +35,9 @@ from pathlib import Path
 
 import yaml
 
+from functions.cli.launch import free_port
 from tests.cluster.containerd_images import run
-from tests.cluster.up import CLUSTER_DOMAIN, GATEWAY, Cluster, ClusterError, free_port
+from tests.cluster.up import CLUSTER_DOMAIN, GATEWAY, Cluster, ClusterError
 
 EVENTING_VERSION = "1.22.2"
 SERVING_VERSION = "1.22.1"

@@ -21,6 +21,7 @@ import uuid
 import pytest
 from cloudevents.core.v1.event import CloudEvent
 
+from functions.cli.launch import wait_until
 from storage.archive import format_for_key, unpack
 from tests.support.events import request_event, send
 from tests.support.parallel import parallel
@@ -53,16 +54,6 @@ def complete(job: dict) -> bool:
         c["type"] == "Complete" and c["status"] == "True"
         for c in (job.get("status") or {}).get("conditions") or []
     )
-
-
-def wait_for(probe, seconds: float):
-    deadline = time.monotonic() + seconds
-    while True:
-        value = probe()
-        if value or time.monotonic() > deadline:
-            assert value, f"not true after {seconds}s"
-            return value
-        time.sleep(0.3)
 
 
 def read_object(store, key: str) -> bytes:
@@ -101,7 +92,9 @@ def test_check_runs_one_job_with_the_pod_layout_of_the_design(deployment):
     assert spec["backoffLimit"] == 0 and spec["ttlSecondsAfterFinished"] > 0
     # The function answers once the pod has succeeded; the Job controller marks the Job
     # Complete a moment later.
-    job = wait_for(lambda: deployment.job_if(job["metadata"]["name"], complete), 30)
+    job = wait_until(
+        lambda: deployment.job_if(job["metadata"]["name"], complete), "the Job complete", 30
+    )
     [pod] = deployment.pods(job["metadata"]["name"])
     owner = pod["metadata"]["ownerReferences"][0]
     assert (owner["kind"], owner["uid"]) == ("Job", job["metadata"]["uid"])
@@ -531,7 +524,7 @@ def test_with_a_sender_audience_only_allowed_identities_may_send(
             answer = check(allowed)
             return None if answer[0] == 503 else answer
 
-        status, reply = wait_for(reviewed, 30)
+        status, reply = wait_until(reviewed, "a reviewed request answered", 30, interval=0.3)
         assert status == 200 and reply.get_type() == "dev.resourcefunctions.check.succeeded"
         assert check({})[0] == 401
         assert check(token(ALLOWED_SENDER, audience="somebody-else"))[0] == 401
@@ -632,7 +625,7 @@ def test_a_pair_reused_for_another_request_is_refused_and_never_attaches_to_its_
     answers: list = []
     thread = threading.Thread(target=lambda: answers.append(send(url, first)))
     thread.start()
-    [job] = wait_for(lambda: deployment.jobs(**{f"{LABEL}run-id": run}), 60)
+    [job] = wait_until(lambda: deployment.jobs(**{f"{LABEL}run-id": run}), "the Job", 60)
     assert job["metadata"]["annotations"][f"{LABEL}request"]
     during = send(url, other)
     thread.join(120)

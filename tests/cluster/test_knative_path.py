@@ -21,6 +21,7 @@ import requests
 import yaml
 from cloudevents.core.v1.event import CloudEvent
 
+from functions.cli.launch import wait_until
 from tests.cluster.conftest import KNATIVE_CACHE_SECRET, REPO, wait_functions_serve
 from tests.support.events import ENCODERS, request_event
 from tests.support.runs import run_of
@@ -103,16 +104,6 @@ def function_logs(deployment, service: str) -> str:
         "--prefix",
         check=False,
     )
-
-
-def wait_for(probe, seconds: float, what: str):
-    deadline = time.monotonic() + seconds
-    while True:
-        value = probe()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"not {what} after {seconds}s"
-        time.sleep(0.5)
 
 
 def test_check_get_put_travel_the_broker_and_reply_through_a_trigger(knative_deployment):
@@ -200,7 +191,7 @@ def request_line(deployment, service: str, event_id: str) -> dict:
                     return line
         return None
 
-    return wait_for(find, 30, f"the request line of {event_id}")
+    return wait_until(find, f"the request line of {event_id}", 30, interval=0.5)
 
 
 def test_a_twice_delivered_event_runs_once_and_gives_one_result(knative_deployment):
@@ -283,7 +274,9 @@ def test_a_store_outage_answers_503_and_the_broker_retry_runs_once(knative_deplo
             sent = parallel_post(d.broker, get)
             timeline["posted"] = time.time()
             # The first delivery meets the outage: the function answers 503, starts nothing.
-            wait_for(lambda: refused in knative_log(d, FILTER, "60s"), 60, "answered 503")
+            wait_until(
+                lambda: refused in knative_log(d, FILTER, "60s"), "answered 503", 60, interval=0.5
+            )
             timeline["refused"] = time.time()
             assert jobs_of(d, get) == []
         finally:
@@ -416,7 +409,8 @@ def test_the_pingsource_example_reports_a_commit_between_two_ticks(knative_deplo
 
 
 def test_an_undeliverable_event_reaches_the_dead_letter_service(knative_deployment):
-    from tests.cluster.up import GATEWAY, free_port
+    from functions.cli.launch import free_port
+    from tests.cluster.up import GATEWAY
 
     d = knative_deployment
     kind = "dev.resourcefunctions.test.undeliverable"
@@ -463,10 +457,11 @@ def test_an_undeliverable_event_reaches_the_dead_letter_service(knative_deployme
                 break
         else:
             raise AssertionError("the Broker's filter never tried the new Trigger's subscriber")
-        logs = wait_for(
+        logs = wait_until(
             lambda: event_id in (text := function_logs(d, "dead-letter")) and text,
-            150,
             "dead-lettered",
+            150,
+            interval=0.5,
         )
         lines = [line for line in logs.splitlines() if event_id in line]
         assert "undeliverable event" in lines[0] and kind in lines[0]
@@ -528,7 +523,7 @@ def test_credentials_by_reference_come_from_team_secrets_and_appear_nowhere(knat
     (job,) = jobs_of(d, check)
     name = job["metadata"]["name"]
     readable = {
-        "events at the sink": "\n".join(json.dumps(e.get_data()) for _, e in d.sink.events),
+        "events at the sink": "\n".join(json.dumps(e.get_data()) for e in d.sink.events),
         "function logs": function_logs(d, "check"),
         "task logs": d.cluster.kubectl(
             "-n", d.tasks_namespace, "logs", f"job/{name}", "--all-containers", check=False
@@ -565,7 +560,7 @@ def revision_pods(deployment, service: str) -> list[str]:
 
 def test_the_first_event_after_scale_to_zero_is_answered(knative_deployment, capsys):
     d = knative_deployment
-    wait_for(lambda: not revision_pods(d, "check"), 180, "scaled to zero")
+    wait_until(lambda: not revision_pods(d, "check"), "scaled to zero", 180, interval=0.5)
     check = request_event("check", {"type": "test", "source": source()})
     started = time.monotonic()
     assert post(d.broker, check)[0] == 202
@@ -638,15 +633,6 @@ class Prober:
         self.cluster.kubectl("-n", self.namespace, "delete", "pod", self.name, "--wait=false")
 
 
-def eventually(condition, seconds: float = 30) -> bool:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.5)
-    return True
-
-
 def min_scale(d, service: str, value: str | None) -> None:
     """Set (or, with None, remove) ``service``'s min-scale annotation: a new revision."""
     annotations = {"autoscaling.knative.dev/min-scale": value}
@@ -687,7 +673,7 @@ def one_pod_kept(d, service: str) -> str:
             check=False,
         ).strip()
 
-    assert eventually(lambda: bool(running_pod_ip()), 120), f"no running pod of {revision}"
+    wait_until(running_pod_ip, f"a running pod of {revision}", 120, interval=0.5)
     return running_pod_ip().split()[0]
 
 
@@ -714,8 +700,10 @@ def test_the_shipped_network_policies_fence_task_pods_and_the_functions(
     image = cluster_images["resource"]
     other_ns = f"np-other-{uuid.uuid4().hex[:6]}"
     d.cluster.kubectl("create", "namespace", other_ns)
-    assert eventually(
-        lambda: bool(d.cluster.kubectl("-n", other_ns, "get", "sa", "default", check=False))
+    wait_until(
+        lambda: d.cluster.kubectl("-n", other_ns, "get", "sa", "default", check=False),
+        f"the default ServiceAccount of {other_ns}",
+        interval=0.5,
     )
     task = Prober(d, d.tasks_namespace, image)
     other = Prober(d, other_ns, image)
@@ -736,8 +724,10 @@ def test_the_shipped_network_policies_fence_task_pods_and_the_functions(
             "the KIngress": (GATEWAY, d.knative.kingress_port),
         }
         for what, (host, port) in closed.items():
-            assert eventually(lambda h=host, p=port: not task.reaches(h, p)), what
-        assert eventually(lambda: not other.reaches(function_ip, 8080)), "another namespace"
+            wait_until(lambda h=host, p=port: not task.reaches(h, p), what, interval=0.5)
+        wait_until(
+            lambda: not other.reaches(function_ip, 8080), "another namespace cut off", interval=0.5
+        )
         assert knative.reaches(function_ip, 8080)
         assert task.reaches(str(s3.hostname), int(s3.port or 80))  # still: not just cut off
     finally:

@@ -12,15 +12,18 @@ import json
 import signal
 import socket
 import subprocess
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
 
+from functions.cli.launch import wait_until
 from tests.cluster.network_policies import CHAINS, NAME, QUEUE, queue_bound
 from tests.cluster.up import GATEWAY, SERVICE_IP, Cluster
+
+# The enforcer sees a new policy through its informers: a little after it is applied.
+POLICY_SEEN = "the policy enforced"
 
 SERVER_PORT = 8080
 SERVE = "mkdir -p /tmp/www && echo ok > /tmp/www/index.html && exec httpd -f -p 8080 -h /tmp/www"
@@ -94,10 +97,12 @@ def probes(cluster: Cluster, cluster_images: dict[str, str], network_policies) -
     try:
         # Pods are admitted once their namespace's default ServiceAccount exists.
         for ns in namespaces.values():
-            assert eventually(
-                lambda ns=ns: bool(
-                    cluster.kubectl("-n", ns, "get", "serviceaccount", "default", check=False)
-                )
+            wait_until(
+                lambda ns=ns: cluster.kubectl(
+                    "-n", ns, "get", "serviceaccount", "default", check=False
+                ),
+                f"the default ServiceAccount of {ns}",
+                interval=0.5,
             )
         server = namespaces["server"]
         service = {
@@ -133,17 +138,6 @@ def apply_list(cluster: Cluster, items: list[dict]) -> None:
     )
 
 
-def eventually(condition: Callable[[], bool], seconds: float = 30) -> bool:
-    """``condition`` holds within ``seconds`` (the enforcer sees a new policy through its
-    informers)."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.5)
-    return True
-
-
 def from_namespace(namespace: str) -> dict:
     return {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}}
 
@@ -174,7 +168,7 @@ def test_an_ingress_policy_admits_only_the_namespace_it_allows(probes, network_p
         },
     )
 
-    assert eventually(lambda: not probes.reaches("other", ip, SERVER_PORT))
+    wait_until(lambda: not probes.reaches("other", ip, SERVER_PORT), POLICY_SEEN, interval=0.5)
     assert not probes.reaches("other", svc, 80)
     assert probes.reaches("allowed", ip, SERVER_PORT)
     assert probes.reaches("allowed", svc, 80)
@@ -215,7 +209,7 @@ def test_an_egress_policy_allowing_only_dns_blocks_the_apiserver(probes, network
         },
     )
 
-    assert eventually(lambda: not probes.reaches("egress", GATEWAY, api_port))
+    wait_until(lambda: not probes.reaches("egress", GATEWAY, api_port), POLICY_SEEN, interval=0.5)
     assert not probes.reaches("egress", SERVICE_IP, 443)  # judged after DNAT: the same node port
     assert probes.resolves("egress")
     assert probes.reaches("other", GATEWAY, api_port)  # no policy selects it
@@ -233,7 +227,7 @@ def test_turned_off_everything_flows_and_nothing_is_left(probes, network_policie
             "spec": {"podSelector": {}, "policyTypes": ["Ingress"]},
         },
     )
-    assert eventually(lambda: not probes.reaches("other", ip, SERVER_PORT))
+    wait_until(lambda: not probes.reaches("other", ip, SERVER_PORT), POLICY_SEEN, interval=0.5)
     # What a stale cluster's cleanup (python -m tests.cluster.up --cleanup) would remove.
     stale = Cluster.from_state(cluster.root)
     assert sorted(stale.iptables_chains) == sorted(["mangle", h, c] for h, c in CHAINS.items())

@@ -33,6 +33,7 @@ import yaml
 from cloudevents.core.bindings.http import to_binary_event
 from cloudevents.core.v1.event import CloudEvent
 
+from functions.cli.launch import wait_until
 from tests.cluster.conftest import (
     KNATIVE_CACHE_SECRET,
     NAMESPACE,
@@ -50,7 +51,6 @@ from tests.cluster.test_knative_path import (
     function_logs,
     reply_to,
     source,
-    wait_for,
 )
 from tests.support.events import request_event
 from tests.support.runs import run_of
@@ -125,7 +125,7 @@ def clear_eventing_objects(cluster) -> None:
         )
         return not left.strip()
 
-    wait_for(cleared, 120, "the namespace's Subscriptions and channels deleted")
+    wait_until(cleared, "the namespace's Subscriptions and channels deleted", 120, interval=0.5)
 
 
 @pytest.fixture(scope="module")
@@ -136,11 +136,21 @@ def oidc_feature(cluster, knative) -> Iterator[None]:
     clear_eventing_objects(cluster)
     set_feature(cluster, "enabled")
     try:
-        wait_for(lambda: webhook_takes_event_policies(cluster), 60, "EventPolicies admitted")
+        wait_until(
+            lambda: webhook_takes_event_policies(cluster),
+            "EventPolicies admitted",
+            60,
+            interval=0.5,
+        )
         yield
     finally:
         set_feature(cluster, previous)
-        wait_for(lambda: not webhook_takes_event_policies(cluster), 60, "the feature off again")
+        wait_until(
+            lambda: not webhook_takes_event_policies(cluster),
+            "the feature off again",
+            60,
+            interval=0.5,
+        )
 
 
 # --- senders -----------------------------------------------------------------------------
@@ -461,10 +471,11 @@ def test_a_team_attribute_unlike_build_team_is_refused_by_the_function(sender_au
     lying = check_for("blue", attribute="main")
     assert auth.engine.post(auth.broker, lying) == 202
     event_id = attributes(lying)["id"]
-    logs = wait_for(
+    logs = wait_until(
         lambda: event_id in (text := function_logs(auth.deployment, "dead-letter")) and text,
-        150,
         "dead-lettered",
+        150,
+        interval=0.5,
     )
     assert "undeliverable event" in next(line for line in logs.splitlines() if event_id in line)
     refusal = "the event's 'team' attribute ('main') must equal build.team ('blue')"

@@ -53,7 +53,7 @@ from typing import Self
 
 import requests
 
-from testbed.process import free_port
+from functions.cli.launch import free_port
 from tests.cluster import containerd_images, pki
 
 HERE = Path(__file__).resolve().parent

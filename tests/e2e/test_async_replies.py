@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import json
-import queue
-import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from cloudevents.core.bindings.http import HTTPMessage, from_http_event
 
+from testbed.event_sink import EventSink, event_sink
 from tests.support.events import request_event, send
 from tests.support.runs import run_of
 from tests.support.services import resource_types, start_services
@@ -20,28 +17,14 @@ PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
 @pytest.fixture(scope="module")
-def sink():
-    """A real HTTP server on loopback that records the CloudEvents posted to it."""
-    received: queue.Queue = queue.Queue()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):
-            body = self.rfile.read(int(self.headers["Content-Length"]))
-            received.put(from_http_event(HTTPMessage(headers=dict(self.headers), body=body)))
-            self.send_response(202)
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", received
-    server.shutdown()
+def replies():
+    """The services' K_SINK for this module (``testbed.event_sink``)."""
+    with event_sink() as sink:
+        yield sink
 
 
 @pytest.fixture(scope="module")
-def async_services(sink, docker_host, resource_image, tmp_path_factory):
+def async_services(replies, docker_host, resource_image, tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("async")
     (tmp_path / "store").mkdir()
     services = start_services(
@@ -49,7 +32,7 @@ def async_services(sink, docker_host, resource_image, tmp_path_factory):
             "DOCKER_HOST": docker_host,
             "RESOURCE_TYPES": resource_types(resource_image),
             "STORE_URL": (tmp_path / "store").as_uri(),
-            "K_SINK": sink[0],
+            "K_SINK": replies.url,
             "CACHE_SECRET": "e2e-async",
         },
         tmp_path / "services.log",
@@ -59,34 +42,34 @@ def async_services(sink, docker_host, resource_image, tmp_path_factory):
     services.stop()
 
 
-def test_async_request_is_accepted_then_replied_to_the_sink(async_services, sink):
+def test_async_request_is_accepted_then_replied_to_the_sink(async_services, replies):
     event = request_event(
         "check", {"type": "test", "source": {"count": 2}}, subject="async/one", replymode="async"
     )
     status, _, response = send(async_services.urls["check"], event)
     assert status == 202 and response.content == b""
-    *_, reply = events_until_reply(sink[1])
+    *_, reply = events_until_reply(replies)
     assert reply.get_type() == "dev.resourcefunctions.check.succeeded"
     assert reply.get_extension("requestid") == event.get_id()
     assert reply.get_subject() == "async/one"
     assert reply.get_data()["versions"] == [{"ref": "1"}, {"ref": "2"}]
 
 
-def events_until_reply(received: queue.Queue) -> list:
+def events_until_reply(replies: EventSink) -> list:
     """The events posted up to and including the next reply (discoveries come first)."""
-    events = [received.get(timeout=60)]
+    events = [replies.next()]
     while not events[-1].get_type().endswith((".succeeded", ".failed")):
-        events.append(received.get(timeout=60))
+        events.append(replies.next())
     return events
 
 
-def test_async_check_posts_each_new_version_then_its_reply(async_services, sink):
+def test_async_check_posts_each_new_version_then_its_reply(async_services, replies):
     source = {"count": 3, "nonce": uuid.uuid4().hex}
     first = request_event(
         "check", {"type": "test", "source": source}, replymode="async", traceparent=PARENT
     )
     assert send(async_services.urls["check"], first)[0] == 202
-    *found, reply = events_until_reply(sink[1])
+    *found, reply = events_until_reply(replies)
     assert [e.get_type() for e in found] == ["dev.resourcefunctions.version.discovered"] * 3
     assert [e.get_data()["version"] for e in found] == reply.get_data()["new"]
     assert reply.get_data()["new"] == [{"ref": "1"}, {"ref": "2"}, {"ref": "3"}]
@@ -97,13 +80,13 @@ def test_async_check_posts_each_new_version_then_its_reply(async_services, sink)
         "check", {"type": "test", "source": source, "version": "latest-known"}, replymode="async"
     )
     assert send(async_services.urls["check"], again)[0] == 202
-    assert [e.get_data() for e in events_until_reply(sink[1])] == [
+    assert [e.get_data() for e in events_until_reply(replies)] == [
         {"versions": [{"ref": "3"}], "new": []}  # the script got ref 3; nothing discovered
     ]
 
 
 def test_identical_async_checks_run_once_and_the_waiter_answers_in_its_response(
-    async_services, sink
+    async_services, replies
 ):
     """The check lease with the container runtime: the check that takes it gets 202 and its
     container's task posts the reply; the identical one waits for it and answers with 200
@@ -122,12 +105,12 @@ def test_identical_async_checks_run_once_and_the_waiter_answers_in_its_response(
     (waiter,) = [response for status, _, response in answers if status == 200]
     # From the history, as any check that shares another's run: from no version, the latest.
     assert waiter.json() == {"versions": [{"ref": "2"}], "new": []}
-    *_, reply = events_until_reply(sink[1])
+    *_, reply = events_until_reply(replies)
     assert reply.get_data() == {
         "versions": [{"ref": "1"}, {"ref": "2"}],
         "new": [{"ref": "1"}, {"ref": "2"}],
     }
-    assert sink[1].empty()  # one task, one reply
+    assert replies.drain() == []  # one task, one reply
     store = open_store(async_services.env["STORE_URL"])
     runs = {
         run_of(async_services.env["CACHE_SECRET"], e.get_source(), e.get_id(), "check")
@@ -138,10 +121,10 @@ def test_identical_async_checks_run_once_and_the_waiter_answers_in_its_response(
     assert held["released"] is True
 
 
-def test_async_failure_is_replied_as_failed_event(async_services, sink):
+def test_async_failure_is_replied_as_failed_event(async_services, replies):
     event = request_event("check", {"type": "test", "source": {"mode": "fail"}}, replymode="async")
     assert send(async_services.urls["check"], event)[0] == 202
-    reply = sink[1].get(timeout=60)
+    reply = replies.next()
     assert reply.get_type() == "dev.resourcefunctions.check.failed"
     assert reply.get_data()["error"]["kind"] == "resource_failed"
     # Counted as a run like a synchronous one (before its reply was posted).

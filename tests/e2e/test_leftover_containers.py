@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import threading
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 import requests
 
+from functions.cli.launch import wait_until
 from testbed.event_sink import event_sink
 from tests.support.engine import containers_of, service_env, wait_running
 from tests.support.events import request_event, send
@@ -86,18 +86,10 @@ def remove_containers(docker_host: str, runs: list[str]) -> None:
             container.remove(force=True)
 
 
-def wait_for(condition: Any, what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not after {timeout}s")
-        time.sleep(0.2)
-
-
 def swept(docker_host: str, run: str, log: Path) -> dict[str, Any]:
     """Wait until the start sweep has removed ``run``'s container; its log line (a sweep
     logs once it is through, so it has looked at every other container too)."""
-    wait_for(lambda: not leftover(docker_host, run), "the start sweep's removal", timeout=30)
+    wait_until(lambda: not leftover(docker_host, run), "the start sweep's removal", timeout=30)
     return first_sweep(log)
 
 
@@ -112,7 +104,7 @@ def first_sweep(log: Path) -> dict[str, Any]:
                 return True
         return False
 
-    wait_for(swept, "the start sweep", timeout=30)
+    wait_until(swept, "the start sweep", timeout=30)
     return found[0]
 
 
@@ -151,7 +143,7 @@ def test_sigterm_right_after_a_reply_leaves_no_container(
             services.stop()
         assert code == (202 if mode == "async" else 200)
         if mode == "async":  # the run was not cut short: it replied, and succeeded
-            reply = sink.received.get(timeout=5)
+            reply = sink.next(5)
             assert reply.get_type() == "dev.resourcefunctions.get.succeeded", reply.get_data()
     run = run_of(event)
     assert (tmp_path / "store" / "results" / f"{run}.json").exists()
@@ -210,7 +202,9 @@ def test_the_sweep_leaves_what_a_redelivery_needs(docker_host, resource_image, t
             kill(crashed)
         finally:
             crashed.stop()
-        wait_for(lambda: status(docker_host, run_of(unfinished)) == "exited", "the script's exit")
+        wait_until(
+            lambda: status(docker_host, run_of(unfinished)) == "exited", "the script's exit", 60
+        )
         others = finished_leftover(other_env, other / "first.log", docker_host)
         finished = finished_leftover(env, tmp_path / "first.log", docker_host)
         made += [others, finished]

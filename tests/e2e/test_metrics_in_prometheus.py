@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
+from functions.cli.launch import free_port
 from functions.model import ACTIONS
-from testbed.process import ServerError, free_port
+from testbed.process import ServerError
 from testbed.prometheus import Prometheus, start_prometheus
 from tests.support.events import request_event, send
 from tests.support.services import REPO, start_services

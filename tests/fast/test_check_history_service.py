@@ -4,7 +4,6 @@ store, and a real HTTP sink for the ``version.discovered`` events."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +11,7 @@ import pytest
 from cloudevents.core.v1.event import CloudEvent
 
 from storage import Store, open_store
-from testbed.event_sink import EventSink, event_sink
+from testbed.event_sink import EventSink
 from testbed.repository_runtime import RepositoryRuntime
 from tests.support.check_replicas import send
 from tests.support.http_helpers import check_client as client
@@ -25,12 +24,6 @@ DISCOVERED = "dev.resourcefunctions.version.discovered"
 def store(tmp_path: Path) -> Store:
     (tmp_path / "store").mkdir()
     return open_store((tmp_path / "store").as_uri())
-
-
-@pytest.fixture
-def sink() -> Iterator[EventSink]:
-    with event_sink() as running:
-        yield running
 
 
 def tick(test_client: Any, event_id: str, **data: Any) -> tuple[int, dict[str, Any]]:

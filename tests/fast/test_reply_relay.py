@@ -16,7 +16,7 @@ from functions.http.reply_relay import create_relay_app
 from functions.model import HistoryPlan, Outcome
 from functions.replies import reply_event, reply_events
 from functions.sink import RUN_HEADER, RelayToken, post_events
-from testbed.event_sink import EventSink, event_sink
+from testbed.event_sink import EventSink
 
 SECRET = b"relay-test-secret"
 RUN, OTHER_RUN = "1" * 32, "2" * 32
@@ -50,12 +50,6 @@ def relay(client: Any, event: CloudEvent, run: str = RUN, token: str | None = No
     if token is not False:
         headers["Authorization"] = f"Bearer {token or keys.reply_token(SECRET, run)}"
     return client.post("/", headers=headers, data=body)
-
-
-@pytest.fixture
-def sink() -> Any:
-    with event_sink() as server:
-        yield server
 
 
 @pytest.fixture

@@ -8,25 +8,16 @@ once and records through the real ``steps`` code, release included."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
-
-import pytest
 
 from functions.ledger import lease
 from storage import Store, StoreOptions, open_store
-from testbed.event_sink import EventSink, event_sink
+from testbed.event_sink import EventSink
 from testbed.repository_runtime import AsyncRepositoryRuntime
 from tests.support.check_replicas import LEASE_KEY, check, replicas
 from tests.support.parallel import parallel
 
 SUCCEEDED = "dev.resourcefunctions.check.succeeded"
-
-
-@pytest.fixture
-def sink() -> Iterator[EventSink]:
-    with event_sink() as running:
-        yield running
 
 
 def async_replicas(store_url: str, runtime: AsyncRepositoryRuntime, n: int) -> list[Any]:

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import http.server
 import json
 import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ import pytest
 from kubernetes import client
 
 from functions import keys
+from functions.cli.launch import wait_until
 from functions.errors import RequestIdReused, Unavailable
 from functions.ledger import lease, results
 from functions.model import LeaseHold, Task
@@ -143,10 +143,10 @@ def test_the_pods_own_phases_join_the_runs(
     if mode == "sync":
         outcome = make_runtime().run(make_task("get"))
     else:
-        monkeypatch.setenv("K_SINK", sink[0])  # collect replies
+        monkeypatch.setenv("K_SINK", sink.url)  # collect replies
         ended: list[Any] = []
-        make_runtime(sink=sink[0]).start(make_task("get"), ended=ended.append)
-        outcome = wait_for(lambda: ended)[0]
+        make_runtime(sink=sink.url).start(make_task("get"), ended=ended.append)
+        outcome = wait_until(lambda: ended, "the end reported", 10)[0]
     node.check(thread)
     names = [phase.name for phase in outcome.phases]
     assert names[:2] == ["script", "collect_import"] and "upload" in names and "store" in names
@@ -351,21 +351,22 @@ def test_async_store_outage_is_replied_as_storage_and_not_recorded(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    url, received = sink
     monkeypatch.setenv("STORE_URL", "file:///nonexistent-store-dir-for-test")
-    monkeypatch.setenv("K_SINK", url)
+    monkeypatch.setenv("K_SINK", sink.url)
     task = make_task("check")
     thread = node.play(collect_without_store(termination))
     with caplog.at_level(logging.ERROR, logger="functions.kubernetes"):
-        make_runtime(sink=url).start(task)
+        make_runtime(sink=sink.url).start(task)
         node.check(thread)
-        record = wait_for(lambda: [r for r in caplog.records if "store" in r.getMessage()])[0]
+        record = wait_until(
+            lambda: [r for r in caplog.records if "store" in r.getMessage()], "the error", 10
+        )[0]
     assert record.levelno == logging.ERROR
     assert getattr(record, "fields", {})["run_id"] == task.run_id
     assert cluster.live("jobs", f"rf-check-{task.run_id[:20]}") is None
-    reply = wait_for(lambda: received)[0]
-    assert reply["headers"]["ce-type"] == "dev.resourcefunctions.check.failed"
-    assert reply["body"]["error"]["kind"] == "storage"
+    reply = sink.next(10)
+    assert reply.get_type() == "dev.resourcefunctions.check.failed"
+    assert reply.get_data()["error"]["kind"] == "storage"
     assert (
         results.read_outcome(store, task.run_id, request=task.request_digest) is None
     )  # sending it again runs afresh
@@ -598,43 +599,12 @@ def test_api_errors_are_classified(status: int, expected: type) -> None:
 # --- asynchronous completion ----------------------------------------------------------------
 
 
-@pytest.fixture
-def sink() -> Iterator[tuple[str, list[dict[str, Any]]]]:
-    """An HTTP endpoint that records the CloudEvents posted to it."""
-    received: list[dict[str, Any]] = []
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers["Content-Length"]))
-            received.append({"headers": dict(self.headers), "body": json.loads(body)})
-            self.send_response(202)
-            self.end_headers()
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/", received
-    server.shutdown()
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = 10) -> Any:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if value := condition():
-            return value
-        time.sleep(0.05)
-    raise AssertionError("timed out waiting")
-
-
 def test_async_start_returns_at_once_and_collect_replies(
     make_runtime: Any, node: Node, cluster: Cluster, sink: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    url, received = sink
-    monkeypatch.setenv("K_SINK", url)  # what the SinkBinding injects into the task pod
+    monkeypatch.setenv("K_SINK", sink.url)  # what the SinkBinding injects into the task pod
     task = make_task("check")
-    runtime = make_runtime(sink=url)
+    runtime = make_runtime(sink=sink.url)
     started = time.monotonic()
     runtime.start(task)
     # Nothing ends the Job before the node plays below: a start that waited for the run
@@ -649,48 +619,46 @@ def test_async_start_returns_at_once_and_collect_replies(
     assert len(cluster.ever("jobs")) == 1
     thread = node.play(finish(stdout=b'[{"ref": "2"}]'))
     node.check(thread)
-    reply = wait_for(lambda: received)[0]
-    assert reply["headers"]["ce-type"] == "dev.resourcefunctions.check.succeeded"
-    assert reply["headers"]["ce-requestid"] == task.request_id
-    assert reply["body"] == {"versions": [{"ref": "2"}]}
+    reply = sink.next(10)
+    assert reply.get_type() == "dev.resourcefunctions.check.succeeded"
+    assert reply.get_extension("requestid") == task.request_id
+    assert reply.get_data() == {"versions": [{"ref": "2"}]}
     time.sleep(1.5)  # the follower sees the Job complete and must not reply again
-    assert len(received) == 1
+    assert len(sink.events) == 1
 
 
 def test_async_image_pull_failure_is_replied_by_the_function(
     make_runtime: Any, node: Node, sink: Any
 ) -> None:
-    url, received = sink
     thread = node.play(pull_failure("ImagePullBackOff", "back-off"))
-    make_runtime(sink=url).start(make_task("get"))
+    make_runtime(sink=sink.url).start(make_task("get"))
     node.check(thread)
-    reply = wait_for(lambda: received)[0]
-    assert reply["headers"]["ce-type"] == "dev.resourcefunctions.get.failed"
-    assert reply["body"]["error"]["kind"] == "image_pull"
+    reply = sink.next(10)
+    assert reply.get_type() == "dev.resourcefunctions.get.failed"
+    assert reply.get_data()["error"]["kind"] == "image_pull"
 
 
 def test_async_timeout_enforced_in_the_pod_is_replied_by_collect(
     make_runtime: Any, node: Node, sink: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    url, received = sink
-    monkeypatch.setenv("K_SINK", url)
+    monkeypatch.setenv("K_SINK", sink.url)
     task = make_task("get", timeout=30)
     # What RESOURCE_SCRIPT leaves when its watchdog stopped the script (test_pod_spec).
     thread = node.play(
         finish(exit_code=124, stdout=b"", stderr=b"cloning...\n", files={"timed-out": b"30\n"})
     )
-    make_runtime(sink=url).start(task)
+    make_runtime(sink=sink.url).start(task)
     node.check(thread)
-    reply = wait_for(lambda: received)[0]
-    assert reply["headers"]["ce-type"] == "dev.resourcefunctions.get.failed"
-    error = reply["body"]["error"]
+    reply = sink.next(10)
+    assert reply.get_type() == "dev.resourcefunctions.get.failed"
+    error = reply.get_data()["error"]
     assert error == {
         "kind": "timeout",
         "message": "the resource script ran longer than 30s",
         "log_tail": "cloning...\n",
     }
     time.sleep(1.5)  # the follower sees the Job complete and must not reply again
-    assert len(received) == 1
+    assert len(sink.events) == 1
 
 
 def holding_a_lease(store: Any, task: Task) -> Task:
@@ -710,8 +678,7 @@ def released(store: Any, task: Task) -> bool:
 def test_an_async_checks_collect_releases_its_lease_once_it_has_recorded(
     make_runtime: Any, node: Node, store: Any, sink: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    url, received = sink
-    monkeypatch.setenv("K_SINK", url)
+    monkeypatch.setenv("K_SINK", sink.url)
     task = holding_a_lease(store, make_task("check"))
     at_collects_end: list[bool] = []
     script = finish(
@@ -719,23 +686,22 @@ def test_an_async_checks_collect_releases_its_lease_once_it_has_recorded(
         after_collect=lambda: at_collects_end.append(released(store, task)),
     )
     thread = node.play(script)
-    make_runtime(sink=url).start(task)
+    make_runtime(sink=sink.url).start(task)
     node.check(thread)
 
-    assert wait_for(lambda: received)[0]["body"] == {"versions": [{"ref": "2"}]}
+    assert sink.next(10).get_data() == {"versions": [{"ref": "2"}]}
     assert at_collects_end == [True]  # by collect: the function saw no end of the pod yet
 
 
 def test_an_async_checks_lease_is_released_by_the_function_when_collect_never_ran(
     make_runtime: Any, node: Node, store: Any, sink: Any
 ) -> None:
-    url, received = sink
     task = holding_a_lease(store, make_task("check"))
     thread = node.play(pull_failure("ImagePullBackOff", "back-off"))
-    make_runtime(sink=url).start(task)
+    make_runtime(sink=sink.url).start(task)
     node.check(thread)
 
-    assert wait_for(lambda: received)[0]["body"]["error"]["kind"] == "image_pull"
+    assert sink.next(10).get_data()["error"]["kind"] == "image_pull"
     assert released(store, task)  # before the reply: a waiter need not wait for the expiry
     assert results.read_outcome(store, task.run_id, request=task.request_digest) is not None
 

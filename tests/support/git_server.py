@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from testbed.process import free_port
+from functions.cli.launch import free_port
 
 LINKS = {
     "ca.crt": "/etc/ssl/certs/ca-certificates.crt",  # absolute, as repositories commit them
