@@ -224,6 +224,24 @@ def store(store_url: str) -> Store:
     return open_store(store_url, StoreOptions())
 
 
+@pytest.fixture(scope="session")
+def registry_image_resource() -> str:
+    """Concourse's registry-image resource, built once from ../shared/third_party and kept
+    (``tests/support/real_resources.py``; the plain function for code outside pytest)."""
+    from tests.support.real_resources import registry_image_resource_image
+
+    return registry_image_resource_image()
+
+
+@pytest.fixture(scope="session")
+def git_resource() -> str:
+    """Concourse's git resource, built once from ../shared/third_party and kept
+    (``tests/support/real_resources.py``)."""
+    from tests.support.real_resources import git_resource_image
+
+    return git_resource_image()
+
+
 @pytest.fixture
 def termination(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The in-pod steps' termination message file (the kubelet's /dev/termination-log)."""
@@ -248,6 +266,8 @@ SERVER_FIXTURES = frozenset(
         "resource_image",
         "project_image",
         "podman",
+        "registry_image_resource",
+        "git_resource",
     }
 )
 SERVER_TIERS = ("servers", "e2e", "cluster")

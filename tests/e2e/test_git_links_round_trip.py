@@ -19,7 +19,7 @@ import pytest
 from storage import open_store
 from tests.support.events import request_event, send
 from tests.support.fidelity_resources import git_repo_resource, unpack_artifact
-from tests.support.git_server import LINKS, git, served_repository
+from tests.support.git_server import LINKS, git, served_repository, working_tree_links
 from tests.support.services import Services, start_services
 
 
@@ -67,14 +67,6 @@ def committed_links(bare: Path, ref: str) -> dict[str, str]:
     return links
 
 
-def unpacked_links(tree: Path) -> dict[str, str]:
-    return {
-        path.relative_to(tree).as_posix(): os.readlink(path)
-        for path in sorted(tree.rglob("*"))
-        if path.is_symlink() and ".git" not in path.relative_to(tree).parts
-    }
-
-
 def get(services: Services, source: dict[str, str], version: dict[str, str]) -> dict[str, Any]:
     reply = request(services, "get", {"type": "git", "source": source, "version": version})
     assert reply["version"] == version
@@ -101,7 +93,7 @@ def test_links_committed_to_git_come_back_exactly_through_get_and_put(
 
     got = get(services, main, version)
     tree = working_tree(services, got, tmp_path / "get")
-    assert unpacked_links(tree) == LINKS
+    assert working_tree_links(tree) == LINKS
     assert os.stat(tree / "run.sh").st_mode & 0o111
 
     # The get's artifact as a put's input: out finds it equal to its commit, commits one
@@ -123,4 +115,4 @@ def test_links_committed_to_git_come_back_exactly_through_get_and_put(
     pushed = {**LINKS, "hostname": "/etc/hostname"}
     assert committed_links(bare, "copy") == pushed
     again = working_tree(services, get(services, copy, put["version"]), tmp_path / "again")
-    assert unpacked_links(again) == pushed
+    assert working_tree_links(again) == pushed

@@ -1,8 +1,9 @@
 """A git repository with links committed, served by ``git daemon`` on loopback (pushes
-allowed), for the tests and checks that clone from it and push to it.
+allowed), for the tests that clone from it and push to it.
 
-    served_repository(root) -> (its git:// URI, the bare repository), for the block
+    served_repository(root, host) -> (its git:// URI, the bare repository), for the block
     git(*args, cwd) -> git's stdout (a fixed committer)
+    working_tree_links(tree) -> path -> target of each link of a clone, .git/ left out
 """
 
 from __future__ import annotations
@@ -29,10 +30,18 @@ def git(*args: str, cwd: Path) -> str:
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=True).stdout
 
 
+def working_tree_links(tree: Path) -> dict[str, str]:
+    return {
+        path.relative_to(tree).as_posix(): os.readlink(path)
+        for path in sorted(tree.rglob("*"))
+        if path.is_symlink() and ".git" not in path.relative_to(tree).parts
+    }
+
+
 @contextmanager
-def served_repository(root: Path) -> Iterator[tuple[str, Path]]:
+def served_repository(root: Path, host: str = "127.0.0.1") -> Iterator[tuple[str, Path]]:
     """One commit on ``main`` holding LINKS, a file and an executable, in ``root/repo.git``,
-    served on 127.0.0.1 for the block."""
+    served on ``host`` (loopback, or the test cluster's gateway) for the block."""
     work = root / "work"
     (work / "sub").mkdir(parents=True)
     (work / "README").write_text("a repository with links\n")
@@ -44,30 +53,30 @@ def served_repository(root: Path) -> Iterator[tuple[str, Path]]:
     git("add", "-A", cwd=work)
     git("commit", "-q", "-m", "links", cwd=work)
     git("clone", "-q", "--bare", str(work), str(root / "repo.git"), cwd=root)
-    port = free_port()
+    port = free_port(host)
     daemon = subprocess.Popen(
         [
             "git", "daemon", "--reuseaddr", "--export-all", "--enable=receive-pack",
-            f"--base-path={root}", "--listen=127.0.0.1", f"--port={port}", str(root),
+            f"--base-path={root}", f"--listen={host}", f"--port={port}", str(root),
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        _wait_for_port(port, daemon)
-        yield f"git://127.0.0.1:{port}/repo.git", root / "repo.git"
+        _wait_for_port(host, port, daemon)
+        yield f"git://{host}:{port}/repo.git", root / "repo.git"
     finally:
         daemon.terminate()
         daemon.wait(10)
 
 
-def _wait_for_port(port: int, process: subprocess.Popen[bytes]) -> None:
+def _wait_for_port(host: str, port: int, process: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError("git daemon exited")
         with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
+            if sock.connect_ex((host, port)) == 0:
                 return
         time.sleep(0.05)
     raise RuntimeError("git daemon did not listen within 10 s")

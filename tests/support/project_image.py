@@ -57,7 +57,7 @@ class ImageBuildError(RuntimeError):
 
 def build_project_image(repo: Path = REPO, base: str = BASE_IMAGE) -> str:
     """The project image's reference, built first if no image has its tag."""
-    with _lock():
+    with build_lock("project-image"):
         ensure_debian_base(base)
         ref = f"{IMAGE}:{build_hash(repo, image_id(base))}"
         if not image_exists(ref):
@@ -215,11 +215,18 @@ def _run(argv: list[str], **kwargs: object) -> str:
     return text
 
 
-@contextmanager
-def _lock() -> Iterator[None]:
+def cache_dir() -> Path:
+    """Where builds are cached (``~/.cache/resource-functions``), made if missing."""
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "resource-functions"
     cache.mkdir(parents=True, exist_ok=True)
-    with (cache / "project-image.lock").open("w") as lock:
+    return cache
+
+
+@contextmanager
+def build_lock(name: str) -> Iterator[None]:
+    """The file lock ``<cache>/<name>.lock`` for the block: one builder at a time, across
+    processes (pytest-xdist workers, CI's setup and the tests)."""
+    with (cache_dir() / f"{name}.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield
