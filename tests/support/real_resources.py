@@ -33,7 +33,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from testbed.process import free_port, running
+from functions.cli.launch import free_port
+from testbed.process import running
 from tests.support.project_image import (
     BASE_IMAGE,
     REPO,
