@@ -15,12 +15,15 @@ from storage import Store
 
 
 def history_plan(settings: Settings, request: Request) -> HistoryPlan | None:
-    """Where a check's versions are recorded (resolved source: see ``keys.resource_key``);
-    None for get and put."""
+    """Where a check's versions are recorded (resolved source, the request's team: see
+    ``keys.resource_key``); None for get and put."""
     if request.action != "check":
         return None
     key = keys.resource_key(
-        settings.cache_secret, image=request.resource_type.image, source=request.source
+        settings.cache_secret,
+        image=request.resource_type.image,
+        source=request.source,
+        team=request.build.team,
     )
     return HistoryPlan(resource_key=key, limit=settings.history_limit)
 
@@ -62,9 +65,8 @@ def answer(known: history.History, request: Request) -> Outcome:
     )
 
 
-def joined_answer(store: Store, request: Request, plan: HistoryPlan, shared: Outcome) -> Outcome:
-    """The answer of a check that waited for another replica's run of its resource: that
-    run's failure, or (its versions may start from another version) the history after it."""
-    if not shared.succeeded:
-        return shared
+def joined_answer(store: Store, request: Request, plan: HistoryPlan) -> Outcome:
+    """The answer of a check that waited for another run of its resource (of its team) that
+    succeeded: (its versions may start from another version) the history after it. Another
+    run's failure is never a waiter's answer (``shared_check`` runs the waiter's own)."""
     return answer(history.read(store, plan.resource_key), request)

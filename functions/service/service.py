@@ -247,10 +247,16 @@ class Service:
                 self.metrics.check_age.labels(type_label(request.type_name)).observe(age)
         if request.reply_async:
             return self._start(request, run, cache_key, fresh)
+        flight = self._flight_keys(request, run, cache_key)
         outcome, joined = self.flights.run(
-            self._flight_keys(request, run, cache_key),
-            lambda: self._answer(request, run, cache_key, fresh),
+            flight, lambda: self._answer(request, run, cache_key, fresh)
         )
+        while joined and not outcome.succeeded:
+            # Another request's failure (its message, its log tail) is not this request's
+            # answer: run its own (a redelivery of this request finds its run's stored one).
+            outcome, joined = self.flights.run(
+                flight, lambda: self._answer(request, run, cache_key, fresh)
+            )
         if joined:
             self.metrics.joined.labels(self.action).inc()
             # The run may have been another request's: record the answer under this request's
@@ -297,7 +303,7 @@ class Service:
         )
         if outcome is None:
             return Reply(status=202)
-        return self._reply(request, task.run_id, self._joined(request, task, plan, outcome))
+        return self._reply(request, task.run_id, self._joined(request, task, plan))
 
     def _answer(
         self, request: Request, run: str, cache_key: str | None, fresh: Outcome | None
@@ -339,13 +345,13 @@ class Service:
                 self.metrics.lease_waiters.dec()
         if holder == task.run_id:  # our run, or our own earlier delivery's on another replica
             return outcome
-        return self._joined(request, task, plan, outcome)
+        return self._joined(request, task, plan)
 
-    def _joined(self, request: Request, task: Task, plan: HistoryPlan, shared: Outcome) -> Outcome:
-        """A check's answer from another run of its resource, stored under its own run id so
-        that its redelivery replays it."""
+    def _joined(self, request: Request, task: Task, plan: HistoryPlan) -> Outcome:
+        """A check's answer from another run of its resource that succeeded (the history),
+        stored under its own run id so that its redelivery replays it."""
         self.metrics.joined.labels(self.action).inc()
-        answer = checks.joined_answer(self.store, request, plan, shared)
+        answer = checks.joined_answer(self.store, request, plan)
         return results.record_outcome(self.store, task.run_id, answer, request=request.digest)
 
     def _fresh(self, request: Request, run: str, fresh: Outcome | None) -> Outcome | None:
@@ -402,11 +408,12 @@ class Service:
         run by run id and digest: another request reusing the run id never joins it (its
         runtime refuses it when it finds the run's container or Job)."""
         flight = [f"{run}:{request.digest}"]
+        team = keys.canonical_json(request.build.team).decode()  # a team joins its own runs
         if cache_key:
-            flight.append(f"get:{cache_key}")
+            flight.append(f"get:{team}:{cache_key}")
         elif request.action == "check":
             flight.append(
-                "check:"
+                f"check:{team}:"
                 + keys.cache_key(
                     self.settings.cache_secret,
                     image=request.resource_type.image,
