@@ -19,14 +19,14 @@ from functions.logs import fields
 from functions.metrics import Metrics, type_label
 from functions.model import Action, HistoryPlan, Outcome, RepeatableGet, Request, Task
 from functions.redaction import secret_values
-from functions.replies import discovered_events, reply_event
+from functions.replies import TEAM_ATTRIBUTE, discovered_events, reply_event
 from functions.runtimes import Runtime
 from functions.service import checks, shared_check
 from functions.service.cache_memory import CacheMemory
 from functions.service.flights import Flights
 from functions.service.request_data import parse_request_data
 from functions.service.run_report import RunReport
-from functions.service.teams import TEAM_ATTRIBUTE, check_team
+from functions.service.teams import check_team
 from functions.settings import Settings
 from functions.sink import post_events
 from functions.steps.budget import async_lease_seconds
@@ -455,6 +455,7 @@ class Service:
             history=checks.history_plan(self.settings, request),
             trace=request.trace,
             request_digest=request.digest,
+            team=request.build.team,
         )
 
     def _reply(self, request: Request, run: str, outcome: Outcome, announce: bool = True) -> Reply:
@@ -469,6 +470,7 @@ class Service:
             subject=request.subject,
             run_id=run,
             trace=request.trace,
+            team=request.build.team,
         )
         return Reply(status=200, event=event)
 
@@ -485,6 +487,7 @@ class Service:
             run_id=run,
             history=plan,
             trace=request.trace,
+            team=request.build.team,
         )
         if not found or not self.settings.sink:
             return

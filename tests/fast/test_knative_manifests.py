@@ -552,6 +552,25 @@ def test_trigger_references_exist(trigger: dict) -> None:
     assert "delivery" not in trigger["spec"]
 
 
+def test_a_teams_trigger_routes_that_teams_replies_and_discoveries_alone() -> None:
+    """Replies and discovered versions carry their request's team (functions/replies.py): a
+    team's Trigger takes its team's, and neither another team's nor a request."""
+    from functions.replies import DISCOVERED_TYPE, TEAM_ATTRIBUTE, reply_type
+
+    trigger = _one("Trigger", "team-main-replies")
+    answers = [reply_type(a, ok) for a in ACTIONS for ok in (True, False)] + [DISCOVERED_TYPE]
+
+    def takes(event_type: str, team: str | None) -> bool:
+        attributes = {"specversion": "1.0", "type": event_type, "source": "/", "id": "1"}
+        if team is not None:
+            attributes[TEAM_ATTRIBUTE] = team
+        return all(_filter_matches(e, attributes) for e in trigger["spec"]["filters"])
+
+    assert all(takes(t, "main") for t in answers)
+    assert not any(takes(t, team) for t in answers for team in ("other", "", None))
+    assert not any(takes(t, "main") for t in REQUEST_TYPES.values())
+
+
 def test_broker_retries_then_dead_letters() -> None:
     delivery = _one("Broker", "default")["spec"]["delivery"]
     assert delivery["retry"] == 5
