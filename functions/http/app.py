@@ -18,6 +18,7 @@ from werkzeug.exceptions import RequestEntityTooLarge
 
 from functions import events
 from functions.errors import (
+    InputNotAllowed,
     InvalidRequest,
     NotAuthenticated,
     SenderNotAllowed,
@@ -106,6 +107,9 @@ def _respond(service: Service, senders: SenderCheck | None) -> tuple[int, Respon
         log.info("sender refused", extra=fields(action=service.action, error=str(err)))
         kind = "team_not_allowed" if isinstance(err, TeamNotAllowed) else "sender_not_allowed"
         return 403, _error(403, kind, err)
+    except InputNotAllowed as err:
+        log.info("input refused", extra=fields(action=service.action, error=str(err)))
+        return 403, _error(403, "input_not_allowed", err)
     except Unavailable as err:
         log.warning("unavailable", extra=fields(action=service.action, error=str(err)))
         return 503, _error(503, "unavailable", err)

@@ -22,6 +22,7 @@ from functions.redaction import secret_values
 from functions.replies import TEAM_ATTRIBUTE, discovered_events, reply_event
 from functions.runtimes import Runtime
 from functions.service import checks, shared_check
+from functions.service.artifact_teams import ArtifactTeams, check_inputs
 from functions.service.cache_memory import CacheMemory
 from functions.service.flights import Flights
 from functions.service.request_data import parse_request_data
@@ -65,6 +66,7 @@ class Service:
         self.metrics = metrics
         self.flights = Flights()
         self.cache_memory = CacheMemory(settings.cache_recheck_seconds)
+        self.artifact_teams = ArtifactTeams(store)
         tracer = RunTracer(f"resource-functions-{action}") if settings.tracing else None
         self.report = RunReport(action, store, metrics, tracer)
 
@@ -82,6 +84,8 @@ class Service:
             request.type_name,
             request.resource_type.image,
         )
+        if request.inputs:  # before any lookup or run
+            check_inputs(self.store, request.inputs, request.build.team)
         try:
             resolved = self.resolve(request)
         except InvalidRequest:
@@ -133,7 +137,7 @@ class Service:
         without a look in the store: its run id and outcome, logged and counted as ``handle``
         would (its reply is ``reply_event``'s); None otherwise (``handle`` decides then)."""
         remembered = self.cache_memory.peek(get.cache_key)
-        if remembered is None:
+        if remembered is None or not self.artifact_teams.recorded(get.cache_key, get.team):
             return None
         run = self.run_id(get.sender, get.team, get.event_source, event_id)
         self._log_request(event_id, get.event_source, run, get.type_name, get.image, short_way=True)
@@ -233,6 +237,8 @@ class Service:
 
     def _serve(self, request: Request, run: str) -> Reply:
         cache_key = self._cache_key(request)
+        if cache_key is not None:  # the artifact it produces or is answered with is its team's
+            self.artifact_teams.record(cache_key, request.build.team)
         remembered = self.cache_memory.fresh(cache_key) if cache_key else None
         if remembered is not None:
             # Ahead of this run's stored result: a hit starts nothing, and its reply has the
