@@ -23,6 +23,7 @@ from functions.errors import (
     NotAuthenticated,
     SenderNotAllowed,
     TeamNotAllowed,
+    TooManyRuns,
     Unavailable,
 )
 from functions.http.metered_store import MeteredStore
@@ -110,6 +111,11 @@ def _respond(service: Service, senders: SenderCheck | None) -> tuple[int, Respon
     except InputNotAllowed as err:
         log.info("input refused", extra=fields(action=service.action, error=str(err)))
         return 403, _error(403, "input_not_allowed", err)
+    except TooManyRuns as err:
+        log.info("too many runs", extra=fields(action=service.action, error=str(err)))
+        response = _error(429, "too_many_runs", err)
+        response.headers["Retry-After"] = str(err.retry_after)
+        return 429, response
     except Unavailable as err:
         log.warning("unavailable", extra=fields(action=service.action, error=str(err)))
         return 503, _error(503, "unavailable", err)

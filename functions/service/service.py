@@ -27,6 +27,7 @@ from functions.service.cache_memory import CacheMemory
 from functions.service.flights import Flights
 from functions.service.request_data import parse_request_data
 from functions.service.run_report import RunReport
+from functions.service.team_runs import TeamRuns
 from functions.service.teams import check_team
 from functions.settings import Settings
 from functions.sink import post_events
@@ -67,6 +68,7 @@ class Service:
         self.flights = Flights()
         self.cache_memory = CacheMemory(settings.cache_recheck_seconds)
         self.artifact_teams = ArtifactTeams(store)
+        self.team_runs = TeamRuns(settings.max_runs_per_team)
         tracer = RunTracer(f"resource-functions-{action}") if settings.tracing else None
         self.report = RunReport(action, store, metrics, tracer)
 
@@ -286,9 +288,20 @@ class Service:
         return Reply(status=202)
 
     def _begin(self, task: Task, type_name: str | None) -> None:
-        """Start an asynchronous run; it is reported when the runtime sees it end."""
+        """Start an asynchronous run; it is reported (and no longer counted for its team)
+        when the runtime sees it end."""
+        self.team_runs.take(task.team, task.run_id)  # 429 before the task starts
+
+        def ended(outcome: Outcome) -> None:
+            self.team_runs.done(task.team, task.run_id)
+            self.report.ended(task, began, outcome)
+
         began = self.report.began(task, type_name)
-        self.runtime.start(task, ended=lambda outcome: self.report.ended(task, began, outcome))
+        try:
+            self.runtime.start(task, ended=ended)
+        except BaseException:
+            self.team_runs.done(task.team, task.run_id)
+            raise
 
     def _start_once(self, request: Request, task: Task, plan: HistoryPlan) -> Reply:
         """An asynchronous check shared across replicas through its resource's lease: start
@@ -393,10 +406,11 @@ class Service:
         return cached
 
     def _run(self, task: Task, type_name: str | None) -> Outcome:
-        began = self.report.began(task, type_name)
-        outcome = self.runtime.run(task)
-        self.report.ended(task, began, outcome)
-        return outcome
+        with self.team_runs.held(task.team, task.run_id):  # 429 before the run starts
+            began = self.report.began(task, type_name)
+            outcome = self.runtime.run(task)
+            self.report.ended(task, began, outcome)
+            return outcome
 
     def _cache_key(self, request: Request) -> str | None:
         if request.action != "get":
