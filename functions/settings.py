@@ -127,7 +127,7 @@ class Settings:
             max_runs_per_team=_whole(env, "MAX_RUNS_PER_TEAM", 8),
             check_lease_seconds=_number(env, "CHECK_LEASE_SECONDS", 30.0, zero=True),
             log_level=_choice(env, "LOG_LEVEL", ("debug", "info", "warning", "error"), "info"),
-            task_namespace=env.get("TASK_NAMESPACE") or _own_namespace(),
+            task_namespace=env.get("TASK_NAMESPACE") or own_namespace(),
             task_service_account=env.get("TASK_SERVICE_ACCOUNT") or "resource-task",
             task_image=env.get("TASK_IMAGE") or "resource-functions:latest",
             task_ttl_seconds=int(_number(env, "TASK_TTL_SECONDS", 600)),
@@ -429,7 +429,8 @@ def _whole(env: Mapping[str, str], name: str, default: int) -> int:
     return value
 
 
-def _own_namespace() -> str:
+def own_namespace() -> str:
+    """The namespace this process runs in (its ServiceAccount's), or ``default`` outside a pod."""
     path = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
     try:
         return path.read_text().strip() or "default"
