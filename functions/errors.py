@@ -6,6 +6,8 @@
     ├── NotAuthenticated      SENDER_AUDIENCE is set and the request has no valid token: 401
     ├── SenderNotAllowed      the token's identity is not in ALLOWED_SENDERS: 403
     │   └── TeamNotAllowed    the sender may not name the request's team (SENDER_TEAMS): 403
+    ├── InputNotAllowed       a put's input is an artifact of another team: 403
+    ├── TooManyRuns           the team has MAX_RUNS_PER_TEAM runs in flight here: 429
     ├── Unavailable           retryable = True: infrastructure trouble (store, engine or
     │   │                     cluster unreachable): HTTP 503, so Knative redelivers
     │   └── SinkRefused       K_SINK did not take a reply event (requests' error is the cause)
@@ -69,6 +71,19 @@ class SenderNotAllowed(FunctionError):
 
 class TeamNotAllowed(SenderNotAllowed):
     """The sender is allowed, but not for the team its request names."""
+
+
+class InputNotAllowed(FunctionError):
+    """A put's input is not an artifact of the put's team (``service.artifact_teams``)."""
+
+
+class TooManyRuns(FunctionError):
+    """The request's team has ``MAX_RUNS_PER_TEAM`` runs in flight on this replica: answered
+    429 with ``Retry-After`` before anything starts (the Broker retries it)."""
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class Unavailable(FunctionError):

@@ -50,10 +50,18 @@ def cache_key(
     return hmac.new(secret, message, hashlib.sha256).hexdigest()
 
 
-def resource_key(secret: bytes, *, image: str, source: Any) -> str:
-    """Keyed hash naming a resource (image + source, as Concourse's resource config): the key
-    of its version history."""
-    return cache_key(secret, image=image, source=source, version=None, params={}, action="history")
+def resource_key(secret: bytes, *, image: str, source: Any, team: str) -> str:
+    """Keyed hash naming a resource (image + source, as Concourse's resource config) of one
+    team (``build.team``; ``""``: requests naming none): the key of its version history, its
+    check lease and its ``version.discovered`` ids. Teams' checks of one source are apart, as
+    Concourse scopes a resource to its pipeline. A team-less resource keeps its key from
+    before teams entered it, so its history carries over."""
+    if not team:
+        return cache_key(
+            secret, image=image, source=source, version=None, params={}, action="history"
+        )
+    message = canonical_json({"action": "history", "image": image, "source": source, "team": team})
+    return hmac.new(secret, message, hashlib.sha256).hexdigest()
 
 
 def history_record_key(key: str) -> str:

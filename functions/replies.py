@@ -1,7 +1,8 @@
 """The events a run answers with (pure): its reply, and a check's ``version.discovered``
 events. The function and ``collect`` (asynchronous completion) both send them, so they are
 built here and nowhere else; the same run gives the same event ids, so a consumer can drop
-the double.
+the double. Each carries the ``team`` extension attribute of its request (``build.team``; none
+for a request naming no team), so a Trigger routes a team's replies to that team alone.
 """
 
 from __future__ import annotations
@@ -18,6 +19,12 @@ from functions.tracing import trace_attributes
 
 REPLY_SOURCE = "/resource-functions/{action}"
 DISCOVERED_TYPE = f"{TYPE_PREFIX}version.discovered"
+TEAM_ATTRIBUTE = "team"  # the request's build.team, on the request and on its events
+
+
+def team_attributes(team: str) -> dict[str, str]:
+    """The ``team`` attribute of an event answering a request of ``team`` (none for "")."""
+    return {TEAM_ATTRIBUTE: team} if team else {}
 
 
 def reply_type(action: str, succeeded: bool) -> str:
@@ -32,9 +39,11 @@ def reply_event(
     subject: str | None,
     run_id: str,
     trace: TraceContext | None = None,
+    team: str = "",
 ) -> CloudEvent:
     """The reply CloudEvent for an outcome (pure: same inputs, same event but for ``time``).
-    ``trace``: the request's trace context, carried on as the distributed-tracing extension."""
+    ``trace``: the request's trace context, carried on as the distributed-tracing extension;
+    ``team``: the request's, carried as the ``team`` attribute."""
     attributes: dict[str, Any] = {
         "specversion": "1.0",
         "type": reply_type(action, outcome.succeeded),
@@ -45,6 +54,7 @@ def reply_event(
     }
     if subject:
         attributes["subject"] = subject
+    attributes.update(team_attributes(team))
     attributes.update(trace_attributes(trace))
     return CloudEvent(attributes=attributes, data=reply_data(outcome))
 
@@ -68,6 +78,7 @@ def discovered_events(
     run_id: str,
     history: HistoryPlan | None,
     trace: TraceContext | None = None,
+    team: str = "",
 ) -> list[CloudEvent]:
     """One ``version.discovered`` event per version in a check's ``new`` (none without a
     history). Ids derive from the resource and the version (``discovered_id``): a version is
@@ -87,6 +98,7 @@ def discovered_events(
                 "datacontenttype": "application/json",
                 "requestid": request_id,
                 **({"subject": subject} if subject else {}),
+                **team_attributes(team),
                 **trace_attributes(trace),
             },
             data={"version": version, "resource": history.resource_key},
@@ -110,6 +122,7 @@ def reply_events(
     run_id: str,
     history: HistoryPlan | None,
     trace: TraceContext | None = None,
+    team: str = "",
 ) -> list[CloudEvent]:
     """Everything an asynchronous run posts to the sink: the discovered versions, then the
     reply (so a consumer of the reply finds the discoveries already sent)."""
@@ -120,6 +133,7 @@ def reply_events(
         run_id=run_id,
         history=history,
         trace=trace,
+        team=team,
     )
     reply = reply_event(
         action=action,
@@ -128,5 +142,6 @@ def reply_events(
         subject=subject,
         run_id=run_id,
         trace=trace,
+        team=team,
     )
     return [*found, reply]

@@ -62,6 +62,9 @@ class Settings:
     task_timeout_seconds: float = 3600.0
     reply_mode: str = "sync"
     history_limit: int = 1000  # HISTORY_LIMIT: versions kept per resource, the oldest dropped
+    # MAX_RUNS_PER_TEAM: runs (containers, Jobs) in flight per team (build.team; requests
+    # naming none are one team) on one replica; a request over it is 429 before it starts.
+    max_runs_per_team: int = 8
     # CHECK_LEASE_SECONDS: lifetime of a resource's check lease (renewed while its check
     # runs), i.e. how long waiters wait for a holder that died; 0 turns the lease off. An
     # async check's task holds it for its whole budget instead (pod_contract.async_lease_seconds).
@@ -121,9 +124,10 @@ class Settings:
             task_timeout_seconds=_number(env, "TASK_TIMEOUT_SECONDS", 3600.0),
             reply_mode=_choice(env, "REPLY_MODE", REPLY_MODES, "sync"),
             history_limit=_whole(env, "HISTORY_LIMIT", 1000),
+            max_runs_per_team=_whole(env, "MAX_RUNS_PER_TEAM", 8),
             check_lease_seconds=_number(env, "CHECK_LEASE_SECONDS", 30.0, zero=True),
             log_level=_choice(env, "LOG_LEVEL", ("debug", "info", "warning", "error"), "info"),
-            task_namespace=env.get("TASK_NAMESPACE") or _own_namespace(),
+            task_namespace=env.get("TASK_NAMESPACE") or own_namespace(),
             task_service_account=env.get("TASK_SERVICE_ACCOUNT") or "resource-task",
             task_image=env.get("TASK_IMAGE") or "resource-functions:latest",
             task_ttl_seconds=int(_number(env, "TASK_TTL_SECONDS", 600)),
@@ -425,7 +429,8 @@ def _whole(env: Mapping[str, str], name: str, default: int) -> int:
     return value
 
 
-def _own_namespace() -> str:
+def own_namespace() -> str:
+    """The namespace this process runs in (its ServiceAccount's), or ``default`` outside a pod."""
     path = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
     try:
         return path.read_text().strip() or "default"

@@ -93,5 +93,6 @@ def post_outcome(sink: str, task: Task, outcome: Outcome) -> None:
         run_id=task.run_id,
         history=task.history,
         trace=task.trace,
+        team=task.team,
     )
     post_events(sink, events)

@@ -98,11 +98,16 @@ def add_inspect_parsers(sub: Any) -> None:
     runs.set_defaults(handler=cmd_runs)
     logs = sub.add_parser("logs", help="print a run's stored log")
     logs.add_argument("run_id", metavar="RUN_ID")
+    logs.add_argument(
+        "--raw", action="store_true", help="the stored bytes as they are (control characters too)"
+    )
     logs.set_defaults(handler=cmd_logs)
     versions = sub.add_parser("versions", help="print a resource's version history")
     versions.add_argument("--type", required=True, help="resource type name from the catalogue")
     versions.add_argument("--source", required=True, help="source as JSON, or @file")
-    versions.add_argument("--team", default="", help="build.team, for ((var)) references")
+    versions.add_argument(
+        "--team", default="", help="build.team: whose history, and ((var)) credentials"
+    )
     versions.add_argument("--pipeline", default="", help="build.pipeline, for ((var)) references")
     versions.set_defaults(handler=cmd_versions)
 
@@ -116,7 +121,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 def cmd_logs(args: argparse.Namespace) -> int:
     from functions.cli.inspect import logs
 
-    return logs(args.run_id, out=sys.stdout.buffer)
+    return logs(args.run_id, out=sys.stdout.buffer, raw=args.raw)
 
 
 def cmd_versions(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import uuid
@@ -34,6 +35,9 @@ IMAGE = "localhost/hello-resource"
 def run_demo(*, serve: bool = False, base_port: int = 8081) -> int:
     env = dict(os.environ)
     env.setdefault("LOG_LEVEL", "warning")
+    # A cache key of this run's own, shared by its three services (without one each service
+    # would warn that it made up its own): cache entries last the run unless you set one.
+    env.setdefault("CACHE_SECRET", secrets.token_hex(32))
     engine = None  # the Podman API service started here, if one was
     if "DOCKER_HOST" not in env:
         env["DOCKER_HOST"], engine = _engine(env)

@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Any, TextIO
 
 from functions import credentials, keys
+from functions.cli.terminal_text import escape, escaped_chunks
 from functions.errors import ConfigError
 from functions.ledger import history, run_index
 from functions.model import Build, Request
@@ -68,18 +69,23 @@ def format_runs(rows: list[run_index.RunRow]) -> str:
     lines = [
         "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1] for r in table
     ]
-    return "\n".join(lines) + "\n"
+    return escape("\n".join(lines)) + "\n"  # a run's image and kind come from its request
 
 
-def logs(run: str, *, out: Any) -> int:
-    """Write the run's stored (redacted) log to ``out`` (binary)."""
+def logs(run: str, *, out: Any, raw: bool = False) -> int:
+    """Write the run's stored (redacted) log to ``out`` (binary), its control characters
+    escaped (``functions.cli.terminal_text``); ``raw``: the bytes as stored."""
     if not RUN_ID.fullmatch(run):
         raise ConfigError(f"RUN_ID {run!r}: expected the 32 hex digits of a run id")
     _, store = open_settings_store()
     try:
         with store.open(keys.log_key(run)) as stream:
-            while chunk := stream.read(1 << 16):
-                out.write(chunk)
+            if raw:
+                while chunk := stream.read(1 << 16):
+                    out.write(chunk)
+            else:
+                for text in escaped_chunks(stream):
+                    out.write(text.encode())
     except ObjectNotFound:
         print(
             f"no log for run {run} (runs that failed before their script started have "
@@ -146,7 +152,7 @@ def format_versions(known: history.History, resource_key: str) -> str:
     ]
     for number, version in reversed(list(enumerate(known.versions, 1))):
         shown = ",".join(f"{k}:{v}" for k, v in sorted(version.items()))
-        lines.append(f"{number:<4} {shown}")
+        lines.append(f"{number:<4} {escape(shown)}")  # a version is what a resource printed
     return "\n".join(lines) + "\n"
 
 

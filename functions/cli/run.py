@@ -20,7 +20,7 @@ from functions.service.service import Service
 from functions.settings import Settings
 from storage import Store
 from storage.archive import suffix_for
-from storage.artifacts import download_tree, upload_tree
+from storage.artifacts import add_team, download_tree, upload_tree
 from storage.base import key_for_url
 
 
@@ -32,8 +32,9 @@ def run_local(
     settings = Settings.from_env()
     store = open_local_or_remote_store(settings)
     if inputs:
+        team = str((data.get("build") or {}).get("team") or "")
         data["inputs"] = {
-            name: _as_artifact(store, where, settings) for name, where in inputs.items()
+            name: _as_artifact(store, where, settings, team) for name, where in inputs.items()
         }
     runtime = make_runtime(settings, store)
     try:
@@ -62,7 +63,8 @@ def _event(action: Action, data: dict[str, Any]) -> CloudEvent:
     )
 
 
-def _as_artifact(store: Store, where: str, settings: Settings) -> str | dict[str, str]:
+def _as_artifact(store: Store, where: str, settings: Settings, team: str) -> str | dict[str, str]:
+    """A URL as given; a directory uploaded as an artifact of ``team`` (the put's)."""
     if "://" in where:
         return where
     directory = Path(where)
@@ -76,6 +78,7 @@ def _as_artifact(store: Store, where: str, settings: Settings) -> str | dict[str
         settings.archive,
         wrap=lambda stream: cast(BinaryIO, ProgressReader(stream, f"upload {where}")),
     )
+    add_team(store, key, team)
     return {"url": store.url_for(key), "digest": info.digest or ""}
 
 

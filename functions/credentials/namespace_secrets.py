@@ -8,6 +8,11 @@ Secret's key ``field``, or ``value`` without one. Each lookup is one ``get`` (th
 ServiceAccount may not list Secrets). A request without ``build.team`` has no namespace, so its
 references are unresolvable. API errors follow ``kube_api``: unreachable, 401/403, 429 and 5xx
 are ``Unavailable`` (503).
+
+A prefix from which some team name reaches the task namespace (where the store Secret and every
+run's stdin Secret live) or the functions' own namespace is refused at start (``ConfigError``
+naming the prefix, the team and both namespaces): a request naming that team would otherwise
+read those Secrets as its credentials wherever RBAC let it.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import re
 from typing import TYPE_CHECKING, Any, Protocol
 
 from functions.credentials.interpolate import Reference
-from functions.errors import InvalidRequest, Rejected, Unavailable
+from functions.errors import ConfigError, InvalidRequest, Rejected, Unavailable
 from functions.model import Build
 
 if TYPE_CHECKING:
@@ -37,18 +42,29 @@ class SecretReader(Protocol):
 class KubernetesSecrets:
     hint = " (no Secret holds it in the team's credential namespace)"
 
-    def __init__(self, api: SecretReader, prefix: str = DEFAULT_PREFIX) -> None:
+    def __init__(
+        self,
+        api: SecretReader,
+        prefix: str = DEFAULT_PREFIX,
+        *,
+        protected: dict[str, str] | None = None,
+    ) -> None:
+        """``protected``: the namespaces no team may reach, by role (``task``, ``functions``)."""
+        check_prefix(prefix, protected or {})
         self.api = api
         self.prefix = prefix
 
     @classmethod
     def from_settings(cls, settings: Settings) -> KubernetesSecrets:
         from functions.runtimes.kube_api import KubeApi, api_client_from_env
+        from functions.settings import own_namespace
 
+        protected = {"task": settings.task_namespace, "functions": own_namespace()}
+        check_prefix(settings.credentials_kubernetes_namespace_prefix, protected)
         api = KubeApi(
             api_client_from_env(settings.kubeconfig), settings.task_namespace, (5.0, 30.0)
         )
-        return cls(api, settings.credentials_kubernetes_namespace_prefix)
+        return cls(api, settings.credentials_kubernetes_namespace_prefix, protected=protected)
 
     def namespace(self, build: Build) -> str | None:
         namespace = self.prefix + build.team
@@ -79,3 +95,20 @@ class KubernetesSecrets:
                     f"{ref}: Secret {namespace}/{name} key {key!r} is not UTF-8 text"
                 ) from None
         return None
+
+
+def check_prefix(prefix: str, protected: dict[str, str]) -> None:
+    """``ConfigError`` if a team name makes ``<prefix><team>`` one of the ``protected``
+    namespaces (by role), naming the prefix, each namespace reached, its team and them all."""
+    reached = [
+        f"the {role} namespace {namespace!r} (team {namespace[len(prefix) :]!r})"
+        for role, namespace in sorted(protected.items())
+        if namespace.startswith(prefix) and len(namespace) > len(prefix)
+    ]
+    if reached:
+        every = ", ".join(f"{role} {ns!r}" for role, ns in sorted(protected.items()))
+        raise ConfigError(
+            f"CREDENTIALS_KUBERNETES_NAMESPACE_PREFIX={prefix!r} reaches "
+            f"{' and '.join(reached)}: a request naming that team would read its Secrets. "
+            f"Choose a prefix that no namespace of the platform ({every}) starts with."
+        )

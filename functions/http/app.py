@@ -19,10 +19,12 @@ from werkzeug.exceptions import RequestEntityTooLarge
 from functions import events
 from functions.credentials import make_provider
 from functions.errors import (
+    InputNotAllowed,
     InvalidRequest,
     NotAuthenticated,
     SenderNotAllowed,
     TeamNotAllowed,
+    TooManyRuns,
     Unavailable,
 )
 from functions.http.metered_store import MeteredStore
@@ -120,6 +122,14 @@ def _respond(service: Service, senders: SenderCheck | None) -> tuple[int, Respon
         log.info("sender refused", extra=fields(action=service.action, error=str(err)))
         kind = "team_not_allowed" if isinstance(err, TeamNotAllowed) else "sender_not_allowed"
         return 403, _error(403, kind, err)
+    except InputNotAllowed as err:
+        log.info("input refused", extra=fields(action=service.action, error=str(err)))
+        return 403, _error(403, "input_not_allowed", err)
+    except TooManyRuns as err:
+        log.info("too many runs", extra=fields(action=service.action, error=str(err)))
+        response = _error(429, "too_many_runs", err)
+        response.headers["Retry-After"] = str(err.retry_after)
+        return 429, response
     except Unavailable as err:
         log.warning("unavailable", extra=fields(action=service.action, error=str(err)))
         return 503, _error(503, "unavailable", err)

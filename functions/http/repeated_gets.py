@@ -168,6 +168,7 @@ class ReplyForm:
             subject=get.subject,
             run_id=run,
             trace=trace,
+            team=get.team,
         )
         headers, body = events.to_http(event)
         fixed = {name: value for name, value in headers.items() if name not in PER_REQUEST}

@@ -237,7 +237,11 @@ def plan_for(task: Task, config: KubernetesConfig, store_url: str, *, reply: boo
         node_selector=rt.node_selector or c.node_selector,
         tolerations=tuple(rt.tolerations or c.tolerations),
         image_pull_secrets=tuple(rt.image_pull_secrets or c.image_pull_secrets),
-        reply=ReplyPlan(task.request_id, task.subject, c.reply_sink, task.trace) if reply else None,
+        reply=(
+            ReplyPlan(task.request_id, task.subject, c.reply_sink, task.trace, task.team)
+            if reply
+            else None
+        ),
         build_size_limit=rt.build_size_limit or c.build_size_limit,
         request_source=task.request_source,
         request_digest=task.request_digest,

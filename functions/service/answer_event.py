@@ -20,6 +20,7 @@ def reply_of(action: Action, call: Call, outcome: Outcome) -> CloudEvent:
         subject=request.subject,
         run_id=call.run,
         trace=request.trace,
+        team=request.build.team,
     )
 
 
@@ -35,6 +36,7 @@ def post_discoveries(sink: str, call: Call, outcome: Outcome) -> None:
         run_id=call.run,
         history=call.plan,
         trace=call.request.trace,
+        team=call.request.build.team,
     )
     if not found or not sink:
         return

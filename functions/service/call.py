@@ -51,11 +51,12 @@ def flight_keys(config: ServiceConfig, call: Call) -> list[str]:
     runtime refuses it when it finds the run's container or Job)."""
     request = call.request
     flight = [f"{call.run}:{request.digest}"]
+    team = keys.canonical_json(request.build.team).decode()  # a team joins its own runs
     if call.cache_key:
-        flight.append(f"get:{call.cache_key}")
+        flight.append(f"get:{team}:{call.cache_key}")
     elif request.action == "check":
         flight.append(
-            "check:"
+            f"check:{team}:"
             + keys.cache_key(
                 config.cache_secret,
                 image=request.resource_type.image,
@@ -97,4 +98,5 @@ def task(config: ServiceConfig, call: Call) -> Task:
         history=call.plan,
         trace=request.trace,
         request_digest=request.digest,
+        team=request.build.team,
     )

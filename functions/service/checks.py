@@ -14,11 +14,16 @@ from storage import Store
 
 
 def history_plan(request: Request, *, cache_secret: bytes, limit: int) -> HistoryPlan | None:
-    """Where a check's versions are recorded (resolved source: see ``keys.resource_key``),
-    ``limit`` of them kept; None for get and put."""
+    """Where a check's versions are recorded (resolved source, the request's team: see
+    ``keys.resource_key``), ``limit`` of them kept; None for get and put."""
     if request.action != "check":
         return None
-    key = keys.resource_key(cache_secret, image=request.resource_type.image, source=request.source)
+    key = keys.resource_key(
+        cache_secret,
+        image=request.resource_type.image,
+        source=request.source,
+        team=request.build.team,
+    )
     return HistoryPlan(resource_key=key, limit=limit)
 
 
@@ -59,9 +64,8 @@ def answer(known: history.History, request: Request) -> Outcome:
     )
 
 
-def joined_answer(store: Store, request: Request, plan: HistoryPlan, shared: Outcome) -> Outcome:
-    """The answer of a check that waited for another replica's run of its resource: that
-    run's failure, or (its versions may start from another version) the history after it."""
-    if not shared.succeeded:
-        return shared
+def joined_answer(store: Store, request: Request, plan: HistoryPlan) -> Outcome:
+    """The answer of a check that waited for another run of its resource (of its team) that
+    succeeded: (its versions may start from another version) the history after it. Another
+    run's failure is never a waiter's answer (``shared_check`` runs the waiter's own)."""
     return answer(history.read(store, plan.resource_key), request)

@@ -25,6 +25,7 @@ class ServiceConfig:
     redact_keys: tuple[str, ...]
     cache_recheck_seconds: float
     tracing: bool
+    max_runs_per_team: int
 
     @classmethod
     def of(cls, settings: Settings) -> ServiceConfig:
@@ -43,4 +44,5 @@ class ServiceConfig:
             redact_keys=settings.redact_keys,
             cache_recheck_seconds=settings.cache_recheck_seconds,
             tracing=settings.tracing,
+            max_runs_per_team=settings.max_runs_per_team,
         )

@@ -24,7 +24,8 @@ class Flights:
         Returns (result, joined) where joined says the result came from another caller."""
         with self._lock:
             for key in keys:
-                if key in self._running:
+                # A run that has ended is not joined (its key goes once its result is set).
+                if key in self._running and not self._running[key].done():
                     future = self._running[key]
                     break
             else:

@@ -11,9 +11,10 @@ from cloudevents.core.v1.event import CloudEvent
 from functions import credentials, events, keys
 from functions.errors import InvalidRequest
 from functions.model import Action, Request
+from functions.replies import TEAM_ATTRIBUTE
 from functions.service.config import ServiceConfig
 from functions.service.request_data import parse_request_data
-from functions.service.teams import TEAM_ATTRIBUTE, check_team
+from functions.service.teams import check_team
 from functions.tracing import trace_context
 
 

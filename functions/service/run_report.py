@@ -1,6 +1,6 @@
 """What a run leaves besides its result: its entry in the run index, its metrics, its
 ``run finished`` log line and (with tracing on) its spans. The service reports each run it
-starts, synchronous or asynchronous, here."""
+starts, synchronous or asynchronous, here; and each request's own line (``log_request``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functions.ledger import run_index
 from functions.logs import fields
 from functions.metrics import Metrics
-from functions.model import Action, Outcome, Task
+from functions.model import Action, Outcome, RepeatableGet, Request, Task
 from functions.phases import seconds_by_phase
 from functions.tracing import RunTracer
 from storage import Store
@@ -91,3 +91,26 @@ class RunReport:
             )
         except Exception:  # tracing must never fail a request
             log.exception("cannot export the run's spans", extra=fields(run_id=task.run_id))
+
+
+def log_request(
+    action: Action,
+    event_id: str,
+    event_source: str,
+    run: str,
+    what: Request | RepeatableGet,
+    short_way: bool = False,
+) -> None:
+    """The request's line; ``short_way`` marks a repeat answered before the full way."""
+    image = what.image if isinstance(what, RepeatableGet) else what.resource_type.image
+    values: dict[str, object] = {
+        "action": action,
+        "id": event_id,
+        "source": event_source,
+        "run_id": run,
+        "type": what.type_name,
+        "image": image,
+    }
+    if short_way:
+        values["short_way"] = True
+    log.info("request", extra=fields(**values))

@@ -3,7 +3,6 @@ otherwise run the resource once (however often the request is delivered)."""
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass, replace
 
@@ -12,26 +11,25 @@ from cloudevents.core.v1.event import CloudEvent
 from functions import credentials, keys
 from functions.errors import InvalidRequest
 from functions.ledger import results
-from functions.logs import fields
 from functions.metrics import Metrics, type_label
 from functions.model import Action, Outcome, RepeatableGet, Request, Task
 from functions.runtimes import Runtime
 from functions.service import checks, intake, shared_check
 from functions.service.answer_event import post_discoveries, reply_of
 from functions.service.answers import Answers
+from functions.service.artifact_teams import ArtifactTeams, check_inputs
 from functions.service.cache_memory import CacheMemory
 from functions.service.call import Call, cache_key, flight_keys, make_call, task
 from functions.service.config import ServiceConfig
 from functions.service.flights import Flights
-from functions.service.run_report import RunReport
+from functions.service.run_report import RunReport, log_request
+from functions.service.team_runs import TeamRuns
 from functions.steps.budget import async_lease_seconds
 from functions.steps.outcome import final_failure
 from functions.tracing import RunTracer
 from storage import Store
 from storage.base import url_prefix
 from storage.store_errors import StorageError
-
-log = logging.getLogger("functions")
 
 
 @dataclass(frozen=True)
@@ -62,6 +60,8 @@ class Service:
         tracer = RunTracer(f"resource-functions-{action}") if config.tracing else None
         self.report = RunReport(action, store, metrics, tracer)
         self.answers = Answers(action, store, metrics, CacheMemory(config.cache_recheck_seconds))
+        self.artifact_teams = ArtifactTeams(store)
+        self.team_runs = TeamRuns(config.max_runs_per_team)
 
     @property
     def cache_memory(self) -> CacheMemory:
@@ -75,7 +75,9 @@ class Service:
         run = self.run_id(
             request.sender, request.build.team, request.event_source, request.event_id
         )
-        self._log_request(request.event_id, request.event_source, run, request)
+        log_request(self.action, request.event_id, request.event_source, run, request)
+        if request.inputs:  # before any lookup or run
+            check_inputs(self.store, request.inputs, request.build.team)
         try:
             resolved = intake.resolve(self.provider, request)
         except InvalidRequest:
@@ -135,36 +137,16 @@ class Service:
         without a look in the store: its run id and outcome, logged and counted as ``handle``
         would (its reply is ``reply_event``'s); None otherwise (``handle`` decides then)."""
         remembered = self.cache_memory.peek(get.cache_key)
-        if remembered is None:
+        if remembered is None or not self.artifact_teams.recorded(get.cache_key, get.team):
             return None
         run = self.run_id(get.sender, get.team, get.event_source, event_id)
-        self._log_request(event_id, get.event_source, run, get, short_way=True)
+        log_request(self.action, event_id, get.event_source, run, get, short_way=True)
         self.metrics.cache_hits.labels(self.action).inc()
         return run, Outcome(action=self.action, data=remembered)
 
-    def _log_request(
-        self,
-        event_id: str,
-        event_source: str,
-        run: str,
-        what: Request | RepeatableGet,
-        short_way: bool = False,
-    ) -> None:
-        """The request's line; ``short_way`` marks a repeat answered before the full way."""
-        image = what.image if isinstance(what, RepeatableGet) else what.resource_type.image
-        values: dict[str, object] = {
-            "action": self.action,
-            "id": event_id,
-            "source": event_source,
-            "run_id": run,
-            "type": what.type_name,
-            "image": image,
-        }
-        if short_way:
-            values["short_way"] = True
-        log.info("request", extra=fields(**values))
-
     def _serve(self, call: Call) -> Reply:
+        if call.cache_key is not None:  # the artifact it produces or is answered with is its team's
+            self.artifact_teams.record(call.cache_key, call.request.build.team)
         remembered = self.cache_memory.fresh(call.cache_key) if call.cache_key else None
         if remembered is not None:
             # Ahead of this run's stored result: a hit starts nothing, and its reply has the
@@ -181,9 +163,12 @@ class Service:
                 self.metrics.check_age.labels(type_label(request.type_name)).observe(age)
         if call.request.reply_async:
             return self._start(call, fresh)
-        outcome, joined = self.flights.run(
-            flight_keys(self.config, call), lambda: self._answer(call, fresh)
-        )
+        flight = flight_keys(self.config, call)
+        outcome, joined = self.flights.run(flight, lambda: self._answer(call, fresh))
+        while joined and not outcome.succeeded:
+            # Another request's failure (its message, its log tail) is not this request's
+            # answer: run its own (a redelivery of this request finds its run's stored one).
+            outcome, joined = self.flights.run(flight, lambda: self._answer(call, fresh))
         if joined:
             self.metrics.joined.labels(self.action).inc()
             # The run may have been another request's: record the answer under this request's
@@ -205,9 +190,20 @@ class Service:
         return Reply(status=202)
 
     def _begin(self, work: Task, type_name: str | None) -> None:
-        """Start an asynchronous run; it is reported when the runtime sees it end."""
+        """Start an asynchronous run; it is reported (and no longer counted for its team)
+        when the runtime sees it end."""
+        self.team_runs.take(work.team, work.run_id)  # 429 before the task starts
+
+        def ended(outcome: Outcome) -> None:
+            self.team_runs.done(work.team, work.run_id)
+            self.report.ended(work, began, outcome)
+
         began = self.report.began(work, type_name)
-        self.runtime.start(work, ended=lambda outcome: self.report.ended(work, began, outcome))
+        try:
+            self.runtime.start(work, ended=ended)
+        except BaseException:
+            self.team_runs.done(work.team, work.run_id)
+            raise
 
     def _start_once(self, call: Call, work: Task) -> Reply:
         """An asynchronous check shared across replicas through its resource's lease: start
@@ -229,7 +225,7 @@ class Service:
         )
         if outcome is None:
             return Reply(status=202)
-        return self._reply(call, self._joined(call, outcome))
+        return self._reply(call, self._joined(call))
 
     def _answer(self, call: Call, fresh: Outcome | None) -> Outcome:
         """Inside the flight, so a redelivery arriving as a run ends sees its result."""
@@ -270,21 +266,22 @@ class Service:
                 self.metrics.lease_waiters.dec()
         if holder == call.run:  # our run, or our own earlier delivery's on another replica
             return outcome
-        return self._joined(call, outcome)
+        return self._joined(call)
 
-    def _joined(self, call: Call, shared: Outcome) -> Outcome:
-        """A check's answer from another run of its resource, stored under its own run id so
-        that its redelivery replays it."""
+    def _joined(self, call: Call) -> Outcome:
+        """A check's answer from another run of its resource that succeeded (the history),
+        stored under its own run id so that its redelivery replays it."""
         assert call.plan is not None
         self.metrics.joined.labels(self.action).inc()
-        answer = checks.joined_answer(self.store, call.request, call.plan, shared)
+        answer = checks.joined_answer(self.store, call.request, call.plan)
         return results.record_outcome(self.store, call.run, answer, request=call.request.digest)
 
     def _run(self, work: Task, type_name: str | None) -> Outcome:
-        began = self.report.began(work, type_name)
-        outcome = self.runtime.run(work)
-        self.report.ended(work, began, outcome)
-        return outcome
+        with self.team_runs.held(work.team, work.run_id):  # 429 before the run starts
+            began = self.report.began(work, type_name)
+            outcome = self.runtime.run(work)
+            self.report.ended(work, began, outcome)
+            return outcome
 
     def _reply(self, call: Call, outcome: Outcome, announce: bool = True) -> Reply:
         """The reply; ``announce``: post the check's discovered versions first (the request

@@ -2,9 +2,11 @@
 
 The caller that takes the lease runs the check; the others wait, polling the lease with
 backoff, for the holder's run to end, then take its stored result (``results/<run>.json``,
-written before the holder releases). A waiter whose holder released without a result (its
+written before the holder releases) if it succeeded. A waiter whose holder failed (another
+request's failure, its log tail, is never a waiter's answer), released without a result (its
 run raised, e.g. the engine was unreachable) or let the lease expire (its replica died)
-takes the lease itself, so one of the waiters runs the check. A waiter that slept through
+takes the lease itself, so one of the waiters runs the check. Leases are per team
+(``keys.resource_key``): a waiter waits only for a run of its own team. A waiter that slept through
 that waiter's whole run finds the lease released under it, and takes its result if it was
 recorded after the waiter came (not a result a redelivered run found stored from before).
 Waiting is bounded by ``timeout``: past it the request is ``Unavailable`` (503; redelivery
@@ -105,15 +107,15 @@ def lead_or_wait(
         if followed is not None and (
             seen is None or seen.lease.run != followed or seen.lease.free(now)
         ):
-            # The holder's run ended (or changed hands): its result, if it left one, is ours.
-            done = results.read_outcome(store, followed, request=None)  # another request's
+            # The holder's run ended (or changed hands): its success, if it left one, is ours.
+            done = _answer_of(store, followed, run)
             if done is not None:
                 return done, followed
             if seen is not None and seen.lease.released and seen.lease.run != followed:
                 # A run took the lease over while this call slept, and ended. Its result is
                 # ours if it is newer than this request: replicas' clocks agree to well
                 # under a check's run, and a skew can only cost a check run again.
-                done = results.read_outcome(store, seen.lease.run, request=None, since=came)
+                done = _answer_of(store, seen.lease.run, run, since=came)
                 if done is not None:
                     return done, seen.lease.run
         if seen is None or seen.lease.free(now):
@@ -128,3 +130,14 @@ def lead_or_wait(
             raise Unavailable(f"the check of this resource by run {followed} did not end in time")
         time.sleep(pause)
         pause = min(pause * GROWTH, MAX_PAUSE)
+
+
+def _answer_of(store: Store, holder: str, run: str, since: float | None = None) -> Outcome | None:
+    """The stored outcome of the ``holder``'s run, if it may answer ``run``: a success, or
+    anything ``run``'s own earlier delivery recorded. Another request's failure is not: its
+    message and log tail are that request's, and its cause (a crafted version, a credential)
+    may be too; the waiter runs its own check instead."""
+    done = results.read_outcome(store, holder, request=None, since=since)  # maybe another's
+    if done is None or (not done.succeeded and holder != run):
+        return None
+    return done

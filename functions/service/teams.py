@@ -23,9 +23,7 @@ import fnmatch
 
 from functions.errors import InvalidRequest, TeamNotAllowed
 from functions.keys import ANONYMOUS
-
-TEAM_ATTRIBUTE = "team"
-
+from functions.replies import TEAM_ATTRIBUTE
 
 Rules = tuple[tuple[str, tuple[str, ...]], ...]  # Settings.sender_teams
 

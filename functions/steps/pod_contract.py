@@ -193,6 +193,7 @@ class ReplyPlan:
     subject: str | None = None
     sink: str = ""  # the function's own K_SINK: given to the collect container alone
     trace: TraceContext | None = None  # the request's, carried on by the posted events
+    team: str = ""  # the request's build.team: the posted events' ``team`` attribute
 
 
 def format_input(name: str, ref: ArtifactRef) -> str:
@@ -313,6 +314,8 @@ def _reply_argv(reply: ReplyPlan) -> list[str]:
         args.append(_opt("traceparent", reply.trace.traceparent))
         if reply.trace.tracestate:
             args.append(_opt("tracestate", reply.trace.tracestate))
+    if reply.team:
+        args.append(_opt("team", reply.team))
     return args
 
 
@@ -322,7 +325,7 @@ def _reply_of(args: argparse.Namespace) -> ReplyPlan | None:
     trace = trace_context(args.traceparent, args.tracestate)
     if args.traceparent is not None and trace is None:
         raise StepArgsError(f"collect: --traceparent {args.traceparent!r} is not valid")
-    return ReplyPlan(args.request_id, args.subject, trace=trace)
+    return ReplyPlan(args.request_id, args.subject, trace=trace, team=args.team)
 
 
 def _stage_parser() -> argparse.ArgumentParser:
@@ -350,4 +353,5 @@ def _collect_parser() -> argparse.ArgumentParser:
     parser.add_argument("--subject")
     parser.add_argument("--traceparent", help="the request's: the posted events carry it on")
     parser.add_argument("--tracestate", default="")
+    parser.add_argument("--team", default="", help="the request's: the posted events carry it")
     return parser

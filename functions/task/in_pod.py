@@ -291,6 +291,7 @@ def _post(args: CollectStep, outcome: Outcome, sink: str, reply_token: str) -> i
         run_id=args.run_id,
         history=args.history,
         trace=args.reply.trace,
+        team=args.reply.team,
     )
     try:
         post_events(sink, events, RelayToken(args.run_id, reply_token) if reply_token else None)

@@ -246,9 +246,10 @@ def cluster_services(
     namespace: str,
     kubeconfig: Path,
     tmp: Path,
+    extra: dict[str, str] | None = None,
 ) -> Iterator[ClusterDeployment]:
     """The three services with ``RESOURCE_TYPES=types``, their tasks Jobs in the cluster;
-    their environment is set for the block only."""
+    their environment (with ``extra``) is set for the block only."""
     from storage import open_store
     from tests.support.secret_forms import HOSTILE
     from tests.support.services import start_services
@@ -272,6 +273,7 @@ def cluster_services(
         "AWS_CONFIG_FILE": os.devnull,
         "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
         "AWS_EC2_METADATA_DISABLED": "true",
+        **(extra or {}),
     }
     unset = (
         "AWS_REGION",

@@ -23,6 +23,7 @@ from cloudevents.core.v1.event import CloudEvent
 
 from functions.cli.launch import wait_until
 from storage.archive import format_for_key, unpack
+from storage.artifacts import add_team
 from tests.support.events import request_event, send
 from tests.support.parallel import parallel
 from tests.support.runs import run_of
@@ -189,11 +190,14 @@ def test_put_stages_the_artifact_of_a_get(deployment):
 
 
 def test_put_with_a_missing_input_fails_in_the_stage_step(deployment):
+    # An artifact of this team (no team) that has gone: the put runs and its stage fails.
+    missing = f"artifacts/nope-{uuid.uuid4().hex}.tar.zst"
+    add_team(deployment.store, missing, "")
     data = {
         "type": "test",
         "source": SOURCE,
         "params": {"input": "repo"},
-        "inputs": {"repo": deployment.store.url_for(f"artifacts/nope-{uuid.uuid4().hex}.tar.zst")},
+        "inputs": {"repo": deployment.store.url_for(missing)},
     }
     status, reply, _ = send(deployment.services.urls["put"], request_event("put", data))
     assert status == 200

@@ -85,6 +85,17 @@ def test_async_check_posts_each_new_version_then_its_reply(async_services, repli
     ]
 
 
+def test_an_async_checks_discoveries_and_reply_carry_its_team(async_services, sink):
+    source = {"count": 2, "nonce": uuid.uuid4().hex}
+    request = request_event(
+        "check", {"type": "test", "source": source, "build": {"team": "a"}}, replymode="async"
+    )
+    assert send(async_services.urls["check"], request)[0] == 202
+    posted = events_until_reply(sink[1])
+    assert [e.get_type() for e in posted[:-1]] == ["dev.resourcefunctions.version.discovered"] * 2
+    assert [e.get_extension("team") for e in posted] == ["a", "a", "a"]
+
+
 def test_identical_async_checks_run_once_and_the_waiter_answers_in_its_response(
     async_services, replies
 ):

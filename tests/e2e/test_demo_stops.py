@@ -1,4 +1,5 @@
-"""``functions demo --serve`` stopped with SIGTERM stops its three services, as Ctrl-C does."""
+"""``functions demo --serve`` stopped with SIGTERM stops its three services, as Ctrl-C does;
+and it greets a first user without warnings (it brings a cache secret of its own)."""
 
 import os
 import signal
@@ -47,6 +48,8 @@ def test_sigterm_stops_the_demo_services(docker_host, tmp_path):
             demo.kill()
     assert demo.returncode == 0, rest
     assert "the check, get and put services are stopped" in rest
+    warnings = [line for line in [*lines, *rest.splitlines()] if '"level": "warning"' in line]
+    assert warnings == []
     deadline = time.monotonic() + 10
     while any(listening(base + i) for i in range(3)) and time.monotonic() < deadline:
         time.sleep(0.2)

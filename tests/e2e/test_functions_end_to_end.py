@@ -16,6 +16,7 @@ import pytest
 import zstandard
 
 from storage.archive import format_for_key, unpack
+from storage.artifacts import add_team
 from storage.base import key_for_url
 from tests.support.events import request_event, send
 from tests.support.parallel import parallel
@@ -150,12 +151,16 @@ def test_get_output_links_are_stored_as_links_never_read_through(deployment, tmp
 
 def test_get_output_holding_a_fifo_is_refused_naming_it(deployment):
     data = {"type": "test", "source": {"mode": "fifo"}, "version": {"ref": "f"}}
-    artifacts = set(deployment.store.list("artifacts/"))
+
+    def stored() -> set[str]:  # artifacts and cache records (a get records its team before)
+        return {k for k in deployment.store.list("artifacts/") if not k.endswith(".teams.json")}
+
+    artifacts = stored()
     status, reply, _ = send(deployment.services.urls["get"], request_event("get", data))
     assert status == 200 and reply.get_type() == "dev.resourcefunctions.get.failed"
     error = reply.get_data()["error"]
     assert error["kind"] == "invalid_output" and "'sub/pipe': a FIFO" in error["message"]
-    assert set(deployment.store.list("artifacts/")) == artifacts  # nothing half-stored
+    assert stored() == artifacts  # nothing half-stored
 
 
 def test_put_receives_the_artifact_of_a_get(deployment):
@@ -180,7 +185,37 @@ def test_put_receives_the_artifact_of_a_get(deployment):
     assert files == ["./sub/build.txt", "./sub/run.sh", "./version"]
 
 
+def test_a_put_of_another_teams_artifact_is_403_and_starts_no_container(deployment):
+    ref = f"t-{uuid.uuid4().hex[:8]}"
+    get = {"type": "test", "source": SOURCE, "version": {"ref": ref}, "build": {"team": "a"}}
+    _, got, _ = send(deployment.services.urls["get"], request_event("get", get))
+    assert got.get_extension("team") == "a"
+    put = {
+        "type": "test",
+        "source": SOURCE,
+        "params": {"input": "repo"},
+        "inputs": {"repo": got.get_data()["artifact"]["url"]},
+    }
+    before = runs(deployment, "put")
+
+    _, _, refused = send(
+        deployment.services.urls["put"], request_event("put", {**put, "build": {"team": "b"}})
+    )
+    status, reply, _ = send(
+        deployment.services.urls["put"], request_event("put", {**put, "build": {"team": "a"}})
+    )
+
+    assert refused.status_code == 403, refused.text
+    assert refused.json()["error"]["kind"] == "input_not_allowed"
+    assert "'repo'" in refused.json()["error"]["message"]
+    assert status == 200 and reply.get_type() == "dev.resourcefunctions.put.succeeded"
+    assert reply.get_extension("team") == "a"
+    assert runs(deployment, "put") == before + 1  # team a's put alone started a container
+
+
 def test_put_with_a_missing_input_fails_as_storage(deployment):
+    # An artifact of this team (no team) that has gone: the put runs and its stage fails.
+    add_team(deployment.store, "artifacts/nope.tar.zst", "")
     data = {
         "type": "test",
         "source": SOURCE,

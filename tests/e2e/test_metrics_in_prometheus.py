@@ -19,6 +19,8 @@ import pytest
 
 from functions.cli.launch import free_port
 from functions.model import ACTIONS
+from storage import open_store
+from storage.artifacts import add_team
 from testbed.process import ServerError
 from testbed.prometheus import Prometheus, start_prometheus
 from tests.support.events import request_event, send
@@ -127,6 +129,8 @@ def run_scenario(services: Any, store_url: str) -> None:
     status, hit = ask(services, "get", get)
     assert status == 200 and hit["cached"] is True
     missing = f"{store_url.rstrip('/')}/artifacts/{'0' * 64}.tar.zst"
+    # An artifact of this team (no team) that has gone: the put runs and its stage fails.
+    add_team(open_store(store_url), f"artifacts/{'0' * 64}.tar.zst", "")
     put = {"type": "test", "source": {}, "params": {"input": "in"}}
     status, lost = ask(services, "put", {**put, "inputs": {"in": missing}})
     assert status == 200 and lost["error"]["kind"] == "storage"

@@ -142,3 +142,41 @@ def test_undecodable_values_are_refused_without_quoting_them(
     )
     with pytest.raises(InvalidRequest, match=r"\(\(binary\)\).*not UTF-8"):
         secrets.lookup(Reference("binary"), Build(team="main"))
+
+
+# --- a team prefix never reaches the platform's namespaces ----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("prefix", "reached"),
+    [
+        ("resource-functions-", "resource-functions-tasks"),  # team "tasks"
+        ("resource-", "resource-functions"),  # team "functions"
+        ("", "resource-functions"),  # any namespace at all
+    ],
+    ids=["task-namespace", "functions-namespace", "empty-prefix"],
+)
+def test_a_prefix_that_reaches_a_platform_namespace_is_refused_at_start(
+    prefix: str, reached: str
+) -> None:
+    from functions.errors import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        KubernetesSecrets(
+            None,  # type: ignore[arg-type]  # refused before any API use
+            prefix,
+            protected={"task": "resource-functions-tasks", "functions": "resource-functions"},
+        )
+
+    message = str(refused.value)
+    assert f"{prefix!r}" in message and reached in message
+    assert "resource-functions-tasks" in message and "resource-functions" in message
+
+
+def test_the_default_prefix_reaches_neither() -> None:
+    provider = KubernetesSecrets(
+        None,  # type: ignore[arg-type]
+        "concourse-",
+        protected={"task": "resource-functions-tasks", "functions": "resource-functions"},
+    )
+    assert provider.namespace(Build(team="tasks")) == "concourse-tasks"

@@ -61,6 +61,8 @@ IN_TASKS_NAMESPACE = {  # (kind, name) of what lives beside the task Jobs
     ("ServiceAccount", "resource-task"),
     ("NetworkPolicy", "task-pods"),
     ("Secret", "resource-functions-store"),  # one copy: the tasks' store credentials
+    ("ResourceQuota", "task-pods"),
+    ("LimitRange", "task-containers"),
 }
 TEAMS = KNATIVE / "teams"  # a team's credential namespace (applied per team)
 TEAM_NAMESPACE = "concourse-main"
@@ -550,6 +552,67 @@ def test_trigger_references_exist(trigger: dict) -> None:
     _one("Service", _subscriber(trigger), "serving.knative.dev")
     # A Trigger's delivery would replace the Broker's (retries, dead letters) whole.
     assert "delivery" not in trigger["spec"]
+
+
+def test_a_teams_trigger_routes_that_teams_replies_and_discoveries_alone() -> None:
+    """Replies and discovered versions carry their request's team (functions/replies.py): a
+    team's Trigger takes its team's, and neither another team's nor a request."""
+    from functions.replies import DISCOVERED_TYPE, TEAM_ATTRIBUTE, reply_type
+
+    trigger = _one("Trigger", "team-main-replies")
+    answers = [reply_type(a, ok) for a in ACTIONS for ok in (True, False)] + [DISCOVERED_TYPE]
+
+    def takes(event_type: str, team: str | None) -> bool:
+        attributes = {"specversion": "1.0", "type": event_type, "source": "/", "id": "1"}
+        if team is not None:
+            attributes[TEAM_ATTRIBUTE] = team
+        return all(_filter_matches(e, attributes) for e in trigger["spec"]["filters"])
+
+    assert all(takes(t, "main") for t in answers)
+    assert not any(takes(t, team) for t in answers for team in ("other", "", None))
+    assert not any(takes(t, "main") for t in REQUEST_TYPES.values())
+
+
+def quantity_value(text: str) -> float:
+    """A Kubernetes quantity of the forms used here (100m, 2, 128Mi, 2Gi) as a number."""
+    units = {"m": 1e-3, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+    for unit, factor in units.items():
+        if text.endswith(unit):
+            return float(text[: -len(unit)]) * factor
+    return float(text)
+
+
+def test_the_task_namespace_has_a_quota_and_every_task_container_fits_it() -> None:
+    """All task pods together are bounded (pods, CPU, memory); the LimitRange gives a
+    container that states nothing the default task resources, and those fit its max."""
+    from functions.settings import DEFAULT_TASK_RESOURCES
+
+    quota = _one("ResourceQuota", "task-pods")
+    limits = _one("LimitRange", "task-containers")
+    config = _one("ConfigMap", "resource-functions-config")["data"]
+    assert quota["metadata"]["namespace"] == limits["metadata"]["namespace"]
+    assert quota["metadata"]["namespace"] == config["TASK_NAMESPACE"]
+    assert set(quota["spec"]["hard"]) == {
+        "pods",
+        "requests.cpu",
+        "requests.memory",
+        "limits.cpu",
+        "limits.memory",
+    }
+    (container,) = limits["spec"]["limits"]
+    defaults = json.loads(config.get("TASK_RESOURCES", DEFAULT_TASK_RESOURCES))
+    assert container["type"] == "Container"
+    assert container["defaultRequest"] == defaults["requests"]
+    assert container["default"] == defaults["limits"]
+    for name, value in defaults["limits"].items():
+        assert quantity_value(value) <= quantity_value(container["max"][name])
+        # the quota takes at least as many default pods as its pod count
+        pods = int(quota["spec"]["hard"]["pods"])
+        total = quantity_value(quota["spec"]["hard"][f"limits.{name}"])
+        assert total >= pods * quantity_value(value), name
+    for name, value in defaults["requests"].items():
+        total = quantity_value(quota["spec"]["hard"][f"requests.{name}"])
+        assert total >= int(quota["spec"]["hard"]["pods"]) * quantity_value(value), name
 
 
 def test_broker_retries_then_dead_letters() -> None:

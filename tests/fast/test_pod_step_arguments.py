@@ -42,7 +42,9 @@ traces = st.builds(
     .map(lambda ids: f"00-{ids[0]}-{ids[1]}-01"),
     tracestate=st.sampled_from(["", "congo=t61rcWkgMzE", "a=1,b=2"]),
 )
-replies = st.builds(ReplyPlan, request_id=text, subject=st.none() | text, trace=st.none() | traces)
+replies = st.builds(
+    ReplyPlan, request_id=text, subject=st.none() | text, trace=st.none() | traces, team=text
+)
 
 
 @given(

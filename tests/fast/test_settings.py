@@ -85,6 +85,10 @@ def test_resource_types_from_json_with_per_type_settings(tmp_path):
         pytest.param({"PORT": "http"}, "PORT='http': not an integer", id="port-word"),
         pytest.param({"THREADS": "0"}, "THREADS=0: expected a positive", id="threads-zero"),
         pytest.param(
+            {"MAX_RUNS_PER_TEAM": "0"}, "MAX_RUNS_PER_TEAM=0: expected a positive", id="runs-zero"
+        ),
+        pytest.param({"MAX_RUNS_PER_TEAM": "many"}, "MAX_RUNS_PER_TEAM='many'", id="runs-word"),
+        pytest.param(
             {"ARCHIVE_THREADS": "two"},
             "ARCHIVE_THREADS='two': not an integer",
             id="archive-threads-word",

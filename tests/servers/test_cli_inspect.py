@@ -169,10 +169,12 @@ def test_versions_prints_the_history_newest_first(deployment, capsys) -> None:
 def test_versions_of_the_resolved_source_is_the_same_resource(deployment, capsys, tmp_path) -> None:
     check(deployment, ["1"], "check-1")
     (tmp_path / "source.json").write_text(json.dumps({"uri": REPO_URL}))
-    status, out, _ = cli(
-        capsys, "versions", "--type", "test", "--source", f"@{tmp_path / 'source.json'}"
-    )
+    source = f"@{tmp_path / 'source.json'}"
+    status, out, _ = cli(capsys, "versions", "--type", "test", "--source", source, "--team", "main")
     assert status == 0 and "1 versions" in out.splitlines()[0]
+    # Another team's history of the same source is its own (checks are scoped per team).
+    status, out, _ = cli(capsys, "versions", "--type", "test", "--source", source)
+    assert status == 0 and out.endswith("no successful check recorded\n")
 
 
 def test_versions_needs_the_requests_credentials(deployment, capsys) -> None:

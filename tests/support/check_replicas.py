@@ -20,7 +20,7 @@ IMAGE = "example.org/git-resource@sha256:" + "b" * 64
 SECRET = b"k" * 32
 SOURCE = {"uri": "https://example.org/repo.git"}
 # The lease record of the repository these checks check.
-LEASE_KEY = keys.lease_record_key(keys.resource_key(SECRET, image=IMAGE, source=SOURCE))
+LEASE_KEY = keys.lease_record_key(keys.resource_key(SECRET, image=IMAGE, source=SOURCE, team=""))
 
 
 def replicas(store_url: str, runtime: Runtime, n: int, **settings: Any) -> list[Any]:
