@@ -85,13 +85,13 @@ def test_async_check_posts_each_new_version_then_its_reply(async_services, repli
     ]
 
 
-def test_an_async_checks_discoveries_and_reply_carry_its_team(async_services, sink):
+def test_an_async_checks_discoveries_and_reply_carry_its_team(async_services, replies):
     source = {"count": 2, "nonce": uuid.uuid4().hex}
     request = request_event(
         "check", {"type": "test", "source": source, "build": {"team": "a"}}, replymode="async"
     )
     assert send(async_services.urls["check"], request)[0] == 202
-    posted = events_until_reply(sink[1])
+    posted = events_until_reply(replies)
     assert [e.get_type() for e in posted[:-1]] == ["dev.resourcefunctions.version.discovered"] * 2
     assert [e.get_extension("team") for e in posted] == ["a", "a", "a"]
 
