@@ -81,10 +81,11 @@ TERMINATION_GRACE_SECONDS = 5  # the resource step ignores SIGTERM; see pod_spec
 # log and reports the timeout (activeDeadlineSeconds, with the margin, is only a backstop).
 # It sleeps 1 s at a time, so once killed nothing of it outlives the step by more than 2 s.
 # The chmod lets the non-root collect step read what the script wrote. The started file's
-# mtime tells collect when the script started (exit-code's, when it ended). A put's inputs
-# were unpacked by the non-root stage step: a resource step running as root is given them
-# (``chown -h``: links themselves, never their targets), as unpacking as root gives them to
-# it on Podman; git refuses a repository that another user owns.
+# mtime tells collect when the script started (exit-code's, when it ended). The working
+# directory (a get's output, made in the fsGroup's set-group-ID volume; a put's inputs,
+# unpacked by the non-root stage step) is given to a resource step running as root
+# (``chown -h``: links themselves, never their targets), as on Podman: git refuses a
+# repository that another user owns, and what the resource writes takes root's group.
 RESOURCE_SCRIPT = f"""\
 task={TASK_DIR}
 if [ -e "$task/{STAGE_ERROR_FILE}" ]; then exit 0; fi
