@@ -81,7 +81,11 @@ TERMINATION_GRACE_SECONDS = 5  # the resource step ignores SIGTERM; see pod_spec
 # log and reports the timeout (activeDeadlineSeconds, with the margin, is only a backstop).
 # It sleeps 1 s at a time, so once killed nothing of it outlives the step by more than 2 s.
 # The chmod lets the non-root collect step read what the script wrote. The started file's
-# mtime tells collect when the script started (exit-code's, when it ended).
+# mtime tells collect when the script started (exit-code's, when it ended). The working
+# directory (a get's output, made in the fsGroup's set-group-ID volume; a put's inputs,
+# unpacked by the non-root stage step) is given to a resource step running as root
+# (``chown -h``: links themselves, never their targets), as on Podman: git refuses a
+# repository that another user owns, and what the resource writes takes root's group.
 RESOURCE_SCRIPT = f"""\
 task={TASK_DIR}
 if [ -e "$task/{STAGE_ERROR_FILE}" ]; then exit 0; fi
@@ -90,6 +94,7 @@ script="$1"
 limit="$2"
 shift 2
 if [ "$#" -gt 0 ]; then mkdir -p "$1"; fi
+if [ "$#" -gt 0 ] && [ "$(id -u 2>/dev/null)" = 0 ]; then chown -R -h 0:0 "$1" 2>/dev/null; fi
 : >"$task/{STARTED_FILE}"
 "$script" "$@" <{STDIN_FILE} >"$task/{STDOUT_FILE}" 2>"$task/{STDERR_FILE}" &
 pid=$!

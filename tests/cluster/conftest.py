@@ -72,6 +72,17 @@ def cluster(cluster_images: dict[str, str]) -> Iterator[Cluster]:
         signal.signal(signal.SIGTERM, previous)
 
 
+@pytest.fixture(scope="session")
+def real_resource_images(
+    cluster: Cluster, registry_image_resource: str, git_resource: str
+) -> dict[str, str]:
+    """Concourse's registry-image and git resources (the catalogue's ``registry-image`` and
+    ``git``), imported into the cluster's containerd."""
+    images = {"registry-image": registry_image_resource, "git": git_resource}
+    cluster.import_images(tuple(images.values()))
+    return images
+
+
 @pytest.fixture(scope="module")  # module: enforcement must not outlive the tests that asked
 def network_policies(cluster: Cluster) -> Iterator[NetworkPolicyEnforcement]:
     """NetworkPolicies enforced on the cluster (kube-network-policies, ``network_policies.py``)
@@ -172,6 +183,8 @@ def gateway_registry(cluster: Cluster) -> Iterator[str]:
 
 def resource_types(image: str, registry: str = "") -> str:
     """The test catalogue; ``registry``: the gateway's stub, for images that cannot be had."""
+    from tests.support.real_resources import git_resource_ref, registry_image_resource_ref
+
     types: dict[str, object] = {
         "test": image,
         "slow": {"image": image, "timeout_seconds": SLOW_TIMEOUT_SECONDS},
@@ -179,6 +192,11 @@ def resource_types(image: str, registry: str = "") -> str:
     }
     if registry:
         types["registry-down"] = f"{registry}/down:1"
+    # Concourse's real resources, named by the references they will have: built and imported
+    # only by the tests that run them (the ``real_resource_images`` fixture). One catalogue
+    # for every module, since function pods read it at start and may outlive a module.
+    types["registry-image"] = registry_image_resource_ref()
+    types["git"] = git_resource_ref()
     return json.dumps(types)
 
 
@@ -371,12 +389,13 @@ def knative_deployment(
     event_sink: EventSink,
     network_policies,
     knative_store_prefix: str,
+    task_egress: list[dict],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[KnativeDeployment]:
     """``knative/`` applied as users apply it (``kubectl apply -k``, image and config
     overrides only, and the task pods' egress to this cluster's DNS and test servers on the
-    gateway), plus a Trigger that sends every event of the Broker to the sink; with its
-    NetworkPolicies enforced."""
+    gateway, and ``task_egress``), plus a Trigger that sends every event of the Broker to the
+    sink; with its NetworkPolicies enforced."""
     tmp = tmp_path_factory.mktemp("knative-deployment")
     prefix = knative_store_prefix
     from tests.cluster.knative import dev_local
@@ -391,9 +410,18 @@ def knative_deployment(
         },
         store_env=gateway_s3.env,
         cache_secret=KNATIVE_CACHE_SECRET,
-        task_egress=gateway_egress(
-            cluster, closed=(cluster.api_port, cluster.kubelet_port, knative.kingress_port)
-        ),
+        task_egress=[
+            gateway_egress(
+                cluster,
+                closed=(
+                    cluster.api_port,
+                    cluster.kubelet_port,
+                    knative.kingress_port,
+                    *ports_of(task_egress),
+                ),
+            ),
+            *task_egress,
+        ],
     )
     cluster.kubectl("apply", "-k", str(overlay))
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(sink_trigger(event_sink.url)))
@@ -429,6 +457,19 @@ def knative_deployment(
             gateway_s3,
             overlay,
         )
+
+
+@pytest.fixture(scope="module")
+def task_egress() -> list[dict]:
+    """Egress rules a module adds to the task pods' policy (``knative/network-policies.yaml``),
+    as a user adds one for a registry or git server on a private address. The gateway ports
+    they name are left out of the harness's own gateway rule, so these rules alone admit
+    them. A module overrides this fixture; by default none."""
+    return []
+
+
+def ports_of(rules: list[dict]) -> tuple[int, ...]:
+    return tuple(port["port"] for rule in rules for port in rule.get("ports", []))
 
 
 def sink_trigger(url: str) -> dict:
@@ -469,7 +510,7 @@ def write_overlay(
     config: dict[str, str],
     store_env: dict[str, str],
     cache_secret: str,
-    task_egress: dict | None = None,
+    task_egress: list[dict] | None = None,
 ) -> Path:
     """A copy of knative/ with its image set (as ``kustomize edit set image`` does), and an
     overlay that sets configuration values and the two Secrets."""
@@ -532,7 +573,10 @@ def write_overlay(
                         {
                             "target": {"kind": "NetworkPolicy", "name": "task-pods"},
                             "patch": json.dumps(
-                                [{"op": "add", "path": "/spec/egress/-", "value": task_egress}]
+                                [
+                                    {"op": "add", "path": "/spec/egress/-", "value": rule}
+                                    for rule in task_egress
+                                ]
                             ),
                         }
                     ]

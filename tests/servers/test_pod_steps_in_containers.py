@@ -232,7 +232,7 @@ def test_check_records_the_versions(pods: TaskPods) -> None:
     assert_redacted(pods.log(run))
 
 
-def test_put_stages_its_input_as_65532_and_records_the_version(
+def test_put_gives_its_staged_input_to_a_root_resource_and_records_the_version(
     pods: TaskPods, tmp_path: Path
 ) -> None:
     source = tmp_path / "repo"
@@ -254,8 +254,14 @@ def test_put_stages_its_input_as_65532_and_records_the_version(
     assert data["version"] == {"ref": "pushed-v1"}
     assert data["metadata"] == [{"name": "files", "value": "./a/b.txt ./version "}]
     assert "artifact" not in data
+    # Unpacked by stage (65532: test_the_project_image_runs_the_cli_as_65532), then given to
+    # the resource step, which runs as root (Concourse's git resource needs it so: git refuses
+    # a repository that another user owns).
     staged = run.build / "put/repo"
-    assert staged.stat().st_uid == STEP_UID and (staged / "version").stat().st_uid == STEP_UID
+    assert [(p.stat().st_uid, p.stat().st_gid) for p in (staged, staged / "version")] == [
+        (0, 0),
+        (0, 0),
+    ]
     assert "pushed from repo" in pods.log(run)
 
 
