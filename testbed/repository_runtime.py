@@ -13,6 +13,7 @@ from functions.errors import Unavailable
 from functions.ledger import lease
 from functions.model import Outcome, Task
 from functions.redaction import Redactor
+from functions.runtimes.warm import WarmCounts
 from functions.sink import post_outcome
 from functions.steps import stage_collect
 from storage import Store
@@ -46,6 +47,9 @@ class RepositoryRuntime:
 
     def tasks_waiting(self) -> int:
         return 0
+
+    def warm_counts(self) -> WarmCounts:
+        return WarmCounts()  # no containers: nothing warm
 
     def close(self) -> None:
         pass

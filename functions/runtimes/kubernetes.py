@@ -56,6 +56,7 @@ from functions.runtimes.job_status import (
 from functions.runtimes.kube_api import KubeApi, api_client_from_env, owner_uids, uid_of
 from functions.runtimes.pod_watch import Pods, PodWatch
 from functions.runtimes.podspec import JobPlan, KubernetesConfig, plan_for
+from functions.runtimes.warm import WarmCounts
 from functions.sink import post_outcome
 from functions.steps.outcome import failed, final_failure, task_deadline
 from functions.steps.pod_contract import MANAGED_BY
@@ -110,6 +111,10 @@ class KubernetesRuntime:
 
     def start_sweeps(self) -> None:
         """Nothing to sweep: finished Jobs go by their ``ttlSecondsAfterFinished``."""
+
+    def warm_counts(self) -> WarmCounts:
+        """None yet: every check is a Job (warm pods: docs/warm-checks.md)."""
+        return WarmCounts()
 
     def close(self) -> None:
         """Stop following asynchronous tasks (``collect`` replies for them) and wait until

@@ -448,6 +448,7 @@ class Service:
             history=checks.history_plan(self.settings, request),
             trace=request.trace,
             request_digest=request.digest,
+            team=request.build.team,
         )
 
     def _reply(self, request: Request, run: str, outcome: Outcome, announce: bool = True) -> Reply:

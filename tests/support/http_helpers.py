@@ -12,6 +12,7 @@ from cloudevents.core.v1.event import CloudEvent
 from functions.http.app import create_app
 from functions.ledger import results
 from functions.model import Outcome, ResourceType, Task
+from functions.runtimes.warm import WarmCounts
 from functions.settings import Settings
 from storage import Store, put_json
 
@@ -39,6 +40,9 @@ class FakeRuntime:
 
     def tasks_waiting(self) -> int:
         return 0
+
+    def warm_counts(self) -> WarmCounts:
+        return WarmCounts()
 
     def close(self) -> None:
         pass
