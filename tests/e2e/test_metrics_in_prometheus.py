@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from functions.model import ACTIONS
+from functions.runtimes.warm import REASONS
 from testbed.process import ServerError, free_port
 from testbed.prometheus import Prometheus, start_prometheus
 from tests.support.events import request_event, send
@@ -178,6 +179,11 @@ EXPECTED = {  # what the scenario's requests imply
     'resource_function_check_lease_waiters{job="check"}': 0,
     'resource_function_tasks_waiting{action="check"}': 0,
     'resource_function_tasks_waiting{action="get"}': 0,
+    # Warm checks: three resources checked (test, paced, the failing one), paced twice.
+    'resource_function_warm_containers{job="check"}': 3,
+    'resource_function_warm_starts_total{job="check"}': 3,
+    'resource_function_warm_reuses_total{job="check"}': 1,
+    'resource_function_warm_evictions_total{job="check"}': 0,
 }
 
 
@@ -212,6 +218,7 @@ BOUNDED = {
     },
     "phase": {"image_pull", "stage", "create", "script", "output", "upload", "history", "store"},
     "type": {"test", "paced", "(image)"},
+    "reason": set(REASONS),
     "backend": {"file", "s3", "gcs"},
     "operation": {"put", "open", "stat", "delete", "list", "read_record", "write_record"},
     "le": None,  # histogram buckets: the code's fixed boundaries
