@@ -25,7 +25,6 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from functions import keys
 from functions.errors import RequestIdReused, Unavailable, failure_kind, pull_is_transient
 from functions.ledger import lease, results
 from functions.logs import fields
@@ -41,7 +40,7 @@ from functions.runtimes.warm import WarmCounts, WarmLimits, warm_key
 from functions.runtimes.warm_engine import WarmContainers
 from functions.sink import post_outcome
 from functions.steps import stage_collect
-from functions.steps.outcome import failed, final_failure, script_timeout
+from functions.steps.outcome import failed, final_failure
 from functions.steps.pod_contract import MANAGED_BY
 from storage import Store
 from storage.archive import ArchiveOptions, Limits
@@ -337,29 +336,16 @@ class ContainerRuntime:
             with clock.phase("output"):
                 keep = stage_collect.stderr_bytes(redactor)
                 output = _read_logs(container, with_stdout=exit_code is not None, keep=keep)
-        stdout, stderr = output.stdout, output.stderr
-        if exit_code is None:
-            log_text = stage_collect.redacted_log(stderr, redactor)
-            results.write_once(self._store, keys.log_key(task.run_id), log_text.encode())
-            return self._record(task, script_timeout(task.action, task.timeout_seconds, log_text))
-        spec = stage_collect.CollectSpec(
-            run_id=task.run_id,
-            action=task.action,
-            cache_key=task.cache_key,
-            archive=self._config.archive,
-            history=task.history,
-            request=task.request_digest,
-        )
-        return stage_collect.collect(  # stores the result record
+        return stage_collect.collect_task(
             self._store,
-            spec,
+            task,
+            self._config.archive,
             exit_code=exit_code,
-            stdout=stdout,
-            stderr=stderr,
+            stdout=output.stdout,
+            stderr=output.stderr,
             redactor=redactor,
-            credentials=Redactor(task.resolved),
-            output_dir=workdir if task.action == "get" else None,
             clock=clock,
+            output_dir=workdir if task.action == "get" else None,
         )
 
     def _remove_run(self, run: str, root: Path) -> None:

@@ -16,13 +16,17 @@ recently used idle one. Removals go through ``remove`` (the runtime's, outside t
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from functions.errors import Unavailable
 from functions.keys import canonical_json
+from functions.phases import PhaseClock
+from functions.runtimes.output import Output
 
 # Why a warm container went (the ``reason`` label of resource_function_warm_evictions).
 IDLE, AGE, REPLICA_CAP, TEAM_CAP, BUDGET, DEAD, DRAIN = (
@@ -89,6 +93,55 @@ class Warm:
 
 class Busy(Exception):
     """The key's warm container runs a check now: run this one without reuse."""
+
+
+class Gone(Exception):
+    """The warm container is not running (died, evicted, removed by hand)."""
+
+
+# A check's end in a warm container: its exit code (None: over its budget) and its output.
+Ended = tuple[int | None, Output]
+log = logging.getLogger("functions.runtimes")
+
+
+def check_in_warm(
+    pool: WarmPool,
+    key: str,
+    clock: PhaseClock,
+    start: Callable[[], Warm],
+    execute: Callable[[str], Ended],
+) -> Ended | None:
+    """Run a check in ``key``'s warm container: the one ``pool`` has, else one ``start``
+    starts (and admits); ``execute(handle)`` runs the check in it. None if it is busy: run
+    the check without reuse. Over its budget, the container is evicted (removed with every
+    process in it). One found ``Gone`` is replaced, and the check runs once in the new one;
+    a new one gone is ``Unavailable``."""
+    for _ in range(2):
+        try:
+            warm = pool.take(key)
+        except Busy:
+            return None
+        if warm is None:
+            with clock.phase("create"):
+                warm = start()
+        try:
+            with clock.phase("script"):
+                ended = execute(warm.handle)
+        except Gone:
+            pool.evict(warm, DEAD)
+            if warm.reused:
+                log.info("a warm check container was gone: replaced")
+                continue
+            raise Unavailable("a new warm check container died under its check") from None
+        except BaseException:
+            pool.evict(warm, DEAD)  # in a state unknown: not reused
+            raise
+        if ended[0] is None:
+            pool.evict(warm, BUDGET)
+        else:
+            pool.back(warm)
+        return ended
+    raise Unavailable("warm check containers keep dying")  # pragma: no cover
 
 
 class WarmPool:

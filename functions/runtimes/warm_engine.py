@@ -32,7 +32,15 @@ from functions.model import SCRIPTS, Task
 from functions.phases import PhaseClock
 from functions.runtimes.attach import ENGINE_ERRORS, close_socket, drain, feed
 from functions.runtimes.output import Output
-from functions.runtimes.warm import BUDGET, DEAD, Busy, Warm, WarmCounts, WarmLimits, WarmPool
+from functions.runtimes.warm import (
+    Ended,
+    Gone,
+    Warm,
+    WarmCounts,
+    WarmLimits,
+    WarmPool,
+    check_in_warm,
+)
 from functions.steps.pod_contract import MANAGED_BY
 
 KEY_LABEL = "warm-check"
@@ -42,10 +50,6 @@ PAUSE_CANDIDATES = ("/usr/libexec/podman/catatonit", "/usr/bin/catatonit")
 EXIT_SETTLE_SECONDS = 1  # after the stream's end, for the engine to see the exec's exit
 REAP_SECONDS = 30.0  # how often expired warm containers are looked for
 log = logging.getLogger("functions.container")
-
-
-class Gone(Exception):
-    """The warm container is not running (died, evicted, removed by hand)."""
 
 
 def default_pause() -> str:
@@ -102,40 +106,17 @@ class WarmContainers:
     def counts(self) -> WarmCounts:
         return self.pool.counts()
 
-    def check(
-        self, task: Task, key: str, image: str, clock: PhaseClock, keep: int
-    ) -> tuple[int | None, Output] | None:
-        """Run the check in ``key``'s warm container (started from ``image``, an image id,
-        if it has none): its exit code (None: over its budget, and its container is
-        removed) and output. None if that container is busy: run it without reuse. A warm
-        container found gone is replaced, and the check runs once in the new one."""
+    def check(self, task: Task, key: str, image: str, clock: PhaseClock, keep: int) -> Ended | None:
+        """Run the check in ``key``'s warm container, started from ``image`` (an image id)
+        if it has none (``warm.check_in_warm``)."""
         deadline = time.monotonic() + task.timeout_seconds
-        for _ in range(2):
-            try:
-                warm = self.pool.take(key)
-            except Busy:
-                return None
-            if warm is None:
-                with clock.phase("create"):
-                    warm = self._start(task, key, image)
-            try:
-                with clock.phase("script"):
-                    ended = self._exec(warm.handle, task, keep, deadline)
-            except Gone:
-                log.info("a warm check container is gone", extra=fields(run_id=task.run_id))
-                self.pool.evict(warm, DEAD)
-                if warm.reused:
-                    continue  # replaced: the check runs once in a new one
-                raise Unavailable("container engine: a new warm container died") from None
-            except BaseException:
-                self.pool.evict(warm, DEAD)  # in an unknown state: not reused
-                raise
-            if ended[0] is None:
-                self.pool.evict(warm, BUDGET)  # removed with every process in it
-            else:
-                self.pool.back(warm)
-            return ended
-        raise Unavailable("container engine: warm containers keep dying")  # pragma: no cover
+        return check_in_warm(
+            self.pool,
+            key,
+            clock,
+            start=lambda: self._start(task, key, image),
+            execute=lambda handle: self._exec(handle, task, keep, deadline),
+        )
 
     def sweep(self) -> int:
         """Remove the warm containers whose owner process is gone; how many."""
@@ -191,9 +172,7 @@ class WarmContainers:
             warm = Warm(key=key, team=team, handle=container.id, started=now, used=now)
         return warm
 
-    def _exec(
-        self, handle: str, task: Task, keep: int, deadline: float
-    ) -> tuple[int | None, Output]:
+    def _exec(self, handle: str, task: Task, keep: int, deadline: float) -> Ended:
         """Exec the check with the request on stdin; its exit code (None: past ``deadline``)
         and output. ``Gone`` if the container is not running (found so, or dying under it)."""
         api = self._client.api
