@@ -16,7 +16,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,7 +36,7 @@ from functions.runtimes.attach import ENGINE_ERRORS, close_socket, drain, feed
 from functions.runtimes.background import BackgroundRuns, RunsInFlight, report_end
 from functions.runtimes.output import STDERR, STDOUT, Output
 from functions.runtimes.sweep import Sweeper
-from functions.runtimes.warm import WarmCounts, WarmLimits, warm_key
+from functions.runtimes.warm import WARM_OFF, WarmCounts, WarmLimits, warm_key
 from functions.runtimes.warm_engine import WarmContainers
 from functions.sink import post_outcome
 from functions.steps import stage_collect
@@ -63,7 +63,7 @@ class ContainerConfig:
     network: str | None = None  # None: the engine's default network
     workroot: str | None = None  # where work dirs are made (default: the system temp dir)
     sink: str = ""  # K_SINK: where asynchronous tasks post their reply
-    warm: WarmLimits = field(default_factory=WarmLimits)  # warm check containers
+    warm: WarmLimits = WARM_OFF  # by hand: off; from_settings: WARM_CHECKS (default on)
 
 
 class ContainerRuntime:

@@ -54,6 +54,9 @@ class WarmLimits:
     pause: str = ""  # a static pause program on the engine's host, run as ``<pause> -P``
 
 
+WARM_OFF = WarmLimits(enabled=False)  # a runtime configured by hand, as the tests do
+
+
 @dataclass(frozen=True)
 class WarmCounts:
     """What the metrics report (read at each scrape)."""
@@ -157,6 +160,7 @@ class WarmPool:
         self._lock = threading.Lock()
         self._warm: OrderedDict[str, Warm] = OrderedDict()  # least recently used first
         self._starting: set[str] = set()  # keys whose container is being started
+        self._closed = False  # drained: nothing is kept any more
         self._reuses = 0
         self._starts = 0
         self._evictions: Counter[str] = Counter()
@@ -193,7 +197,7 @@ class WarmPool:
         try:
             with self._lock:
                 self._starting.discard(key)
-                room = self._room_locked(team, gone)
+                room = not self._closed and self._room_locked(team, gone)
                 if not room:
                     return None
                 now = self._clock()
@@ -235,8 +239,9 @@ class WarmPool:
         return len(gone)
 
     def drain(self) -> None:
-        """Remove them all (the service stops): busy ones too, once their checks are over."""
+        """Remove them all (the service stops); one started later serves its check only."""
         with self._lock:
+            self._closed = True
             gone = list(self._warm.values())
             self._warm.clear()
             self._evictions[DRAIN] += len(gone)

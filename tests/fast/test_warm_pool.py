@@ -105,3 +105,11 @@ def test_evict_and_drain_remove():
     warm.drain()
     assert removed == ["c-a", "c-b"]
     assert warm.counts().evictions == {"budget": 1, "drain": 1} and warm.counts().alive == 0
+
+
+def test_after_the_drain_nothing_is_kept():
+    warm, removed, _ = pool()
+    warm.drain()
+    assert warm.take("late") is None
+    late = warm.admit("late", "t", "c-late")
+    assert late is None and warm.counts().alive == 0 and removed == []
