@@ -30,6 +30,12 @@ RUN python3 -m compileall -q --invalidation-mode unchecked-hash /app \
  && chmod -R a+rX,go-w /app
 
 FROM ${BASE}
+# catatonit: the static pause program a warm check pod's init container copies for the
+# resource container to run (docs/warm-checks.md).
+RUN apt-get update -qq \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends catatonit >/dev/null \
+ && rm -rf /var/lib/apt/lists/* \
+ && test -x /usr/bin/catatonit
 RUN groupadd --gid 65532 nonroot \
  && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
       --shell /usr/sbin/nologin nonroot

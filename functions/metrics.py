@@ -8,10 +8,16 @@ an event source, an image reference or anything a request chooses freely.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from functions.runtimes.warm import WarmCounts
 
 DURATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 # Phases range from a millisecond (a store write) to the whole script.
@@ -127,5 +133,45 @@ class Metrics:
         """Report ``waiting()`` (read at each scrape) as ``tasks_waiting{action}``."""
         self.tasks_waiting.labels(action).set_function(lambda: float(waiting()))
 
+    def count_warm(self, counts: Callable[[], WarmCounts]) -> None:
+        """Report the runtime's warm check containers (read at each scrape)."""
+        self.registry.register(WarmCollector(counts))
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class WarmCollector(Collector):
+    """The warm check containers' figures (docs/warm-checks.md), from the runtime's counts."""
+
+    def __init__(self, counts: Callable[[], WarmCounts]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        from functions.runtimes.warm import REASONS
+
+        now = self._counts()
+        yield GaugeMetricFamily(
+            "resource_function_warm_containers",
+            "Warm check containers (or pods) this replica keeps now",
+            value=now.alive,
+        )
+        yield CounterMetricFamily(
+            "resource_function_warm_reuses",
+            "Checks run in a warm container that had served a check before",
+            value=now.reuses,
+        )
+        yield CounterMetricFamily(
+            "resource_function_warm_starts",
+            "Warm check containers started and kept",
+            value=now.starts,
+        )
+        evictions = CounterMetricFamily(
+            "resource_function_warm_evictions",
+            "Warm check containers removed, by reason (idle, age, replica_cap, team_cap, "
+            "budget, dead, drain)",
+            labels=["reason"],
+        )
+        for reason in REASONS:
+            evictions.add_metric([reason], now.evictions.get(reason, 0))
+        yield evictions

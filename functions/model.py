@@ -141,7 +141,9 @@ class Task:
     trace: TraceContext | None = None
     lease: LeaseHold | None = None  # an asynchronous check's: released once it has recorded
     request_digest: str = ""  # keys.request_digest of the request: its result records it
-    team: str = ""  # build.team: its events carry it as their ``team`` attribute
+    team: str = (
+        ""  # build.team: its events carry it; a warm check container is never shared across teams
+    )
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from typing import Any, TypeVar, cast
 from functions.errors import ConfigError
 from functions.model import ResourceType
 from functions.redaction import DEFAULT_REDACT_KEYS
+from functions.runtimes.warm import WarmLimits
 from functions.steps.pod_contract import STEP_ENV
 from functions.tracing import tracing_wanted
 from storage.archive import ArchiveOptions, Limits
@@ -110,6 +111,7 @@ class Settings:
     engine_env: dict[str, str] = field(default_factory=dict)  # DOCKER_*, XDG_RUNTIME_DIR
     kubeconfig: str = ""  # KUBECONFIG
     step_env: tuple[tuple[str, str], ...] = ()  # STEP_ENV: copied into task pods
+    warm: WarmLimits = field(default_factory=WarmLimits)  # WARM_CHECK*: docs/warm-checks.md
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -175,6 +177,7 @@ class Settings:
             },
             kubeconfig=env.get("KUBECONFIG", ""),
             step_env=tuple((name, env[name]) for name in STEP_ENV if env.get(name)),
+            warm=warm_limits(env),
         )
 
 
@@ -399,6 +402,19 @@ def _load_json_or_file(value: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as err:
         raise ConfigError(f"RESOURCE_TYPES is not valid JSON: {err}") from None
+
+
+def warm_limits(env: Mapping[str, str]) -> WarmLimits:
+    """Warm check containers (docs/warm-checks.md): WARM_CHECKS=off turns reuse off."""
+    default = WarmLimits()
+    return WarmLimits(
+        enabled=_choice(env, "WARM_CHECKS", ("on", "off"), "on") == "on",
+        idle_seconds=_number(env, "WARM_CHECK_IDLE_SECONDS", default.idle_seconds),
+        max_age_seconds=_number(env, "WARM_CHECK_MAX_AGE_SECONDS", default.max_age_seconds),
+        per_replica=_whole(env, "WARM_CHECKS_PER_REPLICA", default.per_replica),
+        per_team=_whole(env, "WARM_CHECKS_PER_TEAM", default.per_team),
+        pause=env.get("WARM_CHECK_PAUSE", "").strip(),
+    )
 
 
 def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...], default: str) -> str:

@@ -13,6 +13,7 @@ from functions.errors import Unavailable
 from functions.model import Outcome, Task
 from functions.redaction import Redactor
 from functions.runtimes.background import end_async_run
+from functions.runtimes.warm import WarmCounts
 from functions.steps import stage_collect
 from storage import Store
 from storage.archive import ArchiveOptions
@@ -48,6 +49,9 @@ class RepositoryRuntime:
 
     def ready(self) -> None:
         pass  # runs in this process: nothing else to answer
+
+    def warm_counts(self) -> WarmCounts:
+        return WarmCounts()  # no containers: nothing warm
 
     def close(self) -> None:
         pass

@@ -57,6 +57,7 @@ def create_app(
     store = MeteredStore(store or open_local_or_remote_store(settings), metrics.store_seconds)
     runtime = runtime or make_runtime(settings, store)
     metrics.count_waiting(action, runtime.tasks_waiting)
+    metrics.count_warm(runtime.warm_counts)
     if settings.cache_secret_generated:
         log.warning(
             "CACHE_SECRET is not set: using a random key, so cache entries do not "

@@ -6,6 +6,7 @@
         def tasks_waiting(self) -> int             # accepted, script not started yet
         def ready(self) -> None                    # Unavailable unless the engine/API answers
         def start_sweeps(self) -> None             # a serving process: remove leftovers, now and then
+        def warm_counts(self) -> WarmCounts        # warm check containers (docs/warm-checks.md)
         def close(self) -> None                    # drain: wait for runs and their cleanup
 
 Contract: ``run`` stores ``results/<run-id>.json`` and ``logs/<run-id>.log`` before it
@@ -17,7 +18,8 @@ releases it once its outcome is recorded, or once it has ended without one
 effort: a runtime closed meanwhile, or a Kubernetes task it stopped following, never calls
 it). ``tasks_waiting`` counts the tasks queued or starting (``resource_function_tasks_waiting``).
 ``make_runtime`` is the one place that picks a runtime,
-so only ``container.py`` imports docker and only ``kube_api.py`` imports kubernetes.
+so only ``container.py`` (and the modules it uses: ``attach.py``, ``warm_engine.py``) imports
+docker and only ``kube_api.py`` imports kubernetes.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from functions.model import Outcome, Task
+from functions.runtimes.warm import WarmCounts
 
 if TYPE_CHECKING:
     from functions.settings import Settings
@@ -44,6 +47,8 @@ class Runtime(Protocol):
     def ready(self) -> None: ...
 
     def start_sweeps(self) -> None: ...
+
+    def warm_counts(self) -> WarmCounts: ...
 
     def close(self) -> None: ...
 

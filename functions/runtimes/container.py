@@ -12,8 +12,6 @@ import json
 import logging
 import re
 import shutil
-import socket
-import struct
 import tempfile
 import threading
 import time
@@ -27,7 +25,6 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from functions import keys
 from functions.errors import RequestIdReused, Unavailable, failure_kind, pull_is_transient
 from functions.ledger import results
 from functions.logs import fields
@@ -35,11 +32,14 @@ from functions.model import SCRIPTS, WORKDIRS, Outcome, Task
 from functions.phases import PhaseClock
 from functions.redaction import Redactor
 from functions.runtimes import Ended
+from functions.runtimes.attach import ENGINE_ERRORS, close_socket, drain, feed
 from functions.runtimes.background import BackgroundRuns, RunsInFlight, end_async_run
 from functions.runtimes.output import STDERR, STDOUT, Output
 from functions.runtimes.sweep import Sweeper
+from functions.runtimes.warm import WARM_OFF, WarmCounts, WarmLimits, warm_key
+from functions.runtimes.warm_engine import WarmContainers
 from functions.steps import stage_collect
-from functions.steps.outcome import failed, final_failure, script_timeout
+from functions.steps.outcome import failed, final_failure
 from functions.steps.pod_contract import MANAGED_BY
 from storage import Store
 from storage.archive import ArchiveOptions, Limits
@@ -48,8 +48,6 @@ from storage.store_errors import StorageError
 if TYPE_CHECKING:
     from functions.settings import Settings
 
-ENGINE_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException, OSError)
-FRAME_HEADER = struct.Struct(">BxxxL")  # of the attach stream (no TTY)
 REQUEST_LABEL = "request-digest"  # checked when a redelivery adopts the container
 STREAM_END_SECONDS = 5  # after the exit, for the attach stream to bring the last output
 EXIT_CHECK_SECONDS = 5  # how often a script whose attach stream goes on is checked for an exit
@@ -64,6 +62,7 @@ class ContainerConfig:
     network: str | None = None  # None: the engine's default network
     workroot: str | None = None  # where work dirs are made (default: the system temp dir)
     sink: str = ""  # K_SINK: where asynchronous tasks post their reply
+    warm: WarmLimits = WARM_OFF  # by hand: off; from_settings: WARM_CHECKS (default on)
 
 
 class ContainerRuntime:
@@ -80,6 +79,9 @@ class ContainerRuntime:
         self._cleanup = BackgroundRuns("container-remove", limit=2)
         self._runs = RunsInFlight()
         self._sweeper = Sweeper(store, self._list_exited, self._remove_swept)
+        self._warm = (
+            WarmContainers(client, config.warm, config.network) if config.warm.enabled else None
+        )
 
     @classmethod
     def from_settings(cls, settings: Settings, store: Store) -> ContainerRuntime:
@@ -99,19 +101,29 @@ class ContainerRuntime:
             network=settings.container_network or None,
             workroot=settings.work_dir or None,
             sink=settings.sink,
+            warm=settings.warm,
         )
         return cls(client, store, config)
 
     def start_sweeps(self) -> None:
-        """Sweep leftover containers now and every few minutes (functions.runtimes.sweep)."""
+        """Sweep leftover containers now and every few minutes (functions.runtimes.sweep),
+        and warm check containers of owners gone (functions.runtimes.warm_engine)."""
         self._sweeper.start()
+        if self._warm is not None:
+            self._warm.start()
+
+    def warm_counts(self) -> WarmCounts:
+        return self._warm.counts() if self._warm is not None else WarmCounts()
 
     def close(self) -> None:
         """Drain, then let go of the engine: wait for the asynchronous runs (they reply when
         done) and the synchronous ones under way (later ones get ``Unavailable``), then for
-        the removals they queued. The caller bounds it (gunicorn's graceful_timeout)."""
+        the removals they queued; remove the warm check containers. The caller bounds it
+        (gunicorn's graceful_timeout)."""
         self._background.close()
         self._runs.close()
+        if self._warm is not None:
+            self._warm.close()
         self._sweeper.stop()
         self._cleanup.close()
         self._client.close()
@@ -169,7 +181,54 @@ class ContainerRuntime:
         its work directory stay until the result is stored; an ``Unavailable`` leaves them
         for the redelivery."""
         with self._runs.admitted():
+            if self._warm is not None and task.action == "check" and task.history is not None:
+                outcome = self._warm_check(task, task.history.resource_key)
+                if outcome is not None:
+                    return outcome
             return self._run(task)
+
+    def _warm_check(self, task: Task, resource_key: str) -> Outcome | None:
+        """The check run as an exec in its warm container (docs/warm-checks.md), its output
+        collected as a run's; None if that container is busy (run it in a new one)."""
+        assert self._warm is not None
+        clock = PhaseClock()
+        redactor = Redactor(task.secrets)
+        with self._lock:
+            self._waiting.add(task.run_id)
+        try:
+            image, problem = self._image_id(task, clock)
+            if problem:
+                return clock.attach(self._record(task, failed(task.action, "image_pull", problem)))
+            key = warm_key(team=task.team, image_digest=image, resource_key=resource_key)
+            keep = stage_collect.stderr_bytes(redactor)
+            ended = self._warm.check(task, key, image, clock, keep)
+            if ended is None:
+                return None
+            exit_code, output = ended
+            root = self._run_root(task.run_id)  # no work dir: a check mounts none
+            outcome = self._collect(None, task, root, exit_code, output, redactor, clock)
+        except StorageError as err:  # a permanent store refusal; retryable ones raise here
+            outcome = self._record(task, final_failure(task.action, err))
+        finally:
+            self._script_starts(task.run_id)
+        return clock.attach(outcome)
+
+    def _image_id(self, task: Task, clock: PhaseClock) -> tuple[str, str | None]:
+        """The id (``sha256:…``) of the task's image, pulled if the engine lacks it; or
+        the problem of its pull."""
+        image = task.resource_type.image
+        for _ in range(2):
+            try:
+                return str(self._client.api.inspect_image(image)["Id"]), None
+            except docker.errors.ImageNotFound:
+                pass
+            except ENGINE_ERRORS as err:
+                raise Unavailable(f"container engine: {err}") from err
+            with clock.phase("image_pull"):
+                problem = self._ensure_image(image)
+            if problem:
+                return "", problem
+        raise Unavailable(f"image {image} vanished after its pull")
 
     def _run(self, task: Task) -> Outcome:
         root = self._run_root(task.run_id)
@@ -279,29 +338,16 @@ class ContainerRuntime:
             with clock.phase("output"):
                 keep = stage_collect.stderr_bytes(redactor)
                 output = _read_logs(container, with_stdout=exit_code is not None, keep=keep)
-        stdout, stderr = output.stdout, output.stderr
-        if exit_code is None:
-            log_text = stage_collect.redacted_log(stderr, redactor)
-            results.write_once(self._store, keys.log_key(task.run_id), log_text.encode())
-            return self._record(task, script_timeout(task.action, task.timeout_seconds, log_text))
-        spec = stage_collect.CollectSpec(
-            run_id=task.run_id,
-            action=task.action,
-            cache_key=task.cache_key,
-            archive=self._config.archive,
-            history=task.history,
-            request=task.request_digest,
-        )
-        return stage_collect.collect(  # stores the result record
+        return stage_collect.collect_task(
             self._store,
-            spec,
+            task,
+            self._config.archive,
             exit_code=exit_code,
-            stdout=stdout,
-            stderr=stderr,
+            stdout=output.stdout,
+            stderr=output.stderr,
             redactor=redactor,
-            credentials=Redactor(task.resolved),
-            output_dir=workdir if task.action == "get" else None,
             clock=clock,
+            output_dir=workdir if task.action == "get" else None,
         )
 
     def _remove_run(self, run: str, root: Path) -> None:
@@ -375,8 +421,8 @@ class ContainerRuntime:
         except ENGINE_ERRORS as err:
             raise Unavailable(f"container engine: cannot start the container: {err}") from err
         output = Output(keep)
-        reader = threading.Thread(target=_drain, args=(sock, output), daemon=True)
-        feeder = threading.Thread(target=_feed, args=(sock, task.stdin), daemon=True)
+        reader = threading.Thread(target=drain, args=(sock, output), daemon=True)
+        feeder = threading.Thread(target=feed, args=(sock, task.stdin), daemon=True)
         reader.start()
         feeder.start()
         try:
@@ -384,7 +430,7 @@ class ContainerRuntime:
         finally:
             feeder.join(5)
             reader.join(STREAM_END_SECONDS)
-            _close(sock)
+            close_socket(sock)
         return exit_code, output if output.complete else None
 
     def _await_exit(self, container: Any, task: Task, reader: threading.Thread) -> int | None:
@@ -518,15 +564,6 @@ def engine_environment(env: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-def _feed(sock: Any, payload: bytes) -> None:
-    raw = getattr(sock, "_sock", sock)
-    try:
-        raw.sendall(payload)
-        raw.shutdown(socket.SHUT_WR)
-    except OSError:
-        pass  # the script exited or closed stdin without reading it all: its exit code tells
-
-
 def _exit_code(container: Any) -> int | None:
     """The exit code if the script has exited, else None. Podman says "stopped", with the
     exit code, for the quarter second it takes to clean up before "exited"."""
@@ -538,37 +575,6 @@ def _exit_code(container: Any) -> int | None:
     if state.get("Status") not in ("stopped", "exited"):
         return None
     return int(state.get("ExitCode", -1))
-
-
-def _drain(sock: Any, output: Output) -> None:
-    """Read the attach stream (frames of an 8-byte header: stream number, 3 zero bytes,
-    big-endian length) to its end into ``output``, which is complete only if the stream
-    ended between two frames."""
-    raw = getattr(sock, "_sock", sock)
-    pending = b""
-    try:
-        while chunk := raw.recv(1 << 16):
-            pending += chunk
-            while len(pending) >= FRAME_HEADER.size:
-                stream, size = FRAME_HEADER.unpack_from(pending)
-                end = FRAME_HEADER.size + size
-                if len(pending) < end:
-                    break
-                output.add(stream, pending[FRAME_HEADER.size : end])
-                pending = pending[end:]
-    except OSError:
-        return  # cut off: the engine's logs are read instead
-    output.complete = not pending
-
-
-def _close(sock: Any) -> None:
-    """Close the attach socket; a reader still blocked on it wakes up."""
-    raw = getattr(sock, "_sock", sock)
-    try:
-        raw.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass  # already closed by the engine
-    sock.close()
 
 
 def _read_logs(container: Any, *, with_stdout: bool, keep: int) -> Output:

@@ -42,6 +42,7 @@ from functions.ledger import results
 from functions.logs import fields
 from functions.model import FailureKind, Outcome, Task
 from functions.phases import PhaseClock, timed
+from functions.redaction import Redactor
 from functions.runtimes import Ended, podspec
 from functions.runtimes.background import BackgroundRuns, end_async_run
 from functions.runtimes.job_status import (
@@ -55,9 +56,13 @@ from functions.runtimes.job_status import (
 from functions.runtimes.kube_api import KubeApi, api_client_from_env, owner_uids, uid_of
 from functions.runtimes.pod_watch import Pods, PodWatch
 from functions.runtimes.podspec import JobPlan, KubernetesConfig, plan_for
+from functions.runtimes.warm import WarmCounts, warm_key
+from functions.runtimes.warm_pods import PodStartFailed, WarmPods
+from functions.steps import stage_collect
 from functions.steps.outcome import failed, final_failure, task_deadline
 from functions.steps.pod_contract import MANAGED_BY
 from storage import Store
+from storage.archive import ArchiveOptions
 from storage.store_errors import StorageError
 
 if TYPE_CHECKING:
@@ -100,6 +105,7 @@ class KubernetesRuntime:
         self._waiting: set[str] = set()  # run ids whose Job's pod has not started
         self._background = BackgroundRuns("follow")
         self._pods = PodWatch(self._api, TASK_PODS, config.watch_seconds)
+        self._warm = WarmPods(self._api, config.warm) if config.warm.enabled else None
 
     @classmethod
     def from_settings(cls, settings: Settings, store: Store) -> KubernetesRuntime:
@@ -107,7 +113,13 @@ class KubernetesRuntime:
         return cls(api_client_from_env(settings.kubeconfig), store, config_)
 
     def start_sweeps(self) -> None:
-        """Nothing to sweep: finished Jobs go by their ``ttlSecondsAfterFinished``."""
+        """Finished Jobs go by their ``ttlSecondsAfterFinished``; warm check pods that ended
+        or were this replica's are deleted (``warm_pods``)."""
+        if self._warm is not None:
+            self._warm.start()
+
+    def warm_counts(self) -> WarmCounts:
+        return self._warm.counts() if self._warm is not None else WarmCounts()
 
     def close(self) -> None:
         """Stop following asynchronous tasks (``collect`` replies for them) and wait until
@@ -115,6 +127,8 @@ class KubernetesRuntime:
         self._closed.set()
         self._pods.close()
         self._background.close()
+        if self._warm is not None:
+            self._warm.close()  # after the warm checks under way (the background's)
         self._api.close()
 
     def run(self, task: Task) -> Outcome:
@@ -123,6 +137,10 @@ class KubernetesRuntime:
         here), ``result`` (reading what collect stored) and, inside ``pod``, those collect
         reported (``pod_contract.POD_PHASES``, on the node's clock)."""
         plan = plan_for(task, self._config, self._store.url, reply=False)
+        if self._warm_wanted(task):
+            warm = self._warm_check(task, plan)
+            if warm is not None:
+                return warm
         clock = PhaseClock()
         try:
             with clock.phase("launch"):
@@ -135,6 +153,68 @@ class KubernetesRuntime:
         """``Unavailable`` unless the Kubernetes API answers (a page of one Job)."""
         self._api.answers()
 
+    def _warm_wanted(self, task: Task) -> bool:
+        return self._warm is not None and task.action == "check" and task.history is not None
+
+    def _warm_check(self, task: Task, plan: JobPlan) -> Outcome | None:
+        """The check as a ``pods/exec`` in its warm pod (docs/warm-checks.md), collected
+        here as the local runtime collects; None if that pod is busy (then a Job runs it).
+        The key holds the image reference as given: a digest if the type pins one (the
+        cluster resolves a tag only when a pod starts)."""
+        assert self._warm is not None and task.history is not None
+        clock = PhaseClock()
+        redactor = Redactor(task.secrets)
+        key = warm_key(
+            team=task.team,
+            image_digest=task.resource_type.image,
+            resource_key=task.history.resource_key,
+        )
+        try:
+            try:
+                ended = self._warm.check(
+                    task, plan, key, clock, stage_collect.stderr_bytes(redactor)
+                )
+            except PodStartFailed as err:
+                return clock.attach(self._record(task, failed("check", "image_pull", str(err))))
+            if ended is None:
+                return None
+            code, output = ended
+            outcome = stage_collect.collect_task(
+                self._store,
+                task,
+                ArchiveOptions(),  # a check packs nothing
+                exit_code=code,
+                stdout=output.stdout,
+                stderr=output.stderr,
+                redactor=redactor,
+                clock=clock,
+            )
+        except StorageError as err:
+            outcome = final_failure(task.action, err)
+        return clock.attach(outcome)
+
+    def _record(self, task: Task, outcome: Outcome) -> Outcome:
+        return results.record_outcome(
+            self._store, task.run_id, outcome, request=task.request_digest
+        )
+
+    def _warm_and_reply(self, task: Task, plan: JobPlan, ended: Ended | None) -> None:
+        """An asynchronous check in its warm pod: recorded, its lease released, its end
+        reported and its reply posted here (no collect step posts it); a busy warm pod: a
+        Job, as ``start`` would have made."""
+        try:
+            outcome = self._warm_check(task, plan)
+            if outcome is None:
+                outcome = self._settle(task, plan, self._launch(plan, task)).outcome
+        except Exception as err:  # after a 202 nobody redelivers: reply with the failure
+            log.exception("asynchronous warm check failed", extra=fields(run_id=task.run_id))
+            outcome = failed(task.action, failure_kind(err), f"the task could not run: {err}")
+        try:
+            end_async_run(self._store, self._config.sink, task, outcome, ended)
+        finally:
+            with self._lock:
+                self._following.discard(task.run_id)
+
     def tasks_waiting(self) -> int:
         """Followed Jobs whose pod has not started (not created, not scheduled, pulling
         its first image). Asynchronous Jobs count while this replica follows them."""
@@ -146,7 +226,16 @@ class KubernetesRuntime:
             (self._waiting.add if waiting else self._waiting.discard)(run)
 
     def start(self, task: Task, ended: Ended | None = None) -> None:
-        """Create the Job (idempotent) and return; the task posts its own reply."""
+        """Create the Job (idempotent) and return; the task posts its own reply. A check
+        with a warm pod runs there in the background, which posts its reply."""
+        if self._warm_wanted(task):
+            with self._lock:
+                if task.run_id in self._following:
+                    return
+                self._following.add(task.run_id)
+            plan = plan_for(task, self._config, self._store.url, reply=False)
+            self._background.submit(self._warm_and_reply, task, plan, ended)
+            return
         plan = plan_for(task, self._config, self._store.url, reply=True)
         clock = PhaseClock()
         try:

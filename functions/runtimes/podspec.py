@@ -20,6 +20,7 @@ as the files of the deployment's store Secret, which no other container mounts.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import math
 import re
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from functions.model import SCRIPTS, WORKDIRS, Action, ArtifactRef, HistoryPlan, LeaseHold, Task
+from functions.runtimes.warm import WARM_OFF, WarmLimits
 from functions.steps.budget import DEADLINE_SLACK_SECONDS, RESULT_WAIT_SECONDS, deadline_seconds
 from functions.steps.pod_contract import (
     BUILD_DIR,
@@ -193,6 +195,7 @@ class KubernetesConfig:
     deadline_slack_seconds: float = DEADLINE_SLACK_SECONDS  # past the Job's deadline: then act
     result_wait_seconds: float = RESULT_WAIT_SECONDS  # a completed Job's result may take this
     request_timeout: tuple[float, float] = (5.0, 30.0)  # connect, read
+    warm: WarmLimits = WARM_OFF  # by hand: off; from_settings: WARM_CHECKS (default on)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> KubernetesConfig:
@@ -212,6 +215,7 @@ class KubernetesConfig:
             reply_sink=settings.task_reply_sink or settings.sink,
             reply_secret=settings.cache_secret,
             build_size_limit=settings.task_build_size_limit,
+            warm=settings.warm,
         )
 
 
@@ -486,4 +490,71 @@ def stdin_secret_manifest(
             ],
         },
         "data": data,
+    }
+
+
+# Warm check pods (docs/warm-checks.md): the resource image's container runs a static pause
+# program, which an init container of the project image copies into an emptyDir (as Tekton
+# injects its entrypoint); each check is a pods/exec of the check script.
+WARM_KEY_LABEL = f"{LABEL_PREFIX}warm-check"
+WARM_OWNER_LABEL = f"{LABEL_PREFIX}warm-owner"
+PAUSE_VOLUME = "pause"
+PAUSE_DIR = "/.rf-pause"
+PAUSE_PROGRAM = f"{PAUSE_DIR}/pause"
+PAUSE_IN_TASK_IMAGE = "/usr/bin/catatonit"  # the project image's (Dockerfile), static
+
+
+def warm_pod_name(key: str, owner: str) -> str:
+    """``rf-warm-<20 hex>``: one per key and owning replica (replicas never share one)."""
+    digest = hashlib.sha256(f"{key}/{owner}".encode()).hexdigest()
+    return f"rf-warm-{digest[:20]}"
+
+
+def owner_label(owner: str) -> str:
+    """A label value naming the owning replica (its pod name, which may be long)."""
+    return hashlib.sha256(owner.encode()).hexdigest()[:32]
+
+
+def warm_pod_manifest(
+    plan: JobPlan, key: str, owner: str, max_age_seconds: float
+) -> dict[str, Any]:
+    """The Pod of one warm check container: the task pod's account, security context,
+    resources and placement; the pause program as the resource container's main process;
+    ``activeDeadlineSeconds`` ends it at its maximum age (plus one check's budget) even if
+    its replica is gone. No Secret, no stdin: each check brings its request on the exec's
+    stdin. ``plan``: the check's ``JobPlan``."""
+    pod_labels = {
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        "app.kubernetes.io/name": "resource-functions",
+        f"{LABEL_PREFIX}action": "check",
+        WARM_KEY_LABEL: key,
+        WARM_OWNER_LABEL: owner_label(owner),
+    }
+    copy = _step_container(plan, "pause", [], stdin=False)
+    copy["command"] = ["cp", PAUSE_IN_TASK_IMAGE, PAUSE_PROGRAM]
+    copy["volumeMounts"] = [{"name": PAUSE_VOLUME, "mountPath": PAUSE_DIR}]
+    copy["env"] = []
+    copy.pop("terminationMessagePolicy", None)
+    resource = _resource_container(plan)
+    resource["command"] = [PAUSE_PROGRAM, "-P"]
+    resource["volumeMounts"] = [{"name": PAUSE_VOLUME, "mountPath": PAUSE_DIR, "readOnly": True}]
+    resource.pop("env", None)
+    spec = pod_spec(plan)
+    spec.update(
+        {
+            "activeDeadlineSeconds": math.ceil(max_age_seconds + plan.timeout_seconds),
+            "initContainers": [copy],
+            "containers": [resource],
+            "volumes": [{"name": PAUSE_VOLUME, "emptyDir": {"sizeLimit": "16Mi"}}],
+        }
+    )
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": warm_pod_name(key, owner),
+            "namespace": plan.namespace,
+            "labels": pod_labels,
+        },
+        "spec": spec,
     }

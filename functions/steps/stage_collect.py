@@ -17,11 +17,11 @@ from pathlib import Path
 
 from functions import keys
 from functions.ledger import history, results
-from functions.model import Action, ArtifactRef, HistoryPlan, Outcome
+from functions.model import Action, ArtifactRef, HistoryPlan, Outcome, Task
 from functions.phases import PhaseClock, timed
 from functions.protocol import MAX_STDERR_BYTES
 from functions.redaction import Redactor
-from functions.steps.outcome import failed, outcome_of_script, screened
+from functions.steps.outcome import failed, outcome_of_script, screened, script_timeout
 from storage import Store, get_json, put_json
 from storage.archive import ArchiveOptions, Limits, suffix_for
 from storage.artifacts import download_tree, upload_tree
@@ -133,6 +133,51 @@ def collect(
     with timed(clock, "store"):
         results.write_once(store, keys.log_key(spec.run_id), log.encode())
         return results.record_outcome(store, spec.run_id, outcome, request=spec.request)
+
+
+def collect_task(
+    store: Store,
+    task: Task,
+    archive: ArchiveOptions,
+    *,
+    exit_code: int | None,
+    stdout: bytes,
+    stderr: bytes,
+    redactor: Redactor,
+    clock: PhaseClock,
+    output_dir: Path | None = None,
+) -> Outcome:
+    """``collect`` for a runtime that read the script's streams itself (the local runtime's
+    containers, warm check containers and pods): an ``exit_code`` of None is a script over
+    its timeout (its redacted log stored, a ``timeout`` failure recorded)."""
+    if exit_code is None:
+        log_text = redacted_log(stderr, redactor)
+        results.write_once(store, keys.log_key(task.run_id), log_text.encode())
+        return results.record_outcome(
+            store,
+            task.run_id,
+            script_timeout(task.action, task.timeout_seconds, log_text),
+            request=task.request_digest,
+        )
+    spec = CollectSpec(
+        run_id=task.run_id,
+        action=task.action,
+        cache_key=task.cache_key,
+        archive=archive,
+        history=task.history,
+        request=task.request_digest,
+    )
+    return collect(  # stores the result record
+        store,
+        spec,
+        exit_code=exit_code,
+        stdout=stdout,
+        stderr=stderr,
+        redactor=redactor,
+        credentials=Redactor(task.resolved),
+        output_dir=output_dir,
+        clock=clock,
+    )
 
 
 def stderr_bytes(redactor: Redactor) -> int:

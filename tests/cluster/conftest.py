@@ -45,11 +45,16 @@ SLOW_TIMEOUT_SECONDS = 5
 
 @pytest.fixture(scope="session")
 def cluster_images() -> dict[str, str]:
-    """The project image (stage/collect steps) and the test resource image."""
-    from tests.support.images import build_test_resource
+    """The project image (stage/collect steps), the test resource image and the warm
+    resource image (a check that counts its runs in $TMPDIR: test_warm_pods.py)."""
+    from tests.support.images import build_test_resource, build_warm_resource
     from tests.support.project_image import build_project_image
 
-    return {"task": build_project_image(), "resource": build_test_resource()}
+    return {
+        "task": build_project_image(),
+        "resource": build_test_resource(),
+        "warm": build_warm_resource(),
+    }
 
 
 def _interrupt(signum: int, _frame: object) -> None:
@@ -266,8 +271,9 @@ def cluster_services(
     tmp: Path,
     extra: dict[str, str] | None = None,
 ) -> Iterator[ClusterDeployment]:
-    """The three services with ``RESOURCE_TYPES=types``, their tasks Jobs in the cluster;
-    their environment (with ``extra``) is set for the block only."""
+    """The three services with ``RESOURCE_TYPES=types``, their tasks Jobs in the cluster
+    (checks too: ``WARM_CHECKS=off`` unless ``extra`` says otherwise); their environment
+    (with ``extra``) is set for the block only."""
     from storage import open_store
     from tests.support.secret_forms import HOSTILE
     from tests.support.services import start_services
@@ -291,6 +297,7 @@ def cluster_services(
         "AWS_CONFIG_FILE": os.devnull,
         "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
         "AWS_EC2_METADATA_DISABLED": "true",
+        "WARM_CHECKS": "off",
         **(extra or {}),
     }
     unset = (

@@ -19,6 +19,7 @@ import pytest
 
 from functions.cli.launch import free_port
 from functions.model import ACTIONS
+from functions.runtimes.warm import REASONS
 from storage import open_store
 from storage.artifacts import add_team
 from testbed.process import ServerError
@@ -183,6 +184,11 @@ EXPECTED = {  # what the scenario's requests imply
     'resource_function_check_lease_waiters{job="check"}': 0,
     'resource_function_tasks_waiting{action="check"}': 0,
     'resource_function_tasks_waiting{action="get"}': 0,
+    # Warm checks: three resources checked (test, paced, the failing one), paced twice.
+    'resource_function_warm_containers{job="check"}': 3,
+    'resource_function_warm_starts_total{job="check"}': 3,
+    'resource_function_warm_reuses_total{job="check"}': 1,
+    'resource_function_warm_evictions_total{job="check"}': 0,
 }
 
 
@@ -217,6 +223,7 @@ BOUNDED = {
     },
     "phase": {"image_pull", "stage", "create", "script", "output", "upload", "history", "store"},
     "type": {"test", "paced", "(image)"},
+    "reason": set(REASONS),
     "backend": {"file", "s3", "gcs"},
     "operation": {"put", "open", "stat", "delete", "list", "read_record", "write_record"},
     "le": None,  # histogram buckets: the code's fixed boundaries

@@ -108,7 +108,8 @@ EXPECTED_SERVICE_SETTINGS = {  # name: (containerConcurrency, timeoutSeconds)
 EXPECTED_ROLE_RULES = {  # (apiGroup, resource): verbs
     ("batch", "jobs"): {"create", "get", "list", "watch", "delete"},
     ("", "secrets"): {"create", "get", "delete"},
-    ("", "pods"): {"get", "list", "watch"},
+    ("", "pods"): {"get", "list", "watch", "create", "delete"},  # warm check pods
+    ("", "pods/exec"): {"create", "get"},  # a check in a warm pod, in the task namespace only
 }
 # Names the ecosystem uses for credentials: never ConfigMap keys.
 SECRET_ENV_NAMES = {

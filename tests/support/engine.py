@@ -20,6 +20,9 @@ def service_env(docker_host: str, image: str, tmp_path) -> dict[str, str]:
         "CACHE_SECRET": "e2e",
         "STORE_URL": (tmp_path / "store").as_uri(),
         "WORK_DIR": str(tmp_path),
+        # One container per run, named after it (adopted by a redelivery, swept): what these
+        # tests look at; tests/e2e/test_warm_checks.py turns reuse on.
+        "WARM_CHECKS": "off",
     }
 
 

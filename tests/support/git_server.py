@@ -9,14 +9,12 @@ allowed), for the tests that clone from it and push to it.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from functions.cli.launch import free_port
+from testbed.git_daemon import git_daemon
 
 LINKS = {
     "ca.crt": "/etc/ssl/certs/ca-certificates.crt",  # absolute, as repositories commit them
@@ -53,30 +51,5 @@ def served_repository(root: Path, host: str = "127.0.0.1") -> Iterator[tuple[str
     git("add", "-A", cwd=work)
     git("commit", "-q", "-m", "links", cwd=work)
     git("clone", "-q", "--bare", str(work), str(root / "repo.git"), cwd=root)
-    port = free_port(host)
-    daemon = subprocess.Popen(
-        [
-            "git", "daemon", "--reuseaddr", "--export-all", "--enable=receive-pack",
-            f"--base-path={root}", f"--listen={host}", f"--port={port}", str(root),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        _wait_for_port(host, port, daemon)
+    with git_daemon(root, host) as port:
         yield f"git://{host}:{port}/repo.git", root / "repo.git"
-    finally:
-        daemon.terminate()
-        daemon.wait(10)
-
-
-def _wait_for_port(host: str, port: int, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError("git daemon exited")
-        with socket.socket() as sock:
-            if sock.connect_ex((host, port)) == 0:
-                return
-        time.sleep(0.05)
-    raise RuntimeError("git daemon did not listen within 10 s")

@@ -13,6 +13,7 @@ from functions.errors import Unavailable
 from functions.http.app import create_app
 from functions.ledger import results
 from functions.model import Outcome, ResourceType, Task
+from functions.runtimes.warm import WarmCounts
 from functions.settings import Settings
 from storage import Store, put_json
 
@@ -45,6 +46,9 @@ class FakeRuntime:
     def ready(self) -> None:
         if self.unready:
             raise Unavailable(self.unready)
+
+    def warm_counts(self) -> WarmCounts:
+        return WarmCounts()
 
     def close(self) -> None:
         pass

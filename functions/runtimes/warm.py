@@ -1,0 +1,291 @@
+"""Warm check containers: which one serves a check, and how long it lives (docs/warm-checks.md).
+
+One warm container per key, a keyed hash of (team, image digest, resource key), where the
+resource key is already an HMAC of the image and the resolved ``source``: no secret and no
+team name shows in a label or a name, and two teams or two sources never share one. A warm
+container runs one check at a time: a check whose key's container is busy runs in a new
+container of its own, as without reuse.
+
+This module is the bookkeeping, engine-free: the runtime asks ``take`` for an idle warm
+container, ``admit``s the one it started, gives it ``back`` after the check or ``evict``s it.
+Expired ones (idle past ``idle_seconds``, older than ``max_age_seconds``) go at each
+``expire`` (the runtime's reaper) or when ``take`` finds its own expired; the caps per replica and per team evict the least
+recently used idle one. Removals go through ``remove`` (the runtime's, outside the lock).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from functions.errors import Unavailable
+from functions.keys import canonical_json
+from functions.phases import PhaseClock
+from functions.runtimes.output import Output
+
+# Why a warm container went (the ``reason`` label of resource_function_warm_evictions).
+IDLE, AGE, REPLICA_CAP, TEAM_CAP, BUDGET, DEAD, DRAIN = (
+    "idle",
+    "age",
+    "replica_cap",
+    "team_cap",
+    "budget",
+    "dead",
+    "drain",
+)
+REASONS = (IDLE, AGE, REPLICA_CAP, TEAM_CAP, BUDGET, DEAD, DRAIN)
+
+
+@dataclass(frozen=True)
+class WarmLimits:
+    """WARM_CHECKS, WARM_CHECK_IDLE_SECONDS, WARM_CHECK_MAX_AGE_SECONDS, WARM_CHECKS_PER_REPLICA,
+    WARM_CHECKS_PER_TEAM, WARM_CHECK_PAUSE (see the README's configuration table)."""
+
+    enabled: bool = True
+    idle_seconds: float = 300.0
+    max_age_seconds: float = 3600.0
+    per_replica: int = 64
+    per_team: int = 16
+    pause: str = ""  # a static pause program on the engine's host, run as ``<pause> -P``
+
+
+WARM_OFF = WarmLimits(enabled=False)  # a runtime configured by hand, as the tests do
+
+
+@dataclass(frozen=True)
+class WarmCounts:
+    """What the metrics report (read at each scrape)."""
+
+    alive: int = 0
+    reuses: int = 0
+    starts: int = 0
+    evictions: Mapping[str, int] = field(default_factory=dict)
+
+
+def warm_key(*, team: str, image_digest: str, resource_key: str) -> str:
+    """The key of a check's warm container (32 hex chars): a hash of its team, the image's
+    digest and the resource key (``keys.resource_key``, an HMAC of the resolved source)."""
+    message = canonical_json(["warm-check", team, image_digest, resource_key])
+    return hashlib.sha256(message).hexdigest()[:32]
+
+
+@dataclass
+class Warm:
+    """One warm container, as the pool knows it. ``handle``: the engine's id of it."""
+
+    key: str
+    team: str
+    handle: str
+    started: float
+    used: float
+    busy: bool = True
+    reused: bool = False  # ``take`` found it: it served a check before
+
+    def expired(self, limits: WarmLimits, now: float) -> str | None:
+        if now - self.started >= limits.max_age_seconds:
+            return AGE
+        if not self.busy and now - self.used >= limits.idle_seconds:
+            return IDLE
+        return None
+
+
+class Busy(Exception):
+    """The key's warm container runs a check now: run this one without reuse."""
+
+
+class Gone(Exception):
+    """The warm container is not running (died, evicted, removed by hand)."""
+
+
+# A check's end in a warm container: its exit code (None: over its budget) and its output.
+Ended = tuple[int | None, Output]
+log = logging.getLogger("functions.runtimes")
+
+
+def check_in_warm(
+    pool: WarmPool,
+    key: str,
+    clock: PhaseClock,
+    start: Callable[[], Warm],
+    execute: Callable[[str], Ended],
+) -> Ended | None:
+    """Run a check in ``key``'s warm container: the one ``pool`` has, else one ``start``
+    starts (and admits); ``execute(handle)`` runs the check in it. None if it is busy: run
+    the check without reuse. Over its budget, the container is evicted (removed with every
+    process in it). One found ``Gone`` is replaced, and the check runs once in the new one;
+    a new one gone is ``Unavailable``."""
+    for _ in range(2):
+        try:
+            warm = pool.take(key)
+        except Busy:
+            return None
+        if warm is None:
+            with clock.phase("create"):
+                warm = start()
+        try:
+            with clock.phase("script"):
+                ended = execute(warm.handle)
+        except Gone:
+            pool.evict(warm, DEAD)
+            if warm.reused:
+                log.info("a warm check container was gone: replaced")
+                continue
+            raise Unavailable("a new warm check container died under its check") from None
+        except BaseException:
+            pool.evict(warm, DEAD)  # in a state unknown: not reused
+            raise
+        if ended[0] is None:
+            pool.evict(warm, BUDGET)
+        else:
+            pool.back(warm)
+        return ended
+    raise Unavailable("warm check containers keep dying")  # pragma: no cover
+
+
+class WarmPool:
+    def __init__(
+        self,
+        limits: WarmLimits,
+        remove: Callable[[str], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.limits = limits
+        self._remove = remove
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._warm: OrderedDict[str, Warm] = OrderedDict()  # least recently used first
+        self._starting: set[str] = set()  # keys whose container is being started
+        self._closed = False  # drained: nothing is kept any more
+        self._reuses = 0
+        self._starts = 0
+        self._evictions: Counter[str] = Counter()
+
+    def take(self, key: str) -> Warm | None:
+        """The key's idle warm container, now busy; None if it has none or it expired (the
+        caller starts one and ``admit``s it). ``Busy`` if it runs a check or is starting."""
+        gone: list[Warm] = []
+        try:
+            with self._lock:
+                if key in self._starting:
+                    raise Busy(key)
+                warm = self._warm.get(key)
+                if warm is not None and warm.busy:
+                    raise Busy(key)
+                if warm is not None and (reason := warm.expired(self.limits, self._clock())):
+                    self._drop_locked(warm, reason, gone)
+                    warm = None
+                if warm is None:
+                    self._starting.add(key)
+                    return None
+                warm.busy, warm.reused = True, True
+                self._warm.move_to_end(key)
+                self._reuses += 1
+                return warm
+        finally:
+            self._remove_all(gone)
+
+    def admit(self, key: str, team: str, handle: str) -> Warm | None:
+        """Keep the container just started for ``key`` (busy with its first check), making
+        room under the caps by evicting the least recently used idle ones. None if there is
+        no room (every one that counts is busy): the caller removes it after its check."""
+        gone: list[Warm] = []
+        try:
+            with self._lock:
+                self._starting.discard(key)
+                room = not self._closed and self._room_locked(team, gone)
+                if not room:
+                    return None
+                now = self._clock()
+                warm = Warm(key=key, team=team, handle=handle, started=now, used=now)
+                self._warm[key] = warm
+                self._starts += 1
+                return warm
+        finally:
+            self._remove_all(gone)
+
+    def not_started(self, key: str) -> None:
+        """The container ``take`` let the caller start for ``key`` could not be started."""
+        with self._lock:
+            self._starting.discard(key)
+
+    def back(self, warm: Warm) -> None:
+        """The check is done: its container stays warm, unless the pool had no room for it
+        (then it is removed now)."""
+        with self._lock:
+            kept = self._warm.get(warm.key) is warm
+            warm.busy = False
+            warm.used = self._clock()
+        if not kept:
+            self._remove_all([warm])
+
+    def evict(self, warm: Warm, reason: str) -> None:
+        """The check's container goes (over its budget, dead): removed now."""
+        with self._lock:
+            if self._warm.get(warm.key) is warm:
+                del self._warm[warm.key]
+                self._evictions[reason] += 1
+        self._remove_all([warm])
+
+    def expire(self) -> int:
+        """Remove the expired idle ones now; how many went."""
+        with self._lock:
+            gone = self._expired_locked()
+        self._remove_all(gone)
+        return len(gone)
+
+    def drain(self) -> None:
+        """Remove them all (the service stops); one started later serves its check only."""
+        with self._lock:
+            self._closed = True
+            gone = list(self._warm.values())
+            self._warm.clear()
+            self._evictions[DRAIN] += len(gone)
+        self._remove_all(gone)
+
+    def counts(self) -> WarmCounts:
+        with self._lock:
+            return WarmCounts(
+                alive=len(self._warm),
+                reuses=self._reuses,
+                starts=self._starts,
+                evictions=dict(self._evictions),
+            )
+
+    def _expired_locked(self) -> list[Warm]:
+        now = self._clock()
+        gone: list[Warm] = []
+        for warm in list(self._warm.values()):
+            reason = warm.expired(self.limits, now)
+            if reason and not warm.busy:  # a busy one past its age goes after its check
+                self._drop_locked(warm, reason, gone)
+        return gone
+
+    def _drop_locked(self, warm: Warm, reason: str, gone: list[Warm]) -> None:
+        del self._warm[warm.key]
+        self._evictions[reason] += 1
+        gone.append(warm)
+
+    def _room_locked(self, team: str, gone: list[Warm]) -> bool:
+        """Evict least recently used idle ones until one more fits both caps."""
+        for reason, cap, counts in (
+            (TEAM_CAP, self.limits.per_team, lambda w: w.team == team),
+            (REPLICA_CAP, self.limits.per_replica, lambda w: True),
+        ):
+            members = [w for w in self._warm.values() if counts(w)]
+            idle = [w for w in members if not w.busy]  # least recently used first
+            while len(members) >= cap:
+                if not idle:
+                    return False
+                victim = idle.pop(0)
+                members.remove(victim)
+                self._drop_locked(victim, reason, gone)
+        return True
+
+    def _remove_all(self, gone: list[Warm]) -> None:
+        for warm in gone:
+            self._remove(warm.handle)

@@ -1,0 +1,253 @@
+"""Warm check containers on Docker or Podman (docs/warm-checks.md): the engine's side of
+``functions.runtimes.warm``.
+
+A warm container's main process is a static pause program from this machine, bind-mounted
+read-only and run as ``<pause> -P``: Podman's ``catatonit`` (its pause mode: PID 1 that
+reaps orphans and does nothing else) unless WARM_CHECK_PAUSE names another (the cluster's
+``pause.go`` ignores the flag). Supplied by us, not taken from the image, so a resource
+image needs no shell or ``sleep``; as PID 1 it takes every process of the container with it
+when the container is removed. Each check is an exec of ``/opt/resource/check`` with the
+request on the exec's stdin (never in its spec), read like a task container's attach.
+
+Labels: ``warm-check`` (the key, a hash) and ``warm-owner`` (this process: its pid and start
+time). Replicas never share warm containers: each keeps its own, and the sweep at start
+removes those whose owner process is gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import docker.errors
+
+from functions.errors import Unavailable
+from functions.logs import fields
+from functions.model import SCRIPTS, Task
+from functions.phases import PhaseClock
+from functions.runtimes.attach import ENGINE_ERRORS, close_socket, drain, feed
+from functions.runtimes.output import Output
+from functions.runtimes.warm import (
+    Ended,
+    Gone,
+    Warm,
+    WarmCounts,
+    WarmLimits,
+    WarmPool,
+    check_in_warm,
+)
+from functions.steps.pod_contract import MANAGED_BY
+
+KEY_LABEL = "warm-check"
+OWNER_LABEL = "warm-owner"
+PAUSE_TARGET = "/.rf-pause"  # where the pause program is mounted in a warm container
+PAUSE_CANDIDATES = ("/usr/libexec/podman/catatonit", "/usr/bin/catatonit")
+EXIT_SETTLE_SECONDS = 1  # after the stream's end, for the engine to see the exec's exit
+REAP_SECONDS = 30.0  # how often expired warm containers are looked for
+log = logging.getLogger("functions.container")
+
+
+def default_pause() -> str:
+    """catatonit, where Podman installs it (or on PATH); "" if none is found."""
+    for path in PAUSE_CANDIDATES:
+        if Path(path).is_file():
+            return path
+    return shutil.which("catatonit") or ""
+
+
+def owner_id(pid: int | None = None) -> str:
+    """This process (or ``pid``) as ``<pid>-<start time in clock ticks>``: a pid reused by
+    another process does not pass for it. "" if /proc does not say."""
+    pid = os.getpid() if pid is None else pid
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    # Field 22 (starttime), counted after the command name's closing parenthesis.
+    return f"{pid}-{stat.rsplit(')', 1)[1].split()[19]}"
+
+
+def owner_alive(owner: str) -> bool:
+    pid = owner.split("-", 1)[0]
+    return pid.isdigit() and owner_id(int(pid)) == owner
+
+
+class WarmContainers:
+    """This replica's warm check containers: started, reused, expired, removed."""
+
+    def __init__(self, client: Any, limits: WarmLimits, network: str | None) -> None:
+        self._client = client
+        self._network = network
+        self._owner = owner_id()
+        self._pause = limits.pause or default_pause()
+        self.pool = WarmPool(limits, self._remove)
+        self._stopped = threading.Event()
+        self._reaper: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Sweep the warm containers of owners gone, then reap expired ones now and then."""
+        self.sweep()
+        if self._reaper is None:
+            self._reaper = threading.Thread(target=self._reap, name="warm-reap", daemon=True)
+            self._reaper.start()
+
+    def close(self) -> None:
+        """Remove them all (the runs using them have ended)."""
+        self._stopped.set()
+        if self._reaper is not None:
+            self._reaper.join()
+        self.pool.drain()
+
+    def counts(self) -> WarmCounts:
+        return self.pool.counts()
+
+    def check(self, task: Task, key: str, image: str, clock: PhaseClock, keep: int) -> Ended | None:
+        """Run the check in ``key``'s warm container, started from ``image`` (an image id)
+        if it has none (``warm.check_in_warm``)."""
+        deadline = time.monotonic() + task.timeout_seconds
+        return check_in_warm(
+            self.pool,
+            key,
+            clock,
+            start=lambda: self._start(task, key, image),
+            execute=lambda handle: self._exec(handle, task, keep, deadline),
+        )
+
+    def sweep(self) -> int:
+        """Remove the warm containers whose owner process is gone; how many."""
+        filters = {"label": [f"app.kubernetes.io/managed-by={MANAGED_BY}", KEY_LABEL]}
+        try:
+            listed = self._client.api.containers(all=True, filters=filters)
+        except ENGINE_ERRORS as err:
+            log.warning("warm sweep: cannot list containers", extra=fields(error=str(err)))
+            return 0
+        removed = 0
+        for summary in listed:
+            owner = str((summary.get("Labels") or {}).get(OWNER_LABEL, ""))
+            if owner != self._owner and not owner_alive(owner):
+                self._remove(str(summary["Id"]))
+                removed += 1
+        if removed:
+            log.info("swept warm check containers of owners gone", extra=fields(removed=removed))
+        return removed
+
+    def _start(self, task: Task, key: str, image: str) -> Warm:
+        """Create and start a warm container for ``key`` and admit it (a pool without room
+        gives a ``Warm`` it does not keep: removed after this check)."""
+        if not self._pause:
+            self.pool.not_started(key)
+            raise Unavailable("no pause program for warm checks (WARM_CHECK_PAUSE)")
+        try:
+            container = self._client.containers.create(
+                image=image,
+                entrypoint=[PAUSE_TARGET, "-P"],
+                command=[],
+                volumes={self._pause: {"bind": PAUSE_TARGET, "mode": "ro"}},
+                labels={
+                    "app.kubernetes.io/managed-by": MANAGED_BY,
+                    KEY_LABEL: key,
+                    OWNER_LABEL: self._owner,
+                },
+                privileged=task.resource_type.privileged,
+                network=self._network,
+            )
+        except ENGINE_ERRORS as err:
+            self.pool.not_started(key)
+            raise Unavailable(f"container engine: cannot create a warm container: {err}") from err
+        try:
+            container.start()
+        except ENGINE_ERRORS as err:
+            self.pool.not_started(key)
+            self._remove(container.id)
+            raise Unavailable(f"container engine: cannot start a warm container: {err}") from err
+        team = task.team
+        warm = self.pool.admit(key, team, container.id)
+        if warm is None:  # no room: this check only
+            now = time.monotonic()
+            warm = Warm(key=key, team=team, handle=container.id, started=now, used=now)
+        return warm
+
+    def _exec(self, handle: str, task: Task, keep: int, deadline: float) -> Ended:
+        """Exec the check with the request on stdin; its exit code (None: past ``deadline``)
+        and output. ``Gone`` if the container is not running (found so, or dying under it)."""
+        api = self._client.api
+        try:
+            exec_id = api.exec_create(
+                handle,
+                [SCRIPTS["check"]],
+                stdin=True,
+                stdout=True,
+                stderr=True,
+                environment=task.env,
+            )["Id"]
+            sock = api.exec_start(exec_id, socket=True)
+        except docker.errors.APIError as err:
+            if err.status_code in (404, 409) or not self._running(handle):
+                raise Gone() from err
+            raise Unavailable(f"container engine: cannot exec the check: {err}") from err
+        except ENGINE_ERRORS as err:
+            raise Unavailable(f"container engine: cannot exec the check: {err}") from err
+        output = Output(keep)
+        reader = threading.Thread(target=drain, args=(sock, output), daemon=True)
+        feeder = threading.Thread(target=feed, args=(sock, task.stdin), daemon=True)
+        reader.start()
+        feeder.start()
+        try:
+            reader.join(max(0.0, deadline - time.monotonic()))
+            code = None if reader.is_alive() else self._exit_code(exec_id, deadline)
+        finally:
+            close_socket(sock)
+            feeder.join(5)
+            reader.join(5)
+        if (code != 0 or not output.complete) and not self._running(handle):
+            raise Gone()  # killed under the check: not the check's own failure
+        if code is not None and not output.complete:
+            raise Unavailable("container engine: the check's output stream was cut")
+        return code, output
+
+    def _exit_code(self, exec_id: str, deadline: float) -> int | None:
+        """The exec's exit code once the engine has seen it (asked often for a second after
+        the stream's end, then less often); None if it runs past ``deadline``."""
+        settle = min(deadline, time.monotonic() + EXIT_SETTLE_SECONDS)
+        while True:
+            try:
+                state = self._client.api.exec_inspect(exec_id)
+            except ENGINE_ERRORS as err:
+                raise Unavailable(f"container engine: {err}") from err
+            if not state.get("Running"):
+                code = state.get("ExitCode")
+                return -1 if code is None else int(code)
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.02 if time.monotonic() < settle else 0.25)
+
+    def _running(self, handle: str) -> bool:
+        try:
+            state = self._client.api.inspect_container(handle).get("State") or {}
+        except docker.errors.NotFound:
+            return False
+        except ENGINE_ERRORS as err:
+            raise Unavailable(f"container engine: {err}") from err
+        return bool(state.get("Running"))
+
+    def _remove(self, handle: str) -> None:
+        """Remove a warm container with every process in it (logged, never raised)."""
+        try:
+            self._client.api.remove_container(handle, force=True)
+        except docker.errors.NotFound:
+            pass
+        except ENGINE_ERRORS as err:
+            log.warning("cannot remove a warm container", extra=fields(error=str(err)))
+
+    def _reap(self) -> None:
+        period = min(REAP_SECONDS, self.pool.limits.idle_seconds / 2)
+        while not self._stopped.wait(period):
+            try:
+                self.pool.expire()
+            except Exception:  # a bug: logged, and the service goes on
+                log.exception("warm reap failed")

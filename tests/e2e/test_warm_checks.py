@@ -1,0 +1,160 @@
+"""Warm check containers (docs/warm-checks.md): a repeated check is an exec in the container
+that served its resource before. Real check service under gunicorn, real Podman; the warm
+resource counts the checks run in its container in $TMPDIR."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import uuid
+from typing import Any
+
+import docker
+import pytest
+
+from tests.support.engine import service_env
+from tests.support.events import request_event, send
+from tests.support.images import build_warm_resource
+from tests.support.services import Services, start_services
+
+PASSWORD = "warm-secret-5e1f"
+
+
+@pytest.fixture(scope="module")
+def warm_image():
+    return build_warm_resource()
+
+
+@pytest.fixture
+def check_service(docker_host, warm_image, tmp_path):
+    env = {**service_env(docker_host, warm_image, tmp_path), "WARM_CHECKS": "on"}
+    services = start_services(env, tmp_path / "services.log", actions=("check",))
+    yield services
+    services.stop()
+
+
+def check(services: Services, source: dict[str, Any], team: str = "") -> dict[str, Any]:
+    """One check; its only version (count, container) or its failure."""
+    data: dict[str, Any] = {"type": "test", "source": source}
+    if team:
+        data["build"] = {"team": team}
+    status, reply, response = send(services.urls["check"], request_event("check", data))
+    assert status == 200, response.text
+    answer = reply.get_data()
+    return answer.get("error") or answer["versions"][-1]
+
+
+def warm_containers(docker_host: str) -> list[Any]:
+    client = docker.DockerClient(base_url=docker_host)
+    return client.containers.list(all=True, filters={"label": "warm-check"})
+
+
+def new_source(**more: Any) -> dict[str, Any]:
+    return {"nonce": uuid.uuid4().hex, "password": PASSWORD, **more}
+
+
+def test_the_second_check_runs_in_the_same_container(check_service, docker_host):
+    source = new_source()
+    first = check(check_service, source)
+    second = check(check_service, source)
+    assert first["count"] == "1"
+    assert second == {"count": "2", "container": first["container"]}  # $TMPDIR remembered
+    assert check_service.metric("check", "resource_function_warm_reuses_total") == 1
+    assert check_service.metric("check", "resource_function_warm_starts_total") == 1
+    assert check_service.metric("check", "resource_function_warm_containers") == 1
+    assert PASSWORD not in check_service.log_path.read_text()
+    labels = warm_containers(docker_host)[0].labels
+    assert PASSWORD not in str(labels) and source["nonce"] not in str(labels)
+
+
+def test_another_team_or_source_never_shares_it(check_service):
+    source = new_source()
+    mine = check(check_service, source, team="a")
+    theirs = check(check_service, source, team="b")
+    other = check(check_service, new_source(), team="a")
+    again = check(check_service, source, team="a")
+    assert theirs["count"] == "1" and theirs["container"] != mine["container"]
+    assert other["count"] == "1" and other["container"] != mine["container"]
+    assert again == {"count": "2", "container": mine["container"]}
+
+
+def test_a_removed_warm_container_is_replaced_without_a_failure(check_service, docker_host):
+    source = new_source()
+    first = check(check_service, source)
+    for container in warm_containers(docker_host):
+        container.remove(force=True)
+    second = check(check_service, source)
+    assert second["count"] == "1" and second["container"] != first["container"]
+    dead = check_service.metric("check", "resource_function_warm_evictions_total", reason="dead")
+    assert dead == 1
+
+
+def test_a_check_over_its_budget_leaves_no_process(check_service, docker_host):
+    assert check(check_service, new_source())["count"] == "1"  # another resource's, kept
+    status, reply, response = send(
+        check_service.urls["check"],
+        request_event("check", {"type": "slow", "source": new_source(mode="hang")}),
+    )
+    assert status == 200, response.text
+    assert reply.get_data()["error"]["kind"] == "timeout"
+    assert not sleeping_checks()  # the check's child went with its container
+    assert len(warm_containers(docker_host)) == 1  # the other resource's stays warm
+    budget = check_service.metric(
+        "check", "resource_function_warm_evictions_total", reason="budget"
+    )
+    assert budget == 1
+
+
+def test_sigterm_leaves_no_warm_container(docker_host, warm_image, tmp_path):
+    env = {**service_env(docker_host, warm_image, tmp_path), "WARM_CHECKS": "on"}
+    services = start_services(env, tmp_path / "services.log", actions=("check",))
+    try:
+        check(services, new_source())
+        check(services, new_source())
+        assert len(warm_containers(docker_host)) == 2
+    finally:
+        services.stop()  # SIGTERM: the drain removes them
+    assert warm_containers(docker_host) == []
+
+
+def test_the_next_start_sweeps_a_killed_service_warm_containers(docker_host, warm_image, tmp_path):
+    env = {**service_env(docker_host, warm_image, tmp_path), "WARM_CHECKS": "on"}
+    first = start_services(env, tmp_path / "first.log", actions=("check",))
+    try:
+        check(first, new_source())
+        for proc in first.procs:
+            for pid in [*children(proc.pid), proc.pid]:
+                os.kill(pid, signal.SIGKILL)
+            proc.wait(10)
+        assert len(warm_containers(docker_host)) == 1  # left behind
+    finally:
+        first.stop()
+    second = start_services(env, tmp_path / "second.log", actions=("check",))
+    try:
+        assert warm_containers(docker_host) == []  # swept before it serves
+    finally:
+        second.stop()
+
+
+def test_the_switch_turns_reuse_off(docker_host, warm_image, tmp_path):
+    env = {**service_env(docker_host, warm_image, tmp_path), "WARM_CHECKS": "off"}
+    services = start_services(env, tmp_path / "services.log", actions=("check",))
+    try:
+        source = new_source()
+        assert check(services, source)["count"] == "1"
+        assert check(services, source)["count"] == "1"
+        assert warm_containers(docker_host) == []
+    finally:
+        services.stop()
+
+
+def children(pid: int) -> list[int]:
+    return [int(p) for p in open(f"/proc/{pid}/task/{pid}/children").read().split()]
+
+
+def sleeping_checks() -> list[str]:
+    found = subprocess.run(
+        ["pgrep", "-af", "sleep 3141"], capture_output=True, text=True, check=False
+    )
+    return [line for line in found.stdout.splitlines() if "pgrep" not in line]

@@ -1,0 +1,115 @@
+"""The warm check containers' bookkeeping (functions.runtimes.warm): keys, one check at a
+time, expiry, the caps with the least recently used going first; removals recorded."""
+
+from __future__ import annotations
+
+import pytest
+
+from functions.runtimes.warm import Busy, WarmLimits, WarmPool, warm_key
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def pool(**limits: object) -> tuple[WarmPool, list[str], Clock]:
+    removed: list[str] = []
+    clock = Clock()
+    return WarmPool(WarmLimits(**limits), removed.append, clock), removed, clock  # type: ignore[arg-type]
+
+
+def started(warm: WarmPool, key: str, team: str = "t") -> None:
+    assert warm.take(key) is None
+    kept = warm.admit(key, team, f"c-{key}")
+    assert kept is not None
+    warm.back(kept)
+
+
+def test_the_key_separates_teams_images_and_sources_and_hides_them():
+    base = {"team": "a", "image_digest": "sha256:1", "resource_key": "r1"}
+    key = warm_key(**base)
+    assert len(key) == 32 and all(c in "0123456789abcdef" for c in key)
+    for change in ({"team": "b"}, {"image_digest": "sha256:2"}, {"resource_key": "r2"}):
+        assert warm_key(**{**base, **change}) != key
+    assert warm_key(**base) == key
+
+
+def test_one_check_at_a_time_then_reused():
+    warm, removed, _ = pool()
+    assert warm.take("k") is None
+    with pytest.raises(Busy):  # being started
+        warm.take("k")
+    first = warm.admit("k", "t", "c1")
+    assert first is not None
+    with pytest.raises(Busy):  # running its first check
+        warm.take("k")
+    warm.back(first)
+    again = warm.take("k")
+    assert again is first and again.reused
+    assert warm.counts().reuses == 1 and warm.counts().starts == 1 and removed == []
+
+
+def test_idle_and_age_expire():
+    warm, removed, clock = pool(idle_seconds=10, max_age_seconds=100)
+    started(warm, "idle")
+    clock.now = 5
+    started(warm, "busy")
+    kept = warm.take("busy")
+    clock.now = 12
+    assert warm.expire() == 1 and removed == ["c-idle"]
+    assert kept is not None
+    warm.back(kept)
+    clock.now = 106  # past its age (started at 5), and idle again
+    assert warm.take("busy") is None and removed == ["c-idle", "c-busy"]
+    assert warm.counts().evictions == {"idle": 1, "age": 1}
+
+
+def test_caps_evict_the_least_recently_used_idle_one():
+    warm, removed, clock = pool(per_team=2, per_replica=3)
+    started(warm, "a1", "a")
+    clock.now = 1
+    started(warm, "a2", "a")
+    clock.now = 2
+    used = warm.take("a1")  # a1 is now the most recently used
+    assert used is not None
+    warm.back(used)
+    started(warm, "a3", "a")  # the team's cap: a2 goes
+    assert removed == ["c-a2"]
+    started(warm, "b1", "b")
+    started(warm, "b2", "b")  # the replica's cap: a1 goes (least recently used)
+    assert removed == ["c-a2", "c-a1"]
+    assert warm.counts().evictions == {"team_cap": 1, "replica_cap": 1}
+    assert warm.counts().alive == 3
+
+
+def test_no_room_when_all_are_busy_the_new_one_serves_one_check():
+    warm, removed, _ = pool(per_replica=1)
+    assert warm.take("a") is None
+    busy = warm.admit("a", "t", "ca")
+    assert warm.take("b") is None
+    assert warm.admit("b", "t", "cb") is None  # a is busy: no room
+    assert busy is not None and warm.counts().alive == 1 and removed == []
+
+
+def test_evict_and_drain_remove():
+    warm, removed, _ = pool()
+    started(warm, "a")
+    started(warm, "b")
+    taken = warm.take("a")
+    assert taken is not None
+    warm.evict(taken, "budget")
+    warm.drain()
+    assert removed == ["c-a", "c-b"]
+    assert warm.counts().evictions == {"budget": 1, "drain": 1} and warm.counts().alive == 0
+
+
+def test_after_the_drain_nothing_is_kept():
+    warm, removed, _ = pool()
+    warm.drain()
+    assert warm.take("late") is None
+    late = warm.admit("late", "t", "c-late")
+    assert late is None and warm.counts().alive == 0 and removed == []
