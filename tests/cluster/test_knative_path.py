@@ -144,6 +144,8 @@ def test_check_get_put_travel_the_broker_and_reply_through_a_trigger(knative_dep
             "source": src,
             "params": {"input": "in"},
             "inputs": {"in": artifact["url"]},
+            # The get's team: an artifact is its team's (another team's put is refused 403).
+            "build": {"id": "7", "name": "42", "job": "unit", "pipeline": "main", "team": "main"},
         },
     )
     assert post(d.broker, put)[0] == 202
