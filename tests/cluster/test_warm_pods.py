@@ -5,6 +5,8 @@ only); the warm resource counts the checks run in its container in $TMPDIR."""
 from __future__ import annotations
 
 import json
+import statistics
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ from tests.support.events import request_event, send
 
 WARM_LABEL = "resource-functions.dev/warm-check"
 PASSWORD = "warm-pod-secret-0b7e"
+ROUNDS = 5
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +112,49 @@ def test_a_check_over_its_budget_ends_with_its_pod(warm_deployment):
         "check", "resource_function_warm_evictions_total", reason="budget"
     )
     assert budget == 1
+
+
+def test_figures_a_warm_check_against_a_job(
+    warm_deployment,
+    cluster,
+    cluster_images,
+    gateway_s3,
+    namespace,
+    functions_kubeconfig,
+    tmp_path,
+    capsys,
+):
+    """Figures, not asserts (bench/README.md): a check of one resource, five times, as an
+    exec in its warm pod and as a Job (a second check service with WARM_CHECKS=off)."""
+    source = new_source()
+    check(warm_deployment, source)  # its pod starts
+    warm = [timed(lambda: check(warm_deployment, source)) for _ in range(ROUNDS)]
+    with cluster_services(
+        cluster,
+        cluster_images["task"],
+        resource_types(cluster_images["warm"]),
+        gateway_s3,
+        namespace,
+        functions_kubeconfig,
+        tmp_path,
+        extra_env={"WARM_CHECKS": "off"},
+    ) as jobs:
+        job = [timed(lambda: check(jobs, source)) for _ in range(ROUNDS)]
+    assert len(warm) == len(job) == ROUNDS  # every check answered (check() asserts a 200)
+    ratio = statistics.median(job) / statistics.median(warm)
+    with capsys.disabled():
+        print(
+            f"\n[warm-pods] check in its warm pod: median {statistics.median(warm):.3f} s "
+            f"({', '.join(f'{t:.2f}' for t in warm)}); as a Job: median "
+            f"{statistics.median(job):.3f} s ({', '.join(f'{t:.2f}' for t in job)}); "
+            f"Job / warm: {ratio:.1f}x"
+        )
+
+
+def timed(call) -> float:
+    started = time.perf_counter()
+    call()
+    return time.perf_counter() - started
 
 
 def test_sigterm_leaves_no_warm_pod(warm_deployment):

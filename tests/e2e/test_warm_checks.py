@@ -16,6 +16,7 @@ import pytest
 from tests.support.engine import service_env
 from tests.support.events import request_event, send
 from tests.support.images import build_warm_resource
+from tests.support.parallel import parallel
 from tests.support.services import Services, start_services
 
 PASSWORD = "warm-secret-5e1f"
@@ -34,11 +35,15 @@ def check_service(docker_host, warm_image, tmp_path):
     services.stop()
 
 
-def check(services: Services, source: dict[str, Any], team: str = "") -> dict[str, Any]:
+def check(
+    services: Services, source: dict[str, Any], team: str = "", version: Any = None
+) -> dict[str, Any]:
     """One check; its only version (count, container) or its failure."""
     data: dict[str, Any] = {"type": "test", "source": source}
     if team:
         data["build"] = {"team": team}
+    if version is not None:
+        data["version"] = version
     status, reply, response = send(services.urls["check"], request_event("check", data))
     assert status == 200, response.text
     answer = reply.get_data()
@@ -88,6 +93,27 @@ def test_a_removed_warm_container_is_replaced_without_a_failure(check_service, d
     assert second["count"] == "1" and second["container"] != first["container"]
     dead = check_service.metric("check", "resource_function_warm_evictions_total", reason="dead")
     assert dead == 1
+
+
+def test_a_busy_warm_container_is_not_waited_for(docker_host, warm_image, tmp_path):
+    env = {
+        **service_env(docker_host, warm_image, tmp_path),
+        "WARM_CHECKS": "on",
+        "CHECK_LEASE_SECONDS": "0",  # no lease: two checks of one resource may run at once
+    }
+    services = start_services(env, tmp_path / "services.log", actions=("check",))
+    try:
+        source = new_source(delay=2)
+        warm = check(services, source)["container"]
+        # Two versions: two flights, one warm key.
+        both = parallel(lambda i: check(services, source, version={"count": str(i)}), 2)
+        assert sorted(answer["count"] for answer in both) == ["1", "2"]
+        reused = next(answer for answer in both if answer["count"] == "2")
+        other = next(answer for answer in both if answer["count"] == "1")
+        assert reused["container"] == warm and other["container"] != warm
+        assert [c.id[:12] for c in warm_containers(docker_host)] == [warm]  # the other went
+    finally:
+        services.stop()
 
 
 def test_a_check_over_its_budget_leaves_no_process(check_service, docker_host):
