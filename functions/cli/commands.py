@@ -6,6 +6,8 @@ demo [--serve]          start the three services locally and show a check/get/pu
 runs [--since 1h] [--failed]   the runs recorded in STORE_URL lately
 logs RUN_ID             a run's stored (redacted) log
 versions --type NAME --source JSON|@file   a resource's version history
+tekton-controller       the Tekton Custom Task's controller (CustomRuns → requests → status)
+artifact pack|unpack    a directory to an artifact and back (Tekton steps; STORE_URL)
 stage …, collect …      the steps around the resource script inside a task pod
 """
 
@@ -75,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--port", type=int, default=8081, help="first of three ports")
     demo.set_defaults(handler=cmd_demo)
     add_inspect_parsers(sub)
+    tekton = sub.add_parser(
+        "tekton-controller", help="reconcile Tekton CustomRuns (docs/tekton.md)"
+    )
+    tekton.set_defaults(handler=cmd_tekton_controller)
     add_pod_step_parsers(sub)
     return parser
 
@@ -85,6 +91,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     except ImportError:  # .dockerignore keeps the demo out of the production image
         raise SystemExit("error: demo is for development: run it from a source checkout") from None
     return run_demo(serve=args.serve, base_port=args.port)
+
+
+def cmd_tekton_controller(_args: argparse.Namespace) -> int:
+    from functions.tekton.receiver import main as controller_main
+
+    return controller_main()
 
 
 POD_STEPS = ("stage", "collect")
