@@ -82,6 +82,10 @@ def serve(controller: Controller, host: str, port: int) -> ThreadingHTTPServer:
     return server
 
 
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> int:
     """``resource-functions tekton-controller``: the receiver, then the loop, until SIGTERM."""
     import signal
@@ -94,7 +98,7 @@ def main() -> int:
     logs.configure("info")
     controller = Controller(api_client_from_env(), config)
     server = serve(controller, config.host, config.port)
-    signal.signal(signal.SIGTERM, lambda *_: controller.stopped.set())
+    signal.signal(signal.SIGTERM, _interrupt)  # the watch may block for minutes: leave now
     log.info(
         "tekton-controller: replies on %s:%s, requests to %s",
         config.host,
