@@ -54,6 +54,7 @@ KNATIVE_GROUPS = frozenset(
         # Not Knative, but validated the same way: the Tekton Custom Task's StepActions
         # (knative/tekton/steps/), against the CRD of the Tekton release the cluster tests run.
         "tekton.dev",
+        "triggers.tekton.dev",  # knative/tekton/examples/ (its CRDs keep any field)
     }
 )
 NAMESPACE = "resource-functions"
@@ -71,6 +72,7 @@ IN_TASKS_NAMESPACE = {  # (kind, name) of what lives beside the task Jobs
 TEKTON = KNATIVE / "tekton"  # the Tekton Custom Task, a component (docs/tekton.md)
 TEKTON_STEPS = TEKTON / "steps"  # its StepActions, applied per Tekton user namespace
 TEKTON_STEPS_NAMESPACE = "tekton-main"
+TEKTON_EXAMPLES = TEKTON / "examples"  # new versions -> PipelineRuns: Broker and user sides
 TEKTON_CONTROLLER = "resource-functions-tekton-controller"  # its (Cluster)Role(Binding)s
 TEAMS = KNATIVE / "teams"  # a team's credential namespace (applied per team)
 TEAM_NAMESPACE = "concourse-main"
@@ -89,6 +91,21 @@ RELEASE_CRDS = {
         REPO.parent / "shared" / "third_party" / "tekton-pipeline-1.15.0.tar.xz",
         "tekton-pipeline-1.15.0/config/300-crds/300-stepaction.yaml",
     ),
+    "InMemoryChannel": (
+        REPO.parent / "shared" / "third_party" / "knative-eventing-1.22.2.tar.xz",
+        "knative-eventing-1.22.2/config/channels/in-memory-channel/resources/in-memory-channel.yaml",
+    ),
+    "Subscription": (
+        REPO.parent / "shared" / "third_party" / "knative-eventing-1.22.2.tar.xz",
+        "knative-eventing-1.22.2/config/core/resources/subscription.yaml",
+    ),
+    **{
+        kind: (
+            REPO.parent / "shared" / "third_party" / "tekton-triggers-0.37.0.tar.xz",
+            f"tekton-triggers-0.37.0/config/300-{kind.lower()}.yaml",
+        )
+        for kind in ("EventListener", "TriggerBinding", "TriggerTemplate")
+    },
 }
 NO_CRD_KINDS: set[str] = set()
 ACTIONS = ("check", "get", "put")
@@ -320,6 +337,8 @@ def test_document_has_valid_names(path: Path, doc: dict) -> None:
             assert metadata["namespace"] == TEAM_NAMESPACE
         elif path.parent == TEKTON_STEPS:
             assert metadata["namespace"] == TEKTON_STEPS_NAMESPACE
+        elif path.parent == TEKTON_EXAMPLES:
+            assert metadata["namespace"] in (NAMESPACE, TEKTON_STEPS_NAMESPACE)
         elif (doc["kind"], metadata["name"]) in IN_TASKS_NAMESPACE:
             assert metadata["namespace"] in (TASKS_NAMESPACE, NAMESPACE)
         else:
@@ -572,6 +591,8 @@ def test_trigger_references_exist(trigger: dict) -> None:
     if (ref["apiVersion"], ref["kind"]) == ("v1", "Service"):  # the Tekton controller's
         _one("Service", ref["name"], "")
         _one("Deployment", ref["name"], "apps")
+    elif ref["kind"] == "InMemoryChannel":  # new versions to Tekton (a channel hop)
+        _one("InMemoryChannel", ref["name"])
     else:
         _one("Service", _subscriber(trigger), "serving.knative.dev")
     # A Trigger's delivery would replace the Broker's (retries, dead letters) whole.
@@ -729,7 +750,13 @@ def test_credentials_role_only_gets_secrets_and_is_bound_per_team() -> None:
     assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]
     bound = [b["roleRef"]["name"] for b in _all("ClusterRoleBinding")]
     assert CREDENTIALS_ROLE not in bound, "never bound cluster-wide"
-    team_bindings = [b for b in _all("RoleBinding") if b["roleRef"]["kind"] == "ClusterRole"]
+    team_bindings = [
+        b
+        for b in _all("RoleBinding")
+        if b["roleRef"]["kind"] == "ClusterRole"
+        # knative/tekton/examples/: Tekton Triggers' own roles for its EventListener
+        and not b["roleRef"]["name"].startswith("tekton-triggers-eventlistener-")
+    ]
     assert [(b["metadata"]["namespace"], b["roleRef"]["name"]) for b in team_bindings] == [
         (TEAM_NAMESPACE, CREDENTIALS_ROLE)
     ]
@@ -992,6 +1019,7 @@ def test_kustomization_lists_every_file(directory: Path) -> None:
             KNATIVE: None,
             KNATIVE / "credentials": None,
             TEKTON_STEPS: TEKTON_STEPS_NAMESPACE,
+            TEKTON_EXAMPLES: None,
         }
         assert kustomization.get("namespace") == single.get(directory, NAMESPACE)
     assert "configMapGenerator" not in kustomization
@@ -1428,3 +1456,28 @@ def test_kustomize_renders_the_component_into_the_deployment(tmp_path: Path) -> 
     assert steps.returncode == 0, steps.stderr
     actions = [d for d in yaml.safe_load_all(steps.stdout) if d]
     assert {d["spec"]["image"] for d in actions} == {f"{image['newName']}:{image['newTag']}"}
+
+
+def test_new_versions_reach_the_event_listener_through_a_channel_with_no_reply() -> None:
+    docs = {(_kind(d), _name(d)): d for p, d in DOCS if p.parent == TEKTON_EXAMPLES}
+    trigger = docs[("Trigger", "new-versions-to-tekton")]
+    assert set(trigger["spec"]["filter"]["attributes"]) == {"type", "subject"}
+    assert trigger["spec"]["filter"]["attributes"]["type"] == (
+        "dev.resourcefunctions.version.discovered"
+    )
+    assert not any(_trigger_matches(trigger, t) for t in [*REQUEST_TYPES.values(), *REPLY_TYPES])
+    subscription = docs[("Subscription", "new-versions-to-tekton")]["spec"]
+    assert "reply" not in subscription, "the listener's CloudEvent answer must be dropped"
+    assert subscription["channel"] == trigger["spec"]["subscriber"]["ref"]
+    listener = docs[("EventListener", "new-versions")]
+    namespace = listener["metadata"]["namespace"]
+    assert subscription["subscriber"]["uri"] == (
+        f"http://el-{_name(listener)}.{namespace}.svc.cluster.local:8080"
+    )
+    binding = {
+        p["name"]: p["value"] for p in docs[("TriggerBinding", "new-version")]["spec"]["params"]
+    }
+    assert binding["id"] == "$(header.Ce-Id)"
+    (template,) = docs[("TriggerTemplate", "build-new-version")]["spec"]["resourcetemplates"]
+    assert template["metadata"]["name"] == "new-$(tt.params.id)", "named after the event"
+    assert "generateName" not in template["metadata"]
