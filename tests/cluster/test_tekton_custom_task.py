@@ -5,13 +5,17 @@
 - A Pipeline whose first task is a ``Get`` CustomRun (the test resource image) and whose
   second is a Task that unpacks the Get's ``artifact`` into an emptyDir workspace (the
   ``resource-functions-unpack`` StepAction, store credentials from a Secret volume) and reads
-  the files: the PipelineRun succeeds with what the files say; no PersistentVolumeClaim
-  exists anywhere.
+  the files; a third Task writes a directory and packs it (``resource-functions-pack``), and a
+  ``Put`` CustomRun takes that artifact as its input: the PipelineRun succeeds with what the
+  files say, the put saw the packed file; no PersistentVolumeClaim exists anywhere.
 - A failing get: the PipelineRun fails; its CustomRun is ``False`` with the failure kind as
   reason and the resource's (redacted) log tail in the message.
 - A controller killed mid-run: the restarted controller posts the same request again (the
   Broker's sink sees the event id twice), the functions attach it to the run under way (one
   Job, one pod), and the CustomRun completes.
+- New versions start PipelineRuns (``knative/tekton/examples/``): a ``version.discovered``
+  event posted into the Broker twice (a redelivery) starts one PipelineRun, named after the
+  event, which succeeds; the EventListener's CloudEvent answer never reaches the Broker.
 - A bad param: ``False``, ``InvalidParams``, the message naming the param; no request posted
   (the Broker's sink never sees the event id) and no Job.
 - Cancelling a running get (``spec.status: RunCancelled``): ``CustomRunCancelled``, and its
@@ -27,6 +31,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import yaml
@@ -165,6 +170,10 @@ def user_resources(shell: str, store_env: dict[str, str]) -> list[dict]:
         'tr -d "\\n" < "$(workspaces.files.path)/repo/sub/build.txt" > "$(results.build.path)"\n'
         '"$(workspaces.files.path)/repo/sub/run.sh" > "$(results.ran.path)"\n'
     )
+    make = (
+        'mkdir -p "$(workspaces.files.path)/out"\n'
+        'printf "made-%s" "$(params.content)" > "$(workspaces.files.path)/out/version"\n'
+    )
     return [
         {
             "apiVersion": "v1",
@@ -193,6 +202,29 @@ def user_resources(shell: str, store_env: dict[str, str]) -> list[dict]:
                         ],
                     },
                     {"name": "read", "image": shell, "script": read},
+                ],
+            },
+        },
+        {
+            "apiVersion": "tekton.dev/v1",
+            "kind": "Task",
+            "metadata": {"name": "make-output", **meta},
+            "spec": {
+                "params": [{"name": "content"}, {"name": "store-url"}],
+                "workspaces": [{"name": "files"}],
+                "results": [{"name": "artifact", "value": "$(steps.pack.results.artifact)"}],
+                "volumes": [{"name": "store", "secret": {"secretName": "store"}}],
+                "steps": [
+                    {"name": "make", "image": shell, "script": make},
+                    {
+                        "name": "pack",
+                        "ref": {"name": "resource-functions-pack"},
+                        "params": [
+                            {"name": "directory", "value": "$(workspaces.files.path)/out"},
+                            {"name": "store-url", "value": "$(params.store-url)"},
+                            {"name": "store-credentials", "value": "store"},
+                        ],
+                    },
                 ],
             },
         },
@@ -233,6 +265,28 @@ def user_resources(shell: str, store_env: dict[str, str]) -> list[dict]:
                             {"name": "store-url", "value": "$(params.store-url)"},
                         ],
                         "workspaces": [{"name": "files", "workspace": "files"}],
+                    },
+                    {
+                        "name": "make",
+                        "taskRef": {"name": "make-output"},
+                        "params": [
+                            {"name": "content", "value": "$(tasks.read.results.version)"},
+                            {"name": "store-url", "value": "$(params.store-url)"},
+                        ],
+                        "workspaces": [{"name": "files", "workspace": "files"}],
+                    },
+                    {
+                        "name": "push",
+                        "taskRef": {"apiVersion": API_VERSION, "kind": "Put"},
+                        "params": [
+                            {"name": "type", "value": "test"},
+                            {"name": "source", "value": '{"uri": "$(params.uri)"}'},
+                            {"name": "params", "value": '{"input": "out"}'},
+                            {
+                                "name": "inputs",
+                                "value": '{"out": $(tasks.make.results.artifact)}',
+                            },
+                        ],
                     },
                 ],
             },
@@ -302,6 +356,8 @@ def test_a_pipeline_gets_files_into_a_task_through_the_store(custom_task: Custom
     assert artifact["url"].startswith(custom_task.store_url + "/artifacts/")
     assert artifact["digest"].startswith("sha256:")
     assert condition(fetched)["reason"] == "Succeeded"
+    pushed = custom_task.get("customrun", f"{name}-push")  # the pack StepAction's artifact
+    assert json.loads(results(pushed)["version"]) == {"ref": "pushed-made-c0ffee"}
     claims = custom_task.cluster.kubectl("get", "pvc", "--all-namespaces", "-o", "name")
     assert claims.strip() == "", "no PersistentVolumeClaim anywhere"
 
@@ -439,3 +495,100 @@ def test_a_controller_killed_mid_run_reposts_and_the_script_runs_once(
         )
     )["items"]
     assert len(pods) == 1, "the script ran once"
+
+
+# --- new versions start PipelineRuns: Broker -> channel (no reply) -> EventListener ----------
+
+LISTENER = "new-versions"
+EXAMPLES = Path(__file__).resolve().parents[2] / "knative" / "tekton" / "examples"
+DISCOVERED = "dev.resourcefunctions.version.discovered"
+
+
+def new_version_route(store_url: str) -> list[dict]:
+    """``knative/tekton/examples/new-versions.yaml`` as a user adapts it: their namespace for
+    tekton-main (so the check's subject becomes ``pipelines/<namespace>/app``), and their
+    Pipeline in the TriggerTemplate (here fetch-and-read)."""
+    text = (EXAMPLES / "new-versions.yaml").read_text().replace("tekton-main", USERS)
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    for doc in docs:
+        if doc["kind"] == "TriggerTemplate":
+            (run,) = doc["spec"]["resourcetemplates"]
+            run["spec"] = {
+                "pipelineRef": {"name": "fetch-and-read"},
+                "params": [
+                    {"name": "uri", "value": "https://git.example/new-versions"},
+                    {"name": "ref", "value": "$(tt.params.ref)"},
+                    {"name": "store-url", "value": store_url},
+                ],
+                "workspaces": [{"name": "files", "emptyDir": {}}],
+            }
+    return docs
+
+
+def listener_logged(cluster: Cluster, texts: tuple[str, ...], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        logs = cluster.kubectl("-n", USERS, "logs", f"deployment/el-{LISTENER}", check=False)
+        if any(all(t in line for t in texts) for line in logs.splitlines()):
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"the listener logged no line with {texts}: {logs[-3000:]}")
+        time.sleep(1)
+
+
+def test_a_new_version_starts_one_pipeline_run_however_often_delivered(
+    custom_task: CustomTask,
+) -> None:
+    import requests
+    from cloudevents.core.bindings.http import to_binary_event
+    from cloudevents.core.v1.event import CloudEvent
+
+    cluster, deployment = custom_task.cluster, custom_task.deployment
+    subject = f"pipelines/{USERS}/app"  # the example's Trigger, namespace adapted
+    apply(cluster, new_version_route(custom_task.store_url))
+    wait_ready(
+        cluster,
+        NAMESPACE,
+        ["trigger/new-versions-to-tekton", "subscription/new-versions-to-tekton"],
+    )
+    wait_ready(cluster, USERS, [f"eventlistener/{LISTENER}"], timeout=180)
+    event_id = str(uuid.uuid4())
+    event = CloudEvent(
+        attributes={
+            "specversion": "1.0",
+            "type": DISCOVERED,
+            "source": "/resource-functions/check",
+            "id": event_id,
+            "subject": subject,
+            "datacontenttype": "application/json",
+        },
+        data={"version": {"ref": "beef01"}, "resource": "0" * 64},
+    )
+    message = to_binary_event(event)
+    for _ in range(2):  # a redelivery: the same event again
+        answer = requests.post(
+            deployment.broker, headers=dict(message.headers), data=message.body, timeout=30
+        )
+        assert answer.status_code == 202
+    deployment.sink.wait(count=2, id=event_id, timeout=60)
+    name = f"new-{event_id}"
+    run = custom_task.finished("pipelinerun", name, timeout=300)
+    assert condition(run)["status"] == "True", condition(run)
+    found = {r["name"]: r["value"] for r in run["status"].get("results", [])}
+    assert found["version"] == "beef01"
+    listener_logged(cluster, ("already exists", name))
+    runs = json.loads(
+        cluster.kubectl(
+            "-n",
+            USERS,
+            "get",
+            "pipelinerun",
+            "-o",
+            "json",
+            "-l",
+            f"triggers.tekton.dev/eventlistener={LISTENER}",
+        )
+    )["items"]
+    assert [r["metadata"]["name"] for r in runs] == [name]
+    accepted = deployment.sink.matching(type="dev.tekton.event.triggers.accepted.v1")
+    assert accepted == [], "the listener's answer must not reach the Broker"
