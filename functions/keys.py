@@ -31,6 +31,13 @@ def run_id(
     return hmac.new(secret, message, hashlib.sha256).hexdigest()[:32]
 
 
+def request_label(event_source: str, event_id: str) -> str:
+    """A label value naming one request's ``(source, id)`` pair (40 hex chars, unkeyed: the
+    pair is no secret): on the task Job, so a sender can find and stop the run it asked for
+    (``functions.tekton`` cancels a CustomRun's Job by it)."""
+    return hashlib.sha256(canonical_json([event_source, event_id])).hexdigest()[:40]
+
+
 def request_digest(secret: bytes, *, action: str, subject: str | None, data: Any) -> str:
     """A keyed hash of what a request asks for (its action, subject and ``data`` as sent,
     ``((var))`` references unresolved): stored with its result, so a later request reusing the

@@ -6,6 +6,8 @@ demo [--serve]          start the three services locally and show a check/get/pu
 runs [--since 1h] [--failed]   the runs recorded in STORE_URL lately
 logs RUN_ID             a run's stored (redacted) log
 versions --type NAME --source JSON|@file   a resource's version history
+tekton-controller       the Tekton Custom Task's controller (CustomRuns → requests → status)
+artifact pack|unpack    a directory to an artifact and back (Tekton steps; STORE_URL)
 stage …, collect …      the steps around the resource script inside a task pod
 """
 
@@ -75,6 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--port", type=int, default=8081, help="first of three ports")
     demo.set_defaults(handler=cmd_demo)
     add_inspect_parsers(sub)
+    tekton = sub.add_parser(
+        "tekton-controller", help="reconcile Tekton CustomRuns (docs/tekton.md)"
+    )
+    tekton.set_defaults(handler=cmd_tekton_controller)
+    add_artifact_parsers(sub)
     add_pod_step_parsers(sub)
     return parser
 
@@ -85,6 +92,58 @@ def cmd_demo(args: argparse.Namespace) -> int:
     except ImportError:  # .dockerignore keeps the demo out of the production image
         raise SystemExit("error: demo is for development: run it from a source checkout") from None
     return run_demo(serve=args.serve, base_port=args.port)
+
+
+def add_artifact_parsers(sub: Any) -> None:
+    """``artifact pack DIR`` and ``artifact unpack ARTIFACT DIR`` (functions.cli.artifact)."""
+    artifact = sub.add_parser("artifact", help="a directory to an artifact and back (STORE_URL)")
+    verbs = artifact.add_subparsers(required=True, dest="verb")
+    pack = verbs.add_parser("pack", help="upload DIR as an artifact; print it as JSON")
+    pack.add_argument("directory", metavar="DIR")
+    pack.add_argument("--result", metavar="FILE", help="also write the artifact JSON to FILE")
+    pack.add_argument(
+        "--team", default="", help="the team whose puts may take it (its build.team; default none)"
+    )
+    pack.set_defaults(handler=cmd_artifact)
+    unpack = verbs.add_parser("unpack", help="extract an artifact into DIR, digest verified")
+    unpack.add_argument("artifact", metavar="ARTIFACT", help="the artifact as JSON, or @file")
+    unpack.add_argument("directory", metavar="DIR")
+    unpack.set_defaults(handler=cmd_artifact)
+
+
+def cmd_artifact(args: argparse.Namespace) -> int:
+    """The store as the task pods' steps reach it: STORE_URL, and its credentials as the
+    files of a mounted Secret (STORE_CREDENTIALS_DIR), never env vars."""
+    import os
+
+    from functions.cli import artifact
+    from functions.task.step_settings import StepSettings
+    from storage import open_store
+
+    settings = StepSettings.from_env(os.environ)
+    store = open_store(settings.store_url, settings.store_options)
+    try:
+        if args.verb == "pack":
+            packed = json.dumps(
+                artifact.pack(store, Path(args.directory), settings.archive, team=args.team)
+            )
+            if args.result:
+                Path(args.result).write_text(packed)
+            print(packed)
+            return 0
+        given = args.artifact
+        text = Path(given[1:]).read_text() if given.startswith("@") else given
+        artifact.unpack(store, artifact.parse_artifact(text), Path(args.directory), settings.limits)
+    except artifact.BadArtifact as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def cmd_tekton_controller(_args: argparse.Namespace) -> int:
+    from functions.tekton.receiver import main as controller_main
+
+    return controller_main()
 
 
 POD_STEPS = ("stage", "collect")

@@ -9,6 +9,7 @@ from typing import Any, BinaryIO, cast
 from cloudevents.core.v1.event import CloudEvent
 
 from functions import events
+from functions.cli import artifact
 from functions.cli.progress import ProgressReader
 from functions.credentials import make_provider
 from functions.http.app import open_local_or_remote_store
@@ -19,9 +20,6 @@ from functions.service.config import ServiceConfig
 from functions.service.service import Service
 from functions.settings import Settings
 from storage import Store
-from storage.archive import suffix_for
-from storage.artifacts import add_team, download_tree, upload_tree
-from storage.base import key_for_url
 
 
 def run_local(
@@ -70,28 +68,24 @@ def _as_artifact(store: Store, where: str, settings: Settings, team: str) -> str
     directory = Path(where)
     if not directory.is_dir():
         raise SystemExit(f"--input: {where} is neither a directory nor a URL")
-    key = f"artifacts/inputs/{uuid.uuid4().hex}{suffix_for(settings.archive.format)}"
-    info = upload_tree(
+    packed = artifact.pack(
         store,
-        key,
         directory,
         settings.archive,
+        team=team,
         wrap=lambda stream: cast(BinaryIO, ProgressReader(stream, f"upload {where}")),
     )
-    add_team(store, key, team)
-    return {"url": store.url_for(key), "digest": info.digest or ""}
+    return {"url": packed["url"], "digest": packed["digest"]}
 
 
-def _download(store: Store, artifact: dict[str, Any], output: Path, settings: Settings) -> None:
-    key = key_for_url(store, artifact["url"])
-    if key is None:
-        raise SystemExit(f"--output: {artifact['url']} is not in {store.url}")
-    output.mkdir(parents=True, exist_ok=True)
-    download_tree(
-        store,
-        key,
-        output,
-        expected_digest=artifact["digest"],
-        limits=settings.limits,
-        wrap=lambda stream: cast(BinaryIO, ProgressReader(stream, f"download to {output}")),
-    )
+def _download(store: Store, found: dict[str, Any], output: Path, settings: Settings) -> None:
+    try:
+        artifact.unpack(
+            store,
+            found,
+            output,
+            settings.limits,
+            wrap=lambda stream: cast(BinaryIO, ProgressReader(stream, f"download to {output}")),
+        )
+    except artifact.BadArtifact as err:
+        raise SystemExit(f"--output: {err}") from None

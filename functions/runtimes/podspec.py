@@ -27,6 +27,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from functions import keys
 from functions.model import SCRIPTS, WORKDIRS, Action, ArtifactRef, HistoryPlan, LeaseHold, Task
 from functions.runtimes.warm import WARM_OFF, WarmLimits
 from functions.steps.budget import DEADLINE_SLACK_SECONDS, RESULT_WAIT_SECONDS, deadline_seconds
@@ -65,6 +66,7 @@ if TYPE_CHECKING:
 
 LABEL_PREFIX = "resource-functions.dev/"
 REQUEST_ANNOTATION = f"{LABEL_PREFIX}request"  # the Job's request digest
+REQUEST_LABEL = f"{LABEL_PREFIX}request-key"  # keys.request_label of the request's (source, id)
 STEP_UID = 65532  # stage/collect: the project image's non-root user
 BUILD_VOLUME = "build"
 STDIN_VOLUME = "stdin"
@@ -150,6 +152,7 @@ class JobPlan:
     reply: ReplyPlan | None = None
     request_source: str = ""  # for operators: an annotation on the Job
     request_digest: str = ""  # keys.request_digest: an annotation, checked on attaching
+    request_label: str = ""  # keys.request_label: a label, to find a request's Job by
     build_size_limit: str = ""  # the build emptyDir's sizeLimit
 
     @property
@@ -254,6 +257,9 @@ def plan_for(task: Task, config: KubernetesConfig, store_url: str, *, reply: boo
         build_size_limit=rt.build_size_limit or c.build_size_limit,
         request_source=task.request_source,
         request_digest=task.request_digest,
+        request_label=keys.request_label(task.request_source, task.request_id)
+        if task.request_id
+        else "",
     )
 
 
@@ -276,6 +282,7 @@ def labels(plan: JobPlan) -> dict[str, str]:
         "app.kubernetes.io/name": "resource-functions",
         f"{LABEL_PREFIX}action": plan.action,
         f"{LABEL_PREFIX}run-id": plan.run_id,
+        **({REQUEST_LABEL: plan.request_label} if plan.request_label else {}),
     }
 
 

@@ -51,6 +51,10 @@ KNATIVE_GROUPS = frozenset(
         "sinks.knative.dev",
         "messaging.knative.dev",
         "flows.knative.dev",
+        # Not Knative, but validated the same way: the Tekton Custom Task's StepActions
+        # (knative/tekton/steps/), against the CRD of the Tekton release the cluster tests run.
+        "tekton.dev",
+        "triggers.tekton.dev",  # knative/tekton/examples/ (its CRDs keep any field)
     }
 )
 NAMESPACE = "resource-functions"
@@ -63,7 +67,15 @@ IN_TASKS_NAMESPACE = {  # (kind, name) of what lives beside the task Jobs
     ("Secret", "resource-functions-store"),  # one copy: the tasks' store credentials
     ("ResourceQuota", "task-pods"),
     ("LimitRange", "task-containers"),
+    # The Tekton Custom Task's controller stops the Job of a cancelled CustomRun.
+    ("Role", "resource-functions-tekton-controller"),
+    ("RoleBinding", "resource-functions-tekton-controller"),
 }
+TEKTON = KNATIVE / "tekton"  # the Tekton Custom Task, a component (docs/tekton.md)
+TEKTON_STEPS = TEKTON / "steps"  # its StepActions, applied per Tekton user namespace
+TEKTON_STEPS_NAMESPACE = "tekton-main"
+TEKTON_EXAMPLES = TEKTON / "examples"  # new versions -> PipelineRuns: Broker and user sides
+TEKTON_CONTROLLER = "resource-functions-tekton-controller"  # its (Cluster)Role(Binding)s
 TEAMS = KNATIVE / "teams"  # a team's credential namespace (applied per team)
 TEAM_NAMESPACE = "concourse-main"
 CREDENTIALS_ROLE = "resource-functions-credentials"
@@ -76,7 +88,26 @@ RELEASE_CRDS = {
     "EventPolicy": (
         REPO.parent / "shared" / "third_party" / "knative-eventing-1.22.2.tar.xz",
         "knative-eventing-1.22.2/config/core/resources/eventpolicy.yaml",
-    )
+    ),
+    "StepAction": (
+        REPO.parent / "shared" / "third_party" / "tekton-pipeline-1.15.0.tar.xz",
+        "tekton-pipeline-1.15.0/config/300-crds/300-stepaction.yaml",
+    ),
+    "InMemoryChannel": (
+        REPO.parent / "shared" / "third_party" / "knative-eventing-1.22.2.tar.xz",
+        "knative-eventing-1.22.2/config/channels/in-memory-channel/resources/in-memory-channel.yaml",
+    ),
+    "Subscription": (
+        REPO.parent / "shared" / "third_party" / "knative-eventing-1.22.2.tar.xz",
+        "knative-eventing-1.22.2/config/core/resources/subscription.yaml",
+    ),
+    **{
+        kind: (
+            REPO.parent / "shared" / "third_party" / "tekton-triggers-0.37.0.tar.xz",
+            f"tekton-triggers-0.37.0/config/300-{kind.lower()}.yaml",
+        )
+        for kind in ("EventListener", "TriggerBinding", "TriggerTemplate")
+    },
 }
 NO_CRD_KINDS: set[str] = set()
 ACTIONS = ("check", "get", "put")
@@ -133,7 +164,12 @@ def _rel(path: Path) -> str:
 
 
 # Not Kubernetes documents: a plain Prometheus rule file (tests/fast/test_alert_rules.py checks it).
-NOT_MANIFESTS = {KNATIVE / "monitoring" / "rules.yaml"}
+# and kustomize's own configuration files (a kustomization's `configurations`).
+NOT_MANIFESTS = {KNATIVE / "monitoring" / "rules.yaml"} | {
+    k.parent / entry
+    for k in KNATIVE.rglob(KUSTOMIZATION)
+    for entry in (yaml.safe_load(k.read_text()) or {}).get("configurations", [])
+}
 YAML_FILES = sorted(
     p
     for p in KNATIVE.rglob("*")
@@ -302,6 +338,10 @@ def test_document_has_valid_names(path: Path, doc: dict) -> None:
     if doc["kind"] not in CLUSTER_SCOPED:
         if path.parent == TEAMS:
             assert metadata["namespace"] == TEAM_NAMESPACE
+        elif path.parent == TEKTON_STEPS:
+            assert metadata["namespace"] == TEKTON_STEPS_NAMESPACE
+        elif path.parent == TEKTON_EXAMPLES:
+            assert metadata["namespace"] in (NAMESPACE, TEKTON_STEPS_NAMESPACE)
         elif (doc["kind"], metadata["name"]) in IN_TASKS_NAMESPACE:
             assert metadata["namespace"] in (TASKS_NAMESPACE, NAMESPACE)
         else:
@@ -550,7 +590,14 @@ def test_each_request_type_has_exactly_one_trigger(action: str) -> None:
 )
 def test_trigger_references_exist(trigger: dict) -> None:
     _one("Broker", trigger["spec"]["broker"])
-    _one("Service", _subscriber(trigger), "serving.knative.dev")
+    ref = trigger["spec"]["subscriber"]["ref"]
+    if (ref["apiVersion"], ref["kind"]) == ("v1", "Service"):  # the Tekton controller's
+        _one("Service", ref["name"], "")
+        _one("Deployment", ref["name"], "apps")
+    elif ref["kind"] == "InMemoryChannel":  # new versions to Tekton (a channel hop)
+        _one("InMemoryChannel", ref["name"])
+    else:
+        _one("Service", _subscriber(trigger), "serving.knative.dev")
     # A Trigger's delivery would replace the Broker's (retries, dead letters) whole.
     assert "delivery" not in trigger["spec"]
 
@@ -746,7 +793,7 @@ def test_no_pingsource_pretends_to_send_requests() -> None:
 
 
 def test_role_grants_exactly_the_task_verbs() -> None:
-    roles = _all("Role")
+    roles = [r for r in _all("Role") if _name(r) != TEKTON_CONTROLLER]
     assert [_name(r) for r in roles] == ["resource-functions-tasks"]
     granted: dict[tuple[str, str], set[str]] = {}
     for rule in roles[0]["rules"]:
@@ -767,7 +814,13 @@ def test_credentials_role_only_gets_secrets_and_is_bound_per_team() -> None:
     assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]
     bound = [b["roleRef"]["name"] for b in _all("ClusterRoleBinding")]
     assert CREDENTIALS_ROLE not in bound, "never bound cluster-wide"
-    team_bindings = [b for b in _all("RoleBinding") if b["roleRef"]["kind"] == "ClusterRole"]
+    team_bindings = [
+        b
+        for b in _all("RoleBinding")
+        if b["roleRef"]["kind"] == "ClusterRole"
+        # knative/tekton/examples/: Tekton Triggers' own roles for its EventListener
+        and not b["roleRef"]["name"].startswith("tekton-triggers-eventlistener-")
+    ]
     assert [(b["metadata"]["namespace"], b["roleRef"]["name"]) for b in team_bindings] == [
         (TEAM_NAMESPACE, CREDENTIALS_ROLE)
     ]
@@ -783,7 +836,11 @@ def test_credentials_role_only_gets_secrets_and_is_bound_per_team() -> None:
 
 
 def test_role_is_bound_to_the_functions_only() -> None:
-    bindings = [b for b in _all("RoleBinding") if b["roleRef"]["kind"] == "Role"]
+    bindings = [
+        b
+        for b in _all("RoleBinding")
+        if b["roleRef"]["kind"] == "Role" and _name(b) != TEKTON_CONTROLLER
+    ]
     assert len(bindings) == 1
     binding = bindings[0]
     assert binding["roleRef"] == {
@@ -1024,7 +1081,13 @@ def test_kustomization_lists_every_file(directory: Path) -> None:
         # Each manifest names its own namespace (the deployment spans two); a team's
         # binding is namespaced per team by its kustomization.
         # The extras (examples/, monitoring/) live in the functions' namespace alone.
-        single = {TEAMS: TEAM_NAMESPACE, KNATIVE: None, KNATIVE / "credentials": None}
+        single = {
+            TEAMS: TEAM_NAMESPACE,
+            KNATIVE: None,
+            KNATIVE / "credentials": None,
+            TEKTON_STEPS: TEKTON_STEPS_NAMESPACE,
+            TEKTON_EXAMPLES: None,
+        }
         assert kustomization.get("namespace") == single.get(directory, NAMESPACE)
     assert "configMapGenerator" not in kustomization
     assert "secretGenerator" not in kustomization
@@ -1167,7 +1230,8 @@ def test_the_broker_takes_a_teams_events_only_from_its_senders() -> None:
     }
     assert all(set(sender) == {"sub"} for sender in policy["spec"]["from"])
     assert policy["spec"]["filters"] == [{"exact": {"team": "main"}}]
-    from functions.service.teams import TEAM_ATTRIBUTE, allows
+    from functions.replies import TEAM_ATTRIBUTE
+    from functions.service.teams import allows
     from functions.settings import Settings
 
     assert TEAM_ATTRIBUTE == "team"
@@ -1297,3 +1361,191 @@ def test_the_functions_may_touch_secrets_only_in_the_task_namespace() -> None:
             if "secrets" in rule["resources"]:
                 assert role["metadata"]["namespace"] == TASKS_NAMESPACE, _name(role)
     assert not [r for r in _all("Role") if r["metadata"]["namespace"] == NAMESPACE]
+
+
+# --- the Tekton Custom Task component (knative/tekton/) ------------------------------------
+
+
+def _tekton_docs() -> list[dict]:
+    return [d for p, d in DOCS if p.is_relative_to(TEKTON) and not p.is_relative_to(TEKTON_STEPS)]
+
+
+def _from_tekton(kind: str, name: str) -> dict:
+    (found,) = [d for d in _tekton_docs() if _kind(d) == kind and _name(d) == name]
+    return found
+
+
+def test_the_tekton_component_is_a_component_outside_the_base() -> None:
+    component = yaml.safe_load((TEKTON / KUSTOMIZATION).read_text())
+    assert component["kind"] == "Component"
+    base = yaml.safe_load((KNATIVE / KUSTOMIZATION).read_text())
+    assert "tekton" not in base.get("resources", []) + base.get("components", [])
+
+
+def _reply_attributes(event_type: str, subject: str | None) -> dict[str, str]:
+    return {
+        "specversion": "1.0",
+        "type": event_type,
+        "source": "/resource-functions/get",
+        "id": "1",
+        **({"subject": subject} if subject else {}),
+    }
+
+
+def test_the_controllers_trigger_takes_replies_to_customruns_only() -> None:
+    from functions.tekton.decide import subject
+
+    trigger = _from_tekton("Trigger", "tekton-replies")
+    ours = subject("team-a", "pr-1-fetch")
+
+    def matches(event_type: str, subject_: str | None) -> bool:
+        attributes = _reply_attributes(event_type, subject_)
+        return all(_filter_matches(e, attributes) for e in trigger["spec"]["filters"])
+
+    assert all(matches(t, ours) for t in REPLY_TYPES)
+    assert not any(matches(t, ours) for t in REQUEST_TYPES.values())  # requests: secrets
+    assert not matches("dev.resourcefunctions.version.discovered", ours)
+    assert not any(matches(t, "pipelines/main") for t in REPLY_TYPES)  # another engine's
+    assert not any(matches(t, None) for t in REPLY_TYPES)
+    ref = trigger["spec"]["subscriber"]["ref"]
+    assert (ref["kind"], ref["name"]) == ("Service", "tekton-controller")
+
+
+def test_the_controller_may_read_customruns_write_their_status_and_stop_task_jobs() -> None:
+    role = _from_tekton("ClusterRole", TEKTON_CONTROLLER)
+    granted = {
+        (g, r): sorted(rule["verbs"])
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+    }
+    assert granted == {
+        ("tekton.dev", "customruns"): ["get", "list", "watch"],
+        ("tekton.dev", "customruns/status"): ["get", "patch", "update"],
+    }
+    jobs = _from_tekton("Role", TEKTON_CONTROLLER)
+    assert jobs["metadata"]["namespace"] == _config_data()["TASK_NAMESPACE"]
+    assert jobs["rules"] == [
+        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["list", "deletecollection"]}
+    ]
+    account = {"kind": "ServiceAccount", "name": "tekton-controller", "namespace": NAMESPACE}
+    for kind in ("ClusterRoleBinding", "RoleBinding"):
+        binding = _from_tekton(kind, TEKTON_CONTROLLER)
+        assert binding["subjects"] == [account]
+        assert binding["roleRef"]["name"] == TEKTON_CONTROLLER
+
+
+def test_the_controller_runs_the_subcommand_with_the_functions_config_and_no_secret() -> None:
+    from functions.cli.commands import build_parser
+    from functions.tekton.controller_config import ControllerConfig
+
+    deployment = _from_tekton("Deployment", "tekton-controller")
+    spec = deployment["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    assert container["image"] == PROJECT_IMAGE
+    assert build_parser().parse_args(container["args"]).command == "tekton-controller"
+    assert container["envFrom"] == [{"configMapRef": {"name": CONFIG_MAP}}]
+    assert "secret" not in json.dumps(spec).lower()
+    env = {e["name"]: e["value"] for e in container["env"]}
+    config = ControllerConfig.from_env({**_config_data(), **env, "K_SINK": "http://broker"})
+    assert config.team_of("team-a") == "team-a"
+    binding = _from_tekton("SinkBinding", "tekton-controller-requests")
+    assert binding["spec"]["subject"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": "tekton-controller",
+    }
+    assert binding["spec"]["sink"]["ref"]["kind"] == "Broker"
+    service = _from_tekton("Service", "tekton-controller")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"] == labels
+    fence = _from_tekton("NetworkPolicy", "tekton-controller-from-knative")
+    assert fence["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+
+
+@pytest.mark.parametrize("name", ["resource-functions-unpack", "resource-functions-pack"])
+def test_the_stepactions_run_the_cli_with_store_credentials_as_files(name: str) -> None:
+    from functions.cli.commands import build_parser
+
+    (action,) = [d for p, d in DOCS if p.parent == TEKTON_STEPS and _name(d) == name]
+    spec = action["spec"]
+    assert spec["image"] == PROJECT_IMAGE
+    assert spec["command"][:3] == ["python", "-m", "functions"]
+    given = {p["name"]: f"/given/{p['name']}" for p in spec["params"]}
+    argv = [
+        re.sub(
+            r"\$\((?:params|step\.results)\.([a-z-]+)(?:\.path)?\)",
+            lambda m: given.get(m.group(1), "/tekton/result"),
+            a,
+        )
+        for a in spec["command"][3:] + spec["args"]
+    ]
+    parsed = build_parser().parse_args(argv)
+    assert (parsed.command, parsed.verb) == ("artifact", name.rpartition("-")[2])
+    env = {e["name"]: e for e in spec["env"]}
+    assert all("valueFrom" not in e for e in env.values()), "credentials never as env vars"
+    (mount,) = spec["volumeMounts"]
+    assert mount["mountPath"] == env["STORE_CREDENTIALS_DIR"]["value"]
+    assert mount["readOnly"] is True
+
+
+def test_kustomize_renders_the_component_into_the_deployment(tmp_path: Path) -> None:
+    command = _kustomize_command()
+    if command is None:
+        pytest.fail("neither kustomize nor kubectl is installed (.ci/setup --tests installs one)")
+    copy_of = tmp_path / "knative"
+    shutil.copytree(KNATIVE, copy_of)
+    kustomization = yaml.safe_load((copy_of / KUSTOMIZATION).read_text())
+    kustomization["components"] = ["tekton"]
+    (copy_of / KUSTOMIZATION).write_text(yaml.safe_dump(kustomization))
+    out = subprocess.run(
+        [*command, str(copy_of)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    rendered = [d for d in yaml.safe_load_all(out.stdout) if d]
+    image = kustomization["images"][0]
+    (controller,) = [
+        d for d in rendered if d["kind"] == "Deployment" and _name(d) == "tekton-controller"
+    ]
+    assert controller["spec"]["template"]["spec"]["containers"][0]["image"] == (
+        f"{image['newName']}:{image['newTag']}"
+    )
+    assert controller["spec"]["selector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "resource-functions",
+        "app.kubernetes.io/component": "tekton-controller",
+    }
+    steps = subprocess.run(
+        [*command, str(copy_of / "tekton" / "steps")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert steps.returncode == 0, steps.stderr
+    actions = [d for d in yaml.safe_load_all(steps.stdout) if d]
+    assert {d["spec"]["image"] for d in actions} == {f"{image['newName']}:{image['newTag']}"}
+
+
+def test_new_versions_reach_the_event_listener_through_a_channel_with_no_reply() -> None:
+    docs = {(_kind(d), _name(d)): d for p, d in DOCS if p.parent == TEKTON_EXAMPLES}
+    trigger = docs[("Trigger", "new-versions-to-tekton")]
+    assert set(trigger["spec"]["filter"]["attributes"]) == {"type", "subject"}
+    assert trigger["spec"]["filter"]["attributes"]["type"] == (
+        "dev.resourcefunctions.version.discovered"
+    )
+    assert not any(_trigger_matches(trigger, t) for t in [*REQUEST_TYPES.values(), *REPLY_TYPES])
+    subscription = docs[("Subscription", "new-versions-to-tekton")]["spec"]
+    assert "reply" not in subscription, "the listener's CloudEvent answer must be dropped"
+    assert subscription["channel"] == trigger["spec"]["subscriber"]["ref"]
+    listener = docs[("EventListener", "new-versions")]
+    namespace = listener["metadata"]["namespace"]
+    assert subscription["subscriber"]["uri"] == (
+        f"http://el-{_name(listener)}.{namespace}.svc.cluster.local:8080"
+    )
+    binding = {
+        p["name"]: p["value"] for p in docs[("TriggerBinding", "new-version")]["spec"]["params"]
+    }
+    assert binding["id"] == "$(header.Ce-Id)"
+    (template,) = docs[("TriggerTemplate", "build-new-version")]["spec"]["resourcetemplates"]
+    assert template["metadata"]["name"] == "new-$(tt.params.id)", "named after the event"
+    assert "generateName" not in template["metadata"]

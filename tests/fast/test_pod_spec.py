@@ -247,6 +247,19 @@ def test_managed_by_is_exported_and_labels_every_object() -> None:
     assert podspec.labels(make_plan())["app.kubernetes.io/managed-by"] == pod_contract.MANAGED_BY
 
 
+def test_the_job_and_its_pods_are_labelled_with_their_requests_source_and_id() -> None:
+    """A sender finds (and stops) the Job of a request it sent by (source, id): the Tekton
+    controller cancels a CustomRun's run by it."""
+    from functions import keys
+
+    manifest = job_manifest(make_plan(request_id="run-uid-r1"))
+    wanted = keys.request_label("//ci.example.com", "run-uid-r1")
+    assert manifest["metadata"]["labels"][podspec.REQUEST_LABEL] == wanted
+    assert manifest["spec"]["template"]["metadata"]["labels"][podspec.REQUEST_LABEL] == wanted
+    assert wanted != keys.request_label("//ci.example.com", "run-uid-r2")
+    assert len(wanted) <= 63 and wanted.isalnum()
+
+
 def collect_step(command: list[str]) -> CollectStep:
     """What the collect step reads from its container's command."""
     assert command[:4] == ["python", "-m", "functions", "collect"]

@@ -130,11 +130,13 @@ def test_a_check_that_joined_a_failing_run_in_process_runs_its_own(store: Store)
         def __init__(self, store: Store, joined: threading.Event) -> None:
             super().__init__(store)
             self.joined, self.runs = joined, 0
+            self.started = threading.Event()  # the first request's run is under way
 
         def run(self, task: Task) -> Outcome:
             self.runs += 1
             if self.runs > 1:
                 return super().run(task)
+            self.started.set()
             self.joined.wait(30)
             failed = Outcome(action="check", failure=Failure("script", "first run failed"))
             return results.record_outcome(
@@ -162,6 +164,7 @@ def test_a_check_that_joined_a_failing_run_in_process_runs_its_own(store: Store)
     )
     first.start()
     try:
+        assert runtime.started.wait(30)  # the second request joins the first's run
         answers["second"] = check(functions, "a-2", "team-a", version=None)
     finally:
         joined.set()

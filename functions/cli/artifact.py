@@ -1,0 +1,82 @@
+"""A directory to an artifact and back, outside the functions: ``resource-functions artifact
+pack|unpack`` (a Tekton step's files in and out of a workspace; docs/tekton.md) and ``run``'s
+local inputs and output.
+
+An artifact is what a get answers with: ``{"url", "digest", "size", "format"}``. Packing
+writes a new object under ``artifacts/inputs/`` (write-once, never a cached get's key);
+unpacking verifies the digest and extracts as safely as a task's stage step does.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from storage import Store
+from storage.archive import ArchiveOptions, Limits, suffix_for
+from storage.artifacts import StreamWrapper, add_team, download_tree, upload_tree
+from storage.base import is_digest, key_for_url
+
+INPUTS_PREFIX = "artifacts/inputs/"
+
+
+class BadArtifact(ValueError):
+    """The artifact given to unpack is not one of this store's, or says no digest."""
+
+
+def _as_is(stream: BinaryIO) -> BinaryIO:
+    return stream
+
+
+def pack(
+    store: Store,
+    directory: Path,
+    options: ArchiveOptions,
+    *,
+    team: str,
+    wrap: StreamWrapper = _as_is,
+) -> dict[str, Any]:
+    """Upload ``directory`` as a new artifact of ``team`` (a put of that team may take it
+    as an input, no other team's); the artifact, as a get answers with one."""
+    if not directory.is_dir():
+        raise BadArtifact(f"{directory} is not a directory")
+    key = f"{INPUTS_PREFIX}{uuid.uuid4().hex}{suffix_for(options.format)}"
+    info = upload_tree(store, key, directory, options, wrap=wrap)
+    add_team(store, key, team)
+    return {
+        "url": store.url_for(key),
+        "digest": info.digest or "",
+        "size": info.size,
+        "format": options.format,
+    }
+
+
+def parse_artifact(text: str) -> dict[str, Any]:
+    """An artifact given as JSON text (a Get's ``artifact`` result)."""
+    try:
+        value = json.loads(text)
+    except ValueError as err:
+        raise BadArtifact(f"the artifact is not JSON: {err}") from None
+    if not isinstance(value, dict) or not isinstance(value.get("url"), str):
+        raise BadArtifact('the artifact must be a JSON object with "url" and "digest"')
+    return value
+
+
+def unpack(
+    store: Store,
+    artifact: dict[str, Any],
+    directory: Path,
+    limits: Limits,
+    wrap: StreamWrapper = _as_is,
+) -> None:
+    """Extract ``artifact`` into ``directory``, its bytes checked against its digest."""
+    key = key_for_url(store, artifact["url"])
+    if key is None:
+        raise BadArtifact(f"{artifact['url']} is not an object of {store.url}")
+    digest = artifact.get("digest")
+    if not isinstance(digest, str) or not is_digest(digest):
+        raise BadArtifact("the artifact has no digest ('sha256:' and 64 hex digits) to verify")
+    directory.mkdir(parents=True, exist_ok=True)
+    download_tree(store, key, directory, expected_digest=digest, limits=limits, wrap=wrap)

@@ -1,0 +1,225 @@
+"""What to do next with a CustomRun (pure): derived from the object and the time alone, so a
+restarted controller takes up every run where the cluster says it is.
+
+An attempt's request id is the CustomRun's uid (``<uid>-r<N>`` for retry N): re-posted after
+a restart it is the same request, which the functions attach to the run already under way.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from functions.events import request_type
+from functions.model import ResourceType
+from functions.replies import TEAM_ATTRIBUTE
+from functions.tekton import status as st
+from functions.tekton.params import BadParams, RunRequest, action_of, is_ours, run_request
+
+SUBJECT_PREFIX = "tekton.dev/customruns/"  # + <namespace>/<name>: the replies carry it back
+CANCELLED_SPEC = "RunCancelled"
+DEFAULT_TIMEOUT = timedelta(minutes=60)  # Tekton's default, per attempt
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s|us|µs|ns)")
+_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+
+
+@dataclass(frozen=True)
+class Context:
+    """What decisions need of the controller's configuration."""
+
+    event_source: str
+    team_of: Callable[[str], str | None]  # namespace -> team, None: not served
+    resource_types: Mapping[str, ResourceType] = field(default_factory=dict)
+    artifact_url_prefix: str = ""
+
+
+@dataclass(frozen=True)
+class Posting:
+    """A request event to post to the Broker: its attributes and data."""
+
+    request_id: str
+    attributes: dict[str, Any]
+    data: dict[str, Any] = field(repr=False)  # source and params: secret
+
+
+@dataclass(frozen=True)
+class Step:
+    """Effects, in order: stop the task Job of request ``stop``, write ``status``, post
+    ``post`` (unless this process posted it already), look again at ``wake_at``."""
+
+    status: dict[str, Any] | None = None
+    post: Posting | None = None
+    stop: str | None = None
+    wake_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The part of a reply event that decides: whose request it answers, and how it ended."""
+
+    request_id: str
+    succeeded: bool
+    data: dict[str, Any]
+
+
+def request_id(uid: str, attempt: int) -> str:
+    return uid if attempt == 0 else f"{uid}-r{attempt}"
+
+
+def subject(namespace: str, name: str) -> str:
+    return f"{SUBJECT_PREFIX}{namespace}/{name}"
+
+
+def parse_subject(value: str) -> tuple[str, str] | None:
+    """``(namespace, name)`` of a reply's subject, or None if it is not a CustomRun's."""
+    if not value.startswith(SUBJECT_PREFIX):
+        return None
+    namespace, _, name = value[len(SUBJECT_PREFIX) :].partition("/")
+    return (namespace, name) if namespace and name and "/" not in name else None
+
+
+def parse_duration(value: str) -> timedelta:
+    """A Go duration as Kubernetes writes ``metav1.Duration`` (``1h0m0s``, ``90s``,
+    ``0s``); ``ValueError`` for anything else."""
+    text = value.strip()
+    if text in ("0", ""):
+        return timedelta(0)
+    parts = _DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"not a duration: {value!r}")
+    return timedelta(seconds=sum(float(n) * _UNITS[u] for n, u in parts))
+
+
+def timeout_of(run: Mapping[str, Any]) -> timedelta | None:
+    """The per-attempt timeout: ``spec.timeout``, 60 minutes when absent, None for 0."""
+    given = (run.get("spec") or {}).get("timeout")
+    timeout = DEFAULT_TIMEOUT if given is None else parse_duration(str(given))
+    return timeout or None
+
+
+def retries_left(run: Mapping[str, Any]) -> bool:
+    wanted = int((run.get("spec") or {}).get("retries") or 0)
+    return st.attempt_of(run.get("status") or {}) < wanted
+
+
+def deadline_of(run: Mapping[str, Any], started: datetime) -> datetime | None:
+    timeout = timeout_of(run)
+    return None if timeout is None else started + timeout
+
+
+def decide(run: Mapping[str, Any], now: datetime, ctx: Context) -> Step:
+    """The next step for ``run`` at ``now`` (watch event, deadline, restart)."""
+    if not is_ours(run):
+        return Step()
+    status = dict(run.get("status") or {})
+    if st.is_done(status):
+        return Step()  # Tekton patches cancellation into finished runs too: nothing to do
+    spec, uid = run.get("spec") or {}, run["metadata"]["uid"]
+    current = (status.get("extraFields") or {}).get("requestId")
+    if spec.get("status") == CANCELLED_SPEC:
+        message = spec.get("statusMessage") or "the CustomRun was cancelled"
+        return Step(status=st.finished(status, False, st.CANCELLED, message, now), stop=current)
+    try:
+        timeout_of(run)
+        request = build_request(run, ctx)
+    except (BadParams, ValueError) as err:
+        why = f"bad params: {err}" if isinstance(err, BadParams) else f"bad spec.timeout: {err}"
+        return Step(status=st.finished(status, False, st.BAD_PARAMS, why, now), stop=current)
+    if not current or not status.get("startTime"):
+        first = request_id(uid, st.attempt_of(status))
+        return Step(
+            status=st.started(status, first, now),
+            post=posting(run, request, first, ctx),
+            wake_at=deadline_of(run, now),
+        )
+    deadline = deadline_of(run, st.parse_time(status["startTime"]))
+    if deadline is not None and now >= deadline:
+        message = f"attempt {st.attempt_of(status) + 1} timed out after {timeout_of(run)}"
+        if retries_left(run):
+            following = request_id(uid, st.attempt_of(status) + 1)
+            return Step(
+                status=st.retried(status, st.TIMED_OUT, message, following, now),
+                stop=current,
+                post=posting(run, request, following, ctx),
+                wake_at=deadline_of(run, now),
+            )
+        return Step(status=st.finished(status, False, st.TIMED_OUT, message, now), stop=current)
+    return Step(post=posting(run, request, current, ctx), wake_at=deadline)
+
+
+def on_reply(run: Mapping[str, Any], reply: Reply, now: datetime, ctx: Context) -> Step:
+    """The step a reply event leads to: none for a run that is done, or for a request that
+    is not the attempt under way (a stale attempt's late reply)."""
+    status = dict(run.get("status") or {})
+    if not is_ours(run) or st.is_done(status):
+        return Step()
+    if (status.get("extraFields") or {}).get("requestId") != reply.request_id:
+        return Step()
+    action = action_of(run)
+    if reply.succeeded:
+        return Step(
+            status=st.finished(
+                status,
+                True,
+                st.SUCCEEDED,
+                success_message(action, reply.data),
+                now,
+                st.results_of(action, reply.data),
+            )
+        )
+    found = reply.data.get("error")
+    error: dict[str, Any] = found if isinstance(found, dict) else {}
+    reason = st.failure_reason(str(error.get("kind") or ""))
+    message = st.failure_message(action, error)
+    if retries_left(run):
+        following = request_id(run["metadata"]["uid"], st.attempt_of(status) + 1)
+        return Step(
+            status=st.retried(status, reason, message, following, now),
+            post=posting(run, build_request(run, ctx), following, ctx),
+            wake_at=deadline_of(run, now),
+        )
+    return Step(status=st.finished(status, False, reason, message, now))
+
+
+def success_message(action: str, data: dict[str, Any]) -> str:
+    if action == "check":
+        return f"check found {len(data.get('versions') or [])} version(s)"
+    cached = " (from the cache)" if data.get("cached") else ""
+    return f"{action} of version {st.results_of('put', data)['version']}{cached}"
+
+
+def build_request(run: Mapping[str, Any], ctx: Context) -> RunRequest:
+    """The run's request with its ``build`` block (team from the namespace, never a param)."""
+    meta = run["metadata"]
+    team = ctx.team_of(meta["namespace"])
+    if team is None:
+        raise BadParams(f"namespace {meta['namespace']!r} is not served (no team for it)")
+    request = run_request(
+        run, resource_types=ctx.resource_types, artifact_url_prefix=ctx.artifact_url_prefix
+    )
+    labels = meta.get("labels") or {}
+    build = {
+        "id": meta["uid"],
+        "name": labels.get("tekton.dev/pipelineRun") or meta["name"],
+        "job": labels.get("tekton.dev/pipelineTask") or meta["name"],
+        "pipeline": labels.get("tekton.dev/pipeline") or "",
+        "team": team,
+    }
+    return RunRequest(request.action, {**request.data, "build": build})
+
+
+def posting(run: Mapping[str, Any], request: RunRequest, rid: str, ctx: Context) -> Posting:
+    meta = run["metadata"]
+    attributes = {
+        "specversion": "1.0",
+        "type": request_type(request.action),
+        "source": ctx.event_source,
+        "id": rid,
+        "subject": subject(meta["namespace"], meta["name"]),
+        "datacontenttype": "application/json",
+        TEAM_ATTRIBUTE: request.data["build"]["team"],
+    }
+    return Posting(rid, attributes, request.data)

@@ -1,0 +1,367 @@
+"""The Tekton Custom Task's decisions, as pure functions (functions/tekton/params, status,
+decide, receiver.reply_of): a CustomRun and the time in, the status to write, the request
+to post and the Job to stop out."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from functions.model import ResourceType
+from functions.tekton import status as st
+from functions.tekton.controller_config import ControllerConfig, parse_teams
+from functions.tekton.decide import (
+    Context,
+    Reply,
+    decide,
+    on_reply,
+    parse_duration,
+    parse_subject,
+    subject,
+)
+from functions.tekton.params import API_VERSION
+from functions.tekton.receiver import reply_of
+
+T0 = datetime(2026, 12, 3, 12, 0, 0, tzinfo=UTC)
+UID = "0f6a3c1e-9d1b-4d1e-a3b2-5a6c7d8e9f00"
+STORE = "s3://bucket/ci"
+CTX = Context(
+    event_source="/resource-functions/tekton-controller",
+    team_of=lambda ns: {"team-a": "main"}.get(ns),
+    resource_types={"git": ResourceType(image="registry.test/git@sha256:" + "a" * 64)},
+    artifact_url_prefix=STORE + "/artifacts/",
+)
+ARTIFACT = {
+    "url": STORE + "/artifacts/k.tar.zst",
+    "digest": "sha256:" + "b" * 64,
+    "size": 10,
+    "format": "zstd",
+}
+
+
+def customrun(kind: str = "Get", *, params: dict[str, Any] | None = None, **spec: Any) -> dict:
+    given = (
+        {"type": "git", "source": '{"uri": "https://x"}', "version": '{"ref": "abc"}'}
+        if params is None
+        else params
+    )
+    return {
+        "apiVersion": "tekton.dev/v1beta1",
+        "kind": "CustomRun",
+        "metadata": {
+            "name": "pr-1-fetch",
+            "namespace": "team-a",
+            "uid": UID,
+            "labels": {
+                "tekton.dev/pipelineRun": "pr-1",
+                "tekton.dev/pipelineTask": "fetch",
+                "tekton.dev/pipeline": "build",
+            },
+        },
+        "spec": {
+            "customRef": {"apiVersion": API_VERSION, "kind": kind},
+            "params": [{"name": k, "value": v} for k, v in given.items()],
+            **spec,
+        },
+    }
+
+
+def with_status(run: dict, status: dict | None) -> dict:
+    return {**run, "status": status or {}}
+
+
+def condition(status: dict) -> dict:
+    found = st.condition_of(status)
+    assert found is not None
+    return found
+
+
+# --- starting -------------------------------------------------------------------------------
+
+
+def test_a_new_get_is_started_then_its_request_posted_with_the_uid_as_event_id() -> None:
+    step = decide(customrun(), T0, CTX)
+    assert step.status is not None and step.post is not None
+    assert condition(step.status)["status"] == "Unknown"
+    assert step.status["startTime"] == "2026-12-03T12:00:00Z"
+    assert step.status["extraFields"]["requestId"] == UID
+    attributes = step.post.attributes
+    assert attributes["id"] == UID
+    assert attributes["type"] == "dev.resourcefunctions.get.requested"
+    assert attributes["subject"] == "tekton.dev/customruns/team-a/pr-1-fetch"
+    assert attributes["team"] == "main"
+    assert step.post.data == {
+        "type": "git",
+        "source": {"uri": "https://x"},
+        "version": {"ref": "abc"},
+        "build": {
+            "id": UID,
+            "name": "pr-1",
+            "job": "fetch",
+            "pipeline": "build",
+            "team": "main",
+        },
+    }
+    assert step.wake_at == T0 + timedelta(minutes=60)
+    assert step.stop is None
+
+
+def test_a_running_run_is_reposted_with_the_same_id_as_after_a_restart() -> None:
+    started = decide(customrun(), T0, CTX).status
+    step = decide(with_status(customrun(), started), T0 + timedelta(minutes=5), CTX)
+    assert step.status is None
+    assert step.post is not None and step.post.request_id == UID
+    assert step.wake_at == T0 + timedelta(minutes=60)
+
+
+def test_runs_of_another_api_group_and_finished_runs_are_left_alone() -> None:
+    other = customrun()
+    other["spec"]["customRef"]["apiVersion"] = "example.dev/v1"
+    assert decide(other, T0, CTX) == decide(other, T0, CTX).__class__()
+    done = st.finished({}, True, st.SUCCEEDED, "ok", T0)
+    assert decide(with_status(customrun(), done), T0, CTX).status is None
+    cancelled_after = with_status(customrun(status="RunCancelled"), done)
+    assert decide(cancelled_after, T0, CTX).status is None
+
+
+@pytest.mark.parametrize(
+    ("kind", "params", "named"),
+    [
+        ("Get", {"type": "git", "source": "{not json", "version": "{}"}, "'source'"),
+        ("Get", {"type": "git", "source": "{}"}, "'version'"),
+        ("Get", {"type": "nope", "source": "{}", "version": "{}"}, "type 'nope'"),
+        ("Get", {"source": "{}", "version": "{}"}, "'type'"),
+        ("Get", {"type": "git", "version": '{"ref": 1}'}, "'version'"),
+        ("Check", {"type": "git", "params": "{}"}, "params"),
+        ("Get", {"type": "git", "version": "{}", "team": "other"}, "team"),
+        ("Put", {"type": "git", "inputs": '{"repo": "s3://elsewhere/x.tar.zst"}'}, "input 'repo'"),
+        ("Put", {"type": "git", "inputs": "[]"}, "'inputs'"),
+        ("Deploy", {"type": "git"}, "kind 'Deploy'"),
+    ],
+)
+def test_bad_params_fail_the_run_naming_the_param_and_post_nothing(
+    kind: str, params: dict[str, str], named: str
+) -> None:
+    step = decide(customrun(kind, params=params), T0, CTX)
+    assert step.post is None
+    assert step.status is not None
+    found = condition(step.status)
+    assert (found["status"], found["reason"]) == ("False", st.BAD_PARAMS)
+    assert named in found["message"], found["message"]
+
+
+def test_a_namespace_without_a_team_is_not_served() -> None:
+    run = customrun()
+    run["metadata"]["namespace"] = "stranger"
+    step = decide(run, T0, CTX)
+    assert step.post is None and step.status is not None
+    assert "'stranger'" in condition(step.status)["message"]
+
+
+def test_a_put_takes_a_gets_artifact_result_as_an_input() -> None:
+    params = {"type": "git", "source": "{}", "inputs": json.dumps({"repo": ARTIFACT})}
+    step = decide(customrun("Put", params=params), T0, CTX)
+    assert step.post is not None
+    assert step.post.data["inputs"] == {
+        "repo": {"url": ARTIFACT["url"], "digest": ARTIFACT["digest"]}
+    }
+    assert step.post.attributes["type"] == "dev.resourcefunctions.put.requested"
+
+
+# --- replies --------------------------------------------------------------------------------
+
+
+def running(run: dict | None = None) -> dict:
+    run = run or customrun()
+    return with_status(run, decide(run, T0, CTX).status)
+
+
+def test_a_succeeded_get_writes_results_as_json_text_with_true() -> None:
+    data = {
+        "version": {"ref": "abc"},
+        "metadata": [{"name": "a", "value": "b"}],
+        "artifact": ARTIFACT,
+    }
+    step = on_reply(running(), Reply(UID, True, data), T0 + timedelta(seconds=9), CTX)
+    assert step.status is not None and step.post is None
+    assert condition(step.status)["status"] == "True"
+    assert step.status["completionTime"] == "2026-12-03T12:00:09Z"
+    results = {r["name"]: r["value"] for r in step.status["results"]}
+    assert json.loads(results["version"]) == {"ref": "abc"}
+    assert json.loads(results["metadata"]) == [{"name": "a", "value": "b"}]
+    assert json.loads(results["artifact"]) == ARTIFACT
+
+
+def test_a_check_result_is_its_versions() -> None:
+    run = running(customrun("Check", params={"type": "git", "source": "{}"}))
+    data = {"versions": [{"ref": "1"}, {"ref": "2"}]}
+    step = on_reply(run, Reply(UID, True, data), T0, CTX)
+    assert step.status is not None
+    results = {r["name"]: r["value"] for r in step.status["results"]}
+    assert json.loads(results["versions"]) == [{"ref": "1"}, {"ref": "2"}]
+    assert "2 version(s)" in condition(step.status)["message"]
+
+
+def test_a_failed_get_is_false_with_its_kind_and_log_tail() -> None:
+    error = {
+        "kind": "resource_failed",
+        "message": "in exited 1",
+        "exit_code": 1,
+        "log_tail": "fatal: no such ref\n",
+    }
+    step = on_reply(running(), Reply(UID, False, {"error": error}), T0, CTX)
+    assert step.status is not None
+    found = condition(step.status)
+    assert (found["status"], found["reason"]) == ("False", "ResourceFailed")
+    assert "resource_failed" in found["message"] and "fatal: no such ref" in found["message"]
+    assert "exit code 1" in found["message"]
+
+
+def test_a_long_log_tail_keeps_its_end() -> None:
+    error = {"kind": "resource_failed", "message": "x", "log_tail": "a" * 10000 + "THE END"}
+    found = condition(
+        on_reply(running(), Reply(UID, False, {"error": error}), T0, CTX).status or {}
+    )
+    assert found["message"].endswith("THE END") and len(found["message"]) <= st.MAX_MESSAGE
+
+
+def test_a_reply_to_another_attempt_or_a_finished_run_is_dropped() -> None:
+    assert on_reply(running(), Reply(UID + "-r1", True, {}), T0, CTX).status is None
+    done = with_status(customrun(), st.finished({}, False, st.CANCELLED, "x", T0))
+    assert on_reply(done, Reply(UID, True, {}), T0, CTX).status is None
+
+
+def test_a_failure_with_retries_left_starts_the_next_attempt_and_stays_unknown() -> None:
+    run = running(customrun(retries=2))
+    error = {"kind": "resource_failed", "message": "boom"}
+    step = on_reply(run, Reply(UID, False, {"error": error}), T0 + timedelta(minutes=1), CTX)
+    assert step.status is not None and step.post is not None
+    assert condition(step.status)["status"] == "Unknown"
+    assert condition(step.status)["reason"] == st.RETRYING
+    assert step.post.request_id == f"{UID}-r1"
+    assert [condition(r)["status"] for r in step.status["retriesStatus"]] == ["False"]
+    assert condition(step.status["retriesStatus"][0])["reason"] == "ResourceFailed"
+    assert step.status["startTime"] == "2026-12-03T12:01:00Z"  # a new timeout window
+    second = with_status(customrun(retries=2), step.status)
+    step = on_reply(second, Reply(f"{UID}-r1", False, {"error": error}), T0, CTX)
+    assert step.status is not None and step.post is not None
+    assert step.post.request_id == f"{UID}-r2"
+    third = with_status(customrun(retries=2), step.status)
+    step = on_reply(third, Reply(f"{UID}-r2", False, {"error": error}), T0, CTX)
+    assert step.status is not None and step.post is None
+    assert condition(step.status)["status"] == "False"
+    assert len(step.status["retriesStatus"]) == 2
+
+
+# --- cancellation and timeouts ----------------------------------------------------------------
+
+
+def test_cancelling_a_running_run_stops_its_job_and_reports_customruncancelled() -> None:
+    run = running()
+    run["spec"]["status"] = "RunCancelled"
+    run["spec"]["statusMessage"] = (
+        "CustomRun cancelled as the PipelineRun it belongs to has been cancelled."
+    )
+    step = decide(run, T0 + timedelta(seconds=30), CTX)
+    assert step.stop == UID and step.post is None and step.status is not None
+    found = condition(step.status)
+    assert (found["status"], found["reason"]) == ("False", "CustomRunCancelled")
+    assert "PipelineRun it belongs to" in found["message"]
+
+
+def test_a_run_cancelled_before_it_started_posts_nothing() -> None:
+    step = decide(customrun(status="RunCancelled"), T0, CTX)
+    assert step.post is None and step.stop is None
+    assert condition(step.status or {})["reason"] == "CustomRunCancelled"
+
+
+def test_an_attempt_past_its_timeout_is_timed_out_and_its_job_stopped() -> None:
+    run = running(customrun(timeout="30s"))
+    assert decide(run, T0 + timedelta(seconds=29), CTX).status is None
+    step = decide(run, T0 + timedelta(seconds=30), CTX)
+    assert step.stop == UID and step.post is None
+    found = condition(step.status or {})
+    assert (found["status"], found["reason"]) == ("False", "CustomRunTimedOut")
+
+
+def test_a_timeout_with_retries_left_is_retried_with_a_new_window() -> None:
+    run = running(customrun(timeout="1m30s", retries=1))
+    step = decide(run, T0 + timedelta(seconds=90), CTX)
+    assert step.stop == UID
+    assert step.post is not None and step.post.request_id == f"{UID}-r1"
+    assert condition(step.status or {})["status"] == "Unknown"
+    assert step.wake_at == T0 + timedelta(seconds=180)
+
+
+def test_a_zero_timeout_never_times_out() -> None:
+    run = running(customrun(timeout="0s"))
+    step = decide(run, T0 + timedelta(days=30), CTX)
+    assert step.status is None and step.wake_at is None
+
+
+def test_a_bad_timeout_fails_the_run() -> None:
+    step = decide(customrun(timeout="soon"), T0, CTX)
+    assert step.post is None
+    assert "spec.timeout" in condition(step.status or {})["message"]
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("1h0m0s", 3600), ("90s", 90), ("0s", 0), ("1m30s", 90), ("500ms", 0.5), ("2h", 7200)],
+)
+def test_go_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text) == timedelta(seconds=seconds)
+
+
+@pytest.mark.parametrize("text", ["1x", "h", "1h 2m", "-1s"])
+def test_not_durations(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_duration(text)
+
+
+# --- the receiver's view of a reply, and configuration ---------------------------------------
+
+
+def test_reply_events_are_read_from_their_type_subject_and_requestid() -> None:
+    attributes = {
+        "type": "dev.resourcefunctions.get.failed",
+        "subject": subject("team-a", "pr-1-fetch"),
+        "requestid": UID,
+    }
+    assert reply_of(attributes, {"error": {}}) == (
+        "team-a",
+        "pr-1-fetch",
+        Reply(UID, False, {"error": {}}),
+    )
+    assert reply_of({**attributes, "type": "dev.resourcefunctions.version.discovered"}, {}) is None
+    assert reply_of({**attributes, "type": "dev.resourcefunctions.get.requested"}, {}) is None
+    assert reply_of({**attributes, "subject": "something/else"}, {}) is None
+    assert reply_of({k: v for k, v in attributes.items() if k != "requestid"}, {}) is None
+    assert parse_subject(subject("a", "b")) == ("a", "b")
+    assert parse_subject("tekton.dev/customruns/a/b/c") is None
+
+
+def test_teams_are_the_namespaces_unless_mapped() -> None:
+    plain = ControllerConfig(broker="http://b", store_url=STORE, task_namespace="t")
+    assert plain.team_of("team-a") == "team-a"
+    mapped = ControllerConfig(
+        broker="http://b", store_url=STORE, task_namespace="t", teams=parse_teams('{"ci": "main"}')
+    )
+    assert mapped.team_of("ci") == "main" and mapped.team_of("other") is None
+    assert mapped.artifact_url_prefix == "s3://bucket/ci/artifacts/"
+
+
+def test_the_controller_needs_the_broker_and_the_store_and_reads_teams() -> None:
+    from functions.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="K_SINK"):
+        ControllerConfig.from_env({"STORE_URL": STORE})
+    with pytest.raises(ConfigError, match="TEKTON_TEAMS"):
+        ControllerConfig.from_env({"STORE_URL": STORE, "K_SINK": "http://b", "TEKTON_TEAMS": "[1]"})
+    config = ControllerConfig.from_env(
+        {"STORE_URL": STORE, "K_SINK": "http://b", "TASK_NAMESPACE": "tasks"}
+    )
+    assert (config.broker, config.task_namespace, config.teams) == ("http://b", "tasks", None)
