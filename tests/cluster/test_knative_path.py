@@ -15,7 +15,9 @@ import json
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 
 import requests
 import yaml
@@ -735,3 +737,170 @@ def test_the_shipped_network_policies_fence_task_pods_and_the_functions(
             prober.delete()
         d.cluster.kubectl("delete", "namespace", other_ns, "--wait=false", check=False)
         min_scale(d, "check", None)
+
+
+STORE_SERVICE = "rf-store"  # a name for the test S3 server on the gateway (see below)
+
+
+@contextmanager
+def store_by_name(d) -> Iterator[str]:
+    """The task pods reach the store by a name for the duration: a selector-less Service in
+    the functions' namespace with an EndpointSlice to the S3 server on the gateway, and the
+    task namespace's store Secret (whose ``AWS_ENDPOINT_URL_S3`` file is what stage and
+    collect use) pointing at it. Yields the name."""
+    from urllib.parse import urlsplit
+
+    from tests.cluster.conftest import STORE_SECRET
+    from tests.cluster.up import GATEWAY
+
+    endpoint = urlsplit(d.s3.endpoint)
+    port = int(endpoint.port or 80)
+    host = f"{STORE_SERVICE}.{d.namespace}.svc.cluster.local"
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": STORE_SERVICE, "namespace": d.namespace},
+        "spec": {"ports": [{"name": "s3", "port": port, "protocol": "TCP"}]},
+    }
+    endpoints = {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": f"{STORE_SERVICE}-gateway",
+            "namespace": d.namespace,
+            "labels": {
+                "kubernetes.io/service-name": STORE_SERVICE,
+                "endpointslice.kubernetes.io/managed-by": "rf-tests",
+            },
+        },
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [GATEWAY], "conditions": {"ready": True}}],
+        "ports": [{"name": "s3", "port": port, "protocol": "TCP"}],
+    }
+    listed = json.dumps({"apiVersion": "v1", "kind": "List", "items": [service, endpoints]})
+    d.cluster.kubectl("apply", "-f", "-", stdin=listed)
+
+    def secret_endpoint(url: str) -> None:
+        patch = {"stringData": {"AWS_ENDPOINT_URL_S3": url}}
+        d.cluster.kubectl(
+            "-n", d.tasks_namespace, "patch", "secret", STORE_SECRET, "-p", json.dumps(patch)
+        )
+
+    secret_endpoint(f"http://{host}:{port}")
+    try:
+        yield host
+    finally:
+        secret_endpoint(d.s3.endpoint)
+        d.cluster.kubectl("delete", "-f", "-", stdin=listed, check=False)
+
+
+def function_env(d, service: str, name: str, value: str | None) -> None:
+    """Set (None: remove) one env var of a function: a new revision, waited for."""
+    ksvc = json.loads(d.cluster.kubectl("-n", d.namespace, "get", "ksvc", service, "-o", "json"))
+    env = ksvc["spec"]["template"]["spec"]["containers"][0].get("env", [])
+    kept = [e for e in env if e["name"] != name]
+    kept += [] if value is None else [{"name": name, "value": value}]
+    patch = [{"op": "add", "path": "/spec/template/spec/containers/0/env", "value": kept}]
+    d.cluster.kubectl(
+        "-n", d.namespace, "patch", "ksvc", service, "--type=json", "-p", json.dumps(patch)
+    )
+    wait_functions_serve(d.cluster, d.namespace)
+
+
+def pod_seconds(d, event) -> float:
+    """From the task pod's start to collect's end (the kubelet's timestamps, whole seconds)."""
+    from datetime import datetime
+
+    (job,) = jobs_of(d, event)
+    (pod,) = json.loads(
+        d.cluster.kubectl(
+            "-n",
+            d.tasks_namespace,
+            "get",
+            "pods",
+            "-l",
+            f"job-name={job['metadata']['name']}",
+            "-o",
+            "json",
+        )
+    )["items"]
+    (collect,) = [c for c in pod["status"]["containerStatuses"] if c["name"] == "collect"]
+    start = datetime.fromisoformat(pod["status"]["startTime"])
+    return (
+        datetime.fromisoformat(collect["state"]["terminated"]["finishedAt"]) - start
+    ).total_seconds()
+
+
+def checked(d, **extra: object):
+    """An async check of a fresh source, posted; the request event."""
+    check = request_event("check", {"type": "test", "source": source(**extra)}, replymode="async")
+    assert post(d.broker, check)[0] == 202
+    return check
+
+
+def test_collect_reaches_the_store_and_the_relay_whatever_the_resource_did_to_name_files(
+    knative_deployment, capsys
+):
+    """The resource step runs as root and rewrites the pod's /etc/hosts (the store's and the
+    reply relay's names to 127.0.0.1) and /etc/resolv.conf (a bogus name server first), files
+    the kubelet and containerd share among the pod's containers. With the shipped
+    ``TASK_NAME_FILES=auto`` (the functions run in the cluster) collect resolves with
+    read-only copies of the function's own files: the reply arrives through the relay and the
+    result is stored. With ``TASK_NAME_FILES=off`` set on the check function (a new revision)
+    the same check fails: collect cannot reach the store.
+
+    The harness's store is an IP address (the S3 server on the gateway), which no name file
+    can redirect; so for this test the task pods reach it by a Service name
+    (``store_by_name``), as an in-cluster store would be reached. Also printed: a plain
+    check's task pod, from its start to collect's end, pinned and not (no container is added;
+    whole seconds, three runs each)."""
+    from functions import keys
+    from functions.ledger import results
+
+    d = knative_deployment
+    relay = f"reply-relay.{d.namespace}.svc.cluster.local"
+    seconds: dict[str, list[float]] = {}
+    with store_by_name(d) as store:
+        seconds["pinned"] = []
+        for _ in range(3):
+            plain = checked(d)
+            assert_reply(reply_to(d, plain, "check"), plain, "check")
+            seconds["pinned"].append(pod_seconds(d, plain))
+        check = checked(d, mode="hijack_names", names=f"{store} {relay}")
+        reply = reply_to(d, check, "check")
+        assert assert_reply(reply, check, "check")["versions"][-1] == {"ref": "3"}
+        relayed = d.cluster.kubectl(
+            "-n", d.namespace, "logs", "-l", "app.kubernetes.io/component=reply-relay", "--tail=-1"
+        )
+        assert reply.get_id() in relayed  # collect posted it, through the relay
+        got = attributes(check)
+        run = run_of(KNATIVE_CACHE_SECRET, got["source"], got["id"], "check")
+        assert results.read_outcome(d.store, run, request=None) is not None
+        with d.store.open(keys.log_key(run)) as stream:
+            assert f"hijacked: {store} {relay}" in stream.read().decode()  # it did rewrite them
+        (job,) = jobs_of(d, check)
+        steps = containers_of(job)
+        for path in ("/etc/hosts", "/etc/resolv.conf"):
+            (mount,) = [m for m in steps["collect"]["volumeMounts"] if m["mountPath"] == path]
+            assert mount["readOnly"] is True and mount["name"] == "name-files"
+            assert path not in {m["mountPath"] for m in steps["resource"]["volumeMounts"]}
+
+        function_env(d, "check", "TASK_NAME_FILES", "off")
+        try:
+            seconds["not pinned"] = []
+            for _ in range(3):
+                plain = checked(d)
+                assert_reply(reply_to(d, plain, "check"), plain, "check")
+                seconds["not pinned"].append(pod_seconds(d, plain))
+            check = checked(d, mode="hijack_names", names=f"{store} {relay}")
+            data = assert_reply(reply_to(d, check, "check"), check, "check", "failed")
+            assert data["error"]["kind"] == "storage", data
+        finally:
+            function_env(d, "check", "TASK_NAME_FILES", None)
+    with capsys.disabled():
+        print(f"\n[knative] task pod, start to collect's end (s): {seconds}")
+
+
+def containers_of(job: dict) -> dict[str, dict]:
+    spec = job["spec"]["template"]["spec"]
+    return {c["name"]: c for c in [*spec.get("initContainers", []), *spec["containers"]]}
