@@ -808,27 +808,27 @@ def function_env(d, service: str, name: str, value: str | None) -> None:
 
 
 def pod_seconds(d, event) -> float:
-    """From the task pod's start to collect's end (the kubelet's timestamps, whole seconds)."""
+    """From the task pod's start to collect's end (the kubelet's timestamps, whole seconds);
+    collect posts the reply before it ends, so its end is waited for."""
     from datetime import datetime
 
     (job,) = jobs_of(d, event)
-    (pod,) = json.loads(
-        d.cluster.kubectl(
-            "-n",
-            d.tasks_namespace,
-            "get",
-            "pods",
-            "-l",
-            f"job-name={job['metadata']['name']}",
-            "-o",
-            "json",
+    selector = f"job-name={job['metadata']['name']}"
+
+    def ended() -> tuple[dict, dict] | None:
+        out = d.cluster.kubectl(
+            "-n", d.tasks_namespace, "get", "pods", "-l", selector, "-o", "json"
         )
-    )["items"]
-    (collect,) = [c for c in pod["status"]["containerStatuses"] if c["name"] == "collect"]
+        for pod in json.loads(out)["items"]:
+            for step in (pod.get("status") or {}).get("containerStatuses") or []:
+                if step["name"] == "collect" and "terminated" in step["state"]:
+                    return pod, step
+        return None
+
+    pod, collect = wait_until(ended, f"collect's end in {selector}", 60, interval=0.5)
     start = datetime.fromisoformat(pod["status"]["startTime"])
-    return (
-        datetime.fromisoformat(collect["state"]["terminated"]["finishedAt"]) - start
-    ).total_seconds()
+    end = datetime.fromisoformat(collect["state"]["terminated"]["finishedAt"])
+    return (end - start).total_seconds()
 
 
 def checked(d, **extra: object):
