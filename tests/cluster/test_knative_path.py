@@ -842,12 +842,17 @@ def test_collect_reaches_the_store_and_the_relay_whatever_the_resource_did_to_na
     knative_deployment, capsys
 ):
     """The resource step runs as root and rewrites the pod's /etc/hosts (the store's and the
-    reply relay's names to 127.0.0.1) and /etc/resolv.conf (a bogus name server first), files
-    the kubelet and containerd share among the pod's containers. With the shipped
+    reply relay's names to 127.0.0.1) and /etc/resolv.conf (a bogus name server first, or the
+    only one), files mounted into every container of the pod. With the shipped
     ``TASK_NAME_FILES=auto`` (the functions run in the cluster) collect resolves with
     read-only copies of the function's own files: the reply arrives through the relay and the
     result is stored. With ``TASK_NAME_FILES=off`` set on the check function (a new revision)
-    the same check fails: collect cannot reach the store.
+    the check whose resource left only the bogus name server fails: collect cannot reach the
+    store (with a name server of its own on a public address, which task pods may reach, a
+    resource would send collect to a server of its choosing). Measured here too, unpinned:
+    the /etc/hosts lines and a bogus name server put first do not reach collect (the kubelet
+    writes the pod's /etc/hosts afresh as it starts each container, and the resolver falls
+    through to the next name server).
 
     The harness's store is an IP address (the S3 server on the gateway), which no name file
     can redirect; so for this test the task pods reach it by a Service name
@@ -861,12 +866,13 @@ def test_collect_reaches_the_store_and_the_relay_whatever_the_resource_did_to_na
     relay = f"reply-relay.{d.namespace}.svc.cluster.local"
     seconds: dict[str, list[float]] = {}
     with store_by_name(d) as store:
+        names = f"{store} {relay}"
         seconds["pinned"] = []
         for _ in range(3):
             plain = checked(d)
             assert_reply(reply_to(d, plain, "check"), plain, "check")
             seconds["pinned"].append(pod_seconds(d, plain))
-        check = checked(d, mode="hijack_names", names=f"{store} {relay}")
+        check = checked(d, mode="hijack_names", names=names, resolv="only")
         reply = reply_to(d, check, "check")
         assert assert_reply(reply, check, "check")["versions"][-1] == {"ref": "3"}
         relayed = d.cluster.kubectl(
@@ -877,13 +883,12 @@ def test_collect_reaches_the_store_and_the_relay_whatever_the_resource_did_to_na
         run = run_of(KNATIVE_CACHE_SECRET, got["source"], got["id"], "check")
         assert results.read_outcome(d.store, run, request=None) is not None
         with d.store.open(keys.log_key(run)) as stream:
-            assert f"hijacked: {store} {relay}" in stream.read().decode()  # it did rewrite them
+            assert f"hijacked: {names} (resolv: only)" in stream.read().decode()
         (job,) = jobs_of(d, check)
-        steps = containers_of(job)
-        for path in ("/etc/hosts", "/etc/resolv.conf"):
-            (mount,) = [m for m in steps["collect"]["volumeMounts"] if m["mountPath"] == path]
-            assert mount["readOnly"] is True and mount["name"] == "name-files"
-            assert path not in {m["mountPath"] for m in steps["resource"]["volumeMounts"]}
+        assert pinned_paths(job) == {
+            "collect": {"/etc/hosts", "/etc/resolv.conf"},
+            "resource": set(),
+        }
 
         function_env(d, "check", "TASK_NAME_FILES", "off")
         try:
@@ -892,7 +897,11 @@ def test_collect_reaches_the_store_and_the_relay_whatever_the_resource_did_to_na
                 plain = checked(d)
                 assert_reply(reply_to(d, plain, "check"), plain, "check")
                 seconds["not pinned"].append(pod_seconds(d, plain))
-            check = checked(d, mode="hijack_names", names=f"{store} {relay}")
+            first = checked(d, mode="hijack_names", names=names, resolv="first")
+            assert_reply(reply_to(d, first, "check"), first, "check")  # see the docstring
+            (job,) = jobs_of(d, first)
+            assert pinned_paths(job) == {"collect": set(), "resource": set()}  # the off revision
+            check = checked(d, mode="hijack_names", names=names, resolv="only")
             data = assert_reply(reply_to(d, check, "check"), check, "check", "failed")
             assert data["error"]["kind"] == "storage", data
         finally:
@@ -901,6 +910,18 @@ def test_collect_reaches_the_store_and_the_relay_whatever_the_resource_did_to_na
         print(f"\n[knative] task pod, start to collect's end (s): {seconds}")
 
 
-def containers_of(job: dict) -> dict[str, dict]:
+def pinned_paths(job: dict) -> dict[str, set[str]]:
+    """Which of /etc/hosts and /etc/resolv.conf collect and resource mount (read-only, from
+    the name-files volume: anything else fails here)."""
     spec = job["spec"]["template"]["spec"]
-    return {c["name"]: c for c in [*spec.get("initContainers", []), *spec["containers"]]}
+    steps = {c["name"]: c for c in [*spec.get("initContainers", []), *spec["containers"]]}
+    found: dict[str, set[str]] = {}
+    for name in ("collect", "resource"):
+        mounts = [
+            m
+            for m in steps[name].get("volumeMounts", [])
+            if m["mountPath"] in ("/etc/hosts", "/etc/resolv.conf")
+        ]
+        assert all(m["readOnly"] is True and m["name"] == "name-files" for m in mounts), mounts
+        found[name] = {m["mountPath"] for m in mounts}
+    return found
