@@ -831,6 +831,24 @@ def pod_seconds(d, event) -> float:
     return (end - start).total_seconds()
 
 
+def pod_phase_seconds(d, event) -> float:
+    """The run's ``pod`` phase as the check function measured it (its ``run finished`` line:
+    from following the Job to the pod's end)."""
+    got = attributes(event)
+    run = run_of(KNATIVE_CACHE_SECRET, got["source"], got["id"], "check")
+
+    def find() -> float | None:
+        for text in function_logs(d, "check").splitlines():
+            _, _, body = text.partition("] ")
+            if run in body:
+                line = json.loads(body)
+                if line.get("message") == "run finished" and line.get("run_id") == run:
+                    return float(line["phases"]["pod"])
+        return None
+
+    return wait_until(find, f"the run finished line of {run}", 60, interval=0.5)
+
+
 def checked(d, **extra: object):
     """An async check of a fresh source, posted; the request event."""
     check = request_event("check", {"type": "test", "source": source(**extra)}, replymode="async")
@@ -865,13 +883,15 @@ def test_collect_reaches_the_store_and_the_relay_whatever_the_resource_did_to_na
     d = knative_deployment
     relay = f"reply-relay.{d.namespace}.svc.cluster.local"
     seconds: dict[str, list[float]] = {}
+    phases: dict[str, list[float]] = {}
     with store_by_name(d) as store:
         names = f"{store} {relay}"
-        seconds["pinned"] = []
+        seconds["pinned"], phases["pinned"] = [], []
         for _ in range(3):
             plain = checked(d)
             assert_reply(reply_to(d, plain, "check"), plain, "check")
             seconds["pinned"].append(pod_seconds(d, plain))
+            phases["pinned"].append(round(pod_phase_seconds(d, plain), 3))
         check = checked(d, mode="hijack_names", names=names, resolv="only")
         reply = reply_to(d, check, "check")
         assert assert_reply(reply, check, "check")["versions"][-1] == {"ref": "3"}
@@ -892,11 +912,12 @@ def test_collect_reaches_the_store_and_the_relay_whatever_the_resource_did_to_na
 
         function_env(d, "check", "TASK_NAME_FILES", "off")
         try:
-            seconds["not pinned"] = []
+            seconds["not pinned"], phases["not pinned"] = [], []
             for _ in range(3):
                 plain = checked(d)
                 assert_reply(reply_to(d, plain, "check"), plain, "check")
                 seconds["not pinned"].append(pod_seconds(d, plain))
+                phases["not pinned"].append(round(pod_phase_seconds(d, plain), 3))
             first = checked(d, mode="hijack_names", names=names, resolv="first")
             assert_reply(reply_to(d, first, "check"), first, "check")  # see the docstring
             (job,) = jobs_of(d, first)
@@ -907,7 +928,10 @@ def test_collect_reaches_the_store_and_the_relay_whatever_the_resource_did_to_na
         finally:
             function_env(d, "check", "TASK_NAME_FILES", None)
     with capsys.disabled():
-        print(f"\n[knative] task pod, start to collect's end (s): {seconds}")
+        print(
+            f"\n[knative] task pod, start to collect's end (kubelet, s): {seconds}; "
+            f"the run's pod phase (the function, s): {phases}"
+        )
 
 
 def pinned_paths(job: dict) -> dict[str, set[str]]:
