@@ -840,7 +840,7 @@ def pod_phase_seconds(d, event) -> float:
     def find() -> float | None:
         for text in function_logs(d, "check").splitlines():
             _, _, body = text.partition("] ")
-            if run in body:
+            if run in body and body.startswith("{"):
                 line = json.loads(body)
                 if line.get("message") == "run finished" and line.get("run_id") == run:
                     return float(line["phases"]["pod"])
