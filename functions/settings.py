@@ -84,6 +84,9 @@ class Settings:
     sink: str = ""  # K_SINK: where asynchronous replies go
     task_reply_sink: str = ""  # TASK_REPLY_SINK: where task pods post them (the reply relay)
     task_build_size_limit: str = "8Gi"  # TASK_BUILD_SIZE_LIMIT: the build emptyDir's sizeLimit
+    # TASK_NAME_FILES: auto (stage/collect resolve with the function's own name files when it
+    # runs in the cluster) or off (functions.runtimes.name_files)
+    task_name_files: str = "auto"
     credentials_provider: str = "none"  # CREDENTIALS_PROVIDER: resolves ((var)) references
     credentials_dir: str = ""  # CREDENTIALS_DIR
     credentials_kubernetes_namespace_prefix: str = "concourse-"
@@ -146,6 +149,7 @@ class Settings:
             sink=env.get("K_SINK", ""),
             task_reply_sink=env.get("TASK_REPLY_SINK", "").strip(),
             task_build_size_limit=_quantity(env, "TASK_BUILD_SIZE_LIMIT", "8Gi"),
+            task_name_files=_choice(env, "TASK_NAME_FILES", ("auto", "off"), "auto"),
             credentials_provider=_choice(
                 env,
                 "CREDENTIALS_PROVIDER",

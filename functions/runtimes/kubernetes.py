@@ -110,6 +110,13 @@ class KubernetesRuntime:
     @classmethod
     def from_settings(cls, settings: Settings, store: Store) -> KubernetesRuntime:
         config_ = KubernetesConfig.from_settings(settings)
+        if config_.name_files is None:
+            log.info(
+                "task pods: stage and collect resolve names with the pod's own /etc/hosts and "
+                "/etc/resolv.conf, which the resource step may rewrite (TASK_NAME_FILES=off, "
+                "or the function does not run in the cluster)",
+                extra=fields(task_name_files=settings.task_name_files),
+            )
         return cls(api_client_from_env(settings.kubeconfig), store, config_)
 
     def start_sweeps(self) -> None:
@@ -300,7 +307,13 @@ class KubernetesRuntime:
             raise Unavailable(f"the Kubernetes API returned Job {plan.job_name} without a uid")
         token = keys.reply_token(self._config.reply_secret, plan.run_id) if plan.reply else ""
         manifest = podspec.stdin_secret_manifest(
-            plan, task.stdin, uid, task.secrets, token, resolved=task.resolved
+            plan,
+            task.stdin,
+            uid,
+            task.secrets,
+            token,
+            resolved=task.resolved,
+            name_files=self._config.name_files,
         )
         for attempt in range(2):
             try:

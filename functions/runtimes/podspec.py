@@ -14,7 +14,10 @@ check and get have no inputs, so they have no ``stage`` container (one image sta
 request's ``source``/``params`` live) is mounted into ``resource`` and ``collect`` (which
 reads the values to redact beside stdin) and nowhere else; no env var, argument, label or
 annotation carries anything from it. Store credentials reach ``stage``/``collect`` only,
-as the files of the deployment's store Secret, which no other container mounts.
+as the files of the deployment's store Secret, which no other container mounts. When the
+function pins them (``name_files``), ``stage``/``collect`` read ``/etc/hosts`` and
+``/etc/resolv.conf`` from the same Secret (read-only, ``subPath``), not the pod's files that
+the resource step may rewrite.
 """
 
 from __future__ import annotations
@@ -33,7 +36,10 @@ from functions.runtimes.warm import WARM_OFF, WarmLimits
 from functions.steps.budget import DEADLINE_SLACK_SECONDS, RESULT_WAIT_SECONDS, deadline_seconds
 from functions.steps.pod_contract import (
     BUILD_DIR,
+    ETC_HOSTS,
+    ETC_RESOLV_CONF,
     EXIT_CODE_FILE,
+    HOSTS_KEY,
     KILL_AFTER_SECONDS,
     MANAGED_BY,
     REDACT_KEY,
@@ -41,6 +47,7 @@ from functions.steps.pod_contract import (
     REPLY_TOKEN_ENV,
     REPLY_TOKEN_FILE,
     REPLY_TOKEN_KEY,
+    RESOLV_CONF_KEY,
     RESOLVED_KEY,
     SECRET_DIR,
     SINK_ENV,
@@ -62,6 +69,7 @@ from functions.steps.pod_contract import (
 )
 
 if TYPE_CHECKING:
+    from functions.runtimes.name_files import NameFiles
     from functions.settings import Settings
 
 LABEL_PREFIX = "resource-functions.dev/"
@@ -72,6 +80,7 @@ BUILD_VOLUME = "build"
 STDIN_VOLUME = "stdin"
 STORE_VOLUME = "store-credentials"
 REPLY_VOLUME = "reply-token"
+NAMES_VOLUME = "name-files"
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _RUN_ID = re.compile(r"^[0-9a-f]{20,64}$")
 TERMINATION_GRACE_SECONDS = 5  # the resource step ignores SIGTERM; see pod_spec
@@ -154,6 +163,7 @@ class JobPlan:
     request_digest: str = ""  # keys.request_digest: an annotation, checked on attaching
     request_label: str = ""  # keys.request_label: a label, to find a request's Job by
     build_size_limit: str = ""  # the build emptyDir's sizeLimit
+    name_files: bool = False  # stage/collect read /etc/hosts and resolv.conf from the Secret
 
     @property
     def job_name(self) -> str:
@@ -194,6 +204,8 @@ class KubernetesConfig:
     reply_sink: str = ""
     reply_secret: bytes = field(default=b"", repr=False)
     build_size_limit: str = ""  # the build emptyDir's sizeLimit (TASK_BUILD_SIZE_LIMIT)
+    # The function's own name files for stage/collect (TASK_NAME_FILES), or None: the pod's.
+    name_files: NameFiles | None = None
     watch_seconds: float = 60.0  # one watch request; then the runtime lists again
     deadline_slack_seconds: float = DEADLINE_SLACK_SECONDS  # past the Job's deadline: then act
     result_wait_seconds: float = RESULT_WAIT_SECONDS  # a completed Job's result may take this
@@ -202,6 +214,8 @@ class KubernetesConfig:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> KubernetesConfig:
+        from functions.runtimes import name_files
+
         return cls(
             namespace=settings.task_namespace,
             service_account=settings.task_service_account,
@@ -219,6 +233,7 @@ class KubernetesConfig:
             reply_secret=settings.cache_secret,
             build_size_limit=settings.task_build_size_limit,
             warm=settings.warm,
+            name_files=name_files.from_settings(settings.task_name_files),
         )
 
 
@@ -260,6 +275,7 @@ def plan_for(task: Task, config: KubernetesConfig, store_url: str, *, reply: boo
         request_label=keys.request_label(task.request_source, task.request_id)
         if task.request_id
         else "",
+        name_files=c.name_files is not None,
     )
 
 
@@ -348,6 +364,8 @@ def _volumes(plan: JobPlan) -> list[dict[str, Any]]:
         volumes.append(_secret_volume(REPLY_VOLUME, plan.secret_name, (REPLY_TOKEN_KEY,)))
     if plan.store_secret:
         volumes.append(_secret_volume(STORE_VOLUME, plan.store_secret, ()))
+    if plan.name_files:
+        volumes.append(_secret_volume(NAMES_VOLUME, plan.secret_name, (HOSTS_KEY, RESOLV_CONF_KEY)))
     return volumes
 
 
@@ -360,7 +378,9 @@ def _secret_volume(name: str, secret: str, keys: tuple[str, ...]) -> dict[str, A
     return {"name": name, "secret": source}
 
 
-def _mounts(*, stdin: bool, store: bool = False, reply: bool = False) -> list[dict[str, Any]]:
+def _mounts(
+    *, stdin: bool, store: bool = False, reply: bool = False, names: bool = False
+) -> list[dict[str, Any]]:
     mounts: list[dict[str, Any]] = [{"name": BUILD_VOLUME, "mountPath": BUILD_DIR}]
     if stdin:
         mounts.append({"name": STDIN_VOLUME, "mountPath": SECRET_DIR, "readOnly": True})
@@ -368,6 +388,13 @@ def _mounts(*, stdin: bool, store: bool = False, reply: bool = False) -> list[di
         mounts.append({"name": STORE_VOLUME, "mountPath": STORE_CREDENTIALS_DIR, "readOnly": True})
     if reply:
         mounts.append({"name": REPLY_VOLUME, "mountPath": REPLY_TOKEN_DIR, "readOnly": True})
+    if names:
+        # A mount at these paths makes the kubelet and the container runtime leave out the
+        # pod's own files, which a root resource step may have rewritten.
+        for path, key in ((ETC_HOSTS, HOSTS_KEY), (ETC_RESOLV_CONF, RESOLV_CONF_KEY)):
+            mounts.append(
+                {"name": NAMES_VOLUME, "mountPath": path, "subPath": key, "readOnly": True}
+            )
     return mounts
 
 
@@ -413,7 +440,9 @@ def _step_container(
         "image": plan.task_image,
         "command": ["python", "-m", "functions", *args],
         "env": env,
-        "volumeMounts": _mounts(stdin=stdin, store=bool(plan.store_secret), reply=reply),
+        "volumeMounts": _mounts(
+            stdin=stdin, store=bool(plan.store_secret), reply=reply, names=plan.name_files
+        ),
         # Without API rights to read logs, this is how the function learns why a step failed.
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {
@@ -468,14 +497,17 @@ def stdin_secret_manifest(
     reply_token: str = "",
     *,
     resolved: tuple[str, ...] = (),
+    name_files: NameFiles | None = None,
 ) -> dict[str, Any]:
     """The Secret holding the script's stdin (and, for collect, the values to redact
     ``secrets`` and the resolved credential values ``resolved``: ``Task.secrets`` and
-    ``Task.resolved``; for an asynchronous task, its ``reply_token``), owned by the Job
-    (garbage-collected with it).
+    ``Task.resolved``; for an asynchronous task, its ``reply_token``; for stage and collect,
+    the ``name_files`` the plan pins), owned by the Job (garbage-collected with it).
     No ``blockOwnerDeletion``: that needs delete rights on the owner's finalizers."""
     if not owner_uid:
         raise ValueError("the stdin Secret needs the uid of the Job that owns it")
+    if plan.name_files != (name_files is not None):
+        raise ValueError("the stdin Secret holds the name files exactly when the Job mounts them")
     data = {
         STDIN_KEY: base64.b64encode(stdin).decode("ascii"),
         REDACT_KEY: base64.b64encode(json.dumps(list(secrets)).encode()).decode(),
@@ -483,6 +515,9 @@ def stdin_secret_manifest(
     }
     if reply_token:
         data[REPLY_TOKEN_KEY] = base64.b64encode(reply_token.encode()).decode()
+    if name_files is not None:
+        data[HOSTS_KEY] = base64.b64encode(name_files.hosts.encode()).decode()
+        data[RESOLV_CONF_KEY] = base64.b64encode(name_files.resolv_conf.encode()).decode()
     return {
         "apiVersion": "v1",
         "kind": "Secret",

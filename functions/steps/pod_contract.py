@@ -21,6 +21,10 @@ Layout of the shared build volume (``BUILD_DIR``)::
     /var/run/secrets/resource-functions/reply/reply-token
                                 an asynchronous run's token for the reply relay (its
                                 stdin Secret's key), mounted into collect only
+    /etc/hosts, /etc/resolv.conf
+                                in stage and collect: read-only copies of the function's
+                                own (keys of the stdin Secret), when it pins them
+                                (``functions.runtimes.name_files``); never in resource
 """
 
 from __future__ import annotations
@@ -62,6 +66,12 @@ RESOLVED_KEY = "resolved"
 REPLY_TOKEN_KEY = "reply-token"
 REPLY_TOKEN_DIR = "/var/run/secrets/resource-functions/reply"
 REPLY_TOKEN_FILE = f"{REPLY_TOKEN_DIR}/{REPLY_TOKEN_KEY}"
+# In the same Secret, mounted (subPath, read-only) into stage and collect alone: the name
+# files they resolve the store and the relay with, which the resource step cannot rewrite.
+HOSTS_KEY = "hosts"
+RESOLV_CONF_KEY = "resolv.conf"
+ETC_HOSTS = "/etc/hosts"
+ETC_RESOLV_CONF = "/etc/resolv.conf"
 STAGE_ERROR_FILE = "stage-error"
 STDOUT_FILE = "stdout"
 STDERR_FILE = "stderr"

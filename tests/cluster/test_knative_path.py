@@ -15,7 +15,9 @@ import json
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 
 import requests
 import yaml
@@ -737,3 +739,215 @@ def test_the_shipped_network_policies_fence_task_pods_and_the_functions(
             prober.delete()
         d.cluster.kubectl("delete", "namespace", other_ns, "--wait=false", check=False)
         min_scale(d, "check", None)
+
+
+STORE_SERVICE = "rf-store"  # a name for the test S3 server on the gateway (see below)
+
+
+@contextmanager
+def store_by_name(d) -> Iterator[str]:
+    """The task pods reach the store by a name for the duration: a selector-less Service in
+    the functions' namespace with an EndpointSlice to the S3 server on the gateway, and the
+    task namespace's store Secret (whose ``AWS_ENDPOINT_URL_S3`` file is what stage and
+    collect use) pointing at it. Yields the name."""
+    from urllib.parse import urlsplit
+
+    from tests.cluster.conftest import STORE_SECRET
+    from tests.cluster.up import GATEWAY
+
+    endpoint = urlsplit(d.s3.endpoint)
+    port = int(endpoint.port or 80)
+    host = f"{STORE_SERVICE}.{d.namespace}.svc.cluster.local"
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": STORE_SERVICE, "namespace": d.namespace},
+        "spec": {"ports": [{"name": "s3", "port": port, "protocol": "TCP"}]},
+    }
+    endpoints = {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": f"{STORE_SERVICE}-gateway",
+            "namespace": d.namespace,
+            "labels": {
+                "kubernetes.io/service-name": STORE_SERVICE,
+                "endpointslice.kubernetes.io/managed-by": "rf-tests",
+            },
+        },
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [GATEWAY], "conditions": {"ready": True}}],
+        "ports": [{"name": "s3", "port": port, "protocol": "TCP"}],
+    }
+    listed = json.dumps({"apiVersion": "v1", "kind": "List", "items": [service, endpoints]})
+    d.cluster.kubectl("apply", "-f", "-", stdin=listed)
+
+    def secret_endpoint(url: str) -> None:
+        patch = {"stringData": {"AWS_ENDPOINT_URL_S3": url}}
+        d.cluster.kubectl(
+            "-n", d.tasks_namespace, "patch", "secret", STORE_SECRET, "-p", json.dumps(patch)
+        )
+
+    secret_endpoint(f"http://{host}:{port}")
+    try:
+        yield host
+    finally:
+        secret_endpoint(d.s3.endpoint)
+        d.cluster.kubectl("delete", "-f", "-", stdin=listed, check=False)
+
+
+def function_env(d, service: str, name: str, value: str | None) -> None:
+    """Set (None: remove) one env var of a function: a new revision, waited for."""
+    ksvc = json.loads(d.cluster.kubectl("-n", d.namespace, "get", "ksvc", service, "-o", "json"))
+    env = ksvc["spec"]["template"]["spec"]["containers"][0].get("env", [])
+    kept = [e for e in env if e["name"] != name]
+    kept += [] if value is None else [{"name": name, "value": value}]
+    patch = [{"op": "add", "path": "/spec/template/spec/containers/0/env", "value": kept}]
+    d.cluster.kubectl(
+        "-n", d.namespace, "patch", "ksvc", service, "--type=json", "-p", json.dumps(patch)
+    )
+    wait_functions_serve(d.cluster, d.namespace)
+
+
+def pod_seconds(d, event) -> float:
+    """From the task pod's start to collect's end (the kubelet's timestamps, whole seconds);
+    collect posts the reply before it ends, so its end is waited for."""
+    from datetime import datetime
+
+    (job,) = jobs_of(d, event)
+    selector = f"job-name={job['metadata']['name']}"
+
+    def ended() -> tuple[dict, dict] | None:
+        out = d.cluster.kubectl(
+            "-n", d.tasks_namespace, "get", "pods", "-l", selector, "-o", "json"
+        )
+        for pod in json.loads(out)["items"]:
+            for step in (pod.get("status") or {}).get("containerStatuses") or []:
+                if step["name"] == "collect" and "terminated" in step["state"]:
+                    return pod, step
+        return None
+
+    pod, collect = wait_until(ended, f"collect's end in {selector}", 60, interval=0.5)
+    start = datetime.fromisoformat(pod["status"]["startTime"])
+    end = datetime.fromisoformat(collect["state"]["terminated"]["finishedAt"])
+    return (end - start).total_seconds()
+
+
+def pod_phase_seconds(d, event) -> float:
+    """The run's ``pod`` phase as the check function measured it (its ``run finished`` line:
+    from following the Job to the pod's end)."""
+    got = attributes(event)
+    run = run_of(KNATIVE_CACHE_SECRET, got["source"], got["id"], "check")
+
+    def find() -> float | None:
+        for text in function_logs(d, "check").splitlines():
+            _, _, body = text.partition("] ")
+            if run in body and body.startswith("{"):
+                line = json.loads(body)
+                if line.get("message") == "run finished" and line.get("run_id") == run:
+                    return float(line["phases"]["pod"])
+        return None
+
+    return wait_until(find, f"the run finished line of {run}", 60, interval=0.5)
+
+
+def checked(d, **extra: object):
+    """An async check of a fresh source, posted; the request event."""
+    check = request_event("check", {"type": "test", "source": source(**extra)}, replymode="async")
+    assert post(d.broker, check)[0] == 202
+    return check
+
+
+def test_collect_reaches_the_store_and_the_relay_whatever_the_resource_did_to_name_files(
+    knative_deployment, capsys
+):
+    """The resource step runs as root and rewrites the pod's /etc/hosts (the store's and the
+    reply relay's names to 127.0.0.1) and /etc/resolv.conf (a bogus name server first, or the
+    only one), files mounted into every container of the pod. With the shipped
+    ``TASK_NAME_FILES=auto`` (the functions run in the cluster) collect resolves with
+    read-only copies of the function's own files: the reply arrives through the relay and the
+    result is stored. With ``TASK_NAME_FILES=off`` set on the check function (a new revision)
+    the check whose resource left only the bogus name server fails: collect cannot reach the
+    store (with a name server of its own on a public address, which task pods may reach, a
+    resource would send collect to a server of its choosing). Measured here too, unpinned:
+    the /etc/hosts lines and a bogus name server put first do not reach collect (the kubelet
+    writes the pod's /etc/hosts afresh as it starts each container, and the resolver falls
+    through to the next name server).
+
+    The harness's store is an IP address (the S3 server on the gateway), which no name file
+    can redirect; so for this test the task pods reach it by a Service name
+    (``store_by_name``), as an in-cluster store would be reached. Also printed: a plain
+    check's task pod, from its start to collect's end, pinned and not (no container is added;
+    whole seconds, three runs each)."""
+    from functions import keys
+    from functions.ledger import results
+
+    d = knative_deployment
+    relay = f"reply-relay.{d.namespace}.svc.cluster.local"
+    seconds: dict[str, list[float]] = {}
+    phases: dict[str, list[float]] = {}
+    with store_by_name(d) as store:
+        names = f"{store} {relay}"
+        seconds["pinned"], phases["pinned"] = [], []
+        for _ in range(3):
+            plain = checked(d)
+            assert_reply(reply_to(d, plain, "check"), plain, "check")
+            seconds["pinned"].append(pod_seconds(d, plain))
+            phases["pinned"].append(round(pod_phase_seconds(d, plain), 3))
+        check = checked(d, mode="hijack_names", names=names, resolv="only")
+        reply = reply_to(d, check, "check")
+        assert assert_reply(reply, check, "check")["versions"][-1] == {"ref": "3"}
+        relayed = d.cluster.kubectl(
+            "-n", d.namespace, "logs", "-l", "app.kubernetes.io/component=reply-relay", "--tail=-1"
+        )
+        assert reply.get_id() in relayed  # collect posted it, through the relay
+        got = attributes(check)
+        run = run_of(KNATIVE_CACHE_SECRET, got["source"], got["id"], "check")
+        assert results.read_outcome(d.store, run, request=None) is not None
+        with d.store.open(keys.log_key(run)) as stream:
+            assert f"hijacked: {names} (resolv: only)" in stream.read().decode()
+        (job,) = jobs_of(d, check)
+        assert pinned_paths(job) == {
+            "collect": {"/etc/hosts", "/etc/resolv.conf"},
+            "resource": set(),
+        }
+
+        function_env(d, "check", "TASK_NAME_FILES", "off")
+        try:
+            seconds["not pinned"], phases["not pinned"] = [], []
+            for _ in range(3):
+                plain = checked(d)
+                assert_reply(reply_to(d, plain, "check"), plain, "check")
+                seconds["not pinned"].append(pod_seconds(d, plain))
+                phases["not pinned"].append(round(pod_phase_seconds(d, plain), 3))
+            first = checked(d, mode="hijack_names", names=names, resolv="first")
+            assert_reply(reply_to(d, first, "check"), first, "check")  # see the docstring
+            (job,) = jobs_of(d, first)
+            assert pinned_paths(job) == {"collect": set(), "resource": set()}  # the off revision
+            check = checked(d, mode="hijack_names", names=names, resolv="only")
+            data = assert_reply(reply_to(d, check, "check"), check, "check", "failed")
+            assert data["error"]["kind"] == "storage", data
+        finally:
+            function_env(d, "check", "TASK_NAME_FILES", None)
+    with capsys.disabled():
+        print(
+            f"\n[knative] task pod, start to collect's end (kubelet, s): {seconds}; "
+            f"the run's pod phase (the function, s): {phases}"
+        )
+
+
+def pinned_paths(job: dict) -> dict[str, set[str]]:
+    """Which of /etc/hosts and /etc/resolv.conf collect and resource mount (read-only, from
+    the name-files volume: anything else fails here)."""
+    spec = job["spec"]["template"]["spec"]
+    steps = {c["name"]: c for c in [*spec.get("initContainers", []), *spec["containers"]]}
+    found: dict[str, set[str]] = {}
+    for name in ("collect", "resource"):
+        mounts = [
+            m
+            for m in steps[name].get("volumeMounts", [])
+            if m["mountPath"] in ("/etc/hosts", "/etc/resolv.conf")
+        ]
+        assert all(m["readOnly"] is True and m["name"] == "name-files" for m in mounts), mounts
+        found[name] = {m["mountPath"] for m in mounts}
+    return found

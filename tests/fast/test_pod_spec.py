@@ -22,6 +22,7 @@ import pytest
 from functions import protocol
 from functions.model import Build, HistoryPlan, ResourceType, TraceContext
 from functions.runtimes import podspec
+from functions.runtimes.name_files import NameFiles
 from functions.runtimes.podspec import (
     RESOURCE_SCRIPT,
     JobPlan,
@@ -641,3 +642,88 @@ def test_a_type_sets_its_own_requests_limits_and_build_size() -> None:
         assert container["resources"]["requests"] == CONFIG.resources["requests"]  # default kept
     (build,) = [v for v in job["spec"]["template"]["spec"]["volumes"] if v["name"] == "build"]
     assert build["emptyDir"] == {"sizeLimit": "50Gi"}
+
+
+PINNED = replace(
+    CONFIG,
+    name_files=NameFiles(hosts="127.0.0.1 localhost\n", resolv_conf="nameserver 10.96.0.10\n"),
+)
+
+
+def pinned_plan(action: str, *, reply: bool = False) -> JobPlan:
+    return plan_for(make_task(action), PINNED, STORE_URL, reply=reply)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("action", ACTIONS)
+def test_pinned_name_files_validate_strictly(action: str, version: str) -> None:
+    plan = pinned_plan(action, reply=True)
+    job = job_manifest(plan)
+    secret = stdin_secret_manifest(
+        plan, make_task(action).stdin, OWNER_UID, name_files=PINNED.name_files
+    )
+    for obj in (job, pod_of(job), secret):
+        kubernetes_validate.validate(obj, version, strict=True)
+
+
+@pytest.mark.parametrize("action", ACTIONS)
+def test_the_steps_resolve_with_read_only_copies_the_resource_never_mounts(action: str) -> None:
+    plan = pinned_plan(action, reply=True)
+    job = job_manifest(plan)
+    volumes = {v["name"]: v for v in job["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["name-files"]["secret"] == {
+        "secretName": plan.secret_name,
+        "optional": False,
+        "defaultMode": 0o400,
+        "items": [
+            {"key": "hosts", "path": "hosts"},
+            {"key": "resolv.conf", "path": "resolv.conf"},
+        ],
+    }
+    steps = containers(job)
+    assert ("stage" in steps) == (action == "put")
+    for name, container in steps.items():
+        pinned = [m for m in container["volumeMounts"] if m["name"] == "name-files"]
+        if name == "resource":
+            assert pinned == []
+            assert not {"/etc/hosts", "/etc/resolv.conf"} & set(mounts(container).values())
+        else:
+            assert pinned == [
+                {
+                    "name": "name-files",
+                    "mountPath": "/etc/hosts",
+                    "subPath": "hosts",
+                    "readOnly": True,
+                },
+                {
+                    "name": "name-files",
+                    "mountPath": "/etc/resolv.conf",
+                    "subPath": "resolv.conf",
+                    "readOnly": True,
+                },
+            ]
+    secret = stdin_secret_manifest(plan, b"{}", OWNER_UID, name_files=PINNED.name_files)
+    assert base64.b64decode(secret["data"]["hosts"]) == b"127.0.0.1 localhost\n"
+    assert base64.b64decode(secret["data"]["resolv.conf"]) == b"nameserver 10.96.0.10\n"
+    # the resource container's view of the Secret stays stdin and the values to redact
+    assert [i["key"] for i in volumes["stdin"]["secret"]["items"]] == [
+        "stdin",
+        "redact",
+        "resolved",
+    ]
+
+
+def test_unpinned_steps_get_no_copies_and_the_secret_none() -> None:
+    plan = make_plan("put", reply=True)
+    job = job_manifest(plan)
+    assert "name-files" not in {v["name"] for v in job["spec"]["template"]["spec"]["volumes"]}
+    paths = {p for c in containers(job).values() for p in mounts(c).values()}
+    assert not {"/etc/hosts", "/etc/resolv.conf"} & paths
+    assert not {"hosts", "resolv.conf"} & set(stdin_secret_manifest(plan, b"{}", OWNER_UID)["data"])
+
+
+def test_the_secret_holds_the_name_files_exactly_when_the_job_mounts_them() -> None:
+    with pytest.raises(ValueError, match="name files"):
+        stdin_secret_manifest(pinned_plan("get"), b"{}", OWNER_UID)
+    with pytest.raises(ValueError, match="name files"):
+        stdin_secret_manifest(make_plan("get"), b"{}", OWNER_UID, name_files=PINNED.name_files)

@@ -16,6 +16,8 @@ def test_defaults_are_local_and_safe():
     assert settings.cache_secret_generated and len(settings.cache_secret) == 32
     assert settings.archive.format == "zstd" and settings.task_timeout_seconds == 3600
     assert settings.history_limit == 1000
+    assert settings.task_name_files == "auto"
+    assert Settings.from_env({"TASK_NAME_FILES": "off"}).task_name_files == "off"
 
 
 def test_history_limit_and_a_type_check_interval_are_read():
@@ -49,6 +51,7 @@ def test_resource_types_from_json_with_per_type_settings(tmp_path):
     [
         pytest.param({"RUNTIME": "lambda"}, "RUNTIME", id="runtime"),
         pytest.param({"REPLY_MODE": "later"}, "REPLY_MODE", id="reply-mode"),
+        pytest.param({"TASK_NAME_FILES": "on"}, "TASK_NAME_FILES", id="name-files"),
         pytest.param({"TASK_TIMEOUT_SECONDS": "soon"}, "TASK_TIMEOUT_SECONDS", id="timeout-text"),
         pytest.param({"TASK_TIMEOUT_SECONDS": "-1"}, "TASK_TIMEOUT_SECONDS", id="timeout-negative"),
         pytest.param({"RESOURCE_TYPES": "{nope"}, "RESOURCE_TYPES", id="types-json"),

@@ -23,6 +23,19 @@ hostile() {
   esac
 }
 [ "$mode" = hostile ] && hostile "$(field target)" "$(field as)"
+# "hijack_names" (as root): point "names" (space-separated) at 127.0.0.1 in the pod's
+# /etc/hosts and put a bogus name server (TEST-NET-1: unreachable) first in its
+# /etc/resolv.conf; with "resolv":"only", the only one. Both are single files mounted into
+# every container of the pod, so they are rewritten in place. Then the action's ordinary
+# work. Exits 5 if it could not.
+hijack_names() {
+  for name in $1; do echo "127.0.0.1 $name" >>/etc/hosts || exit 5; done
+  kept=$(cat /etc/resolv.conf) || exit 5
+  [ "$2" = only ] && kept=$(echo "$kept" | grep -v '^nameserver')
+  printf 'nameserver 192.0.2.53\n%s\n' "$kept" >/etc/resolv.conf || exit 5
+  echo "hijacked: $1 (resolv: ${2:-first})" >&2
+}
+[ "$mode" = hijack_names ] && hijack_names "$(field names)" "$(field resolv)"
 case "$mode" in
   fail) echo "error: cannot reach the repository" >&2; exit 3 ;;
   echo) echo "debug: $payload" >&2; exit 2 ;;
