@@ -16,8 +16,8 @@ reported apart. Prints the medians and the ratios: goals are warm/bare <= 1.3 an
 new/warm >= 10.
 
 ``--image``: a resource image with git-resource's check (``source.uri``, ``source.branch``);
-by default Concourse's git-resource, ``localhost/rf-git-resource`` (built from
-``../shared/third_party/git-resource-*.tar.xz``), which must be in the engine. The project's
+by default Concourse's git-resource, built from ``../shared/third_party/git-resource-*.tar.xz``
+(``tests/support/real_resources.py``, as ``.ci/setup --tests`` builds it). The project's
 git test resource (``tests.support.fidelity_resources.git_repo_resource()``) also answers it,
 but its check (``git ls-remote``) keeps no clone.
 
@@ -45,8 +45,6 @@ import requests
 from functions.cli.launch import Launched, launch
 from testbed.git_daemon import git_daemon
 from testbed.podman import podman_service
-
-REAL_GIT_RESOURCE = "localhost/rf-git-resource"
 
 
 def make_repository(bare: Path, megabytes: int) -> None:
@@ -79,19 +77,11 @@ def add_commit(bare: Path, n: int) -> None:
 
 
 def default_image() -> str:
-    """Concourse's git-resource if the engine has it, else nothing (then ``--image``)."""
-    found = subprocess.run(
-        ["podman", "images", "--format", "{{.Repository}}:{{.Tag}}", REAL_GIT_RESOURCE],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.split()
-    if not found:
-        raise SystemExit(
-            f"no {REAL_GIT_RESOURCE} image: pass --image (e.g. the git test resource, "
-            "tests.support.fidelity_resources.git_repo_resource())"
-        )
-    return found[0]
+    """Concourse's git-resource, built from ``../shared/third_party`` if the engine lacks it
+    (``tests.support.real_resources``: cached by the tarball's sha256)."""
+    from tests.support.real_resources import git_resource_image
+
+    return git_resource_image()
 
 
 def through_service(service: Launched, source: dict[str, str], version: object) -> float:
