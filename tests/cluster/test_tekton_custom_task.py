@@ -20,6 +20,8 @@
   (the Broker's sink never sees the event id) and no Job.
 - Cancelling a running get (``spec.status: RunCancelled``): ``CustomRunCancelled``, and its
   Job is deleted.
+- A failing get with ``retries: 1``: two attempts (two Jobs, request ids ``<uid>`` and
+  ``<uid>-r1``), the first in ``retriesStatus``, then ``False``.
 - A get past its ``spec.timeout``: ``CustomRunTimedOut``, and its Job is deleted.
 """
 
@@ -593,3 +595,20 @@ def test_a_new_version_starts_one_pipeline_run_however_often_delivered(
     assert [r["metadata"]["name"] for r in runs] == [name]
     accepted = deployment.sink.matching(type="dev.tekton.event.triggers.accepted.v1")
     assert accepted == [], "the listener's answer must not reach the Broker"
+
+
+def test_a_failing_get_is_retried_then_fails_with_its_attempts_in_retries_status(
+    custom_task: CustomTask,
+) -> None:
+    name = name_for("retries")
+    apply(custom_task.cluster, [custom_run(name, get_params(name, {"mode": "fail"}), retries=1)])
+    run = custom_task.finished("customrun", name, timeout=180)
+    found = condition(run)
+    assert (found["status"], found["reason"]) == ("False", "ResourceFailed")
+    (first,) = run["status"]["retriesStatus"]
+    attempt = condition({"status": first})  # an entry is a status of its own
+    assert attempt["status"] == "False"
+    assert "cannot reach the repository" in attempt["message"]
+    uid = run["metadata"]["uid"]
+    assert run["status"]["extraFields"]["requestId"] == f"{uid}-r1"
+    assert len(custom_task.jobs_of(uid)) == 1 and len(custom_task.jobs_of(f"{uid}-r1")) == 1
