@@ -137,7 +137,7 @@ def test_figures_a_warm_check_against_a_job(
         namespace,
         functions_kubeconfig,
         tmp_path,
-        extra_env={"WARM_CHECKS": "off"},
+        extra={"WARM_CHECKS": "off"},
     ) as jobs:
         job = [timed(lambda: check(jobs, source)) for _ in range(ROUNDS)]
     assert len(warm) == len(job) == ROUNDS  # every check answered (check() asserts a 200)
