@@ -46,6 +46,8 @@ from functions.cli.launch import Launched, launch
 from testbed.git_daemon import git_daemon
 from testbed.podman import podman_service
 
+REAL_GIT_RESOURCE = "localhost/rf-git-resource"
+
 
 def make_repository(bare: Path, megabytes: int) -> None:
     """A bare repository whose ``main`` has ``megabytes`` commits of 1 MiB of random data."""
@@ -77,11 +79,20 @@ def add_commit(bare: Path, n: int) -> None:
 
 
 def default_image() -> str:
-    """Concourse's git-resource, built from ``../shared/third_party`` if the engine lacks it
-    (``tests.support.real_resources``: cached by the tarball's sha256)."""
-    from tests.support.real_resources import git_resource_image
-
-    return git_resource_image()
+    """Concourse's git-resource as ``.ci/setup --tests`` builds it (``python3 -m
+    tests.support.real_resources``), found in the engine by its name; else ``--image``."""
+    found = subprocess.run(
+        ["podman", "images", "--format", "{{.Repository}}:{{.Tag}}", REAL_GIT_RESOURCE],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.split()
+    if not found:
+        raise SystemExit(
+            f"no {REAL_GIT_RESOURCE} image: build it (python3 -m tests.support.real_resources)"
+            " or pass --image"
+        )
+    return found[0]
 
 
 def through_service(service: Launched, source: dict[str, str], version: object) -> float:
