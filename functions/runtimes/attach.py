@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import socket
 import struct
+import threading
+from dataclasses import dataclass
 from typing import Any
 
 import docker.errors
@@ -56,3 +58,23 @@ def close_socket(sock: Any) -> None:
     except OSError:
         pass  # already closed by the engine
     sock.close()
+
+
+@dataclass(frozen=True)
+class Pumping:
+    """An attached socket being fed its stdin and drained into ``output`` by two threads."""
+
+    output: Output
+    reader: threading.Thread  # ends when the process's streams end
+    feeder: threading.Thread
+
+
+def pump(sock: Any, stdin: bytes, keep: int) -> Pumping:
+    """Start feeding ``stdin`` into ``sock`` and draining its streams into an ``Output`` that
+    keeps ``keep`` bytes of stderr's tail (``stage_collect.stderr_bytes``)."""
+    output = Output(keep)
+    reader = threading.Thread(target=drain, args=(sock, output), daemon=True)
+    feeder = threading.Thread(target=feed, args=(sock, stdin), daemon=True)
+    reader.start()
+    feeder.start()
+    return Pumping(output, reader, feeder)

@@ -15,11 +15,12 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
-from functions.errors import SinkRefused, Unavailable
+from functions.errors import SinkRefused, Unavailable, failure_kind
 from functions.ledger import lease
 from functions.logs import fields
 from functions.model import Outcome, Task
 from functions.sink import post_outcome
+from functions.steps.outcome import failed
 from storage import Store
 
 log = logging.getLogger("functions.runtimes")
@@ -73,6 +74,16 @@ class RunsInFlight:
         with self._changed:
             self._closed = True
             self._changed.wait_for(lambda: self._count == 0)
+
+
+def outcome_of_async(task: Task, run: Callable[[], Outcome]) -> Outcome:
+    """``run()``'s outcome; after a 202 nobody redelivers, so an exception is the requester's
+    failure reply (logged here), never lost."""
+    try:
+        return run()
+    except Exception as err:
+        log.exception("asynchronous task failed", extra=fields(run_id=task.run_id))
+        return failed(task.action, failure_kind(err), f"the task could not run: {err}")
 
 
 def end_async_run(

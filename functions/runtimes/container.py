@@ -25,15 +25,20 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from functions.errors import RequestIdReused, Unavailable, failure_kind, pull_is_transient
+from functions.errors import RequestIdReused, Unavailable, pull_is_transient
 from functions.ledger import results
 from functions.logs import fields
 from functions.model import SCRIPTS, WORKDIRS, Outcome, Task
 from functions.phases import PhaseClock
 from functions.redaction import Redactor
 from functions.runtimes import Ended
-from functions.runtimes.attach import ENGINE_ERRORS, close_socket, drain, feed
-from functions.runtimes.background import BackgroundRuns, RunsInFlight, end_async_run
+from functions.runtimes.attach import ENGINE_ERRORS, close_socket, pump
+from functions.runtimes.background import (
+    BackgroundRuns,
+    RunsInFlight,
+    end_async_run,
+    outcome_of_async,
+)
 from functions.runtimes.output import STDERR, STDOUT, Output
 from functions.runtimes.sweep import Sweeper
 from functions.runtimes.warm import WARM_OFF, WarmCounts, WarmLimits, warm_key
@@ -163,11 +168,7 @@ class ContainerRuntime:
             self._waiting.discard(run)
 
     def _run_and_reply(self, task: Task, ended: Ended | None) -> None:
-        try:
-            outcome = self.run(task)
-        except Exception as err:  # after a 202 nobody redelivers: reply with the failure
-            log.exception("asynchronous task failed", extra=fields(run_id=task.run_id))
-            outcome = failed(task.action, failure_kind(err), f"the task could not run: {err}")
+        outcome = outcome_of_async(task, lambda: self.run(task))
         try:
             end_async_run(self._store, self._config.sink, task, outcome, ended)
         finally:
@@ -420,18 +421,14 @@ class ContainerRuntime:
             container.start()
         except ENGINE_ERRORS as err:
             raise Unavailable(f"container engine: cannot start the container: {err}") from err
-        output = Output(keep)
-        reader = threading.Thread(target=drain, args=(sock, output), daemon=True)
-        feeder = threading.Thread(target=feed, args=(sock, task.stdin), daemon=True)
-        reader.start()
-        feeder.start()
+        pumping = pump(sock, task.stdin, keep)
         try:
-            exit_code = self._await_exit(container, task, reader)
+            exit_code = self._await_exit(container, task, pumping.reader)
         finally:
-            feeder.join(5)
-            reader.join(STREAM_END_SECONDS)
+            pumping.feeder.join(5)
+            pumping.reader.join(STREAM_END_SECONDS)
             close_socket(sock)
-        return exit_code, output if output.complete else None
+        return exit_code, pumping.output if pumping.output.complete else None
 
     def _await_exit(self, container: Any, task: Task, reader: threading.Thread) -> int | None:
         """The exit code, asked for as soon as the attach stream ends (Podman's own wait

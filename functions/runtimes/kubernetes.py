@@ -44,7 +44,7 @@ from functions.model import FailureKind, Outcome, Task
 from functions.phases import PhaseClock, timed
 from functions.redaction import Redactor
 from functions.runtimes import Ended, podspec
-from functions.runtimes.background import BackgroundRuns, end_async_run
+from functions.runtimes.background import BackgroundRuns, end_async_run, outcome_of_async
 from functions.runtimes.job_status import (
     Verdict,
     is_finished,
@@ -209,13 +209,14 @@ class KubernetesRuntime:
         """An asynchronous check in its warm pod: recorded, its lease released, its end
         reported and its reply posted here (no collect step posts it); a busy warm pod: a
         Job, as ``start`` would have made."""
-        try:
+
+        def warm_or_job() -> Outcome:
             outcome = self._warm_check(task, plan)
             if outcome is None:
                 outcome = self._settle(task, plan, self._launch(plan, task)).outcome
-        except Exception as err:  # after a 202 nobody redelivers: reply with the failure
-            log.exception("asynchronous warm check failed", extra=fields(run_id=task.run_id))
-            outcome = failed(task.action, failure_kind(err), f"the task could not run: {err}")
+            return outcome
+
+        outcome = outcome_of_async(task, warm_or_job)
         try:
             end_async_run(self._store, self._config.sink, task, outcome, ended)
         finally:

@@ -289,3 +289,45 @@ class WarmPool:
     def _remove_all(self, gone: list[Warm]) -> None:
         for warm in gone:
             self._remove(warm.handle)
+
+
+REAP_SECONDS = 30.0  # how often expired warm containers are looked for (at most)
+
+
+class WarmSet:
+    """What a runtime's warm containers (``warm_engine``) or pods (``warm_pods``) share:
+    swept at start, expired ones reaped now and then, all removed at close. A subclass
+    says how to ``sweep`` and gives ``remove``."""
+
+    def __init__(self, limits: WarmLimits, remove: Callable[[str], None]) -> None:
+        self.pool = WarmPool(limits, remove)
+        self._stopped = threading.Event()
+        self._reaper: threading.Thread | None = None
+
+    def sweep(self) -> int:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        """Sweep the leftovers of owners gone, then reap expired ones now and then."""
+        self.sweep()
+        if self._reaper is None:
+            self._reaper = threading.Thread(target=self._reap, name="warm-reap", daemon=True)
+            self._reaper.start()
+
+    def close(self) -> None:
+        """Remove them all (the runs using them have ended)."""
+        self._stopped.set()
+        if self._reaper is not None:
+            self._reaper.join()
+        self.pool.drain()
+
+    def counts(self) -> WarmCounts:
+        return self.pool.counts()
+
+    def _reap(self) -> None:
+        period = min(REAP_SECONDS, self.pool.limits.idle_seconds / 2)
+        while not self._stopped.wait(period):
+            try:
+                self.pool.expire()
+            except Exception:  # a bug: logged, and the service goes on
+                log.exception("warm reap failed")

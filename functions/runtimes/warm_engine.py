@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -30,15 +29,13 @@ from functions.errors import Unavailable
 from functions.logs import fields
 from functions.model import SCRIPTS, Task
 from functions.phases import PhaseClock
-from functions.runtimes.attach import ENGINE_ERRORS, close_socket, drain, feed
-from functions.runtimes.output import Output
+from functions.runtimes.attach import ENGINE_ERRORS, close_socket, pump
 from functions.runtimes.warm import (
     Ended,
     Gone,
     Warm,
-    WarmCounts,
     WarmLimits,
-    WarmPool,
+    WarmSet,
     check_in_warm,
 )
 from functions.steps.pod_contract import MANAGED_BY
@@ -48,7 +45,6 @@ OWNER_LABEL = "warm-owner"
 PAUSE_TARGET = "/.rf-pause"  # where the pause program is mounted in a warm container
 PAUSE_CANDIDATES = ("/usr/libexec/podman/catatonit", "/usr/bin/catatonit")
 EXIT_SETTLE_SECONDS = 1  # after the stream's end, for the engine to see the exec's exit
-REAP_SECONDS = 30.0  # how often expired warm containers are looked for
 log = logging.getLogger("functions.container")
 
 
@@ -77,34 +73,15 @@ def owner_alive(owner: str) -> bool:
     return pid.isdigit() and owner_id(int(pid)) == owner
 
 
-class WarmContainers:
+class WarmContainers(WarmSet):
     """This replica's warm check containers: started, reused, expired, removed."""
 
     def __init__(self, client: Any, limits: WarmLimits, network: str | None) -> None:
+        super().__init__(limits, self._remove)
         self._client = client
         self._network = network
         self._owner = owner_id()
         self._pause = limits.pause or default_pause()
-        self.pool = WarmPool(limits, self._remove)
-        self._stopped = threading.Event()
-        self._reaper: threading.Thread | None = None
-
-    def start(self) -> None:
-        """Sweep the warm containers of owners gone, then reap expired ones now and then."""
-        self.sweep()
-        if self._reaper is None:
-            self._reaper = threading.Thread(target=self._reap, name="warm-reap", daemon=True)
-            self._reaper.start()
-
-    def close(self) -> None:
-        """Remove them all (the runs using them have ended)."""
-        self._stopped.set()
-        if self._reaper is not None:
-            self._reaper.join()
-        self.pool.drain()
-
-    def counts(self) -> WarmCounts:
-        return self.pool.counts()
 
     def check(self, task: Task, key: str, image: str, clock: PhaseClock, keep: int) -> Ended | None:
         """Run the check in ``key``'s warm container, started from ``image`` (an image id)
@@ -192,18 +169,15 @@ class WarmContainers:
             raise Unavailable(f"container engine: cannot exec the check: {err}") from err
         except ENGINE_ERRORS as err:
             raise Unavailable(f"container engine: cannot exec the check: {err}") from err
-        output = Output(keep)
-        reader = threading.Thread(target=drain, args=(sock, output), daemon=True)
-        feeder = threading.Thread(target=feed, args=(sock, task.stdin), daemon=True)
-        reader.start()
-        feeder.start()
+        pumping = pump(sock, task.stdin, keep)
+        output = pumping.output
         try:
-            reader.join(max(0.0, deadline - time.monotonic()))
-            code = None if reader.is_alive() else self._exit_code(exec_id, deadline)
+            pumping.reader.join(max(0.0, deadline - time.monotonic()))
+            code = None if pumping.reader.is_alive() else self._exit_code(exec_id, deadline)
         finally:
             close_socket(sock)
-            feeder.join(5)
-            reader.join(5)
+            pumping.feeder.join(5)
+            pumping.reader.join(5)
         if (code != 0 or not output.complete) and not self._running(handle):
             raise Gone()  # killed under the check: not the check's own failure
         if code is not None and not output.complete:
@@ -243,11 +217,3 @@ class WarmContainers:
             pass
         except ENGINE_ERRORS as err:
             log.warning("cannot remove a warm container", extra=fields(error=str(err)))
-
-    def _reap(self) -> None:
-        period = min(REAP_SECONDS, self.pool.limits.idle_seconds / 2)
-        while not self._stopped.wait(period):
-            try:
-                self.pool.expire()
-            except Exception:  # a bug: logged, and the service goes on
-                log.exception("warm reap failed")

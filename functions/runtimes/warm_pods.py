@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import threading
 import time
 from typing import Any
 
@@ -38,14 +37,12 @@ from functions.runtimes.warm import (
     Ended,
     Gone,
     Warm,
-    WarmCounts,
     WarmLimits,
-    WarmPool,
+    WarmSet,
     check_in_warm,
 )
 from functions.steps.pod_contract import MANAGED_BY
 
-REAP_SECONDS = 30.0
 READY_POLL_SECONDS = 0.25
 log = logging.getLogger("functions.kubernetes")
 
@@ -64,30 +61,13 @@ def replica_name() -> str:
     return os.environ.get("HOSTNAME") or socket.gethostname()
 
 
-class WarmPods:
+class WarmPods(WarmSet):
     """This replica's warm check pods: started, reused, expired, deleted."""
 
     def __init__(self, api: KubeApi, limits: WarmLimits, owner: str | None = None) -> None:
+        super().__init__(limits, self._delete)
         self._api = api
         self._owner = owner or replica_name()
-        self.pool = WarmPool(limits, self._delete)
-        self._stopped = threading.Event()
-        self._reaper: threading.Thread | None = None
-
-    def start(self) -> None:
-        self.sweep()
-        if self._reaper is None:
-            self._reaper = threading.Thread(target=self._reap, name="warm-reap", daemon=True)
-            self._reaper.start()
-
-    def close(self) -> None:
-        self._stopped.set()
-        if self._reaper is not None:
-            self._reaper.join()
-        self.pool.drain()
-
-    def counts(self) -> WarmCounts:
-        return self.pool.counts()
 
     def check(
         self, task: Task, plan: JobPlan, key: str, clock: PhaseClock, keep: int
@@ -195,14 +175,6 @@ class WarmPods:
             self._api.delete_pod(name)
         except (Unavailable, KubeApiError) as err:
             log.warning("cannot delete a warm pod", extra=fields(error=str(err)))
-
-    def _reap(self) -> None:
-        period = min(REAP_SECONDS, self.pool.limits.idle_seconds / 2)
-        while not self._stopped.wait(period):
-            try:
-                self.pool.expire()
-            except Exception:  # a bug: logged, and the service goes on
-                log.exception("warm reap failed")
 
 
 def _resource_running(pod: dict[str, Any]) -> bool:
