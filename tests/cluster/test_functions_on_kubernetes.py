@@ -365,7 +365,12 @@ def test_the_functions_token_has_only_the_shipped_role(deployment):
     # In their own namespace (the store, cache and sender Secrets) they touch no Secret.
     for verb in ("get", "delete", "create", "list"):
         assert not can(verb, "secrets", "-n", "resource-functions"), verb
-    assert not can("create", "pods", *ns)
+    # Warm check pods (docs/warm-checks.md): created, exec'd into and deleted in the task
+    # namespace alone, never changed.
+    assert can("create", "pods", *ns) and can("create", "pods/exec", *ns)
+    assert not can("update", "pods", *ns) and not can("patch", "pods", *ns)
+    assert not can("create", "pods", "-n", "default")
+    assert not can("create", "pods/exec", "-n", "resource-functions")
     assert not can("update", "jobs.batch", *ns)
     assert not can("create", "jobs.batch", "-n", "default")
     denied = deployment.cluster.run_kubectl(
