@@ -8,16 +8,13 @@ an event source, an image reference or anything a request chooses freely.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-
-if TYPE_CHECKING:
-    from functions.runtimes.warm import WarmCounts
 
 DURATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 # Phases range from a millisecond (a store write) to the whole script.
@@ -133,23 +130,39 @@ class Metrics:
         """Report ``waiting()`` (read at each scrape) as ``tasks_waiting{action}``."""
         self.tasks_waiting.labels(action).set_function(lambda: float(waiting()))
 
-    def count_warm(self, counts: Callable[[], WarmCounts]) -> None:
-        """Report the runtime's warm check containers (read at each scrape)."""
-        self.registry.register(WarmCollector(counts))
+    def count_warm(self, counts: Callable[[], WarmFigures], reasons: Sequence[str]) -> None:
+        """Report the runtime's warm check containers (read at each scrape); ``reasons``:
+        every eviction reason, each reported even at 0."""
+        self.registry.register(WarmCollector(counts, reasons))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
 
+class WarmFigures(Protocol):
+    """The warm check containers' counts a runtime reports (``runtimes.warm.WarmCounts``)."""
+
+    @property
+    def alive(self) -> int: ...
+
+    @property
+    def reuses(self) -> int: ...
+
+    @property
+    def starts(self) -> int: ...
+
+    @property
+    def evictions(self) -> Mapping[str, int]: ...
+
+
 class WarmCollector(Collector):
     """The warm check containers' figures (docs/warm-checks.md), from the runtime's counts."""
 
-    def __init__(self, counts: Callable[[], WarmCounts]) -> None:
+    def __init__(self, counts: Callable[[], WarmFigures], reasons: Sequence[str]) -> None:
         self._counts = counts
+        self._reasons = tuple(reasons)
 
     def collect(self) -> Iterator[Metric]:
-        from functions.runtimes.warm import REASONS
-
         now = self._counts()
         yield GaugeMetricFamily(
             "resource_function_warm_containers",
@@ -172,6 +185,6 @@ class WarmCollector(Collector):
             "budget, dead, drain)",
             labels=["reason"],
         )
-        for reason in REASONS:
+        for reason in self._reasons:
             evictions.add_metric([reason], now.evictions.get(reason, 0))
         yield evictions

@@ -19,7 +19,6 @@ from typing import Any, TypeVar, cast
 from functions.errors import ConfigError
 from functions.model import ResourceType
 from functions.redaction import DEFAULT_REDACT_KEYS
-from functions.runtimes.warm import WarmLimits
 from functions.steps.pod_contract import STEP_ENV
 from functions.tracing import tracing_wanted
 from storage.archive import ArchiveOptions, Limits
@@ -51,6 +50,19 @@ CREDENTIALS_PROVIDERS = ("none", "dir", "kubernetes")
 def default_store_url(environ: Mapping[str, str]) -> str:
     base = environ.get("XDG_DATA_HOME") or str(Path(environ.get("HOME", "/tmp")) / ".local/share")
     return "file://" + str(Path(base) / "resource-functions" / "store")
+
+
+@dataclass(frozen=True)
+class WarmLimits:
+    """WARM_CHECKS, WARM_CHECK_IDLE_SECONDS, WARM_CHECK_MAX_AGE_SECONDS, WARM_CHECKS_PER_REPLICA,
+    WARM_CHECKS_PER_TEAM, WARM_CHECK_PAUSE (see the README's configuration table)."""
+
+    enabled: bool = True
+    idle_seconds: float = 300.0
+    max_age_seconds: float = 3600.0
+    per_replica: int = 64
+    per_team: int = 16
+    pause: str = ""  # a static pause program on the engine's host, run as ``<pause> -P``
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from functions.logs import fields
 from functions.metrics import Metrics
 from functions.model import Action
 from functions.runtimes import Runtime, make_runtime
+from functions.runtimes.warm import REASONS
 from functions.service.config import ServiceConfig
 from functions.service.service import Service
 from functions.settings import Settings
@@ -57,7 +58,7 @@ def create_app(
     store = MeteredStore(store or open_local_or_remote_store(settings), metrics.store_seconds)
     runtime = runtime or make_runtime(settings, store)
     metrics.count_waiting(action, runtime.tasks_waiting)
-    metrics.count_warm(runtime.warm_counts)
+    metrics.count_warm(runtime.warm_counts, REASONS)
     if settings.cache_secret_generated:
         log.warning(
             "CACHE_SECRET is not set: using a random key, so cache entries do not "

@@ -41,8 +41,9 @@ from functions.runtimes.background import (
 )
 from functions.runtimes.output import STDERR, STDOUT, Output
 from functions.runtimes.sweep import Sweeper
-from functions.runtimes.warm import WARM_OFF, WarmCounts, WarmLimits, warm_key
+from functions.runtimes.warm import WARM_OFF, WarmCounts, warm_key
 from functions.runtimes.warm_engine import WarmContainers
+from functions.settings import WarmLimits
 from functions.steps import stage_collect
 from functions.steps.outcome import failed, final_failure
 from functions.steps.pod_contract import MANAGED_BY

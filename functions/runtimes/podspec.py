@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 from functions import keys
 from functions.model import SCRIPTS, WORKDIRS, Action, ArtifactRef, HistoryPlan, LeaseHold, Task
-from functions.runtimes.warm import WARM_OFF, WarmLimits
+from functions.runtimes.warm import WARM_OFF
+from functions.settings import WarmLimits
 from functions.steps.budget import DEADLINE_SLACK_SECONDS, RESULT_WAIT_SECONDS, deadline_seconds
 from functions.steps.pod_contract import (
     BUILD_DIR,

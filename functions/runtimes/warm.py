@@ -27,6 +27,7 @@ from functions.errors import Unavailable
 from functions.keys import canonical_json
 from functions.phases import PhaseClock
 from functions.runtimes.output import Output
+from functions.settings import WarmLimits
 
 # Why a warm container went (the ``reason`` label of resource_function_warm_evictions).
 IDLE, AGE, REPLICA_CAP, TEAM_CAP, BUDGET, DEAD, DRAIN = (
@@ -39,19 +40,6 @@ IDLE, AGE, REPLICA_CAP, TEAM_CAP, BUDGET, DEAD, DRAIN = (
     "drain",
 )
 REASONS = (IDLE, AGE, REPLICA_CAP, TEAM_CAP, BUDGET, DEAD, DRAIN)
-
-
-@dataclass(frozen=True)
-class WarmLimits:
-    """WARM_CHECKS, WARM_CHECK_IDLE_SECONDS, WARM_CHECK_MAX_AGE_SECONDS, WARM_CHECKS_PER_REPLICA,
-    WARM_CHECKS_PER_TEAM, WARM_CHECK_PAUSE (see the README's configuration table)."""
-
-    enabled: bool = True
-    idle_seconds: float = 300.0
-    max_age_seconds: float = 3600.0
-    per_replica: int = 64
-    per_team: int = 16
-    pause: str = ""  # a static pause program on the engine's host, run as ``<pause> -P``
 
 
 WARM_OFF = WarmLimits(enabled=False)  # a runtime configured by hand, as the tests do

@@ -34,10 +34,10 @@ from functions.runtimes.warm import (
     Ended,
     Gone,
     Warm,
-    WarmLimits,
     WarmSet,
     check_in_warm,
 )
+from functions.settings import WarmLimits
 from functions.steps.pod_contract import MANAGED_BY
 
 KEY_LABEL = "warm-check"

@@ -37,10 +37,10 @@ from functions.runtimes.warm import (
     Ended,
     Gone,
     Warm,
-    WarmLimits,
     WarmSet,
     check_in_warm,
 )
+from functions.settings import WarmLimits
 from functions.steps.pod_contract import MANAGED_BY
 
 READY_POLL_SECONDS = 0.25

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from functions.runtimes.warm import Busy, WarmLimits, WarmPool, warm_key
+from functions.runtimes.warm import Busy, WarmPool, warm_key
+from functions.settings import WarmLimits
 
 
 class Clock:
