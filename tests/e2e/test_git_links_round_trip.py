@@ -20,7 +20,7 @@ from storage import open_store
 from tests.support.events import request_event, send
 from tests.support.fidelity_resources import git_repo_resource, unpack_artifact
 from tests.support.git_server import LINKS, git, served_repository, working_tree_links
-from tests.support.services import Services, start_services
+from tests.support.services import Services, running_services
 
 
 @pytest.fixture(scope="module")
@@ -35,11 +35,8 @@ def services(docker_host: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
         "STORE_URL": (tmp / "store").as_uri(),
         "WORK_DIR": str(tmp),
     }
-    services = start_services(env, tmp / "services.log")
-    try:
+    with running_services(env, tmp / "services.log") as services:
         yield services
-    finally:
-        services.stop()
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,7 @@ from tests.support.events import request_event, send
 from tests.support.fidelity_resources import manifest, mismatches, rootfs_resource, unpack_artifact
 from tests.support.git_server import LINKS, git, served_repository, working_tree_links
 from tests.support.real_resources import crane, crane_registry
-from tests.support.services import Services, start_services
+from tests.support.services import Services, running_services
 
 
 @pytest.fixture(scope="module")
@@ -58,11 +58,8 @@ def services(
         "STORE_URL": (tmp / "store").as_uri(),
         "WORK_DIR": str(tmp),
     }
-    services = start_services(env, tmp / "services.log")
-    try:
+    with running_services(env, tmp / "services.log") as services:
         yield services
-    finally:
-        services.stop()
 
 
 @pytest.fixture(scope="module")

@@ -45,7 +45,7 @@ from tests.support.fidelity_resources import (
     rootfs_resource,
     unpack_artifact,
 )
-from tests.support.services import Services, start_services
+from tests.support.services import Services, running_services
 
 CACHE_SECRET = "e2e-rootfs-cache-secret"
 VERSION = {"tree": "root"}
@@ -72,11 +72,8 @@ def services(
         "STORE_URL": (tmp / "store").as_uri(),
         "WORK_DIR": str(tmp),
     }
-    services = start_services(env, tmp / "services.log")
-    try:
+    with running_services(env, tmp / "services.log") as services:
         yield services
-    finally:
-        services.stop()
 
 
 def request(services: Services, action: str, data: dict[str, Any]) -> dict[str, Any]:

@@ -3,12 +3,11 @@ for a store in a directory, and the task containers of a run, by its label."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import docker
-import pytest
 
+from functions.cli.launch import wait_until
 from tests.support.services import resource_types
 
 
@@ -33,9 +32,9 @@ def containers_of(docker_host: str, run: str, **filters: str) -> list[Any]:
 
 
 def wait_running(docker_host: str, run: str) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if containers_of(docker_host, run, status="running"):
-            return
-        time.sleep(0.2)
-    pytest.fail("the run's container never started")
+    wait_until(
+        lambda: containers_of(docker_host, run, status="running"),
+        "the run's container running",
+        60,
+        interval=0.2,
+    )

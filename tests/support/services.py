@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import requests
 
@@ -67,6 +70,16 @@ def start_services(
         launched.stop()
         raise NotReady(f"{err}; the services' log:\n{log_path.read_text()[-4000:]}") from err
     return Services(launched, log_path, env)
+
+
+@contextmanager
+def running_services(env: dict[str, str], log: Path, **options: Any) -> Iterator[Services]:
+    """``start_services(env, log, ...)`` for the block, stopped (drained) after it."""
+    services = start_services(env, log, **options)
+    try:
+        yield services
+    finally:
+        services.stop()
 
 
 def resource_types(image: str, registry: str = "") -> str:
