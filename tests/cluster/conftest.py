@@ -18,8 +18,8 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -237,26 +237,44 @@ class ClusterDeployment:
         )["items"]
 
 
-@pytest.fixture(scope="module")  # module: its environment must not outlive the cluster tests
-def deployment(
+@pytest.fixture(scope="module")
+def services_in_cluster(
     cluster: Cluster,
     cluster_images: dict[str, str],
     gateway_s3: GatewayS3,
     namespace: str,
     functions_kubeconfig: Path,
+) -> Callable[..., AbstractContextManager[ClusterDeployment]]:
+    """``cluster_services`` on this session's cluster, task image, store and namespace:
+    called with the catalogue, a work directory and any extra environment."""
+
+    def services(
+        types: str, tmp: Path, extra: dict[str, str] | None = None
+    ) -> AbstractContextManager[ClusterDeployment]:
+        return cluster_services(
+            cluster,
+            cluster_images["task"],
+            types,
+            gateway_s3,
+            namespace,
+            functions_kubeconfig,
+            tmp,
+            extra=extra,
+        )
+
+    return services
+
+
+@pytest.fixture(scope="module")  # module: its environment must not outlive the cluster tests
+def deployment(
+    services_in_cluster: Callable[..., AbstractContextManager[ClusterDeployment]],
+    cluster_images: dict[str, str],
     gateway_registry: str,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[ClusterDeployment]:
     """check/get/put services on this machine, running their tasks as Jobs in the cluster."""
-    with cluster_services(
-        cluster,
-        cluster_images["task"],
-        resource_types(cluster_images["resource"], gateway_registry),
-        gateway_s3,
-        namespace,
-        functions_kubeconfig,
-        tmp_path_factory.mktemp("cluster-deployment"),
-    ) as deployed:
+    types = resource_types(cluster_images["resource"], gateway_registry)
+    with services_in_cluster(types, tmp_path_factory.mktemp("cluster-deployment")) as deployed:
         yield deployed
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from functions.cli.launch import wait_until
-from tests.cluster.conftest import ClusterDeployment, cluster_services, resource_types
+from tests.cluster.conftest import ClusterDeployment, resource_types
 from tests.support.events import request_event, send
 
 LABEL = "resource-functions.dev/"
@@ -57,25 +57,15 @@ def test_a_put_of_another_teams_artifact_is_403_and_creates_no_job(deployment):
 
 @pytest.fixture(scope="module")
 def limited(
-    cluster: Any,
+    services_in_cluster: Any,
     cluster_images: dict[str, str],
-    gateway_s3: Any,
-    namespace: str,
-    functions_kubeconfig: Any,
     gateway_registry: str,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[ClusterDeployment]:
     """The services with MAX_RUNS_PER_TEAM=1."""
-    with cluster_services(
-        cluster,
-        cluster_images["task"],
-        resource_types(cluster_images["resource"], gateway_registry),
-        gateway_s3,
-        namespace,
-        functions_kubeconfig,
-        tmp_path_factory.mktemp("limited-deployment"),
-        extra={"MAX_RUNS_PER_TEAM": "1"},
-    ) as deployed:
+    types = resource_types(cluster_images["resource"], gateway_registry)
+    tmp = tmp_path_factory.mktemp("limited-deployment")
+    with services_in_cluster(types, tmp, extra={"MAX_RUNS_PER_TEAM": "1"}) as deployed:
         yield deployed
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import cluster_services, resource_types
+from tests.cluster.conftest import resource_types
 from tests.support.events import request_event, send
 
 WARM_LABEL = "resource-functions.dev/warm-check"
@@ -22,19 +22,10 @@ ROUNDS = 5
 
 
 @pytest.fixture(scope="module")
-def warm_deployment(
-    cluster, cluster_images, gateway_s3, namespace, functions_kubeconfig, tmp_path_factory
-):
-    with cluster_services(
-        cluster,
-        cluster_images["task"],
-        resource_types(cluster_images["warm"]),
-        gateway_s3,
-        namespace,
-        functions_kubeconfig,
-        tmp_path_factory.mktemp("warm-pods"),
-        extra={"WARM_CHECKS": "on"},
-    ) as deployed:
+def warm_deployment(services_in_cluster, cluster_images, tmp_path_factory):
+    types = resource_types(cluster_images["warm"])
+    tmp = tmp_path_factory.mktemp("warm-pods")
+    with services_in_cluster(types, tmp, extra={"WARM_CHECKS": "on"}) as deployed:
         yield deployed
 
 
@@ -115,30 +106,15 @@ def test_a_check_over_its_budget_ends_with_its_pod(warm_deployment):
 
 
 def test_figures_a_warm_check_against_a_job(
-    warm_deployment,
-    cluster,
-    cluster_images,
-    gateway_s3,
-    namespace,
-    functions_kubeconfig,
-    tmp_path,
-    capsys,
+    warm_deployment, services_in_cluster, cluster_images, tmp_path, capsys
 ):
     """Figures, not asserts (bench/README.md): a check of one resource, five times, as an
     exec in its warm pod and as a Job (a second check service with WARM_CHECKS=off)."""
     source = new_source()
     check(warm_deployment, source)  # its pod starts
     warm = [timed(lambda: check(warm_deployment, source)) for _ in range(ROUNDS)]
-    with cluster_services(
-        cluster,
-        cluster_images["task"],
-        resource_types(cluster_images["warm"]),
-        gateway_s3,
-        namespace,
-        functions_kubeconfig,
-        tmp_path,
-        extra={"WARM_CHECKS": "off"},
-    ) as jobs:
+    types = resource_types(cluster_images["warm"])
+    with services_in_cluster(types, tmp_path, extra={"WARM_CHECKS": "off"}) as jobs:
         job = [timed(lambda: check(jobs, source)) for _ in range(ROUNDS)]
     assert len(warm) == len(job) == ROUNDS  # every check answered (check() asserts a 200)
     ratio = statistics.median(job) / statistics.median(warm)
