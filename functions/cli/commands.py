@@ -7,6 +7,7 @@ runs [--since 1h] [--failed]   the runs recorded in STORE_URL lately
 logs RUN_ID             a run's stored (redacted) log
 versions --type NAME --source JSON|@file   a resource's version history
 tekton-controller       the Tekton Custom Task's controller (CustomRuns → requests → status)
+send ACTION DATA        post one request event to $K_SINK (a scheduled check's CronJob)
 artifact pack|unpack    a directory to an artifact and back (Tekton steps; STORE_URL)
 stage …, collect …      the steps around the resource script inside a task pod
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -82,8 +84,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tekton.set_defaults(handler=cmd_tekton_controller)
     add_artifact_parsers(sub)
+    send = sub.add_parser("send", help="post one request event to the Broker ($K_SINK)")
+    send.add_argument("action", choices=["check", "get", "put"])
+    send.add_argument("data", metavar="DATA", help="the request's data as JSON, or @file")
+    send.add_argument("--id", default="", help="the event id (default: a new UUID)")
+    send.add_argument("--subject", default="", help="the event subject, carried to the replies")
+    send.add_argument("--source", default="", help="the event source (/resource-functions/cli)")
+    send.add_argument("--sink", default=os.environ.get("K_SINK", ""), help="default: $K_SINK")
+    send.set_defaults(handler=cmd_send)
     add_pod_step_parsers(sub)
     return parser
+
+
+def cmd_send(args: argparse.Namespace) -> int:
+    from functions.cli.send import send
+
+    data = _json_arg(args.data, "DATA")
+    return send(
+        args.action,
+        data,
+        sink=args.sink,
+        out=sys.stdout,
+        event_id=args.id,
+        source=args.source,
+        subject=args.subject,
+    )
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

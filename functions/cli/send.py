@@ -1,0 +1,50 @@
+"""``send ACTION DATA``: post one request event to the Broker (``$K_SINK``), as a scheduled
+check does (a CronJob whose SinkBinding injects ``K_SINK``; knative/tekton/examples/).
+
+The event id is the caller's (``--id``): a retried pod of the same Job posts the same
+``(source, id)``, which the functions attach to the run already under way. The data is
+checked to be a JSON object here; the functions judge the rest (a refusal ends up at the
+dead-letter sink, or, posted straight to a service, as its 400).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, TextIO
+
+from cloudevents.core.v1.event import CloudEvent
+
+from functions.errors import ConfigError, InvalidRequest
+from functions.events import request_type
+from functions.sink import post_reply
+
+DEFAULT_SOURCE = "/resource-functions/cli"
+
+
+def request_event(
+    action: str, data: Any, *, event_id: str = "", source: str = "", subject: str = ""
+) -> CloudEvent:
+    """The binary-mode request event ``send`` posts (pure: tests read it as it is)."""
+    if not isinstance(data, dict):
+        raise InvalidRequest("DATA must be a JSON object (the request's data)")
+    attributes = {
+        "specversion": "1.0",
+        "type": request_type(action),
+        "source": source or DEFAULT_SOURCE,
+        "id": event_id or str(uuid.uuid4()),
+        "datacontenttype": "application/json",
+    }
+    if subject:
+        attributes["subject"] = subject
+    return CloudEvent(attributes=attributes, data=data)
+
+
+def send(
+    action: str, data: Any, *, sink: str, out: TextIO, attempts: int = 5, **attributes: str
+) -> int:
+    if not sink:
+        raise ConfigError("no sink: pass --sink or set K_SINK (a SinkBinding injects it)")
+    event = request_event(action, data, **attributes)
+    post_reply(sink, event, attempts=attempts, timeout=30)
+    print(f"posted {event.get_type()} {event.get_id()} to {sink}", file=out)
+    return 0
