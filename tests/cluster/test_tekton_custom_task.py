@@ -28,144 +28,36 @@
 from __future__ import annotations
 
 import json
-import shutil
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
-from functions import keys
-from functions.runtimes.podspec import REQUEST_LABEL
-from functions.tekton.controller_config import EVENT_SOURCE
 from tests.cluster.conftest import NAMESPACE, KnativeDeployment, wait_ready
+from tests.cluster.custom_task import API_VERSION, CustomTask, condition, custom_task_in, results
 from tests.cluster.knative import apply
 from tests.cluster.up import Cluster
 
 USERS = "tekton-ct"  # a Tekton user's namespace: its team is "tekton-ct"
 TEKTON_NAMESPACES = (USERS,)  # shown by conftest when a test fails
-API_VERSION = "resource-functions.dev/v1alpha1"
 PASSWORD = "tekton-canary-7f3a"  # in a get's params: must never show in a status
-
-
-@dataclass
-class CustomTask:
-    cluster: Cluster
-    deployment: KnativeDeployment
-    store_url: str
-
-    def controller_logs(self) -> str:
-        return self.cluster.kubectl(
-            "-n", NAMESPACE, "logs", "deployment/tekton-controller", "--tail=60", check=False
-        )
-
-    def get(self, kind: str, name: str) -> dict:
-        out = self.cluster.kubectl("-n", USERS, "get", kind, name, "-o", "json", check=False)
-        return json.loads(out) if out else {}
-
-    def wait(self, kind: str, name: str, done: Callable[[dict], bool], timeout: float) -> dict:
-        deadline = time.monotonic() + timeout
-        while True:
-            found = self.get(kind, name)
-            if found and done(found):
-                return found
-            if time.monotonic() > deadline:
-                pytest.fail(
-                    f"{kind}/{name} not there after {timeout}s: "
-                    f"{json.dumps(found.get('status'))[-3000:]}\n"
-                    f"--- controller ---\n{self.controller_logs()}"
-                )
-            time.sleep(1)
-
-    def finished(self, kind: str, name: str, timeout: float = 240) -> dict:
-        return self.wait(
-            kind, name, lambda o: condition(o).get("status") in ("True", "False"), timeout
-        )
-
-    def jobs_of(self, uid: str) -> list[dict]:
-        label = keys.request_label(EVENT_SOURCE, uid)
-        return self.deployment.jobs(**{REQUEST_LABEL: label})
-
-
-def condition(obj: dict) -> dict:
-    found = [
-        c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == "Succeeded"
-    ]
-    return found[0] if found else {}
-
-
-def results(obj: dict) -> dict[str, str]:
-    return {r["name"]: r["value"] for r in (obj.get("status") or {}).get("results") or []}
 
 
 @pytest.fixture(scope="module")
 def custom_task(
     cluster: Cluster, knative_deployment: KnativeDeployment, tekton, gateway_s3
 ) -> Iterator[CustomTask]:
-    """The component added to the deployment the way a user adds it (``components:`` in
-    ``knative/kustomization.yaml``, then ``kubectl apply -k``), and a user namespace with the
-    StepActions, a store Secret, the Task and the Pipeline."""
-    base = knative_deployment.overlay.parent / "knative"
-    kustomization = yaml.safe_load((base / "kustomization.yaml").read_text())
-    kustomization["components"] = ["tekton"]
-    (base / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
-    cluster.kubectl("apply", "-k", str(knative_deployment.overlay))
-    wait_ready(
-        cluster, NAMESPACE, ["sinkbinding/tekton-controller-requests", "trigger/tekton-replies"]
-    )
-    wait_sink_injected(cluster)
-    store_url = cluster.kubectl(
-        "-n",
-        NAMESPACE,
-        "get",
-        "configmap",
-        "resource-functions-config",
-        "-o",
-        "jsonpath={.data.STORE_URL}",
-    ).strip()
-
-    apply(cluster, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": USERS}}])
-    steps = base / "tekton" / "steps"
-    step_kustomization = yaml.safe_load((steps / "kustomization.yaml").read_text())
-    step_kustomization["namespace"] = USERS
-    step_kustomization["images"] = kustomization["images"]
-    (steps / "kustomization.yaml").write_text(yaml.safe_dump(step_kustomization))
-    cluster.kubectl("apply", "-k", str(steps))
-    apply(cluster, user_resources(tekton.shell_image, gateway_s3.env))
-    deadline = time.monotonic() + 30  # task pods need the namespace's default account
-    while not cluster.kubectl("-n", USERS, "get", "sa", "default", "-o", "name", check=False):
-        assert time.monotonic() < deadline, "no default ServiceAccount"
-        time.sleep(0.2)
-    yield CustomTask(cluster, knative_deployment, store_url)
-    shutil.rmtree(steps, ignore_errors=True)
+    """The component and the user namespace (``custom_task_in``), with the Tasks and the
+    Pipeline below."""
+    with custom_task_in(cluster, knative_deployment, USERS, gateway_s3.env) as installed:
+        apply(cluster, user_resources(tekton.shell_image))
+        yield installed
 
 
-def wait_sink_injected(cluster: Cluster, timeout: float = 180) -> None:
-    """Until the controller's rollout with K_SINK (the SinkBinding's) is complete."""
-    deadline = time.monotonic() + timeout
-    while True:
-        deployment = json.loads(
-            cluster.kubectl("-n", NAMESPACE, "get", "deployment", "tekton-controller", "-o", "json")
-        )
-        env = deployment["spec"]["template"]["spec"]["containers"][0].get("env", [])
-        if any(e["name"] == "K_SINK" for e in env):
-            cluster.kubectl(
-                "-n",
-                NAMESPACE,
-                "rollout",
-                "status",
-                "deployment/tekton-controller",
-                "--timeout=180s",
-            )
-            return
-        assert time.monotonic() < deadline, "the SinkBinding gave the controller no K_SINK"
-        time.sleep(1)
-
-
-def user_resources(shell: str, store_env: dict[str, str]) -> list[dict]:
+def user_resources(shell: str) -> list[dict]:
     meta = {"namespace": USERS}
     read = (
         'tr -d "\\n" < "$(workspaces.files.path)/repo/version" > "$(results.version.path)"\n'
@@ -177,12 +69,6 @@ def user_resources(shell: str, store_env: dict[str, str]) -> list[dict]:
         'printf "made-%s" "$(params.content)" > "$(workspaces.files.path)/out/version"\n'
     )
     return [
-        {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": "store", **meta},
-            "stringData": store_env,
-        },
         {
             "apiVersion": "tekton.dev/v1",
             "kind": "Task",
