@@ -90,6 +90,12 @@ class Gone(Exception):
     """The warm container is not running (died, evicted, removed by hand)."""
 
 
+class NotWarm(Exception):
+    """No warm container could be started (no pause program, the engine refused to create or
+    start it): the check runs without reuse, in a new container, whose own errors then say
+    what is wrong (an image that cannot be had is a failure reply, an engine down a 503)."""
+
+
 # A check's end in a warm container: its exit code (None: over its budget) and its output.
 Ended = tuple[int | None, Output]
 log = logging.getLogger("functions.runtimes")
@@ -103,8 +109,8 @@ def check_in_warm(
     execute: Callable[[str], Ended],
 ) -> Ended | None:
     """Run a check in ``key``'s warm container: the one ``pool`` has, else one ``start``
-    starts (and admits); ``execute(handle)`` runs the check in it. None if it is busy: run
-    the check without reuse. Over its budget, the container is evicted (removed with every
+    starts (and admits); ``execute(handle)`` runs the check in it. None if it is busy or
+    none could be started (``NotWarm``): run the check without reuse. Over its budget, the container is evicted (removed with every
     process in it). One found ``Gone`` is replaced, and the check runs once in the new one;
     a new one gone is ``Unavailable``."""
     for _ in range(2):
@@ -113,8 +119,12 @@ def check_in_warm(
         except Busy:
             return None
         if warm is None:
-            with clock.phase("create"):
-                warm = start()
+            try:
+                with clock.phase("create"):
+                    warm = start()
+            except NotWarm as err:
+                log.warning("no warm check container, the check runs in a new one: %s", err)
+                return None
         try:
             with clock.phase("script"):
                 ended = execute(warm.handle)

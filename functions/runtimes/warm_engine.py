@@ -33,6 +33,7 @@ from functions.runtimes.attach import ENGINE_ERRORS, close_socket, pump
 from functions.runtimes.warm import (
     Ended,
     Gone,
+    NotWarm,
     Warm,
     WarmSet,
     check_in_warm,
@@ -118,7 +119,9 @@ class WarmContainers(WarmSet):
         gives a ``Warm`` it does not keep: removed after this check)."""
         if not self._pause:
             self.pool.not_started(key)
-            raise Unavailable("no pause program for warm checks (WARM_CHECK_PAUSE)")
+            raise NotWarm(
+                "no pause program for warm checks (install catatonit or set WARM_CHECK_PAUSE)"
+            )
         try:
             container = self._client.containers.create(
                 image=image,
@@ -135,13 +138,13 @@ class WarmContainers(WarmSet):
             )
         except ENGINE_ERRORS as err:
             self.pool.not_started(key)
-            raise Unavailable(f"container engine: cannot create a warm container: {err}") from err
+            raise NotWarm(f"container engine: cannot create a warm container: {err}") from err
         try:
             container.start()
         except ENGINE_ERRORS as err:
             self.pool.not_started(key)
             self._remove(container.id)
-            raise Unavailable(f"container engine: cannot start a warm container: {err}") from err
+            raise NotWarm(f"container engine: cannot start a warm container: {err}") from err
         team = task.team
         warm = self.pool.admit(key, team, container.id)
         if warm is None:  # no room: this check only

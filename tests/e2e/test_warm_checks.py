@@ -175,6 +175,30 @@ def test_the_switch_turns_reuse_off(docker_host, warm_image, tmp_path):
         services.stop()
 
 
+def test_a_warm_container_that_cannot_start_leaves_the_check_to_a_new_one(
+    docker_host, warm_image, tmp_path
+):
+    """The engine refuses the warm container (its pause program is not there to mount): the
+    check runs in a new container, as without reuse, and succeeds; nothing is left warm."""
+    env = {
+        **service_env(docker_host, warm_image, tmp_path),
+        "WARM_CHECKS": "on",
+        "WARM_CHECK_PAUSE": str(tmp_path / "no-such-pause"),
+    }
+    services = start_services(env, tmp_path / "services.log", actions=("check",))
+    try:
+        source = new_source()
+        assert check(services, source)["count"] == "1"
+        assert check(services, source)["count"] == "1"  # a new container each time
+        assert warm_containers(docker_host) == []
+    finally:
+        services.stop()
+    assert (
+        "no warm check container, the check runs in a new one"
+        in (tmp_path / "services.log").read_text()
+    )
+
+
 def children(pid: int) -> list[int]:
     return [int(p) for p in open(f"/proc/{pid}/task/{pid}/children").read().split()]
 
