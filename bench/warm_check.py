@@ -8,9 +8,11 @@ three ways, on the same repository in the same run.
     new container  a check through the check service with WARM_CHECKS=off: a new container
                    per check, as before, which clones the whole repository again
 
-The repository: ``--history-mb`` of history (one commit per MiB of random, incompressible
-data, made with git fast-import), served by ``git daemon`` on loopback; containers use the
-host's network. Each round adds one commit, then times one check each way (each way has its
+The repository: about ``--history-mb`` of history made with git fast-import (``--shape
+source``, the default: a source tree's history, many small commits to text files stored as
+deltas; ``--shape random``: one commit per MiB of random data, the cheapest to clone; see
+``make_repository``), served by ``git daemon`` on loopback; containers use the host's
+network. Each round adds one commit, then times one check each way (each way has its
 own clone, so each sees exactly one new commit). The first check of each way (a full clone) is
 reported apart. Prints the medians and the ratios: goals are warm/bare <= 1.3 and
 new/warm >= 10.
@@ -22,6 +24,7 @@ git test resource (``tests.support.fidelity_resources.git_repo_resource()``) als
 but its check (``git ls-remote``) keeps no clone.
 
     python3 bench/warm_check.py --history-mb 300 --rounds 3
+    python3 bench/warm_check.py --history-mb 300 --rounds 3 --shape random
     python3 bench/warm_check.py --history-mb 20 --rounds 1    # quick
 """
 
@@ -44,38 +47,10 @@ import requests
 
 from functions.cli.launch import Launched, launch
 from testbed.git_daemon import git_daemon
+from testbed.git_history import add_commit, make_repository
 from testbed.podman import podman_service
 
 REAL_GIT_RESOURCE = "localhost/rf-git-resource"
-
-
-def make_repository(bare: Path, megabytes: int) -> None:
-    """A bare repository whose ``main`` has ``megabytes`` commits of 1 MiB of random data."""
-    subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(bare)], check=True)
-    with tempfile.TemporaryFile() as stream:
-        for i in range(megabytes):
-            blob = os.urandom(1 << 20)
-            message = f"history {i}\n".encode()
-            stream.write(b"commit refs/heads/main\n")
-            stream.write(b"committer t <t@example.com> %d +0000\n" % (1_700_000_000 + i))
-            stream.write(b"data %d\n%s" % (len(message), message))
-            path = b"M 100644 inline data/%d.bin\ndata %d\n" % (i, len(blob))
-            stream.write(path + blob + b"\n")
-        stream.seek(0)
-        subprocess.run(["git", "fast-import", "--quiet"], stdin=stream, cwd=bare, check=True)
-
-
-def add_commit(bare: Path, n: int) -> None:
-    """One new small commit on ``main``."""
-    message = f"new {n}\n".encode()
-    body = f"new commit {n}\n".encode()
-    stream = (
-        b"commit refs/heads/main\ncommitter t <t@example.com> %d +0000\n" % (1_800_000_000 + n)
-        + b"data %d\n%s" % (len(message), message)
-        + b"from refs/heads/main^0\n"
-        + b"M 100644 inline new.txt\ndata %d\n%s\n" % (len(body), body)
-    )
-    subprocess.run(["git", "fast-import", "--quiet"], input=stream, cwd=bare, check=True)
 
 
 def default_image() -> str:
@@ -154,6 +129,7 @@ def service(tmp: Path, docker_host: str, image: str, warm: str) -> Launched:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--history-mb", type=int, default=300)
+    parser.add_argument("--shape", choices=("source", "random"), default="source")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--image", default="")
     args = parser.parse_args()
@@ -163,11 +139,11 @@ def main() -> None:
         repos = tmp / "repos"
         repos.mkdir()
         started = time.perf_counter()
-        make_repository(repos / "repo.git", args.history_mb)
+        make_repository(repos / "repo.git", args.history_mb, args.shape)
         size = sum(f.stat().st_size for f in (repos / "repo.git").rglob("*") if f.is_file())
         print(f"image {image}")
         print(
-            f"repository: {args.history_mb} commits, {size / 2**20:.0f} MiB on disk "
+            f"repository ({args.shape} history): {size / 2**20:.0f} MiB on disk "
             f"(made in {time.perf_counter() - started:.0f} s)"
         )
         engine = podman_service(tmp / "podman.sock", tmp / "podman.log")
