@@ -10,6 +10,8 @@ unpacking verifies the digest and extracts as safely as a task's stage step does
 from __future__ import annotations
 
 import json
+import os
+import stat
 import uuid
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -23,7 +25,19 @@ INPUTS_PREFIX = "artifacts/inputs/"
 
 
 class BadArtifact(ValueError):
-    """The artifact given to unpack is not one of this store's, or says no digest."""
+    """The artifact given to unpack is not one of this store's, or says no digest; or the
+    directory to unpack it into cannot be written."""
+
+
+def unwritable(directory: Path) -> str:
+    """Why unpack cannot write into ``directory``, and the usual cause in a Tekton Task."""
+    found = directory.stat()
+    return (
+        f"{directory} exists and this step (uid {os.getuid()}) cannot write into it (owner uid "
+        f"{found.st_uid}, mode {stat.S_IMODE(found.st_mode):04o}). Tekton creates every "
+        "step's workingDir before the first step runs, as its own user: unpack into a "
+        "directory that no step names as its workingDir (a later step may cd into it)"
+    )
 
 
 def _as_is(stream: BinaryIO) -> BinaryIO:
@@ -78,5 +92,8 @@ def unpack(
     digest = artifact.get("digest")
     if not isinstance(digest, str) or not is_digest(digest):
         raise BadArtifact("the artifact has no digest ('sha256:' and 64 hex digits) to verify")
-    directory.mkdir(parents=True, exist_ok=True)
+    if not directory.is_dir():
+        directory.mkdir(parents=True)
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise BadArtifact(unwritable(directory))
     download_tree(store, key, directory, expected_digest=digest, limits=limits, wrap=wrap)

@@ -4,6 +4,9 @@ way of moving a directory through the store, here against a file:// store."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -105,3 +108,52 @@ def test_a_packed_artifact_is_its_teams_alone(
     key = key_for_url(store, artifact["url"])
     assert teams_of(store, key) == {"ci-web"}
     assert teams_of(store, key_for_url(store, pack(source, tmp_path, capsys)["url"])) == {""}
+
+
+def unpack_as(uid: int, artifact: dict, target: Path) -> str:
+    """``unpack`` in a child process running as ``uid`` (the test runs as root, whom no
+    permission stops); what it raised, or "" if nothing."""
+    from functions.cli.artifact import unpack
+    from storage.archive import Limits
+
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports through the pipe
+        said = b""
+        try:
+            os.setgid(uid)
+            os.setuid(uid)
+            unpack(open_store(os.environ["STORE_URL"]), artifact, target, Limits())
+        except BaseException as err:  # noqa: BLE001 - all of it goes back to the test
+            said = f"{type(err).__name__}: {err}".encode()
+        os.write(write, said)
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as got:
+        said = got.read().decode()
+    os.waitpid(child, 0)
+    return said
+
+
+def test_unpack_into_a_directory_it_cannot_write_says_why_and_what_to_do(
+    store_env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As in a Tekton Task whose step names the directory as its workingDir: Tekton made it
+    before any step ran, as another user."""
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "a.txt").write_text("alpha\n")
+    artifact = pack(source, tmp_path, capsys)
+    workspace = Path(tempfile.mkdtemp())  # in /tmp: pytest's own directories are root's alone
+    try:
+        workspace.chmod(0o777)  # as an emptyDir
+        target = workspace / "app"
+        target.mkdir(mode=0o755)  # root's
+        said = unpack_as(65532, artifact, target)
+        left = list(target.iterdir())
+    finally:
+        shutil.rmtree(workspace)
+    assert said.startswith("BadArtifact: ")
+    assert f"{target} exists and this step (uid 65532) cannot write into it" in said
+    assert "owner uid 0, mode 0755" in said and "workingDir" in said
+    assert left == []
