@@ -106,14 +106,18 @@ class Controller:
         for _ in range(CONFLICT_TRIES):
             with self._lock:
                 try:
-                    self._apply(run, decide(run, self._clock(), self._ctx))
-                    return
+                    step = decide(run, self._clock(), self._ctx)
+                    self._settle(run, step)
+                    break
                 except _Conflict:
                     fresh = self._read(run["metadata"]["namespace"], run["metadata"]["name"])
                     if fresh is None:
                         return
                     run = fresh
-        log.warning("customrun %s kept changing under the controller", _name(run))
+        else:
+            log.warning("customrun %s kept changing under the controller", _name(run))
+            return
+        self._follow(run, step)
 
     def reply(self, namespace: str, name: str, reply: Reply) -> None:
         """A reply event for CustomRun ``namespace/name``: applied, or dropped when stale.
@@ -125,25 +129,31 @@ class Controller:
                 if run is None:
                     return
                 try:
-                    self._apply(run, on_reply(run, reply, self._clock(), self._ctx))
-                    return
+                    step = on_reply(run, reply, self._clock(), self._ctx)
+                    self._settle(run, step)
+                    break
                 except _Conflict:
                     continue
-        raise RuntimeError(f"customrun {namespace}/{name} kept changing; reply not applied")
+        else:
+            raise RuntimeError(f"customrun {namespace}/{name} kept changing; reply not applied")
+        self._follow(run, step)
 
     # --- effects ----------------------------------------------------------------------------
 
-    def _apply(self, run: Mapping[str, Any], step: Step) -> None:
-        meta = run["metadata"]
+    def _settle(self, run: Mapping[str, Any], step: Step) -> None:
+        """Under the lock: stop the attempt's Job, write the status."""
         if step.stop:
             self._stop(step.stop)
         if step.status is not None:
             self._write_status(run, step.status)
-            log.info(
-                "customrun %s: %s",
-                _name(run),
-                _summary(step.status),
-            )
+            log.info("customrun %s: %s", _name(run), _summary(step.status))
+
+    def _follow(self, run: Mapping[str, Any], step: Step) -> None:
+        """Outside the lock: post the request, set the next look. A post can wait on the
+        Broker until the request is delivered (the in-memory channel fans out before it
+        answers), and a cache hit's reply comes back to ``reply`` within that delivery: the
+        lock held here would make them wait on each other until the post timed out."""
+        meta = run["metadata"]
         if step.post is not None and step.post.request_id not in self._posted:
             if self._post(step.post):
                 self._posted.add(step.post.request_id)
