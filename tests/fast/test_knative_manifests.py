@@ -89,10 +89,13 @@ RELEASE_CRDS = {
         REPO.parent / "shared" / "third_party" / "knative-eventing-1.22.2.tar.xz",
         "knative-eventing-1.22.2/config/core/resources/eventpolicy.yaml",
     ),
-    "StepAction": (
-        REPO.parent / "shared" / "third_party" / "tekton-pipeline-1.15.0.tar.xz",
-        "tekton-pipeline-1.15.0/config/300-crds/300-stepaction.yaml",
-    ),
+    **{
+        kind: (
+            REPO.parent / "shared" / "third_party" / "tekton-pipeline-1.15.0.tar.xz",
+            f"tekton-pipeline-1.15.0/config/300-crds/300-{kind.lower()}.yaml",
+        )
+        for kind in ("StepAction", "Pipeline", "Task")
+    },
     "InMemoryChannel": (
         REPO.parent / "shared" / "third_party" / "knative-eventing-1.22.2.tar.xz",
         "knative-eventing-1.22.2/config/channels/in-memory-channel/resources/in-memory-channel.yaml",
@@ -1549,3 +1552,40 @@ def test_new_versions_reach_the_event_listener_through_a_channel_with_no_reply()
     (template,) = docs[("TriggerTemplate", "build-new-version")]["spec"]["resourcetemplates"]
     assert template["metadata"]["name"] == "new-$(tt.params.id)", "named after the event"
     assert "generateName" not in template["metadata"]
+
+
+def test_the_git_example_checks_what_its_route_and_pipeline_take() -> None:
+    """knative/tekton/examples/git-pipeline.yaml: the CronJob's check is a request the CLI
+    parses, with the subject new-versions.yaml's Trigger routes on, for the repository the
+    Pipeline builds; the TriggerTemplate runs that Pipeline with params it has; the tag is put
+    only after the tests, from the Get's own artifact."""
+    from functions.cli.commands import build_parser
+
+    docs = {(_kind(d), _name(d)): d for p, d in DOCS if p.parent == TEKTON_EXAMPLES}
+    cron = docs[("CronJob", "check-app")]["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    (container,) = cron["containers"]
+    assert container["command"][:3] == ["python", "-m", "functions"]
+    argv = [*container["command"][3:], *container["args"]]  # the kubelet expands $(EVENT_ID)
+    args = build_parser().parse_args([a.replace("$(EVENT_ID)", "check-app-1") for a in argv])
+    request = json.loads(args.data)
+    trigger = docs[("Trigger", "new-versions-to-tekton")]["spec"]["filter"]["attributes"]
+    assert (args.action, args.id, args.subject) == ("check", "check-app-1", trigger["subject"])
+    assert request["type"] == "git" and request["version"] == "latest-known"
+
+    pipeline = docs[("Pipeline", "build")]["spec"]
+    defaults = {p["name"]: p.get("default") for p in pipeline["params"]}
+    assert request["source"] == {"uri": defaults["repository"], "branch": defaults["branch"]}
+    assert request["build"]["team"] == docs[("Pipeline", "build")]["metadata"]["namespace"]
+    (run,) = docs[("TriggerTemplate", "build-new-version")]["spec"]["resourcetemplates"]
+    assert run["spec"]["pipelineRef"]["name"] == "build"
+    assert {p["name"] for p in run["spec"]["params"]} <= set(defaults)
+    assert {p["name"] for p in pipeline["params"] if "default" not in p} == {"ref"}
+    tasks = {t["name"]: t for t in pipeline["tasks"]}
+    assert tasks["tag"]["runAfter"] == ["test"] and tasks["test"]["runAfter"] == ["fetch"]
+    steps = docs[("Task", "run-tests")]["spec"]["steps"]
+    assert not any("workingDir" in step for step in steps), "unpack could not write into it"
+    inputs = {p["name"]: p["value"] for p in tasks["tag"]["params"]}["inputs"]
+    assert inputs == '{"app": $(tasks.fetch.results.artifact)}'
+    bound = docs[("SinkBinding", "check-app")]["spec"]["subject"]["selector"]["matchLabels"]
+    job = docs[("CronJob", "check-app")]["spec"]["jobTemplate"]["metadata"]
+    assert bound.items() <= job["labels"].items(), "the SinkBinding reaches the check's Jobs"

@@ -1,0 +1,455 @@
+"""The shipped git example of the Tekton Custom Task (``knative/tekton/examples/``) on the real
+cluster, applied as a user adapts it (their namespace, repository, STORE_URL, builder image
+and the project image; ``kubectl apply -k``), with Concourse's real git resource:
+
+- a repository served by ``git daemon`` on the gateway (task pods may reach its port: the
+  egress rule a user adds for a private git server); its tests are ``./test.sh``;
+- the scheduled check is the example's CronJob, suspended, each tick started as
+  ``kubectl create job --from=cronjob/check-app`` (what the schedule does, on the test's
+  clock): the first tick discovers the head, whose PipelineRun gets it, runs its tests in the
+  fetched tree and pushes the tag ``tested-<commit>``;
+- a commit pushed to the daemon is found by the next tick and starts exactly one PipelineRun
+  (a third tick finds nothing new and starts none), whose test Task saw that commit's files
+  and whose put created its tag in the served repository;
+- no PersistentVolumeClaim exists in any namespace at any time during these runs.
+
+Also the figures of issue 29 (printed; only correctness is asserted): the example's get and
+test against the same done Tekton's own way (a clone Task writing into a PVC workspace on a
+static hostPath PersistentVolume, then the same test step), first run and re-run of a commit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Self
+
+import pytest
+import yaml
+
+from testbed.git_daemon import git_daemon
+from tests.cluster.conftest import NAMESPACE, KnativeDeployment, wait_ready
+from tests.cluster.custom_task import CustomTask, condition, custom_task_in
+from tests.cluster.knative import apply
+from tests.cluster.up import GATEWAY, Cluster
+from tests.support.git_server import git
+
+USERS = "tekton-git"  # the example's tekton-main, as a user renames it: its team
+TEKTON_NAMESPACES = (USERS,)  # shown by conftest when a test fails
+EXAMPLES = Path(__file__).resolve().parents[2] / "knative" / "tekton" / "examples"
+LISTENER = "new-versions"
+CHECK = "check-app"
+# The module's setup (Knative, Tekton, the component, the example) counts in its first test.
+pytestmark = pytest.mark.timeout(1200)
+TEST_SH = '#!/bin/sh\nset -e\ntest -s VERSION\necho "tests of version $(cat VERSION) passed"\n'
+
+
+@dataclass
+class Repository:
+    uri: str  # git://<gateway>:<port>/app.git
+    served: Path  # the bare repository the daemon serves
+    work: Path  # a clone to commit from
+
+    def commit(self, version: str) -> str:
+        """Commit VERSION=version and push it to the daemon; the new head."""
+        (self.work / "VERSION").write_text(f"{version}\n")
+        git("add", "-A", cwd=self.work)
+        git("commit", "-q", "-m", f"version {version}", cwd=self.work)
+        git("push", "-q", "origin", "main", cwd=self.work)
+        return self.head()
+
+    def head(self) -> str:
+        return git("rev-parse", "main", cwd=self.served).strip()
+
+    def tag(self, name: str) -> str:
+        found = git("tag", "--list", name, cwd=self.served).strip()
+        return git("rev-list", "-n", "1", name, cwd=self.served).strip() if found else ""
+
+
+@pytest.fixture(scope="module")
+def repository(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Repository]:
+    root = tmp_path_factory.mktemp("git-example")
+    work = root / "work"
+    work.mkdir()
+    (work / "test.sh").write_text(TEST_SH)
+    (work / "test.sh").chmod(0o755)
+    (work / "VERSION").write_text("1\n")
+    git("init", "-q", "-b", "main", cwd=work)
+    git("add", "-A", cwd=work)
+    git("commit", "-q", "-m", "version 1", cwd=work)
+    git("clone", "-q", "--bare", str(work), str(root / "app.git"), cwd=root)
+    with git_daemon(root, GATEWAY) as port:
+        uri = f"git://{GATEWAY}:{port}/app.git"
+        git("remote", "add", "origin", uri, cwd=work)
+        yield Repository(uri, root / "app.git", work)
+
+
+@pytest.fixture(scope="module")
+def task_egress(repository: Repository) -> list[dict]:
+    """What a user adds to the task pods' policy for a git server on a private address."""
+    port = int(repository.uri.rsplit(":", 1)[1].split("/")[0])
+    return [{"to": [{"ipBlock": {"cidr": f"{GATEWAY}/32"}}], "ports": [{"port": port}]}]
+
+
+@pytest.fixture(scope="module")
+def example(
+    cluster: Cluster,
+    knative_deployment: KnativeDeployment,
+    tekton,
+    gateway_s3,
+    real_resource_images,
+    repository: Repository,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[CustomTask]:
+    """The component, the user namespace, and the example adapted and applied with
+    ``kubectl apply -k``; the CronJob suspended, so that only the test's ticks check."""
+    with custom_task_in(cluster, knative_deployment, USERS, gateway_s3.env) as installed:
+        copy = tmp_path_factory.mktemp("examples") / "examples"
+        shutil.copytree(EXAMPLES, copy)
+        for path in copy.glob("*.yaml"):
+            text = (
+                path.read_text()
+                .replace("tekton-main", USERS)
+                .replace("git://git.example/app.git", repository.uri)
+                .replace("s3://resource-functions/store", installed.store_url)
+                .replace("docker.io/library/python:3.12-slim", tekton.shell_image)
+            )
+            path.write_text(text)
+        base = knative_deployment.overlay.parent / "knative" / "kustomization.yaml"
+        kustomization = yaml.safe_load((copy / "kustomization.yaml").read_text())
+        kustomization["images"] = yaml.safe_load(base.read_text())["images"]
+        (copy / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+        cluster.kubectl("apply", "-k", str(copy))
+        suspend = json.dumps({"spec": {"suspend": True}})
+        cluster.kubectl("-n", NAMESPACE, "patch", "cronjob", CHECK, "-p", suspend)
+        wait_ready(
+            cluster,
+            NAMESPACE,
+            [
+                f"sinkbinding/{CHECK}",
+                "trigger/new-versions-to-tekton",
+                "subscription/new-versions-to-tekton",
+            ],
+        )
+        wait_ready(cluster, USERS, [f"eventlistener/{LISTENER}"], timeout=180)
+        yield installed
+
+
+class NoClaims:
+    """Every PersistentVolumeClaim seen in any namespace while it runs, polled each second."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.seen: set[str] = set()
+        self.polls = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _poll(self) -> None:
+        while not self._stop.wait(1):
+            names = self.cluster.kubectl("get", "pvc", "-A", "-o", "name", check=False)
+            self.seen |= {line for line in names.splitlines() if line.strip()}
+            self.polls += 1
+
+
+def tick(example: CustomTask, name: str) -> dict:
+    """One scheduled check, started from the CronJob; its reply's data once answered."""
+    example.cluster.kubectl("-n", NAMESPACE, "create", "job", name, f"--from=cronjob/{CHECK}")
+    replies = example.deployment.sink.wait(
+        requestid=name, type="dev.resourcefunctions.check.succeeded", timeout=300
+    )
+    return replies[0].get_data()
+
+
+def runs_of(example: CustomTask, ref: str) -> list[dict]:
+    """The listener's PipelineRuns whose ``ref`` param is ``ref``."""
+    selector = f"triggers.tekton.dev/eventlistener={LISTENER}"
+    return [
+        run
+        for run in example.list("pipelinerun", selector)
+        if {"name": "ref", "value": ref} in run["spec"].get("params", [])
+    ]
+
+
+def built(example: CustomTask, ref: str, timeout: float = 420) -> dict:
+    """The one PipelineRun of ``ref``, finished and succeeded."""
+    deadline = time.monotonic() + timeout
+    while not (found := runs_of(example, ref)):
+        if time.monotonic() > deadline:
+            pytest.fail(f"no PipelineRun for {ref}\n{example.controller_logs()}")
+        time.sleep(1)
+    (run,) = found
+    run = example.finished("pipelinerun", run["metadata"]["name"], timeout=timeout)
+    assert condition(run)["status"] == "True", (condition(run), example.controller_logs())
+    return run
+
+
+def printed_by_tests(example: CustomTask, run: dict) -> str:
+    """What the test step of ``run`` printed."""
+    (child,) = [c for c in run["status"]["childReferences"] if c["pipelineTaskName"] == "test"]
+    task_run = example.get("taskrun", child["name"])
+    return example.cluster.kubectl(
+        "-n", USERS, "logs", task_run["status"]["podName"], "-c", "step-test"
+    )
+
+
+def test_a_pushed_commit_is_checked_built_tested_and_tagged_with_no_volume_claim(
+    example: CustomTask, repository: Repository
+) -> None:
+    with NoClaims(example.cluster) as claims:
+        first = repository.head()
+        assert tick(example, "tick-1")["versions"] == [{"ref": first}]
+        run = built(example, first)
+        assert "tests of version 1 passed" in printed_by_tests(example, run)
+        assert repository.tag(f"tested-{first}") == first
+
+        second = repository.commit("2")
+        assert {"ref": second} in tick(example, "tick-2")["versions"]
+        run = built(example, second)
+        assert "tests of version 2 passed" in printed_by_tests(example, run)
+        assert repository.tag(f"tested-{second}") == second
+
+        tick(example, "tick-3")  # nothing new: no PipelineRun
+        time.sleep(5)  # what a new version would have started by now, it would have
+        assert len(runs_of(example, second)) == 1
+        listener = example.list("pipelinerun", f"triggers.tekton.dev/eventlistener={LISTENER}")
+        assert len(listener) == 2, [r["metadata"]["name"] for r in listener]
+    assert claims.polls > 10 and claims.seen == set(), claims.seen
+
+
+# --- figures: ours against Tekton's own way (a clone into a PVC workspace) ----------------
+
+ROUNDS = int(os.environ.get("RF_TEKTON_ROUNDS", "1"))
+CLAIM = "bench-src"
+
+
+def tekton_way(
+    repository: Repository, node: str, path: Path, shell: str, clone_image: str
+) -> list[dict]:
+    """A static hostPath PersistentVolume at ``path`` (this machine is the node), its claim, a
+    clone Task (git in the git resource's image) writing into it, the example's test step,
+    and their Pipeline."""
+    meta = {"namespace": USERS}
+    clone = (
+        'git clone -q "$(params.repository)" "$(workspaces.src.path)/app"\n'
+        'git -C "$(workspaces.src.path)/app" checkout -q "$(params.ref)"\n'
+    )
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": f"{USERS}-{CLAIM}"},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": "",
+                "hostPath": {"path": str(path), "type": "DirectoryOrCreate"},
+                "claimRef": {"namespace": USERS, "name": CLAIM},
+                "nodeAffinity": {
+                    "required": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {
+                                        "key": "kubernetes.io/hostname",
+                                        "operator": "In",
+                                        "values": [node],
+                                    }
+                                ]
+                            }
+                        ]
+                    }
+                },
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": CLAIM, **meta},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": "",
+                "volumeName": f"{USERS}-{CLAIM}",
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        },
+        {
+            "apiVersion": "tekton.dev/v1",
+            "kind": "Task",
+            "metadata": {"name": "clone", **meta},
+            "spec": {
+                "params": [{"name": "repository"}, {"name": "ref"}],
+                "workspaces": [{"name": "src"}],
+                "steps": [
+                    {
+                        "name": "clone",
+                        "image": clone_image,
+                        "command": ["/bin/sh", "-ec", clone],
+                    }
+                ],
+            },
+        },
+        {
+            "apiVersion": "tekton.dev/v1",
+            "kind": "Task",
+            "metadata": {"name": "test-in-place", **meta},
+            "spec": {
+                "workspaces": [{"name": "src"}],
+                "steps": [
+                    {
+                        "name": "test",
+                        "image": shell,
+                        "workingDir": "$(workspaces.src.path)/app",
+                        "command": ["/bin/sh", "-ec", "./test.sh"],
+                    }
+                ],
+            },
+        },
+        {
+            "apiVersion": "tekton.dev/v1",
+            "kind": "Pipeline",
+            "metadata": {"name": "clone-and-test", **meta},
+            "spec": {
+                "params": [{"name": "repository"}, {"name": "ref"}],
+                "workspaces": [{"name": "src"}],
+                "tasks": [
+                    {
+                        "name": "fetch",
+                        "taskRef": {"name": "clone"},
+                        "params": [
+                            {"name": "repository", "value": "$(params.repository)"},
+                            {"name": "ref", "value": "$(params.ref)"},
+                        ],
+                        "workspaces": [{"name": "src", "workspace": "src"}],
+                    },
+                    {
+                        "name": "test",
+                        "runAfter": ["fetch"],
+                        "taskRef": {"name": "test-in-place"},
+                        "workspaces": [{"name": "src", "workspace": "src"}],
+                    },
+                ],
+            },
+        },
+    ]
+
+
+def ours(example: CustomTask) -> dict:
+    """The example's Pipeline without its tag: get, then test (what both ways do)."""
+    pipeline = example.get("pipeline", "build")
+    spec = pipeline["spec"]
+    spec["tasks"] = [t for t in spec["tasks"] if t["name"] != "tag"]
+    return {
+        "apiVersion": "tekton.dev/v1",
+        "kind": "Pipeline",
+        "metadata": {"name": "get-and-test", "namespace": USERS},
+        "spec": spec,
+    }
+
+
+def seconds(stamp: str) -> float:
+    return datetime.fromisoformat(stamp).timestamp()
+
+
+@dataclass
+class Timed:
+    wall: float  # created to seen succeeded, polled
+    phases: dict[str, float]  # pipeline task -> its run's startTime to completionTime (1 s)
+
+
+def timed_run(example: CustomTask, name: str, pipeline: str, params: dict, workspace: dict):
+    run = {
+        "apiVersion": "tekton.dev/v1",
+        "kind": "PipelineRun",
+        "metadata": {"name": name, "namespace": USERS},
+        "spec": {
+            "pipelineRef": {"name": pipeline},
+            "params": [{"name": k, "value": v} for k, v in params.items()],
+            "workspaces": [{"name": "src", **workspace}],
+        },
+    }
+    started = time.monotonic()
+    apply(example.cluster, [run])
+    while condition(found := example.get("pipelinerun", name)).get("status") not in (
+        "True",
+        "False",
+    ):
+        assert time.monotonic() - started < 600, f"{name} not done: {found.get('status')}"
+        time.sleep(0.2)
+    wall = time.monotonic() - started
+    assert condition(found)["status"] == "True", condition(found)
+    phases = {}
+    for child in found["status"]["childReferences"]:
+        kind = "customrun" if child["kind"] == "CustomRun" else "taskrun"
+        status = example.get(kind, child["name"])["status"]
+        phases[child["pipelineTaskName"]] = seconds(status["completionTime"]) - seconds(
+            status["startTime"]
+        )
+    return Timed(wall, phases)
+
+
+def test_figures_the_example_against_a_clone_into_a_pvc(
+    example: CustomTask, repository: Repository, tekton, real_resource_images, tmp_path
+) -> None:
+    cluster = example.cluster
+    apply(cluster, [ours(example)])
+    node = cluster.kubectl("get", "nodes", "-o", "jsonpath={.items[0].metadata.name}").strip()
+    volume = tmp_path / "volume"  # the PersistentVolume's files, gone with the test's tmp
+    volume.mkdir(mode=0o777)
+    theirs = tekton_way(repository, node, volume, tekton.shell_image, real_resource_images["git"])
+    apply(cluster, theirs)
+    figures: dict[str, list[Timed]] = {}
+    try:
+        for round_ in range(ROUNDS):
+            ref = repository.commit(f"bench-{round_}")  # a commit no get has fetched
+            params = {"ref": ref, "repository": repository.uri, "store-url": example.store_url}
+            their_params = {"ref": ref, "repository": repository.uri}
+            claim = {"persistentVolumeClaim": {"claimName": CLAIM}}
+            for attempt in ("first", "rerun"):
+                mine = timed_run(
+                    example, f"ours-{attempt}-{round_}", "get-and-test", params, {"emptyDir": {}}
+                )
+                other = timed_run(
+                    example,
+                    f"pvc-{attempt}-{round_}",
+                    "clone-and-test",
+                    their_params,
+                    {**claim, "subPath": f"{attempt}-{round_}"},
+                )
+                figures.setdefault(f"ours {attempt}", []).append(mine)
+                figures.setdefault(f"pvc {attempt}", []).append(other)
+    finally:
+        cluster.kubectl("delete", "-n", USERS, "pipelinerun", "-l", "tekton.dev/pipeline=clone-and-test", check=False)  # fmt: skip
+        cluster.kubectl("delete", "-n", USERS, "pvc", CLAIM, "--wait=false", check=False)
+        cluster.kubectl("delete", "pv", f"{USERS}-{CLAIM}", "--wait=false", check=False)
+    print(f"\nTekton pipeline: get + test, ours vs a clone into a PVC ({ROUNDS} round(s)):")
+    for key, runs in figures.items():
+        wall = statistics.median(r.wall for r in runs)
+        phase = {p: statistics.median(r.phases[p] for r in runs) for p in runs[0].phases}
+        print(f"  {key:12} wall {wall:6.1f} s   phases (1 s resolution) {phase}")
+    for attempt in ("first", "rerun"):
+        mine = statistics.median(r.wall for r in figures[f"ours {attempt}"])
+        other = statistics.median(r.wall for r in figures[f"pvc {attempt}"])
+        print(f"  {attempt}: ours / pvc = {mine / other:.2f}x  (pvc / ours = {other / mine:.2f}x)")
+    assert all(r.phases.keys() == {"fetch", "test"} for runs in figures.values() for r in runs)
+    # A cached get's reply comes back while its request is being posted: never a post that
+    # waited for it in vain (the controller posts outside its lock).
+    logs = cluster.kubectl("-n", NAMESPACE, "logs", "deployment/tekton-controller", check=False)
+    assert "not posted" not in logs
