@@ -49,6 +49,7 @@ from tests.cluster.test_knative_path import (
 from tests.cluster.timeline import (
     PodTimeline,
     admin_api,
+    api_requests,
     audit_entries,
     bare_pod,
     function_lines,
@@ -335,29 +336,6 @@ def discoveries(d, events: list) -> dict[tuple[str, str], list[str]]:
             key = (data["resource"], json.dumps(data["version"], sort_keys=True))
             found.setdefault(key, []).append(attributes(event)["id"])
     return found
-
-
-def api_requests(entries: list[dict]) -> tuple[Counter, int, int]:
-    """The functions' API requests by (verb, resource) (each once, whatever its stages),
-    the most watches open at once, and how many function replicas made them."""
-    by_id: dict[str, dict] = {}
-    for entry in entries:
-        by_id.setdefault(entry["auditID"], {}).update({entry["stage"]: entry, "any": entry})
-    counts = Counter(
-        (e["any"]["verb"], (e["any"].get("objectRef") or {}).get("resource", "?"))
-        for e in by_id.values()
-    )
-    moments = []
-    for stages in by_id.values():
-        if stages["any"]["verb"] == "watch":
-            moments.append((stamp(stages["any"]["requestReceivedTimestamp"]), 1))
-            if "ResponseComplete" in stages:
-                moments.append((stamp(stages["ResponseComplete"]["stageTimestamp"]), -1))
-    open_now = most = 0
-    for _, change in sorted(moments):
-        open_now += change
-        most = max(most, open_now)
-    return counts, most, len({e["any"]["sourceIPs"][0] for e in by_id.values()})
 
 
 def where_gets_waited(

@@ -5,20 +5,30 @@ only); the warm resource counts the checks run in its container in $TMPDIR."""
 from __future__ import annotations
 
 import json
+import os
 import statistics
+import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from testbed.git_daemon import git_daemon
+from testbed.git_history import add_commit, make_repository
 from tests.cluster.conftest import resource_types
+from tests.cluster.timeline import api_requests, audit_entries, percentile
+from tests.cluster.up import GATEWAY
 from tests.support.events import request_event, send
+from tests.support.git_server import git
 
 WARM_LABEL = "resource-functions.dev/warm-check"
 PASSWORD = "warm-pod-secret-0b7e"
 ROUNDS = 5
+GIT_MB = int(os.environ.get("RF_WARM_GIT_MB", "30"))  # bench/README.md: 300 by hand
+GIT_ROUNDS = int(os.environ.get("RF_WARM_GIT_ROUNDS", "3"))
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +135,151 @@ def test_figures_a_warm_check_against_a_job(
             f"{statistics.median(job):.3f} s ({', '.join(f'{t:.2f}' for t in job)}); "
             f"Job / warm: {ratio:.1f}x"
         )
+
+
+def test_figures_a_git_check_in_a_warm_pod_against_a_job(
+    warm_deployment, services_in_cluster, cluster_images, real_resource_images, tmp_path, capsys
+):
+    """Figures, not asserts (bench/README.md): Concourse's git resource checking a generated
+    history of ``RF_WARM_GIT_MB`` (a source tree's, testbed/git_history.py) served by ``git
+    daemon`` on the gateway, after one new commit each round: in its warm pod, which kept its
+    clone (an incremental fetch), and as a Job (a new clone each time). Each check must answer
+    the new head."""
+    repos = tmp_path / "repos"
+    repos.mkdir()
+    make_repository(repos / "app.git", GIT_MB, "source")
+    with git_daemon(repos, GATEWAY) as port:
+        source = {"uri": f"git://{GATEWAY}:{port}/app.git", "branch": "main"}
+        types = resource_types(cluster_images["warm"])
+        with services_in_cluster(types, tmp_path / "jobs", extra={"WARM_CHECKS": "off"}) as jobs:
+            firsts = {}
+            rounds: dict[str, list[float]] = {"warm pod": [], "Job": []}
+            for n in range(-1, GIT_ROUNDS):
+                if n >= 0:
+                    add_commit(repos / "app.git", n)
+                head = {"ref": git("rev-parse", "main", cwd=repos / "app.git").strip()}
+                for way, deployment in (("warm pod", warm_deployment), ("Job", jobs)):
+                    started = time.perf_counter()
+                    assert check(deployment, source, kind="git") == head
+                    took = time.perf_counter() - started
+                    if n < 0:
+                        firsts[way] = took  # the first clone
+                    else:
+                        rounds[way].append(took)
+    warm, job = statistics.median(rounds["warm pod"]), statistics.median(rounds["Job"])
+    with capsys.disabled():
+        print(f"\n[warm-pods] git check, {GIT_MB} MiB of history, after one new commit:")
+        for way, times in rounds.items():
+            print(
+                f"  {way:8} first (clone) {firsts[way]:.2f} s, then median "
+                f"{statistics.median(times):.2f} s ({', '.join(f'{t:.2f}' for t in times)})"
+            )
+        print(f"  Job / warm pod: {job / warm:.1f}x")
+
+
+# The many-resources load (issue 30): by hand 50 resources every 10 s for 300 s.
+LOAD_RESOURCES = int(os.environ.get("RF_WARM_LOAD_RESOURCES", "10"))
+LOAD_INTERVAL = float(os.environ.get("RF_WARM_LOAD_INTERVAL", "10"))
+LOAD_SECONDS = float(os.environ.get("RF_WARM_LOAD_SECONDS", "60"))
+SMALL_CHECKS = json.dumps(
+    {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"cpu": "1", "memory": "256Mi"}}
+)
+
+
+def load(deployment, sources: list[dict]) -> tuple[list[float], int]:
+    """Each source checked every LOAD_INTERVAL for LOAD_SECONDS, the ticks spread evenly over
+    the interval; the latencies of the checks answered with a version, and the others."""
+    ticks = int(LOAD_SECONDS / LOAD_INTERVAL)
+    spacing = LOAD_INTERVAL / len(sources)
+    latencies: list[float] = []
+    failed = 0
+    lock = threading.Lock()
+
+    def one(source: dict) -> None:
+        nonlocal failed
+        started = time.perf_counter()
+        try:
+            answer = check(deployment, source)
+            ok = "count" in answer
+        except AssertionError:
+            ok = False
+        with lock:
+            if ok:
+                latencies.append(time.perf_counter() - started)
+            else:
+                failed += 1
+
+    begin = time.monotonic()
+    with ThreadPoolExecutor(max_workers=len(sources) * 2) as pool:
+        for n in range(ticks * len(sources)):
+            time.sleep(max(0.0, begin + n * spacing - time.monotonic()))
+            pool.submit(one, sources[n % len(sources)])
+    return latencies, failed
+
+
+def warm_pod_memory(deployment) -> int:
+    """The warm pods' memory now (bytes), from their cgroups on this node (cgroup v1)."""
+    total = 0
+    for pod in warm_pods(deployment):
+        uid = pod["metadata"]["uid"]
+        for usage in Path("/sys/fs/cgroup/memory").glob(f"kubepods*/**/pod{uid}"):
+            total += int((usage / "memory.usage_in_bytes").read_text())
+            break
+    return total
+
+
+def test_figures_many_resources_checked_in_warm_pods_and_as_jobs(
+    services_in_cluster, cluster_images, cluster, tmp_path, capsys
+):
+    """Figures, not asserts (bench/README.md): LOAD_RESOURCES resources of one team, each
+    checked every LOAD_INTERVAL s for LOAD_SECONDS through the check service, in warm pods
+    (the team's caps raised to fit them and the checks' CPU requests made small, as an
+    operator does; both ways alike) and as Jobs: checks per minute,
+    latency p50/p95, the functions' API requests per check (the audit log) and the warm pods'
+    memory. Every check must be answered with a version."""
+    types = resource_types(cluster_images["warm"])
+    room = str(LOAD_RESOURCES * 2)
+    figures = {}
+    for way, extra in (
+        ("warm pods", {"WARM_CHECKS": "on", "WARM_CHECKS_PER_TEAM": room}),
+        ("Jobs", {"WARM_CHECKS": "off"}),
+    ):
+        extra = {
+            **extra,
+            "MAX_RUNS_PER_TEAM": room,
+            "WARM_CHECKS_PER_REPLICA": room,
+            "TASK_RESOURCES": SMALL_CHECKS,  # the node's 2 CPUs: as an operator sizes checks
+        }
+        with services_in_cluster(types, tmp_path / way.replace(" ", "-"), extra=extra) as d:
+            sources = [new_source() for _ in range(LOAD_RESOURCES)]
+            if way == "warm pods":
+                for source in sources:  # their pods start: the load measures the reuse
+                    check(d, source)
+            offset = cluster.audit_log.stat().st_size
+            started = time.monotonic()
+            latencies, failed = load(d, sources)
+            took = time.monotonic() - started
+            requests = api_requests(audit_entries(cluster.audit_log, offset))[0]
+            memory = warm_pod_memory(d) if way == "warm pods" else 0
+        figures[way] = (latencies, failed, took, requests, memory)
+    with capsys.disabled():
+        offered = LOAD_RESOURCES * 60 / LOAD_INTERVAL
+        print(
+            f"\n[warm-pods] {LOAD_RESOURCES} resources every {LOAD_INTERVAL:.0f} s for "
+            f"{LOAD_SECONDS:.0f} s (offered {offered:.0f} checks/min):"
+        )
+        for way, (latencies, failed, took, requests, memory) in figures.items():
+            p50, p95 = percentile(latencies, 0.5), percentile(latencies, 0.95)
+            per_check = sum(requests.values()) / max(1, len(latencies))
+            top = ", ".join(f"{v} {r} {n}" for (v, r), n in requests.most_common(4))
+            print(
+                f"  {way:9} {len(latencies) * 60 / took:6.1f} checks/min, {failed} failed, "
+                f"p50 {p50:.2f} s p95 {p95:.2f} s (p95/p50 {p95 / p50:.2f}), "
+                f"API requests per check {per_check:.2f} ({top})"
+                + (f", warm pods' memory {memory / 2**20:.1f} MiB" if memory else "")
+            )
+    for latencies, failed, *_ in figures.values():
+        assert failed == 0 and len(latencies) == int(LOAD_SECONDS / LOAD_INTERVAL) * LOAD_RESOURCES
 
 
 def timed(call) -> float:

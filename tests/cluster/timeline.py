@@ -19,6 +19,7 @@ import math
 import statistics
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -236,3 +237,26 @@ def percentile(values: Iterable[float], share: float) -> float:
     """The nearest-rank percentile (``share`` in 0..1)."""
     ordered = sorted(values)
     return ordered[max(0, math.ceil(share * len(ordered)) - 1)]
+
+
+def api_requests(entries: list[dict]) -> tuple[Counter, int, int]:
+    """The functions' API requests by (verb, resource) (each once, whatever its stages),
+    the most watches open at once, and how many function replicas made them."""
+    by_id: dict[str, dict] = {}
+    for entry in entries:
+        by_id.setdefault(entry["auditID"], {}).update({entry["stage"]: entry, "any": entry})
+    counts = Counter(
+        (e["any"]["verb"], (e["any"].get("objectRef") or {}).get("resource", "?"))
+        for e in by_id.values()
+    )
+    moments = []
+    for stages in by_id.values():
+        if stages["any"]["verb"] == "watch":
+            moments.append((stamp(stages["any"]["requestReceivedTimestamp"]), 1))
+            if "ResponseComplete" in stages:
+                moments.append((stamp(stages["ResponseComplete"]["stageTimestamp"]), -1))
+    open_now = most = 0
+    for _, change in sorted(moments):
+        open_now += change
+        most = max(most, open_now)
+    return counts, most, len({e["any"]["sourceIPs"][0] for e in by_id.values()})
