@@ -24,7 +24,9 @@ import yaml
 from cloudevents.core.v1.event import CloudEvent
 
 from functions.cli.launch import wait_until
-from tests.cluster.conftest import KNATIVE_CACHE_SECRET, REPO, wait_functions_serve
+from testbed import event_sink as sinks
+from tests.cluster.conftest import KNATIVE_CACHE_SECRET, REPO, wait_functions_serve, wait_ready
+from tests.cluster.up import GATEWAY
 from tests.support.events import ENCODERS, request_event
 from tests.support.runs import run_of
 
@@ -323,6 +325,65 @@ def test_async_reply_is_posted_by_the_task_through_the_reply_relay(knative_deplo
         "-n", d.namespace, "logs", "-l", "app.kubernetes.io/component=reply-relay", "--tail=-1"
     )
     assert reply.get_id() in relayed  # the relay forwarded it to the Broker
+
+
+TEAM_REPLIES = REPO / "knative" / "examples" / "team-replies.yaml"
+
+
+def team_check(team: str):
+    """An async check of team ``team`` from the version history: it announces each version
+    it finds (``version.discovered``) before its reply, both posted by the task's collect."""
+    data = {"type": "test", "source": source(), "version": "latest-known", "build": {"team": team}}
+    return request_event("check", data, replymode="async")
+
+
+def answers(deployment, request, discovered: int) -> list:
+    """``request``'s reply and its ``discovered`` version.discovered events, at the sink."""
+    from functions.replies import DISCOVERED_TYPE
+
+    reply = reply_to(deployment, request, "check")
+    found = deployment.sink.wait(
+        timeout=60, count=discovered, type=DISCOVERED_TYPE, requestid=attributes(request)["id"]
+    )
+    return [*found, reply]
+
+
+def test_a_teams_trigger_takes_its_teams_replies_and_discoveries_alone(knative_deployment):
+    """The shipped example's team Trigger (``knative/examples/team-replies.yaml``, its
+    filters as shipped; its subscriber, standing in for team main's engine, a sink on this
+    machine). An async check of team other, then one of team main: each task's collect posts
+    its versions (three ``version.discovered``) and its reply through the reply relay, each
+    event with its request's ``team`` attribute (``build.team``). Team main's Trigger takes
+    team main's four events and nothing of team other's, which had reached the Broker (the
+    catch-all sink) before team main's check was sent."""
+    d = knative_deployment
+    docs = list(yaml.safe_load_all(TEAM_REPLIES.read_text()))
+    trigger = next(doc for doc in docs if doc["kind"] == "Trigger")
+    name = trigger["metadata"]["name"]
+    with sinks.event_sink(GATEWAY) as engine:
+        trigger["spec"]["subscriber"] = {"uri": engine.url}
+        d.cluster.kubectl("apply", "-f", "-", stdin=json.dumps(trigger))
+        try:
+            wait_ready(d.cluster, d.namespace, [f"trigger/{name}"])
+            other = team_check("other")
+            assert post(d.broker, other)[0] == 202
+            of_other = answers(d, other, 3)
+            main = team_check("main")
+            assert post(d.broker, main)[0] == 202
+            of_main = answers(d, main, 3)
+            taken = engine.wait(timeout=60, count=4, requestid=attributes(main)["id"])
+        finally:
+            d.cluster.kubectl("-n", d.namespace, "delete", "trigger", name, check=False)
+
+    assert [e.get_extension("team") for e in of_other] == ["other"] * 4
+    assert [e.get_extension("team") for e in of_main] == ["main"] * 4
+    assert sorted(e.get_id() for e in taken) == sorted(e.get_id() for e in of_main)
+    assert engine.matching(requestid=attributes(other)["id"]) == []
+    assert {e.get_extension("team") for e in engine.events} == {"main"}
+    relayed = d.cluster.kubectl(
+        "-n", d.namespace, "logs", "-l", "app.kubernetes.io/component=reply-relay", "--tail=-1"
+    )
+    assert all(e.get_id() in relayed for e in of_main)  # collect posted them, through the relay
 
 
 class Counter:
