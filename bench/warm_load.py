@@ -23,9 +23,15 @@ resources are raised (printed): MAX_RUNS_PER_TEAM (8 by default: a 429 above it)
 caps WARM_CHECKS_PER_TEAM (16) and WARM_CHECKS_PER_REPLICA (64), THREADS (16).
 
 Prints per way: checks answered per minute (and the offered rate), failures by kind, latency
-p50/p95/p99 and p95/p50, engine API requests per check (by request), and for the warm way the
-warm containers' count and memory (their cgroups' usage at the end of the load); then warm /
-new container for checks per minute and latency.
+p50/p95/p99 and p95/p50 (from each check's due time: a late send counts), engine API requests
+per check (by request), the runs' mean phases and the store calls over 1 s (the service's
+metrics), the share of the time some task of the machine waited for CPU and for IO
+(/proc/pressure: the machine is shared), and for the warm way the warm containers' count and
+memory at the end of the load: their cgroups' usage, and their conmon processes' (PSS), one per
+container plus the two Podman keeps for each exec session for ``exit_command_delay`` after it
+ends (containers.conf, 300 s by default; ``--exit-command-delay`` sets it for the bench's
+Podman service). Then warm / new container for checks per minute and latency. ``--keep``
+keeps the service and engine logs.
 
     python3 bench/warm_load.py                                  # 50 resources, 5 min per way
     python3 bench/warm_load.py --resources 10 --seconds 30      # quick
@@ -39,6 +45,7 @@ import json
 import math
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -113,9 +120,9 @@ class Result:
     checks: list[Check]
     seconds: float  # first send to last answer
     engine: Counter[str]  # engine API requests during the load, by kind
-    warm: dict[str, float]  # the service's warm metrics at the end
-    phases: dict[str, float]  # mean seconds per phase of its runs
-    memory: tuple[int, int] | None  # warm containers and their cgroups' bytes at the end
+    service: Service
+    stalled: dict[str, float]  # share of the load's time some task waited: cpu, io
+    memory: WarmMemory | None  # the warm containers' memory at the end of the load
 
     def ok(self) -> list[Check]:
         return [c for c in self.checks if c.outcome == "ok"]
@@ -261,33 +268,92 @@ def cgroup_memory(container: str) -> int | None:
     return None
 
 
-def warm_memory(image: str) -> tuple[int, int] | None:
-    """The warm check containers of ``image`` and their memory; None if a cgroup is unread."""
-    sizes = [cgroup_memory(c) for c in containers(image, "warm-check")]
-    if any(size is None for size in sizes):
-        return None
-    return len(sizes), sum(size for size in sizes if size is not None)
+@dataclass(frozen=True)
+class WarmMemory:
+    containers: int
+    cgroups: int | None  # bytes charged to their memory cgroups (None: a cgroup unread)
+    conmons: int  # conmon processes: one per container
+    exec_conmons: int  # and one per exec session Podman still keeps
+    conmon_pss: int  # bytes, proportional set size of all those conmons
 
 
-def service_metrics(url: str) -> tuple[dict[str, float], dict[str, float]]:
-    """The service's warm counters (starts, reuses, containers alive, evictions by reason)
-    and the mean seconds of each phase of its runs."""
+def warm_memory(image: str) -> WarmMemory:
+    """The warm check containers of ``image`` and what they take in memory now."""
+    ids = containers(image, "warm-check")
+    sizes = [cgroup_memory(c) for c in ids]
+    cgroups = None if None in sizes else sum(size or 0 for size in sizes)
+    return WarmMemory(len(ids), cgroups, *conmons(set(ids)))
+
+
+def conmons(container_ids: set[str]) -> tuple[int, int, int]:
+    """Podman's conmon processes of these containers: (one per container, one per exec
+    session still kept, their memory: proportional set size in bytes). Podman keeps an API
+    exec session's conmon for ``exit_command_delay`` (containers.conf, 300 s by default)
+    after the exec ends, so that its exit code can be asked for."""
+    mains, execs, pss = 0, 0, 0
+    for proc in Path("/proc").iterdir():
+        try:
+            args = (proc / "cmdline").read_bytes().split(b"\0") if proc.name.isdigit() else []
+            if not args[0].endswith(b"conmon") or b"-c" not in args:
+                continue
+            if args[args.index(b"-c") + 1].decode() not in container_ids:
+                continue
+            rollup = (proc / "smaps_rollup").read_text()
+        except (OSError, IndexError):
+            continue
+        execs, mains = (execs + 1, mains) if b"--exec-attach" in args else (execs, mains + 1)
+        pss += sum(
+            int(line.split()[1]) * 1024 for line in rollup.splitlines() if line.startswith("Pss:")
+        )
+    return mains, execs, pss
+
+
+@dataclass(frozen=True)
+class Service:
+    """What the check service's metrics said at the end of the load."""
+
+    warm: dict[str, float]  # warm counters: starts, reuses, alive, evictions by reason
+    phases: dict[str, float]  # mean seconds of each phase of its runs
+    store_calls: int
+    store_slow: int  # store calls over 1 s
+
+
+def service_metrics(url: str) -> Service:
     text = requests.get(url + "/metrics", timeout=10).text
     warm: dict[str, float] = {}
     sums: dict[str, float] = {}
     counts: dict[str, float] = {}
+    calls = fast = 0.0
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name.startswith("resource_function_warm_"):
-                reason = sample.labels.get("reason")
-                name = sample.name.removeprefix("resource_function_warm_")
+            name, labels = sample.name, sample.labels
+            if name.startswith("resource_function_warm_"):
+                reason = labels.get("reason")
+                name = name.removeprefix("resource_function_warm_")
                 warm[f"{name}{{{reason}}}" if reason else name] = sample.value
-            elif sample.name == "resource_function_run_phase_seconds_sum":
-                sums[sample.labels["phase"]] = sample.value
-            elif sample.name == "resource_function_run_phase_seconds_count":
-                counts[sample.labels["phase"]] = sample.value
+            elif name == "resource_function_run_phase_seconds_sum":
+                sums[labels["phase"]] = sample.value
+            elif name == "resource_function_run_phase_seconds_count":
+                counts[labels["phase"]] = sample.value
+            elif name == "resource_function_store_seconds_bucket" and labels["le"] == "+Inf":
+                calls += sample.value
+            elif name == "resource_function_store_seconds_bucket" and labels["le"] == "1.0":
+                fast += sample.value
     phases = {phase: sums[phase] / n for phase, n in counts.items() if n}
-    return warm, phases
+    return Service(warm, phases, int(calls), int(calls - fast))
+
+
+def pressure() -> dict[str, int]:
+    """Microseconds some task of this machine waited for CPU, and for IO, so far (Linux's
+    pressure stall information; empty where the kernel has none)."""
+    totals = {}
+    for kind in ("cpu", "io"):
+        try:
+            some = Path(f"/proc/pressure/{kind}").read_text().splitlines()[0]
+        except OSError:
+            continue
+        totals[kind] = int(some.rsplit("total=", 1)[1])
+    return totals
 
 
 def settle(predicate: Callable[[], bool], seconds: float) -> None:
@@ -333,6 +399,22 @@ def caps(load: Load) -> dict[str, str]:
     }
 
 
+def engine_env(tmp: Path, exit_delay: int | None) -> dict[str, str] | None:
+    """The Podman service's environment: this process's (None), or with ``exit_delay`` a
+    copy of this machine's containers.conf whose [engine] sets ``exit_command_delay``."""
+    if exit_delay is None:
+        return None
+    conf = Path(os.environ.get("CONTAINERS_CONF", "/etc/containers/containers.conf"))
+    text = conf.read_text() if conf.is_file() else ""
+    line = f"exit_command_delay = {exit_delay}"
+    engine = re.compile(r"^\[engine\][^\n]*\n", re.MULTILINE)
+    text, found = engine.subn(lambda m: f"{m.group(0)}{line}\n", text, count=1)
+    if not found:
+        text += f"\n[engine]\n{line}\n"
+    (tmp / "containers.conf").write_text(text)
+    return {**os.environ, "CONTAINERS_CONF": str(tmp / "containers.conf")}
+
+
 @contextmanager
 def check_service(env: dict[str, str], log: Path) -> Iterator[Launched]:
     with log.open("ab") as out:
@@ -351,17 +433,18 @@ def measure(way: str, env: dict[str, str], load: Load, image: str, tmp: Path) ->
         url = launched.urls["check"]
         sender = Sender(url)
         start = engine_log.stat().st_size
-        began = time.monotonic()
+        began, before = time.monotonic(), pressure()
         (flat_out if load.clients else on_schedule)(sender, load)
-        seconds = max(c.started + c.took for c in sender.checks) - began
+        seconds, after = max(c.started + c.took for c in sender.checks) - began, pressure()
         warm = env["WARM_CHECKS"] == "on"
         memory = warm_memory(image) if warm else None
         if not warm:  # new containers are removed after their replies: count that too
             settle(lambda: not containers(image), 30)
         time.sleep(1)  # the engine writes a request's line once it is done
         engine = engine_requests(engine_log, start, engine_log.stat().st_size)
-        counters, phases = service_metrics(url)
-    return Result(way, sender.checks, seconds, engine, counters, phases, memory)
+        service = service_metrics(url)
+    stalled = {k: (after[k] - before[k]) / (seconds * 1e6) for k in before.keys() & after.keys()}
+    return Result(way, sender.checks, seconds, engine, service, stalled, memory)
 
 
 # --- the report -------------------------------------------------------------------------------
@@ -377,11 +460,13 @@ def report_way(r: Result, load: Load) -> None:
     failures = Counter(c.outcome for c in r.checks if c.outcome != "ok")
     offered = "" if load.clients else f" (offered {load.offered_per_minute:.0f})"
     print(f"\n== {r.way}: {len(r.checks)} checks sent, {len(ok)} answered ok in {r.seconds:.1f} s")
-    print(f"   checks answered ok per minute: {r.per_minute():.1f}{offered}; in each whole")
-    print(f"   minute of the load: {', '.join(str(n) for n in per_minute(r))}")
+    print(f"   checks answered ok per minute: {r.per_minute():.1f}{offered}")
+    if r.seconds >= 60:
+        print(f"   in each whole minute: {', '.join(str(n) for n in per_minute(r))}")
     print(f"   not ok: {dict(failures) or 'none'}")
     if len(ok) >= 2:
         print(f"   latency {latency(ok)}")
+        print(f"   p50/p95 ms of the checks sent in each minute: {latency_by_minute(r)}")
         print(f"   each resource's first check: median {first_checks(ok) * 1000:.0f} ms")
     counts = [max(c.count for c in ok if c.resource == n) for n in {c.resource for c in ok}]
     if counts:
@@ -393,15 +478,27 @@ def report_way(r: Result, load: Load) -> None:
     print(f"   engine API requests: {total}, {total / max(1, len(r.checks)):.2f} per check")
     for kind, n in r.engine.most_common():
         print(f"     {n / max(1, len(r.checks)):6.2f}  {kind}  ({n})")
-    print("   mean phase: " + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in r.phases.items()))
-    if r.warm:
-        print("   warm metrics: " + ", ".join(f"{k} {v:g}" for k, v in r.warm.items() if v))
+    phases = r.service.phases.items()
+    print("   mean phase of a run: " + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in phases))
+    print(f"   store calls: {r.service.store_calls}, {r.service.store_slow} of them over 1 s")
+    warm = ", ".join(f"{k} {v:g}" for k, v in r.service.warm.items() if v)
+    if warm:
+        print(f"   warm metrics: {warm}")
+    stalled = ", ".join(f"{kind} {share:.0%}" for kind, share in sorted(r.stalled.items()))
+    print(f"   the machine during the load: some task waiting for {stalled} of the time")
     if r.memory is not None:
-        n, size = r.memory
-        print(
-            f"   warm containers at the end: {n}, memory {size / 2**20:.1f} MiB in all "
-            f"({size / max(1, n) / 2**10:.0f} KiB each)"
-        )
+        report_memory(r.memory)
+
+
+def report_memory(m: WarmMemory) -> None:
+    n = max(1, m.containers)
+    cgroups = "unread" if m.cgroups is None else f"{m.cgroups / 2**20:.1f} MiB"
+    each = "" if m.cgroups is None else f" ({m.cgroups / n / 2**10:.0f} KiB each)"
+    print(f"   warm containers at the end: {m.containers}, their cgroups {cgroups}{each}")
+    print(
+        f"   their conmon processes: {m.conmons} (one per container) + {m.exec_conmons} "
+        f"(of the exec sessions Podman still keeps, two each), {m.conmon_pss / 2**20:.1f} MiB (PSS)"
+    )
 
 
 def per_minute(r: Result) -> list[int]:
@@ -409,6 +506,20 @@ def per_minute(r: Result) -> list[int]:
     first = min(c.started for c in r.checks)
     ends = Counter(int((c.started + c.took - first) // 60) for c in r.ok())
     return [ends[m] for m in range(int(r.seconds // 60))]
+
+
+def latency_by_minute(r: Result) -> str:
+    """p50/p95 in ms of the checks sent in each minute (a tail that grows shows here)."""
+    first = min(c.started for c in r.checks)
+    minutes: dict[int, list[float]] = {}
+    for c in r.ok():
+        minutes.setdefault(int((c.started - first) // 60), []).append(c.took)
+    parts = []
+    for _, took in sorted(minutes.items()):
+        if len(took) >= 2:
+            p = percentiles(took)
+            parts.append(f"{p['p50'] * 1000:.0f}/{p['p95'] * 1000:.0f}")
+    return ", ".join(parts)
 
 
 def latency(ok: list[Check]) -> str:
@@ -450,28 +561,49 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=0, help="closed loop of K clients")
     parser.add_argument("--ways", default="off,on", help="WARM_CHECKS values, in order")
     parser.add_argument("--network", default="none", help="the resource containers' network")
+    parser.add_argument(
+        "--exit-command-delay",
+        type=int,
+        help="the Podman service's exit_command_delay (containers.conf; Podman's default 300)",
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the temp dir (the logs)")
     args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="warm-load-"))
+    try:
+        report(run(args, tmp), Load(args.resources, args.interval, args.seconds, args.clients))
+    finally:
+        if args.keep:
+            print(f"logs kept in {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run(args: argparse.Namespace, tmp: Path) -> dict[str, Result]:
+    """Each way of ``args.ways`` in turn, against one Podman service started here."""
     load = Load(args.resources, args.interval, args.seconds, args.clients)
-    with tempfile.TemporaryDirectory(prefix="warm-load-") as name:
-        tmp = Path(name)
-        (tmp / "scripts").mkdir()
-        (tmp / "scripts" / "check").write_text(CHECK_SCRIPT)
-        (tmp / "scripts" / "check").chmod(0o755)
-        image = build_resource_image(IMAGE_NAME, tmp / "scripts")
-        print(f"image {image}; {os.cpu_count()} cores; load average {os.getloadavg()}")
-        print(f"service caps raised for the load: {caps(load)}")
-        engine = podman_service(tmp / "podman.sock", tmp / "podman.log", log_level="info")
-        docker_host = f"unix://{tmp / 'podman.sock'}"
-        results = {}
-        try:
-            for warm in args.ways.split(","):
-                env = service_env(tmp, docker_host, image, warm, load, args.network)
-                results[warm] = measure(WAYS[warm], env, load, image, tmp)
-                print(f"{WAYS[warm]} done; load average {os.getloadavg()}", flush=True)
-        finally:
-            engine.terminate()
-            engine.wait(10)
-    report(results, load)
+    (tmp / "scripts").mkdir()
+    (tmp / "scripts" / "check").write_text(CHECK_SCRIPT)
+    (tmp / "scripts" / "check").chmod(0o755)
+    image = build_resource_image(IMAGE_NAME, tmp / "scripts")
+    print(f"image {image}; {os.cpu_count()} cores; load average {os.getloadavg()}")
+    print(f"service caps raised for the load: {caps(load)}")
+    if args.exit_command_delay is not None:
+        print(f"Podman's exit_command_delay: {args.exit_command_delay} s")
+    engine_log = tmp / "podman.log"
+    engine = podman_service(
+        tmp / "podman.sock", engine_log, engine_env(tmp, args.exit_command_delay), log_level="info"
+    )
+    docker_host = f"unix://{tmp / 'podman.sock'}"
+    results = {}
+    try:
+        for warm in args.ways.split(","):
+            env = service_env(tmp, docker_host, image, warm, load, args.network)
+            results[warm] = measure(WAYS[warm], env, load, image, tmp)
+            print(f"{WAYS[warm]} done; load average {os.getloadavg()}", flush=True)
+    finally:
+        engine.terminate()
+        engine.wait(10)
+    return results
 
 
 if __name__ == "__main__":
