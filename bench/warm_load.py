@@ -316,6 +316,8 @@ class Service:
     phases: dict[str, float]  # mean seconds of each phase of its runs
     store_calls: int
     store_slow: int  # store calls over 1 s
+    runs: int  # checks run (a container or an exec each)
+    joined: int  # checks answered by another's run (the lease: one run of a resource at once)
 
 
 def service_metrics(url: str) -> Service:
@@ -323,7 +325,7 @@ def service_metrics(url: str) -> Service:
     warm: dict[str, float] = {}
     sums: dict[str, float] = {}
     counts: dict[str, float] = {}
-    calls = fast = 0.0
+    calls = fast = runs = joined = 0.0
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             name, labels = sample.name, sample.labels
@@ -335,12 +337,16 @@ def service_metrics(url: str) -> Service:
                 sums[labels["phase"]] = sample.value
             elif name == "resource_function_run_phase_seconds_count":
                 counts[labels["phase"]] = sample.value
+            elif name == "resource_function_runs_total":
+                runs += sample.value
+            elif name == "resource_function_joined_runs_total":
+                joined += sample.value
             elif name == "resource_function_store_seconds_bucket" and labels["le"] == "+Inf":
                 calls += sample.value
             elif name == "resource_function_store_seconds_bucket" and labels["le"] == "1.0":
                 fast += sample.value
     phases = {phase: sums[phase] / n for phase, n in counts.items() if n}
-    return Service(warm, phases, int(calls), int(calls - fast))
+    return Service(warm, phases, int(calls), int(calls - fast), int(runs), int(joined))
 
 
 def pressure() -> dict[str, int]:
@@ -439,7 +445,7 @@ def measure(way: str, env: dict[str, str], load: Load, image: str, tmp: Path) ->
         warm = env["WARM_CHECKS"] == "on"
         memory = warm_memory(image) if warm else None
         if not warm:  # new containers are removed after their replies: count that too
-            settle(lambda: not containers(image), 30)
+            settle(lambda: not containers(image), 120)
         time.sleep(1)  # the engine writes a request's line once it is done
         engine = engine_requests(engine_log, start, engine_log.stat().st_size)
         service = service_metrics(url)
@@ -464,6 +470,10 @@ def report_way(r: Result, load: Load) -> None:
     if r.seconds >= 60:
         print(f"   in each whole minute: {', '.join(str(n) for n in per_minute(r))}")
     print(f"   not ok: {dict(failures) or 'none'}")
+    print(
+        f"   runs: {r.service.runs}; checks answered by another's run of their resource "
+        f"(its lease): {r.service.joined}"
+    )
     if len(ok) >= 2:
         print(f"   latency {latency(ok)}")
         print(f"   p50/p95 ms of the checks sent in each minute: {latency_by_minute(r)}")
