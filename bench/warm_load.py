@@ -130,6 +130,9 @@ class Result:
     def per_minute(self) -> float:
         return len(self.ok()) * 60 / self.seconds
 
+    def runs_per_minute(self) -> float:
+        return self.service.runs * 60 / self.seconds
+
 
 # --- the load ---------------------------------------------------------------------------------
 
@@ -471,8 +474,8 @@ def report_way(r: Result, load: Load) -> None:
         print(f"   in each whole minute: {', '.join(str(n) for n in per_minute(r))}")
     print(f"   not ok: {dict(failures) or 'none'}")
     print(
-        f"   runs: {r.service.runs}; checks answered by another's run of their resource "
-        f"(its lease): {r.service.joined}"
+        f"   runs: {r.service.runs} ({r.runs_per_minute():.1f} a minute); checks answered by "
+        f"another's run of their resource (its lease): {r.service.joined}"
     )
     if len(ok) >= 2:
         print(f"   latency {latency(ok)}")
@@ -556,6 +559,8 @@ def report(results: dict[str, Result], load: Load) -> None:
         return
     on, off = results["on"], results["off"]
     print(f"\nwarm / new container: checks per minute {on.per_minute() / off.per_minute():.2f}x")
+    if off.service.runs:
+        print(f"  runs per minute {on.runs_per_minute() / off.runs_per_minute():.2f}x")
     if len(on.ok()) >= 2 and len(off.ok()) >= 2:
         p_on = percentiles([c.took for c in on.ok()])
         p_off = percentiles([c.took for c in off.ok()])
