@@ -21,6 +21,8 @@ class EventSink:
     bodies: list[bytes] = field(default_factory=list)  # raw, to look for leaked secrets
     peers: list[tuple[str, int]] = field(default_factory=list)  # each connection's client
     status: int = 202  # what it answers; set >= 300 to refuse
+    retry_after: str = ""  # sent as Retry-After with a refusal, if set
+    attempts: list[float] = field(default_factory=list)  # every POST's arrival, refused too
     _arrived: list[tuple[float, CloudEvent]] = field(default_factory=list)
     _drained: int = 0
     _changed: threading.Condition = field(default_factory=threading.Condition)
@@ -102,10 +104,14 @@ def event_sink(host: str = "127.0.0.1") -> Iterator[EventSink]:
 
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            if sink.status < 300:
+            sink.attempts.append(time.monotonic())
+            status = sink.status
+            if status < 300:
                 event = from_http_event(HTTPMessage(dict(self.headers), body))
                 sink.receive(event, str(self.headers).encode() + body)
-            self.send_response(sink.status)
+            self.send_response(status)
+            if status >= 300 and sink.retry_after:
+                self.send_header("Retry-After", sink.retry_after)
             self.send_header("Content-Length", "0")
             self.end_headers()
 

@@ -69,7 +69,7 @@ RUN_ID = f"{LABEL}run-id"
 
 @pytest.fixture(scope="module")
 def sink_retries(knative_deployment):
-    """The sink's Trigger with retries (as the Broker's shipped delivery: knative/broker.yaml)."""
+    """The sink's Trigger with retries, as the Broker's shipped delivery has (knative/broker.yaml)."""
     d = knative_deployment
     trigger = json.loads(
         d.cluster.kubectl("-n", d.namespace, "get", "trigger", "test-sink", "-o", "json")

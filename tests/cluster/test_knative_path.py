@@ -23,7 +23,7 @@ import requests
 import yaml
 from cloudevents.core.v1.event import CloudEvent
 
-from functions.cli.launch import wait_until
+from functions.cli.launch import NotReady, wait_until
 from testbed import event_sink as sinks
 from tests.cluster.conftest import KNATIVE_CACHE_SECRET, REPO, wait_functions_serve, wait_ready
 from tests.cluster.up import GATEWAY
@@ -289,7 +289,7 @@ def test_a_store_outage_answers_503_and_the_broker_retry_runs_once(knative_deplo
             block_store(d, False)
             timeline["unblocked"] = time.time()
             unblocked = time.monotonic()
-        # The Broker retries (delays doubling from PT1S): a retry after the outage runs once.
+        # The Broker retries (delays doubling from PT2S): a retry after the outage runs once.
         reply = reply_to(d, get, "get", timeout=120)
         status, held = sent.result(timeout=120)
         assert status == 202
@@ -530,11 +530,76 @@ def test_an_undeliverable_event_reaches_the_dead_letter_service(knative_deployme
         )
         lines = [line for line in logs.splitlines() if event_id in line]
         assert "undeliverable event" in lines[0] and kind in lines[0]
-        time.sleep(5)  # a rejected answer would bring it again within seconds (1 s backoff)
+        time.sleep(5)  # a rejected answer would bring it again within seconds (2 s backoff)
         again = [line for line in function_logs(d, "dead-letter").splitlines() if event_id in line]
         assert len(again) == 1, again  # the sink's answer was taken: delivered once
     finally:
         d.cluster.kubectl("-n", d.namespace, "delete", "trigger", "undeliverable", check=False)
+
+
+BUSY_SECONDS = 40  # longer than the 31 s of retries the Broker shipped before (5 from PT1S)
+
+
+def test_a_request_answered_429_is_retried_until_its_team_has_room(knative_deployment, capsys):
+    """A stand-in for a function whose team is at its ``MAX_RUNS_PER_TEAM``: a sink that
+    answers 429 with the functions' ``Retry-After`` for ``BUSY_SECONDS`` after the first
+    attempt, then takes the event. Its Trigger sets no delivery of its own, so the shipped
+    Broker's retries carry the event past the busy time to it, and it is not dead-lettered.
+    The attempts' times are printed: Knative 1.22 does not wait for ``Retry-After`` unless
+    its alpha ``delivery-retryafter`` is on (docs/deployment.md)."""
+    from functions.service.team_runs import RETRY_AFTER_SECONDS
+
+    d = knative_deployment
+    kind = "dev.resourcefunctions.test.busy"
+    with sinks.event_sink(GATEWAY) as busy:
+        busy.status, busy.retry_after = 429, str(RETRY_AFTER_SECONDS)
+        trigger = {
+            "apiVersion": "eventing.knative.dev/v1",
+            "kind": "Trigger",
+            "metadata": {"name": "busy", "namespace": d.namespace},
+            "spec": {
+                "broker": "default",
+                "filter": {"attributes": {"type": kind}},
+                "subscriber": {"uri": busy.url},
+            },
+        }
+        d.cluster.kubectl("apply", "-f", "-", stdin=json.dumps(trigger))
+        try:
+            wait_ready(d.cluster, d.namespace, ["trigger/busy"])
+            # As in the dead-letter test: a Trigger just made Ready may miss the first event.
+            for _ in range(3):
+                event = CloudEvent(
+                    attributes={
+                        "specversion": "1.0",
+                        "type": kind,
+                        "id": f"busy-{uuid.uuid4().hex[:8]}",
+                        "source": "/tests/pipeline",
+                        "datacontenttype": "application/json",
+                    },
+                    data={},
+                )
+                sent = parallel_post(d.broker, event)
+                try:
+                    wait_until(lambda: busy.attempts, "the first attempt", 15, interval=0.2)
+                    break
+                except NotReady:
+                    continue
+            else:
+                raise AssertionError("the Broker's filter never tried the new Trigger")
+            first = busy.attempts[0]
+            time.sleep(max(0.0, first + BUSY_SECONDS - time.monotonic()))
+            busy.status = 202  # the team's runs have ended
+            taken = busy.wait(timeout=150, id=event.get_id())
+            status, _ = sent.result(timeout=60)
+        finally:
+            d.cluster.kubectl("-n", d.namespace, "delete", "trigger", "busy", check=False)
+
+    offsets = [round(at - first, 1) for at in busy.attempts]
+    with capsys.disabled():
+        print(f"\n[knative] a 429 (Retry-After {RETRY_AFTER_SECONDS}) retried at {offsets} s")
+    assert status == 202
+    assert len(taken) == 1
+    assert offsets[-1] >= BUSY_SECONDS and len(offsets) >= 2, offsets
 
 
 TEAM_NAMESPACE = "concourse-main"  # CREDENTIALS_KUBERNETES_NAMESPACE_PREFIX + team
