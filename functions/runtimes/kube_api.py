@@ -34,12 +34,18 @@ class KubeApi:
     def __init__(self, api_client: Any, namespace: str, timeout: tuple[float, float]) -> None:
         self._batch = client.BatchV1Api(api_client)
         self._core = client.CoreV1Api(api_client)
+        # pods/exec on a client of its own: the library's stream() swaps its client's request
+        # method for a websocket one while it connects, so any call another thread made on a
+        # shared client then failed ("Handshake status 200 OK": a warm pod's delete during
+        # another check's exec). This client only ever makes websocket calls.
+        self._exec = client.CoreV1Api(client.ApiClient(api_client.configuration))
         self._auth = client.AuthenticationV1Api(api_client)
         self._client = api_client
         self.namespace = namespace
         self._timeout = timeout
 
     def close(self) -> None:
+        self._exec.api_client.close()
         self._client.close()
 
     def create_job(self, manifest: dict[str, Any]) -> dict[str, Any]:
@@ -161,7 +167,7 @@ class KubeApi:
         ``NotFound`` if the pod is gone; ``Conflict`` if its container does not run."""
         try:
             ws = stream.stream(
-                self._core.connect_get_namespaced_pod_exec,
+                self._exec.connect_get_namespaced_pod_exec,
                 pod,
                 self.namespace,
                 container=container,
