@@ -10,6 +10,7 @@ dead-letter sink, or, posted straight to a service, as its 400).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from typing import Any, TextIO
 
 from cloudevents.core.v1.event import CloudEvent
@@ -22,17 +23,22 @@ DEFAULT_SOURCE = "/resource-functions/cli"
 
 
 def request_event(
-    action: str, data: Any, *, event_id: str = "", source: str = "", subject: str = ""
+    action: str,
+    data: Any,
+    *,
+    event_id: str = "",
+    source: str = "",
+    subject: str = "",
+    extensions: Mapping[str, str] | None = None,
 ) -> CloudEvent:
-    """The binary-mode request event ``send`` posts (pure: tests read it as it is)."""
-    if not isinstance(data, dict):
-        raise InvalidRequest("DATA must be a JSON object (the request's data)")
+    """The request event ``send`` posts (pure: the tests build theirs with it too)."""
     attributes = {
         "specversion": "1.0",
         "type": request_type(action),
         "source": source or DEFAULT_SOURCE,
         "id": event_id or str(uuid.uuid4()),
         "datacontenttype": "application/json",
+        **(extensions or {}),
     }
     if subject:
         attributes["subject"] = subject
@@ -40,11 +46,21 @@ def request_event(
 
 
 def send(
-    action: str, data: Any, *, sink: str, out: TextIO, attempts: int = 5, **attributes: str
+    action: str,
+    data: Any,
+    *,
+    sink: str,
+    out: TextIO,
+    attempts: int = 5,
+    event_id: str = "",
+    source: str = "",
+    subject: str = "",
 ) -> int:
     if not sink:
         raise ConfigError("no sink: pass --sink or set K_SINK (a SinkBinding injects it)")
-    event = request_event(action, data, **attributes)
+    if not isinstance(data, dict):
+        raise InvalidRequest("DATA must be a JSON object (the request's data)")
+    event = request_event(action, data, event_id=event_id, source=source, subject=subject)
     post_reply(sink, event, attempts=attempts, timeout=30)
     print(f"posted {event.get_type()} {event.get_id()} to {sink}", file=out)
     return 0

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
-
 import requests
 from cloudevents.core.bindings.http import (
     HTTPMessage,
@@ -12,6 +10,8 @@ from cloudevents.core.bindings.http import (
     to_structured_event,
 )
 from cloudevents.core.v1.event import CloudEvent
+
+from functions.cli.send import request_event as shipped_request_event
 
 ENCODERS = {"binary": to_binary_event, "structured": to_structured_event}
 
@@ -25,17 +25,14 @@ def request_event(
     subject: str | None = None,
     **extensions: str,
 ) -> CloudEvent:
-    attributes = {
-        "specversion": "1.0",
-        "type": f"dev.resourcefunctions.{action}.requested",
-        "source": source,
-        "id": event_id or str(uuid.uuid4()),
-        "datacontenttype": "application/json",
-        **extensions,
-    }
-    if subject:
-        attributes["subject"] = subject
-    return CloudEvent(attributes=attributes, data=data)
+    return shipped_request_event(
+        action,
+        data,
+        event_id=event_id or "",
+        source=source,
+        subject=subject or "",
+        extensions=extensions,
+    )
 
 
 def send(
