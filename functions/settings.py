@@ -55,7 +55,8 @@ def default_store_url(environ: Mapping[str, str]) -> str:
 @dataclass(frozen=True)
 class WarmLimits:
     """WARM_CHECKS, WARM_CHECK_IDLE_SECONDS, WARM_CHECK_MAX_AGE_SECONDS, WARM_CHECKS_PER_REPLICA,
-    WARM_CHECKS_PER_TEAM, WARM_CHECK_PAUSE (see the README's configuration table)."""
+    WARM_CHECKS_PER_TEAM, WARM_CHECK_PAUSE, WARM_CHECK_IMAGE_SECONDS (see the README's
+    configuration table)."""
 
     enabled: bool = True
     idle_seconds: float = 300.0
@@ -63,6 +64,7 @@ class WarmLimits:
     per_replica: int = 64
     per_team: int = 16
     pause: str = ""  # a static pause program on the engine's host, run as ``<pause> -P``
+    image_seconds: float = 60.0  # an image reference's id is asked again after this (engine)
 
 
 @dataclass(frozen=True)
@@ -430,6 +432,7 @@ def warm_limits(env: Mapping[str, str]) -> WarmLimits:
         per_replica=_whole(env, "WARM_CHECKS_PER_REPLICA", default.per_replica),
         per_team=_whole(env, "WARM_CHECKS_PER_TEAM", default.per_team),
         pause=env.get("WARM_CHECK_PAUSE", "").strip(),
+        image_seconds=_number(env, "WARM_CHECK_IMAGE_SECONDS", default.image_seconds, zero=True),
     )
 
 

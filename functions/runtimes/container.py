@@ -39,6 +39,7 @@ from functions.runtimes.background import (
     end_async_run,
     outcome_of_async,
 )
+from functions.runtimes.image_ids import ImageIds
 from functions.runtimes.output import STDERR, STDOUT, Output
 from functions.runtimes.sweep import Sweeper
 from functions.runtimes.warm import WARM_OFF, WarmCounts, warm_key
@@ -88,6 +89,7 @@ class ContainerRuntime:
         self._warm = (
             WarmContainers(client, config.warm, config.network) if config.warm.enabled else None
         )
+        self._image_ids = ImageIds(config.warm.image_seconds)
 
     @classmethod
     def from_settings(cls, settings: Settings, store: Store) -> ContainerRuntime:
@@ -204,7 +206,8 @@ class ContainerRuntime:
             key = warm_key(team=task.team, image_digest=image, resource_key=resource_key)
             keep = stage_collect.stderr_bytes(redactor)
             ended = self._warm.check(task, key, image, clock, keep)
-            if ended is None:
+            if ended is None:  # busy, or it could not start (the image gone?): ask next time
+                self._image_ids.forget(task.resource_type.image)
                 return None
             exit_code, output = ended
             root = self._run_root(task.run_id)  # no work dir: a check mounts none
@@ -219,9 +222,14 @@ class ContainerRuntime:
         """The id (``sha256:…``) of the task's image, pulled if the engine lacks it; or
         the problem of its pull."""
         image = task.resource_type.image
+        known = self._image_ids.get(image)
+        if known:
+            return known, None
         for _ in range(2):
             try:
-                return str(self._client.api.inspect_image(image)["Id"]), None
+                found = str(self._client.api.inspect_image(image)["Id"])
+                self._image_ids.put(image, found)
+                return found, None
             except docker.errors.ImageNotFound:
                 pass
             except ENGINE_ERRORS as err:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 import uuid
 from typing import Any
 
@@ -197,6 +198,36 @@ def test_a_warm_container_that_cannot_start_leaves_the_check_to_a_new_one(
         "no warm check container, the check runs in a new one"
         in (tmp_path / "services.log").read_text()
     )
+
+
+def test_a_moved_tag_gets_a_new_warm_container_after_the_image_seconds(
+    docker_host, warm_image, tmp_path
+):
+    """The image's id is remembered for WARM_CHECK_IMAGE_SECONDS (no inspect per check); a
+    tag moved to another image is then seen, and its checks get a container of their own."""
+    client = docker.DockerClient(base_url=docker_host)
+    repository, version = "localhost/rf-warm-moved", uuid.uuid4().hex[:8]
+    tag = f"{repository}:{version}"
+    client.images.get(warm_image).tag(repository, version)
+    base = client.containers.create(warm_image, command=["/bin/true"])
+    moved = base.commit(conf={"Labels": {"rf-variant": "moved"}})  # the same files, a new id
+    base.remove()
+    env = {**service_env(docker_host, tag, tmp_path), "WARM_CHECKS": "on"}
+    services = start_services(
+        {**env, "WARM_CHECK_IMAGE_SECONDS": "3"}, tmp_path / "services.log", actions=("check",)
+    )
+    try:
+        source = new_source()
+        first = check(services, source)
+        moved.tag(repository, version)
+        time.sleep(3.5)
+        after = check(services, source)
+        assert first["count"] == "1"
+        assert after["count"] == "1" and after["container"] != first["container"]
+        assert {c.image.id for c in warm_containers(docker_host)} >= {moved.id}
+    finally:
+        services.stop()
+        client.images.remove(moved.id, force=True)  # and the tag, which is on it by now
 
 
 def children(pid: int) -> list[int]:

@@ -1,12 +1,15 @@
 """The warm check containers' bookkeeping (functions.runtimes.warm): keys, one check at a
-time, expiry, the caps with the least recently used going first; removals recorded."""
+time, expiry, the caps with the least recently used going first; removals recorded; image ids
+remembered for a while (functions.runtimes.image_ids)."""
 
 from __future__ import annotations
 
 import pytest
 
+from functions.errors import ConfigError
+from functions.runtimes.image_ids import LIMIT, ImageIds
 from functions.runtimes.warm import Busy, WarmPool, warm_key
-from functions.settings import WarmLimits
+from functions.settings import WarmLimits, warm_limits
 
 
 class Clock:
@@ -114,3 +117,34 @@ def test_after_the_drain_nothing_is_kept():
     assert warm.take("late") is None
     late = warm.admit("late", "t", "c-late")
     assert late is None and warm.counts().alive == 0 and removed == []
+
+
+def test_an_image_id_is_remembered_for_its_seconds_then_asked_again():
+    clock = Clock()
+    ids = ImageIds(60, clock)
+    assert ids.get("r/app:1") is None
+    ids.put("r/app:1", "sha256:a")
+    clock.now = 59.9
+    assert ids.get("r/app:1") == "sha256:a" and ids.get("r/other:1") is None
+    clock.now = 60
+    assert ids.get("r/app:1") is None  # a moved tag is seen within the time
+    ids.put("r/app:1", "sha256:b")
+    ids.forget("r/app:1")
+    assert ids.get("r/app:1") is None
+
+
+def test_zero_image_seconds_asks_the_engine_every_time_and_the_memory_is_bounded():
+    never = ImageIds(0, Clock())
+    never.put("r/app:1", "sha256:a")
+    assert never.get("r/app:1") is None
+    ids = ImageIds(60, Clock())
+    for n in range(LIMIT + 1):
+        ids.put(f"r/app:{n}", "sha256:a")
+    assert ids.get("r/app:0") is None and ids.get(f"r/app:{LIMIT}") == "sha256:a"
+
+
+def test_image_seconds_is_read_and_checked():
+    assert warm_limits({}).image_seconds == 60
+    assert warm_limits({"WARM_CHECK_IMAGE_SECONDS": "0"}).image_seconds == 0
+    with pytest.raises(ConfigError, match="WARM_CHECK_IMAGE_SECONDS"):
+        warm_limits({"WARM_CHECK_IMAGE_SECONDS": "-1"})
