@@ -37,6 +37,7 @@ import pytest
 import yaml
 
 from testbed.git_daemon import git_daemon
+from testbed.git_history import make_repository
 from tests.cluster.conftest import NAMESPACE, KnativeDeployment, wait_ready
 from tests.cluster.custom_task import CustomTask, condition, custom_task_in
 from tests.cluster.knative import apply
@@ -50,6 +51,8 @@ LISTENER = "new-versions"
 CHECK = "check-app"
 # The module's setup (Knative, Tekton, the component, the example) counts in its first test.
 pytestmark = pytest.mark.timeout(1200)
+# The app's history under its two files, in MiB (bench/README.md: T2 with 50 by hand).
+REPO_MB = int(os.environ.get("RF_TEKTON_REPO_MB", "0"))
 TEST_SH = '#!/bin/sh\nset -e\ntest -s VERSION\necho "tests of version $(cat VERSION) passed"\n'
 
 
@@ -77,19 +80,28 @@ class Repository:
 
 @pytest.fixture(scope="module")
 def repository(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Repository]:
+    """The app's repository: ``test.sh`` and ``VERSION`` on top of ``RF_TEKTON_REPO_MB`` of a
+    source tree's history (testbed/git_history.py; none by default)."""
     root = tmp_path_factory.mktemp("git-example")
     work = root / "work"
-    work.mkdir()
+    if REPO_MB:
+        make_repository(root / "app.git", REPO_MB, "source")
+        git("clone", "-q", str(root / "app.git"), str(work), cwd=root)
+    else:
+        work.mkdir()
+        git("init", "-q", "-b", "main", cwd=work)
     (work / "test.sh").write_text(TEST_SH)
     (work / "test.sh").chmod(0o755)
     (work / "VERSION").write_text("1\n")
-    git("init", "-q", "-b", "main", cwd=work)
     git("add", "-A", cwd=work)
     git("commit", "-q", "-m", "version 1", cwd=work)
-    git("clone", "-q", "--bare", str(work), str(root / "app.git"), cwd=root)
+    if REPO_MB:
+        git("push", "-q", "origin", "main", cwd=work)
+    else:
+        git("clone", "-q", "--bare", str(work), str(root / "app.git"), cwd=root)
     with git_daemon(root, GATEWAY) as port:
         uri = f"git://{GATEWAY}:{port}/app.git"
-        git("remote", "add", "origin", uri, cwd=work)
+        git("remote", "set-url" if REPO_MB else "add", "origin", uri, cwd=work)
         yield Repository(uri, root / "app.git", work)
 
 
