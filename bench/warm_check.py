@@ -38,7 +38,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -46,6 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import requests
 
 from functions.cli.launch import Launched, launch
+from functions.cli.send import request_event
+from functions.events import to_http
 from testbed.git_daemon import git_daemon
 from testbed.git_history import add_commit, make_repository
 from testbed.podman import podman_service
@@ -72,16 +73,10 @@ def default_image() -> str:
 
 def through_service(service: Launched, source: dict[str, str], version: object) -> float:
     """One check through the service (a binary-mode CloudEvent); its seconds."""
-    headers = {
-        "ce-specversion": "1.0",
-        "ce-type": "dev.resourcefunctions.check.requested",
-        "ce-source": "/bench/warm-check",
-        "ce-id": uuid.uuid4().hex,
-        "content-type": "application/json",
-    }
     data = {"type": "git", "source": source, "version": version}
+    headers, body = to_http(request_event("check", data, source="/bench/warm-check"))
     started = time.perf_counter()
-    answer = requests.post(service.urls["check"], headers=headers, json=data, timeout=600)
+    answer = requests.post(service.urls["check"], headers=headers, data=body, timeout=600)
     took = time.perf_counter() - started
     if answer.status_code != 200 or "error" in answer.json():
         raise SystemExit(

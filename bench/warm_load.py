@@ -52,7 +52,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -68,6 +67,8 @@ sys.path.insert(0, str(REPO))
 
 from functions.cli.busybox_image import build_resource_image
 from functions.cli.launch import Launched, launch
+from functions.cli.send import request_event
+from functions.events import to_http
 from testbed.podman import podman_service
 
 IMAGE_NAME = "localhost/rf-bench-warm-load"
@@ -150,15 +151,8 @@ def schedule(load: Load) -> list[tuple[float, int]]:
 
 
 def check_event(resource: int) -> tuple[dict[str, str], bytes]:
-    headers = {
-        "ce-specversion": "1.0",
-        "ce-type": "dev.resourcefunctions.check.requested",
-        "ce-source": "/bench/warm-load",
-        "ce-id": uuid.uuid4().hex,
-        "content-type": "application/json",
-    }
     data = {"type": "load", "source": {"uri": f"https://example.org/repo-{resource}.git"}}
-    return headers, json.dumps(data).encode()
+    return to_http(request_event("check", data, source="/bench/warm-load"))
 
 
 def outcome(answer: requests.Response) -> tuple[str, int]:

@@ -164,6 +164,15 @@ def render(
     return docs
 
 
+def min_scale(cluster: Cluster, namespace: str, service: str, value: str | None) -> None:
+    """Set (or, with None, remove) a Knative Service's min-scale annotation: a new revision."""
+    annotations = {"autoscaling.knative.dev/min-scale": value}
+    patch = {"spec": {"template": {"metadata": {"annotations": annotations}}}}
+    cluster.kubectl(
+        "-n", namespace, "patch", "ksvc", service, "--type=merge", "-p", json.dumps(patch)
+    )
+
+
 def apply(cluster: Cluster, docs: list[dict], attempts: int = 30) -> None:
     """``kubectl apply`` of a list, retried while webhooks are not serving yet."""
     payload = json.dumps({"apiVersion": "v1", "kind": "List", "items": docs})

@@ -26,6 +26,7 @@ from cloudevents.core.v1.event import CloudEvent
 from functions.cli.launch import NotReady, wait_until
 from testbed import event_sink as sinks
 from tests.cluster.conftest import KNATIVE_CACHE_SECRET, REPO, wait_functions_serve, wait_ready
+from tests.cluster.knative import min_scale
 from tests.cluster.up import GATEWAY
 from tests.support.events import ENCODERS, request_event
 from tests.support.runs import run_of
@@ -763,21 +764,12 @@ class Prober:
         self.cluster.kubectl("-n", self.namespace, "delete", "pod", self.name, "--wait=false")
 
 
-def min_scale(d, service: str, value: str | None) -> None:
-    """Set (or, with None, remove) ``service``'s min-scale annotation: a new revision."""
-    annotations = {"autoscaling.knative.dev/min-scale": value}
-    patch = {"spec": {"template": {"metadata": {"annotations": annotations}}}}
-    d.cluster.kubectl(
-        "-n", d.namespace, "patch", "ksvc", service, "--type=merge", "-p", json.dumps(patch)
-    )
-
-
 def one_pod_kept(d, service: str) -> str:
-    """Keep one pod of ``service`` (min-scale 1, a new revision) until ``min_scale(d,
-    service, None)`` and give its address: a pod scaled to zero mid-test would make every
+    """Keep one pod of ``service`` (min-scale 1, a new revision) until its min-scale
+    is removed and give its address: a pod scaled to zero mid-test would make every
     "cannot reach it" pass for nothing (a full run saw the check pod go before the test's
     last probe)."""
-    min_scale(d, service, "1")
+    min_scale(d.cluster, d.namespace, service, "1")
     wait_functions_serve(d.cluster, d.namespace)
     revision = d.cluster.kubectl(
         "-n",
@@ -864,7 +856,7 @@ def test_the_shipped_network_policies_fence_task_pods_and_the_functions(
         for prober in (task, other, knative):
             prober.delete()
         d.cluster.kubectl("delete", "namespace", other_ns, "--wait=false", check=False)
-        min_scale(d, "check", None)
+        min_scale(d.cluster, d.namespace, "check", None)
 
 
 STORE_SERVICE = "rf-store"  # a name for the test S3 server on the gateway (see below)
