@@ -474,6 +474,33 @@ def test_the_pingsource_example_reports_a_commit_between_two_ticks(knative_deplo
         repository.close()
 
 
+def typed_trigger(name: str, namespace: str, kind: str, uri: str) -> dict:
+    """A Trigger taking the events of type ``kind`` to ``uri``, with no delivery of its own:
+    the shipped Broker's retries and dead-letter sink apply."""
+    return {
+        "apiVersion": "eventing.knative.dev/v1",
+        "kind": "Trigger",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "broker": "default",
+            "filter": {"attributes": {"type": kind}},
+            "subscriber": {"uri": uri},
+        },
+    }
+
+
+def typed_event(kind: str, prefix: str) -> CloudEvent:
+    """An empty event of type ``kind`` with a new id starting with ``prefix``."""
+    attributes = {
+        "specversion": "1.0",
+        "type": kind,
+        "id": f"{prefix}-{uuid.uuid4().hex[:8]}",
+        "source": "/tests/pipeline",
+        "datacontenttype": "application/json",
+    }
+    return CloudEvent(attributes=attributes, data={})
+
+
 def test_an_undeliverable_event_reaches_the_dead_letter_service(knative_deployment):
     from functions.cli.launch import free_port
     from tests.cluster.up import GATEWAY
@@ -481,16 +508,7 @@ def test_an_undeliverable_event_reaches_the_dead_letter_service(knative_deployme
     d = knative_deployment
     kind = "dev.resourcefunctions.test.undeliverable"
     address = f"{GATEWAY}:{free_port(GATEWAY)}"  # nothing listens there
-    trigger = {  # no delivery of its own: the shipped Broker's retries and dead-letter sink
-        "apiVersion": "eventing.knative.dev/v1",
-        "kind": "Trigger",
-        "metadata": {"name": "undeliverable", "namespace": d.namespace},
-        "spec": {
-            "broker": "default",
-            "filter": {"attributes": {"type": kind}},
-            "subscriber": {"uri": f"http://{address}/"},
-        },
-    }
+    trigger = typed_trigger("undeliverable", d.namespace, kind, f"http://{address}/")
     d.cluster.kubectl("apply", "-f", "-", stdin=json.dumps(trigger))
     try:
         d.cluster.kubectl(
@@ -506,17 +524,8 @@ def test_an_undeliverable_event_reaches_the_dead_letter_service(knative_deployme
         # event (retries and dead-lettering included), so an event the filter tried to send
         # on is the one to follow; another is sent if it did not.
         for _ in range(3):
-            event_id = f"undeliverable-{uuid.uuid4().hex[:8]}"
-            event = CloudEvent(
-                attributes={
-                    "specversion": "1.0",
-                    "type": kind,
-                    "id": event_id,
-                    "source": "/tests/pipeline",
-                    "datacontenttype": "application/json",
-                },
-                data={},
-            )
+            event = typed_event(kind, "undeliverable")
+            event_id = event.get_id()
             tried = knative_log(d, FILTER).count(address)
             assert post(d.broker, event)[0] == 202
             if knative_log(d, FILTER).count(address) > tried:
@@ -554,31 +563,13 @@ def test_a_request_answered_429_is_retried_until_its_team_has_room(knative_deplo
     kind = "dev.resourcefunctions.test.busy"
     with sinks.event_sink(GATEWAY) as busy:
         busy.status, busy.retry_after = 429, str(RETRY_AFTER_SECONDS)
-        trigger = {
-            "apiVersion": "eventing.knative.dev/v1",
-            "kind": "Trigger",
-            "metadata": {"name": "busy", "namespace": d.namespace},
-            "spec": {
-                "broker": "default",
-                "filter": {"attributes": {"type": kind}},
-                "subscriber": {"uri": busy.url},
-            },
-        }
+        trigger = typed_trigger("busy", d.namespace, kind, busy.url)
         d.cluster.kubectl("apply", "-f", "-", stdin=json.dumps(trigger))
         try:
             wait_ready(d.cluster, d.namespace, ["trigger/busy"])
             # As in the dead-letter test: a Trigger just made Ready may miss the first event.
             for _ in range(3):
-                event = CloudEvent(
-                    attributes={
-                        "specversion": "1.0",
-                        "type": kind,
-                        "id": f"busy-{uuid.uuid4().hex[:8]}",
-                        "source": "/tests/pipeline",
-                        "datacontenttype": "application/json",
-                    },
-                    data={},
-                )
+                event = typed_event(kind, "busy")
                 sent = parallel_post(d.broker, event)
                 try:
                     wait_until(lambda: busy.attempts, "the first attempt", 15, interval=0.2)
