@@ -86,24 +86,18 @@ def repository(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> It
     source tree's history (testbed/git_history.py; none by default)."""
     root = tmp_path_factory.mktemp("git-example")
     work = root / "work"
-    if REPO_MB:
-        make_repository(root / "app.git", REPO_MB, "source")
-        git("clone", "-q", str(root / "app.git"), str(work), cwd=root)
-    else:
-        work.mkdir()
-        git("init", "-q", "-b", "main", cwd=work)
+    make_repository(root / "app.git", REPO_MB, "source")  # 0: an empty repository
+    git("clone", "-q", str(root / "app.git"), str(work), cwd=root)
+    git("checkout", "-q", "-B", "main", cwd=work)  # an empty clone's branch is git's default
     (work / "test.sh").write_text(TEST_SH)
     (work / "test.sh").chmod(0o755)
     (work / "VERSION").write_text("1\n")
     git("add", "-A", cwd=work)
     git("commit", "-q", "-m", "version 1", cwd=work)
-    if REPO_MB:
-        git("push", "-q", "origin", "main", cwd=work)
-    else:
-        git("clone", "-q", "--bare", str(work), str(root / "app.git"), cwd=root)
+    git("push", "-q", "origin", "main", cwd=work)
     with git_daemon(root, GATEWAY) as port:
         uri = f"git://{GATEWAY}:{port}/app.git"
-        git("remote", "set-url" if REPO_MB else "add", "origin", uri, cwd=work)
+        git("remote", "set-url", "origin", uri, cwd=work)
         yield Repository(uri, root / "app.git", work)
 
 
