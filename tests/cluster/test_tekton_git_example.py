@@ -415,6 +415,18 @@ def timed_run(example: CustomTask, name: str, pipeline: str, params: dict, works
     return Timed(wall, phases)
 
 
+def both_ways(
+    example: CustomTask, repository: Repository, ref: str, name: str
+) -> tuple[Timed, Timed]:
+    """Commit ``ref`` got and tested our way (an emptyDir) and Tekton's (the PVC, in a
+    ``subPath`` of its own): the PipelineRuns ``ours-<name>`` and ``pvc-<name>``."""
+    ours_params = {"ref": ref, "repository": repository.uri, "store-url": example.store_url}
+    mine = timed_run(example, f"ours-{name}", "get-and-test", ours_params, {"emptyDir": {}})
+    their_params = {"ref": ref, "repository": repository.uri}
+    claim = {"persistentVolumeClaim": {"claimName": CLAIM}, "subPath": name}
+    return mine, timed_run(example, f"pvc-{name}", "clone-and-test", their_params, claim)
+
+
 def test_figures_the_example_against_a_clone_into_a_pvc(
     example: CustomTask, repository: Repository, tekton, real_resource_images, tmp_path
 ) -> None:
@@ -426,35 +438,18 @@ def test_figures_the_example_against_a_clone_into_a_pvc(
     theirs = tekton_way(repository, node, volume, tekton.shell_image, real_resource_images["git"])
     apply(cluster, theirs)
     figures: dict[str, list[Timed]] = {}
-    claim = {"persistentVolumeClaim": {"claimName": CLAIM}}
     try:
         # A round not counted: the functions' services up from zero, images on the node.
-        ref = repository.commit("warm-up")
-        params = {"ref": ref, "repository": repository.uri, "store-url": example.store_url}
-        timed_run(example, "ours-warm-up", "get-and-test", params, {"emptyDir": {}})
-        params = {"ref": ref, "repository": repository.uri}
-        timed_run(example, "pvc-warm-up", "clone-and-test", params, {**claim, "subPath": "w"})
+        both_ways(example, repository, repository.commit("warm-up"), "warm-up")
         for scale in SCALES:
             # The test cluster scales an idle Service to zero after 6 s, so that its gets
             # wait for a pod; an operator of a busy pipeline keeps one (min-scale 1).
             min_scale(cluster, NAMESPACE, "get", scale)
             wait_functions_serve(cluster, NAMESPACE)
             for round_ in range(ROUNDS):
-                name = f"{scale}-{round_}"
-                ref = repository.commit(f"bench-{name}")  # a commit no get has fetched
-                params = {"ref": ref, "repository": repository.uri, "store-url": example.store_url}
-                their_params = {"ref": ref, "repository": repository.uri}
+                ref = repository.commit(f"bench-{scale}-{round_}")  # no get has fetched it
                 for attempt in ("first", "rerun"):
-                    mine = timed_run(
-                        example, f"ours-{attempt}-{name}", "get-and-test", params, {"emptyDir": {}}
-                    )
-                    other = timed_run(
-                        example,
-                        f"pvc-{attempt}-{name}",
-                        "clone-and-test",
-                        their_params,
-                        {**claim, "subPath": f"{attempt}-{name}"},
-                    )
+                    mine, other = both_ways(example, repository, ref, f"{attempt}-{scale}-{round_}")
                     way = f"{attempt}, get min-scale {scale}"
                     figures.setdefault(f"ours {way}", []).append(mine)
                     figures.setdefault(f"pvc {way}", []).append(other)
