@@ -18,9 +18,10 @@ other modules' sink does not: it must show every failed delivery), so that a del
 Broker's data plane drops under load is retried rather than lost to the test; a request is
 answered once when one reply event (one id) reaches the sink for it.
 
-The load's size comes from the environment (defaults: the full size, a few minutes here):
-``RF_LOAD_GETS`` (100), ``RF_LOAD_RESOURCES`` (20), ``RF_LOAD_CHECKS_PER_RESOURCE`` (10),
-``RF_LOAD_AT_ONCE`` (20); ``RF_P6_ROUNDS`` (5) and ``RF_P4_HITS`` (10) for the others.
+Benchmarks (``bench``): CI runs them at a smoke size; ``RF_BENCH=full`` at the size of
+bench/README.md. Each size is also a variable of its own (full / smoke): ``RF_LOAD_GETS``
+(100 / 10), ``RF_LOAD_RESOURCES`` (20 / 4), ``RF_LOAD_CHECKS_PER_RESOURCE`` (10 / 3),
+``RF_LOAD_AT_ONCE`` (20 / 6); ``RF_P6_ROUNDS`` (5 / 1) and ``RF_P4_HITS`` (10 / 3).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from tests.cluster.timeline import (
     stamp,
     wall,
 )
+from tests.support.bench import size
 from tests.support.events import request_event
 from tests.support.runs import run_of
 
@@ -95,10 +97,6 @@ def unenforced(network_policies):
     """NetworkPolicy enforcement off for the rest of the module (the module's fixture turns
     it off again at its end: ``stop`` is idempotent)."""
     network_policies.stop()
-
-
-def size(name: str, default: int) -> int:
-    return int(os.environ.get(name, str(default)))
 
 
 def say(capsys, lines: list[str]) -> None:
@@ -185,6 +183,7 @@ def phase_lines(phases, runs: list[dict[str, float]], end: str) -> list[str]:
     return lines
 
 
+@pytest.mark.bench
 def test_a_get_against_a_bare_pod(sink_retries, network_policies, cluster_images, capsys):
     """P6, with each phase of both (medians of RF_P6_ROUNDS rounds, alternating), with the
     NetworkPolicy enforcement stand-in on, then off."""
@@ -197,7 +196,7 @@ def test_a_get_against_a_bare_pod(sink_retries, network_policies, cluster_images
             if not enforced:
                 network_policies.stop()
             ours, bare = [], []
-            for _ in range(size("RF_P6_ROUNDS", 5)):
+            for _ in range(size("RF_P6_ROUNDS", 5, 1)):
                 data = get_data()
                 payload = {"source": data["source"], "version": data["version"]}
                 bare.append(bare_pod(core, timeline, cluster_images["resource"], payload))
@@ -219,6 +218,7 @@ def test_a_get_against_a_bare_pod(sink_retries, network_policies, cluster_images
 # --- P4 on the cluster ------------------------------------------------------------------------
 
 
+@pytest.mark.bench
 def test_a_cache_hit_through_the_broker(sink_retries, unenforced, capsys):
     """A cache hit's round trip (P4 on the cluster), by phase: POST → the Broker's ingress
     (the request's ``knativearrivaltime``), → the function (its request line), → the
@@ -229,7 +229,7 @@ def test_a_cache_hit_through_the_broker(sink_retries, unenforced, capsys):
     assert post(d.broker, first)[0] == 202
     assert_reply(reply_to(d, first, "get"), first, "get")
     hits: list[dict[str, float]] = []
-    for _ in range(size("RF_P4_HITS", 10)):
+    for _ in range(size("RF_P4_HITS", 10, 3)):
         hit = request_event("get", data)
         posted = time.time()
         status, held = post(d.broker, hit)
@@ -431,6 +431,7 @@ def container_memory(container: str) -> str:
     )
 
 
+@pytest.mark.bench
 @pytest.mark.timeout(1800)
 def test_many_runs_at_once(sink_retries, unenforced, capsys):
     """Distinct gets, then identical checks of a few resources (``check_every`` set, as
@@ -441,8 +442,8 @@ def test_many_runs_at_once(sink_retries, unenforced, capsys):
     while following the task: Knative counts requests, not a replica's background work) is
     counted; its Job owns it, so it goes with the Job at the Job's TTL."""
     d = sink_retries
-    gets_n, resources_n = size("RF_LOAD_GETS", 100), size("RF_LOAD_RESOURCES", 20)
-    each, at_once = size("RF_LOAD_CHECKS_PER_RESOURCE", 10), size("RF_LOAD_AT_ONCE", 20)
+    gets_n, resources_n = size("RF_LOAD_GETS", 100, 10), size("RF_LOAD_RESOURCES", 20, 4)
+    each, at_once = size("RF_LOAD_CHECKS_PER_RESOURCE", 10, 3), size("RF_LOAD_AT_ONCE", 20, 6)
     # These figures are a capacity's, not a team's share: one team sends it all, so its
     # MAX_RUNS_PER_TEAM (8 per replica) is raised above the load (tests/cluster/
     # test_teams_on_kubernetes.py shows the limit; past the Broker's retries a 429 is

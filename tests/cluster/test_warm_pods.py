@@ -21,20 +21,22 @@ from testbed.git_history import add_commit, make_repository
 from tests.cluster.conftest import resource_types
 from tests.cluster.timeline import api_requests, audit_entries, percentile
 from tests.cluster.up import GATEWAY
+from tests.support.bench import size
 from tests.support.events import request_event, send
 from tests.support.git_server import git
 
 WARM_LABEL = "resource-functions.dev/warm-check"
 PASSWORD = "warm-pod-secret-0b7e"
-ROUNDS = 5
+ROUNDS = size("RF_WARM_ROUNDS", 5, 2)  # checks each way in the warm-check figures
 # Checks ask for little CPU, as an operator sizes them on a 2-core node: the whole cluster
 # run's node has Knative's and earlier modules' pods on it, and a Job waiting for CPU there
 # waited minutes (the default 100m each, with warm pods of earlier tests kept idle).
 SMALL_CHECKS = json.dumps(
     {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"cpu": "2", "memory": "1Gi"}}
 )
-GIT_MB = int(os.environ.get("RF_WARM_GIT_MB", "30"))  # bench/README.md: 300 by hand
-GIT_ROUNDS = int(os.environ.get("RF_WARM_GIT_ROUNDS", "3"))
+# Benchmarks (bench): at a smoke size in CI, RF_BENCH=full for bench/README.md's (full / smoke).
+GIT_MB = size("RF_WARM_GIT_MB", 30, 2)  # bench/README.md: 300 by hand
+GIT_ROUNDS = size("RF_WARM_GIT_ROUNDS", 3, 1)
 
 
 @pytest.fixture(scope="module")
@@ -122,6 +124,7 @@ def test_a_check_over_its_budget_ends_with_its_pod(warm_deployment):
     assert budget == 1
 
 
+@pytest.mark.bench
 def test_figures_a_warm_check_against_a_job(
     warm_deployment, services_in_cluster, cluster_images, tmp_path, capsys
 ):
@@ -145,6 +148,7 @@ def test_figures_a_warm_check_against_a_job(
         )
 
 
+@pytest.mark.bench
 def test_figures_a_git_check_in_a_warm_pod_against_a_job(
     warm_deployment, services_in_cluster, cluster_images, real_resource_images, tmp_path, capsys
 ):
@@ -187,9 +191,9 @@ def test_figures_a_git_check_in_a_warm_pod_against_a_job(
 
 
 # The many-resources load (issue 30): by hand 50 resources every 10 s for 300 s.
-LOAD_RESOURCES = int(os.environ.get("RF_WARM_LOAD_RESOURCES", "10"))
+LOAD_RESOURCES = size("RF_WARM_LOAD_RESOURCES", 10, 3)
 LOAD_INTERVAL = float(os.environ.get("RF_WARM_LOAD_INTERVAL", "10"))
-LOAD_SECONDS = float(os.environ.get("RF_WARM_LOAD_SECONDS", "60"))
+LOAD_SECONDS = float(size("RF_WARM_LOAD_SECONDS", 60, 20))
 # Jobs fall behind past about a check a second (bench/README.md): by hand, the full size warm only.
 LOAD_WAYS = os.environ.get("RF_WARM_LOAD_WAYS", "warm pods,Jobs").split(",")
 
@@ -236,6 +240,7 @@ def warm_pod_memory(deployment) -> int:
     return total
 
 
+@pytest.mark.bench
 def test_figures_many_resources_checked_in_warm_pods_and_as_jobs(
     services_in_cluster, cluster_images, cluster, tmp_path, capsys
 ):
