@@ -6,9 +6,11 @@ nothing about the credentials in ``source`` or ``params`` and cannot be guessed 
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import json
+from dataclasses import asdict, dataclass
 from typing import Any
 
 
@@ -100,8 +102,41 @@ def log_key(run: str) -> str:
     return f"logs/{run}.log"
 
 
-def reply_token(secret: bytes, run: str) -> str:
-    """The token a run's ``collect`` step shows the reply relay to post that run's events
-    (``functions.http.reply_relay``): a keyed hash of the run id, so only whoever was given
-    it (the collect container, through the run's Secret) can post for the run."""
-    return hmac.new(secret, f"reply-token:{run}".encode(), hashlib.sha256).hexdigest()
+@dataclass(frozen=True)
+class ReplyClaims:
+    """What a run's reply token lets its holder post through the reply relay: events of run
+    ``run`` (an ``action``) answering request ``request_id`` with ``subject`` and ``team``,
+    a check's discovered versions of ``resource`` (its history key), until ``expires`` (unix
+    seconds: the run's Job deadline)."""
+
+    run: str
+    action: str
+    request_id: str
+    subject: str = ""
+    team: str = ""
+    resource: str = ""
+    expires: int = 0
+
+
+def reply_token(secret: bytes, claims: ReplyClaims) -> str:
+    """The token a run's ``collect`` step shows the reply relay (``functions.http.reply_relay``):
+    its claims, readable, and a keyed hash of them, so only whoever was given it (the collect
+    container, through the run's Secret) can post, and only what the claims say."""
+    body = base64.urlsafe_b64encode(canonical_json(asdict(claims))).rstrip(b"=").decode()
+    return f"{body}.{_token_mac(secret, body)}"
+
+
+def reply_claims(secret: bytes, token: str) -> ReplyClaims | None:
+    """The claims of a reply token made under ``secret``; None for any other string."""
+    body, _, mac = token.rpartition(".")
+    if not body or not hmac.compare_digest(mac, _token_mac(secret, body)):
+        return None
+    try:
+        fields = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+        return ReplyClaims(**fields)
+    except (ValueError, TypeError):
+        return None
+
+
+def _token_mac(secret: bytes, body: str) -> str:
+    return hmac.new(secret, f"reply-token:{body}".encode(), hashlib.sha256).hexdigest()

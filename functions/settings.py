@@ -106,6 +106,10 @@ class Settings:
     credentials_kubernetes_namespace_prefix: str = "concourse-"
     allowed_images: tuple[str, ...] = ("*",)  # ALLOWED_IMAGES: globs for an explicit image
     sender_audience: str = ""  # SENDER_AUDIENCE: require a Kubernetes token for it
+    # ARTIFACT_AUDIENCE: the audience of the Task pods' tokens the artifacts service takes
+    artifact_audience: str = "resource-functions-artifacts"
+    # TEKTON_TEAMS: namespace -> team; None: namespaces labelled resource-functions.dev/team
+    tekton_teams: dict[str, str] | None = None
     allowed_senders: tuple[str, ...] = ("*",)  # ALLOWED_SENDERS: globs of token usernames
     # REDACT_KEYS: globs of the keys of source/params whose literal values are secrets
     redact_keys: tuple[str, ...] = DEFAULT_REDACT_KEYS
@@ -176,6 +180,9 @@ class Settings:
             ).strip(),
             allowed_images=patterns(env.get("ALLOWED_IMAGES")),
             sender_audience=env.get("SENDER_AUDIENCE", "").strip(),
+            artifact_audience=env.get("ARTIFACT_AUDIENCE", "").strip()
+            or "resource-functions-artifacts",
+            tekton_teams=tekton_teams(env.get("TEKTON_TEAMS", "")),
             allowed_senders=patterns(env.get("ALLOWED_SENDERS")),
             redact_keys=redact_keys(env.get("REDACT_KEYS")),
             sender_teams=sender_teams(env.get("SENDER_TEAMS", ""), env.get("SENDER_AUDIENCE", "")),
@@ -234,6 +241,22 @@ def redact_keys(value: str | None) -> tuple[str, ...]:
         return ()
     expanded = (DEFAULT_REDACT_KEYS if p == "default" else (p,) for p in found)
     return tuple(dict.fromkeys(key for keys in expanded for key in keys))
+
+
+def tekton_teams(value: str) -> dict[str, str] | None:
+    """TEKTON_TEAMS: a JSON object of namespace → team; only the namespaces it names are
+    served. Empty: the namespaces an administrator labelled (functions.tekton.namespace_teams)."""
+    if not value.strip():
+        return None
+    try:
+        parsed = json.loads(value)
+    except ValueError as err:
+        raise ConfigError(f"TEKTON_TEAMS is not valid JSON: {err}") from None
+    if not isinstance(parsed, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and k and v for k, v in parsed.items()
+    ):
+        raise ConfigError("TEKTON_TEAMS must be a JSON object of namespace to team names")
+    return parsed
 
 
 def sender_teams(value: str, audience: str) -> tuple[tuple[str, tuple[str, ...]], ...]:

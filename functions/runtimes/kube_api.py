@@ -118,6 +118,23 @@ class KubeApi:
         username = status.get("user", {}).get("username")
         return username if isinstance(username, str) and username else None
 
+    def namespace_labels(self, name: str) -> dict[str, str] | None:
+        """The labels of Namespace ``name``, or None when there is no such namespace."""
+        try:
+            response = self._call(
+                "get",
+                "namespaces",
+                self._core.read_namespace,
+                name,
+                namespace_=name,
+                _preload_content=False,
+                _request_timeout=self._timeout,
+            )
+        except NotFound:
+            return None
+        labels = (json.loads(response.data or b"{}").get("metadata") or {}).get("labels")
+        return {str(k): str(v) for k, v in (labels or {}).items()}
+
     def delete_secret(self, name: str) -> None:
         try:
             self._json("delete", "secrets", self._core.delete_namespaced_secret, name)

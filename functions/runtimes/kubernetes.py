@@ -70,6 +70,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("functions.kubernetes")
 TASK_PODS = f"app.kubernetes.io/managed-by={MANAGED_BY}"  # the shared watch's label selector
+# A reply token outlives its Job's deadline by this: a pod may still be scheduled late.
+REPLY_GRACE_SECONDS = 600
 
 
 class TaskUnavailable(Unavailable):
@@ -306,7 +308,11 @@ class KubernetesRuntime:
         uid = uid_of(job)
         if not uid:
             raise Unavailable(f"the Kubernetes API returned Job {plan.job_name} without a uid")
-        token = keys.reply_token(self._config.reply_secret, plan.run_id) if plan.reply else ""
+        token = (
+            keys.reply_token(self._config.reply_secret, reply_claims(plan, time.time()))
+            if plan.reply
+            else ""
+        )
         manifest = podspec.stdin_secret_manifest(
             plan,
             task.stdin,
@@ -510,3 +516,19 @@ def _phase(pod: dict[str, Any]) -> str:
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def reply_claims(plan: podspec.JobPlan, now: float) -> keys.ReplyClaims:
+    """What an asynchronous run's collect may post through the reply relay: its reply and (a
+    check) its resource's discovered versions, for its request, until its Job's deadline."""
+    assert plan.reply is not None
+    deadline = now + plan.active_deadline_seconds + REPLY_GRACE_SECONDS
+    return keys.ReplyClaims(
+        run=plan.run_id,
+        action=plan.action,
+        request_id=plan.reply.request_id,
+        subject=plan.reply.subject or "",
+        team=plan.reply.team,
+        resource=plan.history.resource_key if plan.history else "",
+        expires=int(deadline),
+    )

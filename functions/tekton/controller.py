@@ -23,10 +23,12 @@ from kubernetes.client.exceptions import ApiException
 
 from functions import keys
 from functions.errors import SinkRefused
+from functions.runtimes.kube_api import KubeApi
 from functions.runtimes.podspec import REQUEST_LABEL
 from functions.sink import post_reply
 from functions.tekton.controller_config import ControllerConfig
 from functions.tekton.decide import Context, Posting, Reply, Step, decide, on_reply
+from functions.tekton.namespace_teams import NamespaceTeams
 
 GROUP, VERSION, PLURAL = "tekton.dev", "v1beta1", "customruns"
 REPOST_SECONDS = 5.0  # a request the Broker did not take is posted again this soon
@@ -50,11 +52,14 @@ class Controller:
         self._batch = client.BatchV1Api(api_client)
         self._config = config
         self._clock = clock
+        kube = KubeApi(api_client, config.task_namespace, (5.0, 30.0))
+        self.teams = NamespaceTeams(config.teams, kube.namespace_labels)
         self._ctx = Context(
             event_source=config.event_source,
-            team_of=config.team_of,
+            team_of=self.teams.team_of,
             resource_types=config.resource_types,
             artifact_url_prefix=config.artifact_url_prefix,
+            refusal=self.teams.refusal,
         )
         self._lock = threading.RLock()  # one decision at a time: watch, timers, replies
         self._posted: set[str] = set()  # request ids this process has posted
@@ -130,6 +135,8 @@ class Controller:
                     return
                 try:
                     step = on_reply(run, reply, self._clock(), self._ctx)
+                    if step.dropped:
+                        log.warning("customrun %s: reply dropped: %s", _name(run), step.dropped)
                     self._settle(run, step)
                     break
                 except _Conflict:

@@ -3,19 +3,19 @@
 ``K_SINK``: the Broker's address (a SinkBinding sets it). ``STORE_URL``, ``RESOURCE_TYPES``
 and ``TASK_NAMESPACE``: the functions' own, shared so that params are judged as the
 services judge them and a cancelled run's Job is found. ``TEKTON_TEAMS``: the namespace →
-team mapping (unset: each namespace is its own team).
+team mapping, shared with the artifacts service (unset: the namespaces an administrator
+labelled, ``functions.tekton.namespace_teams``).
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from functions.errors import ConfigError
 from functions.model import ResourceType
-from functions.settings import parse_resource_types
+from functions.settings import parse_resource_types, tekton_teams
 
 EVENT_SOURCE = "/resource-functions/tekton-controller"
 
@@ -26,7 +26,7 @@ class ControllerConfig:
     store_url: str
     task_namespace: str
     resource_types: dict[str, ResourceType] = field(default_factory=dict)
-    teams: dict[str, str] | None = None  # None: team = namespace
+    teams: dict[str, str] | None = None  # None: the namespaces labelled as teams
     event_source: str = EVENT_SOURCE
     host: str = "127.0.0.1"
     port: int = 8080
@@ -43,7 +43,7 @@ class ControllerConfig:
             store_url=env["STORE_URL"],
             task_namespace=env.get("TASK_NAMESPACE", ""),
             resource_types=parse_resource_types(env.get("RESOURCE_TYPES", "")),
-            teams=parse_teams(env.get("TEKTON_TEAMS", "")),
+            teams=tekton_teams(env.get("TEKTON_TEAMS", "")),
             host=env.get("HOST") or "127.0.0.1",
             port=int(env.get("PORT") or 8080),
         )
@@ -51,25 +51,3 @@ class ControllerConfig:
     @property
     def artifact_url_prefix(self) -> str:
         return self.store_url.rstrip("/") + "/artifacts/"
-
-    def team_of(self, namespace: str) -> str | None:
-        """The team of CustomRuns in ``namespace``: Tekton's tenancy is the namespace."""
-        if self.teams is None:
-            return namespace
-        return self.teams.get(namespace)
-
-
-def parse_teams(value: str) -> dict[str, str] | None:
-    """TEKTON_TEAMS: a JSON object of namespace → team; only the namespaces it names are
-    served. Empty: every namespace is served, as its own team."""
-    if not value.strip():
-        return None
-    try:
-        parsed = json.loads(value)
-    except ValueError as err:
-        raise ConfigError(f"TEKTON_TEAMS is not valid JSON: {err}") from None
-    if not isinstance(parsed, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) and k and v for k, v in parsed.items()
-    ):
-        raise ConfigError("TEKTON_TEAMS must be a JSON object of namespace to team names")
-    return parsed

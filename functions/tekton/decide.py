@@ -1,13 +1,18 @@
 """What to do next with a CustomRun (pure): derived from the object and the time alone, so a
 restarted controller takes up every run where the cluster says it is.
 
-An attempt's request id is the CustomRun's uid (``<uid>-r<N>`` for retry N): re-posted after
-a restart it is the same request, which the functions attach to the run already under way.
+An attempt's request id is made new and random when the attempt starts (``Context.new_id``)
+and written into the status before the request is posted: re-posted after a restart it is the
+same request, which the functions attach to the run already under way. It is not derived
+from anything a tenant reads elsewhere (the uid is in BUILD_ID, in logs), so a request of
+another team cannot carry it; a reply counts only if it answers that id, for the run's team,
+from the function of the run's kind (``on_reply``).
 """
 
 from __future__ import annotations
 
 import re
+import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -15,7 +20,7 @@ from typing import Any
 
 from functions.events import request_type
 from functions.model import ResourceType
-from functions.replies import TEAM_ATTRIBUTE
+from functions.replies import REPLY_SOURCE, TEAM_ATTRIBUTE
 from functions.tekton import status as st
 from functions.tekton.params import BadParams, RunRequest, action_of, is_ours, run_request
 
@@ -34,6 +39,9 @@ class Context:
     team_of: Callable[[str], str | None]  # namespace -> team, None: not served
     resource_types: Mapping[str, ResourceType] = field(default_factory=dict)
     artifact_url_prefix: str = ""
+    # why a namespace serves no team (``namespace_teams.NamespaceTeams.refusal``)
+    refusal: Callable[[str], str] = lambda namespace: f"namespace {namespace!r} is not served"
+    new_id: Callable[[], str] = lambda: secrets.token_hex(16)  # a new attempt's request id
 
 
 @dataclass(frozen=True)
@@ -54,19 +62,20 @@ class Step:
     post: Posting | None = None
     stop: str | None = None
     wake_at: datetime | None = None
+    dropped: str = ""  # why a reply changed nothing, when it was not merely stale
 
 
 @dataclass(frozen=True)
 class Reply:
-    """The part of a reply event that decides: whose request it answers, and how it ended."""
+    """The part of a reply event that decides: whose request it answers, and how it ended;
+    and what binds it to the request: the action of its type, its source and its team."""
 
     request_id: str
     succeeded: bool
     data: dict[str, Any]
-
-
-def request_id(uid: str, attempt: int) -> str:
-    return uid if attempt == 0 else f"{uid}-r{attempt}"
+    action: str = ""
+    source: str = ""
+    team: str = ""
 
 
 def subject(namespace: str, name: str) -> str:
@@ -96,13 +105,23 @@ def parse_duration(value: str) -> timedelta:
 def timeout_of(run: Mapping[str, Any]) -> timedelta | None:
     """The per-attempt timeout: ``spec.timeout``, 60 minutes when absent, None for 0."""
     given = (run.get("spec") or {}).get("timeout")
-    timeout = DEFAULT_TIMEOUT if given is None else parse_duration(str(given))
+    try:
+        timeout = DEFAULT_TIMEOUT if given is None else parse_duration(str(given))
+    except ValueError as err:
+        raise ValueError(f"spec.timeout: {err}") from None
     return timeout or None
 
 
+def retries_wanted(run: Mapping[str, Any]) -> int:
+    """``spec.retries`` (Tekton's CRD says integer; the object may have come another way)."""
+    wanted = (run.get("spec") or {}).get("retries") or 0
+    if not isinstance(wanted, int) or isinstance(wanted, bool) or wanted < 0:
+        raise ValueError(f"spec.retries must be a whole number, not {wanted!r}")
+    return wanted
+
+
 def retries_left(run: Mapping[str, Any]) -> bool:
-    wanted = int((run.get("spec") or {}).get("retries") or 0)
-    return st.attempt_of(run.get("status") or {}) < wanted
+    return st.attempt_of(run.get("status") or {}) < retries_wanted(run)
 
 
 def deadline_of(run: Mapping[str, Any], started: datetime) -> datetime | None:
@@ -117,19 +136,20 @@ def decide(run: Mapping[str, Any], now: datetime, ctx: Context) -> Step:
     status = dict(run.get("status") or {})
     if st.is_done(status):
         return Step()  # Tekton patches cancellation into finished runs too: nothing to do
-    spec, uid = run.get("spec") or {}, run["metadata"]["uid"]
+    spec = run.get("spec") or {}
     current = (status.get("extraFields") or {}).get("requestId")
     if spec.get("status") == CANCELLED_SPEC:
         message = spec.get("statusMessage") or "the CustomRun was cancelled"
         return Step(status=st.finished(status, False, st.CANCELLED, message, now), stop=current)
     try:
         timeout_of(run)
+        retries_wanted(run)
         request = build_request(run, ctx)
     except (BadParams, ValueError) as err:
-        why = f"bad params: {err}" if isinstance(err, BadParams) else f"bad spec.timeout: {err}"
+        why = f"bad params: {err}" if isinstance(err, BadParams) else f"bad spec: {err}"
         return Step(status=st.finished(status, False, st.BAD_PARAMS, why, now), stop=current)
     if not current or not status.get("startTime"):
-        first = request_id(uid, st.attempt_of(status))
+        first = ctx.new_id()
         return Step(
             status=st.started(status, first, now),
             post=posting(run, request, first, ctx),
@@ -139,7 +159,7 @@ def decide(run: Mapping[str, Any], now: datetime, ctx: Context) -> Step:
     if deadline is not None and now >= deadline:
         message = f"attempt {st.attempt_of(status) + 1} timed out after {timeout_of(run)}"
         if retries_left(run):
-            following = request_id(uid, st.attempt_of(status) + 1)
+            following = ctx.new_id()
             return Step(
                 status=st.retried(status, st.TIMED_OUT, message, following, now),
                 stop=current,
@@ -159,6 +179,9 @@ def on_reply(run: Mapping[str, Any], reply: Reply, now: datetime, ctx: Context) 
     if (status.get("extraFields") or {}).get("requestId") != reply.request_id:
         return Step()
     action = action_of(run)
+    unbound = not_bound(run, reply, action, ctx)
+    if unbound:
+        return Step(dropped=unbound)
     if reply.succeeded:
         return Step(
             status=st.finished(
@@ -175,13 +198,27 @@ def on_reply(run: Mapping[str, Any], reply: Reply, now: datetime, ctx: Context) 
     reason = st.failure_reason(str(error.get("kind") or ""))
     message = st.failure_message(action, error)
     if retries_left(run):
-        following = request_id(run["metadata"]["uid"], st.attempt_of(status) + 1)
+        following = ctx.new_id()
         return Step(
             status=st.retried(status, reason, message, following, now),
             post=posting(run, build_request(run, ctx), following, ctx),
             wake_at=deadline_of(run, now),
         )
     return Step(status=st.finished(status, False, reason, message, now))
+
+
+def not_bound(run: Mapping[str, Any], reply: Reply, action: str, ctx: Context) -> str:
+    """Why ``reply`` (which names the attempt's request id) is not this run's answer: its
+    type's action is not the run's kind, its source is not that function's, or its team is
+    not the run's namespace's. "" when it is."""
+    if reply.action != action:
+        return f"a reply of type action {reply.action!r} does not answer a {action}"
+    if reply.source != REPLY_SOURCE.format(action=action):
+        return f"source {reply.source!r} is not the {action} function's"
+    team = ctx.team_of(run["metadata"]["namespace"])
+    if team is None or reply.team != team:
+        return f"team {reply.team!r} is not the run's team {team!r}"
+    return ""
 
 
 def success_message(action: str, data: dict[str, Any]) -> str:
@@ -196,11 +233,13 @@ def build_request(run: Mapping[str, Any], ctx: Context) -> RunRequest:
     meta = run["metadata"]
     team = ctx.team_of(meta["namespace"])
     if team is None:
-        raise BadParams(f"namespace {meta['namespace']!r} is not served (no team for it)")
+        raise BadParams(ctx.refusal(meta["namespace"]))
     request = run_request(
         run, resource_types=ctx.resource_types, artifact_url_prefix=ctx.artifact_url_prefix
     )
-    labels = meta.get("labels") or {}
+    # Tekton's labels name the pipeline (whose pipeline-scoped Secrets ((var)) may read) only
+    # on a CustomRun its PipelineRun made; a bare CustomRun's labels are its author's word.
+    labels = (meta.get("labels") or {}) if owned_by_pipeline_run(run) else {}
     build = {
         "id": meta["uid"],
         "name": labels.get("tekton.dev/pipelineRun") or meta["name"],
@@ -209,6 +248,18 @@ def build_request(run: Mapping[str, Any], ctx: Context) -> RunRequest:
         "team": team,
     }
     return RunRequest(request.action, {**request.data, "build": build})
+
+
+def owned_by_pipeline_run(run: Mapping[str, Any]) -> bool:
+    """Whether a PipelineRun made ``run`` (its controlling owner)."""
+    owners = (run.get("metadata") or {}).get("ownerReferences") or []
+    return any(
+        isinstance(o, dict)
+        and o.get("kind") == "PipelineRun"
+        and str(o.get("apiVersion", "")).startswith("tekton.dev/")
+        and o.get("controller") is True
+        for o in owners
+    )
 
 
 def posting(run: Mapping[str, Any], request: RunRequest, rid: str, ctx: Context) -> Posting:

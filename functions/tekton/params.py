@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from functions.errors import InvalidRequest
+from functions.events import MAX_BODY_BYTES
 from functions.model import Action, ResourceType
-from functions.service.request_data import parse_request_data
+from functions.service.request_data import MAX_DEPTH, parse_request_data
 
 API_VERSION = "resource-functions.dev/v1alpha1"
 ACTIONS: dict[str, Action] = {"Check": "check", "Get": "get", "Put": "put"}
@@ -26,6 +27,12 @@ JSON_PARAMS = {
     "get": ("source", "version", "params"),
     "put": ("source", "params", "inputs"),
 }
+
+
+# A param's JSON text is judged before it is parsed: no larger than this, nested no deeper than
+# the functions take (a request must fit the functions' body bound, MAX_BODY_BYTES, in all).
+MAX_PARAM_BYTES = 256 * 1024
+MAX_PARAMS_BYTES = MAX_BODY_BYTES // 2
 
 
 class BadParams(ValueError):
@@ -69,6 +76,9 @@ def run_request(
     action = action_of(run)
     given = params_of(run)
     problems: list[str] = []
+    total = sum(len(v) for v in given.values() if isinstance(v, str))
+    if total > MAX_PARAMS_BYTES:
+        raise BadParams(f"the params hold {total} bytes of text, more than {MAX_PARAMS_BYTES}")
     known = (*TEXT_PARAMS, *JSON_PARAMS[action])
     unknown = sorted(set(given) - set(known))
     if unknown:
@@ -120,11 +130,35 @@ def json_param(name: str, value: Any, problems: list[str]) -> Any:
             f"param {name!r} must be a string holding JSON, got a {type(value).__name__}"
         )
         return None
+    if len(value) > MAX_PARAM_BYTES:
+        problems.append(f"param {name!r} is {len(value)} bytes, more than {MAX_PARAM_BYTES}")
+        return None
+    if nesting(value) > MAX_DEPTH:
+        problems.append(f"param {name!r} is nested deeper than {MAX_DEPTH} levels")
+        return None
     try:
         return json.loads(value)
     except ValueError as err:
         problems.append(f"param {name!r} is not valid JSON: {err}")
         return None
+
+
+def nesting(text: str) -> int:
+    """The deepest nesting of ``[`` and ``{`` in JSON text, outside strings, read without
+    parsing (the parser recurses: 5,000 levels raise ``RecursionError``)."""
+    deepest = depth = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (char == "\\", char != '"')
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
 
 
 def as_inputs(value: dict[str, Any]) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from typing import Any
 
 from functions.errors import InvalidRequest
 from functions.events import MAX_BODY_BYTES, TYPE_PREFIX, read_event, reply_data_of
+from functions.replies import TEAM_ATTRIBUTE
 from functions.tekton.controller import Controller
 from functions.tekton.decide import Reply, parse_subject
 
@@ -32,7 +33,16 @@ def reply_of(attributes: dict[str, Any], data: dict[str, Any]) -> tuple[str, str
         return None
     if where is None or not isinstance(request, str):
         return None
-    return (*where, Reply(request, ended == "succeeded", data))
+    action = kind[len(TYPE_PREFIX) :].rpartition(".")[0]
+    reply = Reply(
+        request,
+        ended == "succeeded",
+        data,
+        action=action,
+        source=str(attributes.get("source") or ""),
+        team=str(attributes.get(TEAM_ATTRIBUTE) or ""),
+    )
+    return (*where, reply)
 
 
 def serve(controller: Controller, host: str, port: int) -> ThreadingHTTPServer:

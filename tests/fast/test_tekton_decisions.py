@@ -4,15 +4,18 @@ to post and the Job to stop out."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
 from functions.model import ResourceType
+from functions.settings import tekton_teams
 from functions.tekton import status as st
-from functions.tekton.controller_config import ControllerConfig, parse_teams
+from functions.tekton.controller_config import ControllerConfig
 from functions.tekton.decide import (
     Context,
     Reply,
@@ -33,7 +36,9 @@ CTX = Context(
     team_of=lambda ns: {"team-a": "main"}.get(ns),
     resource_types={"git": ResourceType(image="registry.test/git@sha256:" + "a" * 64)},
     artifact_url_prefix=STORE + "/artifacts/",
+    new_id=lambda: f"req{next(_ids):029d}",
 )
+_ids = itertools.count()
 ARTIFACT = {
     "url": STORE + "/artifacts/k.tar.zst",
     "digest": "sha256:" + "b" * 64,
@@ -55,6 +60,15 @@ def customrun(kind: str = "Get", *, params: dict[str, Any] | None = None, **spec
             "name": "pr-1-fetch",
             "namespace": "team-a",
             "uid": UID,
+            "ownerReferences": [
+                {
+                    "apiVersion": "tekton.dev/v1",
+                    "kind": "PipelineRun",
+                    "name": "pr-1",
+                    "uid": "1",
+                    "controller": True,
+                }
+            ],
             "labels": {
                 "tekton.dev/pipelineRun": "pr-1",
                 "tekton.dev/pipelineTask": "fetch",
@@ -73,6 +87,26 @@ def with_status(run: dict, status: dict | None) -> dict:
     return {**run, "status": status or {}}
 
 
+def current(run: dict) -> str:
+    """The request id of the attempt under way."""
+    return str(run["status"]["extraFields"]["requestId"])
+
+
+def answer(run: dict, succeeded: bool, data: dict, **changes: Any) -> Reply:
+    """The functions' reply to the attempt under way: its request id, the action of the run's
+    kind, that function's source and the run's team (``changes`` forge any of them)."""
+    action = run["spec"]["customRef"]["kind"].lower()
+    given: dict[str, Any] = {
+        "request_id": current(run),
+        "succeeded": succeeded,
+        "data": data,
+        "action": action,
+        "source": f"/resource-functions/{action}",
+        "team": "main",
+    }
+    return Reply(**{**given, **changes})
+
+
 def condition(status: dict) -> dict:
     found = st.condition_of(status)
     assert found is not None
@@ -82,14 +116,14 @@ def condition(status: dict) -> dict:
 # --- starting -------------------------------------------------------------------------------
 
 
-def test_a_new_get_is_started_then_its_request_posted_with_the_uid_as_event_id() -> None:
+def test_a_new_get_is_started_then_its_request_posted_with_a_new_random_id() -> None:
     step = decide(customrun(), T0, CTX)
     assert step.status is not None and step.post is not None
     assert condition(step.status)["status"] == "Unknown"
     assert step.status["startTime"] == "2026-12-03T12:00:00Z"
-    assert step.status["extraFields"]["requestId"] == UID
+    rid = step.status["extraFields"]["requestId"]
     attributes = step.post.attributes
-    assert attributes["id"] == UID
+    assert attributes["id"] == rid != UID
     assert attributes["type"] == "dev.resourcefunctions.get.requested"
     assert attributes["subject"] == "tekton.dev/customruns/team-a/pr-1-fetch"
     assert attributes["team"] == "main"
@@ -109,11 +143,17 @@ def test_a_new_get_is_started_then_its_request_posted_with_the_uid_as_event_id()
     assert step.stop is None
 
 
+def test_the_default_request_ids_are_random_and_never_the_uid() -> None:
+    ids = {Context(event_source="s", team_of=lambda ns: ns).new_id() for _ in range(50)}
+    assert len(ids) == 50 and all(re.fullmatch("[0-9a-f]{32}", i) for i in ids)
+
+
 def test_a_running_run_is_reposted_with_the_same_id_as_after_a_restart() -> None:
     started = decide(customrun(), T0, CTX).status
-    step = decide(with_status(customrun(), started), T0 + timedelta(minutes=5), CTX)
+    run = with_status(customrun(), started)
+    step = decide(run, T0 + timedelta(minutes=5), CTX)
     assert step.status is None
-    assert step.post is not None and step.post.request_id == UID
+    assert step.post is not None and step.post.request_id == current(run)
     assert step.wake_at == T0 + timedelta(minutes=60)
 
 
@@ -153,6 +193,43 @@ def test_bad_params_fail_the_run_naming_the_param_and_post_nothing(
     assert named in found["message"], found["message"]
 
 
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        ("[" * 5000 + "]" * 5000, "nested deeper than 64 levels"),
+        ('{"a": ' * 65 + "1" + "}" * 65, "nested deeper than 64 levels"),
+        ('"' + "x" * (300 * 1024) + '"', "more than 262144"),
+    ],
+    ids=["5000-deep", "65-deep", "300-KiB"],
+)
+def test_a_param_too_deep_or_too_large_is_refused_before_it_is_parsed(
+    value: str, said: str
+) -> None:
+    """A param 5,000 levels deep raised RecursionError out of the controller's loop, for
+    every namespace: it is judged as text first, and the run alone ends."""
+    params = {"type": "git", "source": value, "version": '{"ref": "abc"}'}
+    step = decide(customrun(params=params), T0, CTX)
+    assert step.post is None and step.status is not None
+    found = condition(step.status)
+    assert (found["reason"], found["status"]) == (st.BAD_PARAMS, "False")
+    assert "'source'" in found["message"] and said in found["message"]
+
+
+def test_params_too_large_together_are_refused() -> None:
+    big = '"' + "x" * (200 * 1024) + '"'
+    params = {"type": "git", "source": big, "version": big, "params": big}
+    params |= {"image": "x" * (1500 * 1024)}
+    found = condition(decide(customrun(params=params), T0, CTX).status or {})
+    assert found["reason"] == st.BAD_PARAMS and "bytes of text" in found["message"]
+
+
+@pytest.mark.parametrize("retries", ["x", -1, 1.5, True])
+def test_retries_that_are_no_whole_number_fail_the_run(retries: object) -> None:
+    step = decide(customrun(retries=retries), T0, CTX)
+    assert step.post is None
+    assert "spec.retries" in condition(step.status or {})["message"]
+
+
 def test_a_namespace_without_a_team_is_not_served() -> None:
     run = customrun()
     run["metadata"]["namespace"] = "stranger"
@@ -185,7 +262,8 @@ def test_a_succeeded_get_writes_results_as_json_text_with_true() -> None:
         "metadata": [{"name": "a", "value": "b"}],
         "artifact": ARTIFACT,
     }
-    step = on_reply(running(), Reply(UID, True, data), T0 + timedelta(seconds=9), CTX)
+    run = running()
+    step = on_reply(run, answer(run, True, data), T0 + timedelta(seconds=9), CTX)
     assert step.status is not None and step.post is None
     assert condition(step.status)["status"] == "True"
     assert step.status["completionTime"] == "2026-12-03T12:00:09Z"
@@ -198,7 +276,7 @@ def test_a_succeeded_get_writes_results_as_json_text_with_true() -> None:
 def test_a_check_result_is_its_versions() -> None:
     run = running(customrun("Check", params={"type": "git", "source": "{}"}))
     data = {"versions": [{"ref": "1"}, {"ref": "2"}]}
-    step = on_reply(run, Reply(UID, True, data), T0, CTX)
+    step = on_reply(run, answer(run, True, data), T0, CTX)
     assert step.status is not None
     results = {r["name"]: r["value"] for r in step.status["results"]}
     assert json.loads(results["versions"]) == [{"ref": "1"}, {"ref": "2"}]
@@ -212,7 +290,8 @@ def test_a_failed_get_is_false_with_its_kind_and_log_tail() -> None:
         "exit_code": 1,
         "log_tail": "fatal: no such ref\n",
     }
-    step = on_reply(running(), Reply(UID, False, {"error": error}), T0, CTX)
+    run = running()
+    step = on_reply(run, answer(run, False, {"error": error}), T0, CTX)
     assert step.status is not None
     found = condition(step.status)
     assert (found["status"], found["reason"]) == ("False", "ResourceFailed")
@@ -222,35 +301,69 @@ def test_a_failed_get_is_false_with_its_kind_and_log_tail() -> None:
 
 def test_a_long_log_tail_keeps_its_end() -> None:
     error = {"kind": "resource_failed", "message": "x", "log_tail": "a" * 10000 + "THE END"}
-    found = condition(
-        on_reply(running(), Reply(UID, False, {"error": error}), T0, CTX).status or {}
-    )
+    run = running()
+    found = condition(on_reply(run, answer(run, False, {"error": error}), T0, CTX).status or {})
     assert found["message"].endswith("THE END") and len(found["message"]) <= st.MAX_MESSAGE
 
 
 def test_a_reply_to_another_attempt_or_a_finished_run_is_dropped() -> None:
-    assert on_reply(running(), Reply(UID + "-r1", True, {}), T0, CTX).status is None
-    done = with_status(customrun(), st.finished({}, False, st.CANCELLED, "x", T0))
-    assert on_reply(done, Reply(UID, True, {}), T0, CTX).status is None
+    run = running()
+    assert on_reply(run, answer(run, True, {}, request_id=UID), T0, CTX).status is None
+    done = with_status(customrun(), {**st.finished({}, False, st.CANCELLED, "x", T0)})
+    done["status"]["extraFields"] = {"requestId": current(run)}
+    assert on_reply(done, answer(done, True, {}), T0, CTX).status is None
+
+
+@pytest.mark.parametrize(
+    ("forged", "why"),
+    [
+        ({"team": "other"}, "team 'other'"),
+        ({"team": ""}, "team ''"),
+        ({"source": "/resource-functions/check"}, "source"),
+        ({"source": "/intruder"}, "source"),
+        ({"action": "check"}, "'check'"),
+    ],
+    ids=["another-team", "no-team", "another-function", "another-source", "a-check-reply"],
+)
+def test_a_reply_with_the_right_id_but_not_bound_to_the_run_changes_nothing(
+    forged: dict[str, str], why: str
+) -> None:
+    run = running()
+    data = {"version": {"ref": "evil"}, "metadata": [], "artifact": ARTIFACT}
+    step = on_reply(run, answer(run, True, data, **forged), T0, CTX)
+    assert step.status is None and step.post is None
+    assert why in step.dropped
+    assert on_reply(run, answer(run, True, data), T0, CTX).status is not None
+
+
+def test_pipeline_labels_count_only_on_a_customrun_its_pipelinerun_made() -> None:
+    bare = customrun()
+    bare["metadata"]["ownerReferences"] = []
+    step = decide(bare, T0, CTX)
+    assert step.post is not None
+    build = step.post.data["build"]
+    assert (build["pipeline"], build["name"], build["job"]) == ("", "pr-1-fetch", "pr-1-fetch")
+    owned = decide(customrun(), T0, CTX).post
+    assert owned is not None and owned.data["build"]["pipeline"] == "build"
 
 
 def test_a_failure_with_retries_left_starts_the_next_attempt_and_stays_unknown() -> None:
     run = running(customrun(retries=2))
     error = {"kind": "resource_failed", "message": "boom"}
-    step = on_reply(run, Reply(UID, False, {"error": error}), T0 + timedelta(minutes=1), CTX)
+    step = on_reply(run, answer(run, False, {"error": error}), T0 + timedelta(minutes=1), CTX)
     assert step.status is not None and step.post is not None
     assert condition(step.status)["status"] == "Unknown"
     assert condition(step.status)["reason"] == st.RETRYING
-    assert step.post.request_id == f"{UID}-r1"
+    assert step.post.request_id == step.status["extraFields"]["requestId"] != current(run)
     assert [condition(r)["status"] for r in step.status["retriesStatus"]] == ["False"]
     assert condition(step.status["retriesStatus"][0])["reason"] == "ResourceFailed"
     assert step.status["startTime"] == "2026-12-03T12:01:00Z"  # a new timeout window
     second = with_status(customrun(retries=2), step.status)
-    step = on_reply(second, Reply(f"{UID}-r1", False, {"error": error}), T0, CTX)
+    step = on_reply(second, answer(second, False, {"error": error}), T0, CTX)
     assert step.status is not None and step.post is not None
-    assert step.post.request_id == f"{UID}-r2"
+    assert step.post.request_id not in (current(run), current(second))
     third = with_status(customrun(retries=2), step.status)
-    step = on_reply(third, Reply(f"{UID}-r2", False, {"error": error}), T0, CTX)
+    step = on_reply(third, answer(third, False, {"error": error}), T0, CTX)
     assert step.status is not None and step.post is None
     assert condition(step.status)["status"] == "False"
     assert len(step.status["retriesStatus"]) == 2
@@ -266,7 +379,7 @@ def test_cancelling_a_running_run_stops_its_job_and_reports_customruncancelled()
         "CustomRun cancelled as the PipelineRun it belongs to has been cancelled."
     )
     step = decide(run, T0 + timedelta(seconds=30), CTX)
-    assert step.stop == UID and step.post is None and step.status is not None
+    assert step.stop == current(run) and step.post is None and step.status is not None
     found = condition(step.status)
     assert (found["status"], found["reason"]) == ("False", "CustomRunCancelled")
     assert "PipelineRun it belongs to" in found["message"]
@@ -282,7 +395,7 @@ def test_an_attempt_past_its_timeout_is_timed_out_and_its_job_stopped() -> None:
     run = running(customrun(timeout="30s"))
     assert decide(run, T0 + timedelta(seconds=29), CTX).status is None
     step = decide(run, T0 + timedelta(seconds=30), CTX)
-    assert step.stop == UID and step.post is None
+    assert step.stop == current(run) and step.post is None
     found = condition(step.status or {})
     assert (found["status"], found["reason"]) == ("False", "CustomRunTimedOut")
 
@@ -290,8 +403,8 @@ def test_an_attempt_past_its_timeout_is_timed_out_and_its_job_stopped() -> None:
 def test_a_timeout_with_retries_left_is_retried_with_a_new_window() -> None:
     run = running(customrun(timeout="1m30s", retries=1))
     step = decide(run, T0 + timedelta(seconds=90), CTX)
-    assert step.stop == UID
-    assert step.post is not None and step.post.request_id == f"{UID}-r1"
+    assert step.stop == current(run)
+    assert step.post is not None and step.post.request_id not in (UID, current(run))
     assert condition(step.status or {})["status"] == "Unknown"
     assert step.wake_at == T0 + timedelta(seconds=180)
 
@@ -328,13 +441,15 @@ def test_not_durations(text: str) -> None:
 def test_reply_events_are_read_from_their_type_subject_and_requestid() -> None:
     attributes = {
         "type": "dev.resourcefunctions.get.failed",
+        "source": "/resource-functions/get",
         "subject": subject("team-a", "pr-1-fetch"),
         "requestid": UID,
+        "team": "main",
     }
     assert reply_of(attributes, {"error": {}}) == (
         "team-a",
         "pr-1-fetch",
-        Reply(UID, False, {"error": {}}),
+        Reply(UID, False, {"error": {}}, "get", "/resource-functions/get", "main"),
     )
     assert reply_of({**attributes, "type": "dev.resourcefunctions.version.discovered"}, {}) is None
     assert reply_of({**attributes, "type": "dev.resourcefunctions.get.requested"}, {}) is None
@@ -344,13 +459,11 @@ def test_reply_events_are_read_from_their_type_subject_and_requestid() -> None:
     assert parse_subject("tekton.dev/customruns/a/b/c") is None
 
 
-def test_teams_are_the_namespaces_unless_mapped() -> None:
-    plain = ControllerConfig(broker="http://b", store_url=STORE, task_namespace="t")
-    assert plain.team_of("team-a") == "team-a"
+def test_teams_are_mapped_by_tekton_teams() -> None:
     mapped = ControllerConfig(
-        broker="http://b", store_url=STORE, task_namespace="t", teams=parse_teams('{"ci": "main"}')
+        broker="http://b", store_url=STORE, task_namespace="t", teams=tekton_teams('{"ci": "x"}')
     )
-    assert mapped.team_of("ci") == "main" and mapped.team_of("other") is None
+    assert mapped.teams == {"ci": "x"}
     assert mapped.artifact_url_prefix == "s3://bucket/ci/artifacts/"
 
 
