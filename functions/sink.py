@@ -1,10 +1,19 @@
-"""Posting a reply event to K_SINK (asynchronous completion), with bounded retries."""
+"""Posting events to K_SINK (replies, discovered versions, requests), with bounded retries.
+
+With Knative Eventing's ``authentication-oidc`` on, a SinkBinding mounts a token of its own
+identity for the sink's audience at ``/oidc/token`` (renewed by Knative: read at each post),
+and the Broker takes events only with such a token: every post carries it when the file is
+there (``K_SINK_TOKEN_FILE`` names another file). A post to the reply relay carries the run's
+reply token instead.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import requests
 from cloudevents.core.v1.event import CloudEvent
@@ -20,6 +29,19 @@ from storage.store_errors import retryable_status
 # Retried by the session (storage.store_errors.retryable_status's table, as urllib3 wants it).
 RETRYABLE = frozenset(s for s in range(400, 600) if retryable_status(s))
 RUN_HEADER = "Resource-Functions-Run"  # the run whose events a relayed POST carries
+SINK_TOKEN_FILE = "/oidc/token"  # where Knative's SinkBinding mounts its token (OIDC on)
+
+
+def sink_token_headers(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The ``Authorization`` header of the SinkBinding's token for K_SINK's audience, or none
+    when there is no token file (``authentication-oidc`` off)."""
+    env = os.environ if environ is None else environ
+    path = env.get("K_SINK_TOKEN_FILE") or SINK_TOKEN_FILE
+    try:
+        token = Path(path).read_text().strip()
+    except OSError:
+        return {}
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 @dataclass(frozen=True)
@@ -65,6 +87,8 @@ def post_reply(
     headers, body = to_http(event)
     if token is not None:
         headers = {**headers, RUN_HEADER: token.run, "Authorization": f"Bearer {token.token}"}
+    else:
+        headers = {**headers, **sink_token_headers()}
     with nullcontext(through) if through is not None else session(attempts) as used:
         try:
             response = used.post(sink, headers=headers, data=body, timeout=timeout)

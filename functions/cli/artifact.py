@@ -1,6 +1,7 @@
 """A directory to an artifact and back, outside the functions: ``resource-functions artifact
-pack|unpack`` (a Tekton step's files in and out of a workspace; docs/tekton.md) and ``run``'s
-local inputs and output.
+pack|unpack`` (a Tekton step's files in and out of a workspace, through the artifacts service
+with the pod's own token: ``ArtifactsService``; docs/tekton.md) and ``run``'s local inputs and
+output (straight to a store).
 
 An artifact is what a get answers with: ``{"url", "digest", "size", "format"}``. Packing
 writes a new object under ``artifacts/inputs/`` (write-once, never a cached get's key);
@@ -16,8 +17,12 @@ import uuid
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import requests
+
 from storage import Store
-from storage.archive import ArchiveOptions, Limits, suffix_for
+from storage.archive import ArchiveOptions, Limits, format_for_key, suffix_for
+from storage.archive import pack as pack_tree
+from storage.archive import unpack as unpack_stream
 from storage.artifacts import StreamWrapper, add_team, download_tree, upload_tree
 from storage.base import is_digest, key_for_url
 
@@ -67,6 +72,14 @@ def pack(
     }
 
 
+def writable_directory(directory: Path) -> None:
+    """Create ``directory`` if need be; ``BadArtifact`` when this step cannot write into it."""
+    if not directory.is_dir():
+        directory.mkdir(parents=True)
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise BadArtifact(unwritable(directory))
+
+
 def parse_artifact(text: str) -> dict[str, Any]:
     """An artifact given as JSON text (a Get's ``artifact`` result)."""
     try:
@@ -92,8 +105,84 @@ def unpack(
     digest = artifact.get("digest")
     if not isinstance(digest, str) or not is_digest(digest):
         raise BadArtifact("the artifact has no digest ('sha256:' and 64 hex digits) to verify")
-    if not directory.is_dir():
-        directory.mkdir(parents=True)
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise BadArtifact(unwritable(directory))
+    writable_directory(directory)
     download_tree(store, key, directory, expected_digest=digest, limits=limits, wrap=wrap)
+
+
+class ArtifactsService:
+    """The artifacts service (``functions.tekton.artifact_service``) as a Task's step reaches it: its
+    URL, and the file of the pod's projected ServiceAccount token for its audience (read at
+    each call: the kubelet renews it)."""
+
+    def __init__(self, url: str, token_file: str | os.PathLike[str]) -> None:
+        self.url = url.rstrip("/") + "/artifacts"
+        self.token_file = Path(token_file)
+
+    def _headers(self) -> dict[str, str]:
+        try:
+            token = self.token_file.read_text().strip()
+        except OSError as err:
+            raise BadArtifact(
+                f"cannot read the ServiceAccount token {self.token_file}: {err.strerror} (does "
+                "the Task declare the projected token volume? docs/tekton.md)"
+            ) from None
+        return {"Authorization": f"Bearer {token}"}
+
+    def unpack(self, artifact: dict[str, Any], directory: Path, limits: Limits) -> None:
+        """Extract ``artifact`` into ``directory``, its bytes checked against its digest."""
+        url, digest = artifact["url"], artifact.get("digest")
+        if not isinstance(digest, str) or not is_digest(digest):
+            raise BadArtifact("the artifact has no digest ('sha256:' and 64 hex digits) to verify")
+        try:
+            format = format_for_key(url)
+        except ValueError:
+            raise BadArtifact(f"{url} is not an artifact (no archive suffix)") from None
+        writable_directory(directory)
+        with _answer(
+            requests.get(
+                self.url, params={"url": url}, headers=self._headers(), stream=True, timeout=60
+            )
+        ) as response:
+            response.raw.decode_content = False
+            unpack_stream(
+                response.raw, directory, format=format, expected_digest=digest, limits=limits
+            )
+
+    def pack(self, directory: Path, options: ArchiveOptions) -> dict[str, Any]:
+        """Hand ``directory`` over as a new artifact of the Task's team; the artifact."""
+        if not directory.is_dir():
+            raise BadArtifact(f"{directory} is not a directory")
+        with pack_tree(directory, options) as stream:
+            body = iter(lambda: stream.read(1 << 20), b"")
+            with _answer(
+                requests.post(
+                    self.url,
+                    params={"format": options.format},
+                    headers=self._headers(),
+                    data=body,
+                    timeout=60,
+                )
+            ) as response:
+                return dict(response.json())
+
+
+class _answer:
+    """A response of the service as a context: ``BadArtifact`` with its message unless 2xx."""
+
+    def __init__(self, response: requests.Response) -> None:
+        self.response = response
+
+    def __enter__(self) -> requests.Response:
+        if self.response.status_code >= 300:
+            try:
+                message = self.response.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = self.response.text[:500]
+            self.response.close()
+            raise BadArtifact(
+                f"the artifacts service answered {self.response.status_code}: {message}"
+            )
+        return self.response
+
+    def __exit__(self, *_exc: object) -> None:
+        self.response.close()

@@ -1,6 +1,7 @@
 """The command line for people and for task pods.
 
-serve ACTION            run one service (check, get, put, dead-letter, reply-relay) under gunicorn
+serve ACTION            run one service (check, get, put, dead-letter, reply-relay, artifacts)
+                        under gunicorn
 run ACTION …            run one action locally and print the reply (progress on stderr)
 demo [--serve]          start the three services locally and show a check/get/put round trip
 runs [--since 1h] [--failed]   the runs recorded in STORE_URL lately
@@ -8,7 +9,7 @@ logs RUN_ID             a run's stored (redacted) log
 versions --type NAME --source JSON|@file   a resource's version history
 tekton-controller       the Tekton Custom Task's controller (CustomRuns → requests → status)
 send ACTION DATA        post one request event to $K_SINK (a scheduled check's CronJob)
-artifact pack|unpack    a directory to an artifact and back (Tekton steps; STORE_URL)
+artifact pack|unpack    a directory to an artifact and back (Tekton steps; ARTIFACTS_URL)
 stage …, collect …      the steps around the resource script inside a task pod
 """
 
@@ -52,7 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(required=True, dest="command")
     serve = sub.add_parser("serve", help="serve one action over HTTP (CloudEvents)")
-    serve.add_argument("action", choices=["check", "get", "put", "dead-letter", "reply-relay"])
+    serve.add_argument(
+        "action", choices=["check", "get", "put", "dead-letter", "reply-relay", "artifacts"]
+    )
     serve.add_argument("--host", help="default: $HOST, else 127.0.0.1")
     serve.add_argument("--port", type=int, help="default: $PORT, else 8080")
     serve.add_argument("--threads", type=int, help="default: $THREADS, else 16")
@@ -121,14 +124,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def add_artifact_parsers(sub: Any) -> None:
     """``artifact pack DIR`` and ``artifact unpack ARTIFACT DIR`` (functions.cli.artifact)."""
-    artifact = sub.add_parser("artifact", help="a directory to an artifact and back (STORE_URL)")
+    artifact = sub.add_parser(
+        "artifact", help="a directory to an artifact and back, through the artifacts service"
+    )
     verbs = artifact.add_subparsers(required=True, dest="verb")
-    pack = verbs.add_parser("pack", help="upload DIR as an artifact; print it as JSON")
+    pack = verbs.add_parser("pack", help="hand DIR over as an artifact; print it as JSON")
     pack.add_argument("directory", metavar="DIR")
     pack.add_argument("--result", metavar="FILE", help="also write the artifact JSON to FILE")
-    pack.add_argument(
-        "--team", default="", help="the team whose puts may take it (its build.team; default none)"
-    )
     pack.set_defaults(handler=cmd_artifact)
     unpack = verbs.add_parser("unpack", help="extract an artifact into DIR, digest verified")
     unpack.add_argument("artifact", metavar="ARTIFACT", help="the artifact as JSON, or @file")
@@ -136,21 +138,30 @@ def add_artifact_parsers(sub: Any) -> None:
     unpack.set_defaults(handler=cmd_artifact)
 
 
+ARTIFACTS_TOKEN_FILE = "/var/run/secrets/resource-functions/token/token"
+
+
 def cmd_artifact(args: argparse.Namespace) -> int:
-    """The store as the task pods' steps reach it: STORE_URL, and its credentials as the
-    files of a mounted Secret (STORE_CREDENTIALS_DIR), never env vars."""
+    """A Tekton step's side of the artifacts service: ``ARTIFACTS_URL``, and the pod's
+    projected ServiceAccount token in ``ARTIFACTS_TOKEN_FILE``; no store credential."""
     import os
 
-    from functions.cli import artifact
-    from functions.task.step_settings import StepSettings
-    from storage import open_store
+    import requests
 
-    settings = StepSettings.from_env(os.environ)
-    store = open_store(settings.store_url, settings.store_options)
+    from functions.cli import artifact
+    from storage.archive import ArchiveOptions, Limits
+
+    url = os.environ.get("ARTIFACTS_URL", "")
+    if not url:
+        print("error: ARTIFACTS_URL (the artifacts service) is not set", file=sys.stderr)
+        return 2
+    service = artifact.ArtifactsService(
+        url, os.environ.get("ARTIFACTS_TOKEN_FILE") or ARTIFACTS_TOKEN_FILE
+    )
     try:
         if args.verb == "pack":
             packed = json.dumps(
-                artifact.pack(store, Path(args.directory), settings.archive, team=args.team)
+                service.pack(Path(args.directory), ArchiveOptions.from_env(os.environ))
             )
             if args.result:
                 Path(args.result).write_text(packed)
@@ -158,10 +169,15 @@ def cmd_artifact(args: argparse.Namespace) -> int:
             return 0
         given = args.artifact
         text = Path(given[1:]).read_text() if given.startswith("@") else given
-        artifact.unpack(store, artifact.parse_artifact(text), Path(args.directory), settings.limits)
-    except artifact.BadArtifact as err:
+        service.unpack(
+            artifact.parse_artifact(text), Path(args.directory), Limits.from_env(os.environ)
+        )
+    except (artifact.BadArtifact, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except requests.RequestException as err:
+        print(f"error: the artifacts service at {url} is unreachable: {err}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -249,6 +265,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     logs.configure(settings.log_level)
     hooks: dict[str, Any] = {}
+    whole_bodies = True
     host = args.host or settings.host
     if args.action in ("check", "get", "put") and (warning := open_to_the_network(settings, host)):
         logging.getLogger("functions").warning(warning)
@@ -262,6 +279,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if settings.cache_secret_generated:
             raise ConfigError("the reply relay needs CACHE_SECRET: the functions' own key")
         app = create_relay_app(settings.cache_secret, settings.sink)
+    elif args.action == "artifacts":
+        from functions.tekton.artifact_service import artifacts_app_from
+
+        app, whole_bodies = artifacts_app_from(settings), False
     else:
         from functions.http.app import create_app
 
@@ -273,6 +294,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         host=host,
         port=args.port or settings.port,
         threads=args.threads or settings.threads,
+        whole_bodies=whole_bodies,
         **hooks,
     )
     return 0

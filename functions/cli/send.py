@@ -1,7 +1,9 @@
 """``send ACTION DATA``: post one request event to the Broker (``$K_SINK``), as a scheduled
 check does (a CronJob whose SinkBinding injects ``K_SINK``; knative/tekton/examples/).
 
-The event id is the caller's (``--id``): a retried pod of the same Job posts the same
+The event carries ``build.team`` as its ``team`` attribute, and, with Knative's
+``authentication-oidc`` on, the SinkBinding's token (``functions.sink``). The event id is the
+caller's (``--id``): a retried pod of the same Job posts the same
 ``(source, id)``, which the functions attach to the run already under way. The data is
 checked to be a JSON object here; the functions judge the rest (a refusal ends up at the
 dead-letter sink, or, posted straight to a service, as its 400).
@@ -17,6 +19,7 @@ from cloudevents.core.v1.event import CloudEvent
 
 from functions.errors import ConfigError, InvalidRequest
 from functions.events import request_type
+from functions.replies import team_attributes
 from functions.sink import post_reply
 
 DEFAULT_SOURCE = "/resource-functions/cli"
@@ -60,7 +63,18 @@ def send(
         raise ConfigError("no sink: pass --sink or set K_SINK (a SinkBinding injects it)")
     if not isinstance(data, dict):
         raise InvalidRequest("DATA must be a JSON object (the request's data)")
-    event = request_event(action, data, event_id=event_id, source=source, subject=subject)
+    build = data.get("build")
+    team = build.get("team") if isinstance(build, dict) else None
+    event = request_event(
+        action,
+        data,
+        event_id=event_id,
+        source=source,
+        subject=subject,
+        # build.team travels as the event's team attribute too: with sender authentication
+        # the Broker's EventPolicies decide by it who may name which team (docs/sender-auth.md)
+        extensions=team_attributes(team) if isinstance(team, str) else None,
+    )
     post_reply(sink, event, attempts=attempts, timeout=30)
     print(f"posted {event.get_type()} {event.get_id()} to {sink}", file=out)
     return 0

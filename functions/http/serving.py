@@ -75,9 +75,10 @@ class BoundedBody:
 
 
 class _Server(BaseApplication):  # type: ignore[misc]
-    def __init__(self, app: Any, options: dict[str, Any]) -> None:
+    def __init__(self, app: Any, options: dict[str, Any], whole_bodies: bool) -> None:
         self._app = app
         self._options = options
+        self._whole_bodies = whole_bodies
         super().__init__()
 
     def load_config(self) -> None:
@@ -85,7 +86,7 @@ class _Server(BaseApplication):  # type: ignore[misc]
             self.cfg.set(key, value)
 
     def load(self) -> Any:
-        return BoundedBody(self._app)
+        return BoundedBody(self._app) if self._whole_bodies else self._app
 
 
 def serve(
@@ -96,10 +97,13 @@ def serve(
     threads: int,
     started: Callable[[], None] | None = None,
     stopping: Callable[[], None] | None = None,
+    whole_bodies: bool = True,
 ) -> None:
     """Serve ``app`` until SIGTERM. In the worker process, ``started`` is called once it is
     up and ``stopping`` once it takes no more requests (the drain); in-flight requests and
-    ``stopping`` get ``GRACEFUL_TIMEOUT_SECONDS`` together."""
+    ``stopping`` get ``GRACEFUL_TIMEOUT_SECONDS`` together. ``whole_bodies``: each request's
+    body is read whole, under a deadline, before the app runs (``BoundedBody``); an app that
+    streams large bodies (the artifacts service) bounds its own reads instead."""
     hooks: dict[str, Any] = {}
     if started is not None:
         hooks["post_worker_init"] = lambda _worker: started()
@@ -121,6 +125,7 @@ def serve(
             "loglevel": "warning",
             "control_socket_disable": True,  # gunicorn 27 would write it under $HOME (read-only)
         },
+        whole_bodies,
     ).run()
 
 

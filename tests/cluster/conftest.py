@@ -421,32 +421,14 @@ def knative_deployment(
     overrides only, and the task pods' egress to this cluster's DNS and test servers on the
     gateway, and ``task_egress``), plus a Trigger that sends every event of the Broker to the
     sink; with its NetworkPolicies enforced."""
-    tmp = tmp_path_factory.mktemp("knative-deployment")
-    prefix = knative_store_prefix
-    from tests.cluster.knative import dev_local
-
-    overlay = write_overlay(
-        tmp,
-        image=dev_local(cluster, cluster_images["task"]),
-        config={
-            "STORE_URL": f"s3://{gateway_s3.bucket}/{prefix}",
-            "RESOURCE_TYPES": resource_types(cluster_images["resource"]),
-            "LOG_LEVEL": "debug",
-        },
-        store_env=gateway_s3.env,
-        cache_secret=KNATIVE_CACHE_SECRET,
-        task_egress=[
-            gateway_egress(
-                cluster,
-                closed=(
-                    cluster.api_port,
-                    cluster.kubelet_port,
-                    knative.kingress_port,
-                    *ports_of(task_egress),
-                ),
-            ),
-            *task_egress,
-        ],
+    overlay = deployment_overlay(
+        tmp_path_factory.mktemp("knative-deployment"),
+        cluster,
+        knative,
+        cluster_images,
+        gateway_s3,
+        knative_store_prefix,
+        task_egress,
     )
     cluster.kubectl("apply", "-k", str(overlay))
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(sink_trigger(event_sink.url)))
@@ -472,7 +454,7 @@ def knative_deployment(
     with pytest.MonkeyPatch.context() as patch:
         for name, value in gateway_s3.env.items():
             patch.setenv(name, value)
-        store = open_store(f"s3://{gateway_s3.bucket}/{prefix}")
+        store = open_store(f"s3://{gateway_s3.bucket}/{knative_store_prefix}")
         yield KnativeDeployment(
             cluster,
             knative,
@@ -495,6 +477,35 @@ def task_egress() -> list[dict]:
 
 def ports_of(rules: list[dict]) -> tuple[int, ...]:
     return tuple(port["port"] for rule in rules for port in rule.get("ports", []))
+
+
+def deployment_overlay(
+    tmp: Path,
+    cluster: Cluster,
+    knative,
+    images: dict[str, str],
+    s3: GatewayS3,
+    prefix: str,
+    task_egress: list[dict],
+) -> Path:
+    """``knative/`` as the cluster tests apply it (``write_overlay``): the project image, the
+    test catalogue, the store under ``prefix``, and the task pods' egress to this cluster's
+    DNS and test servers on the gateway, but for the ports ``task_egress`` opens itself."""
+    from tests.cluster.knative import dev_local
+
+    closed = (cluster.api_port, cluster.kubelet_port, knative.kingress_port, *ports_of(task_egress))
+    return write_overlay(
+        tmp,
+        image=dev_local(cluster, images["task"]),
+        config={
+            "STORE_URL": f"s3://{s3.bucket}/{prefix}",
+            "RESOURCE_TYPES": resource_types(images["resource"]),
+            "LOG_LEVEL": "debug",
+        },
+        store_env=s3.env,
+        cache_secret=KNATIVE_CACHE_SECRET,
+        task_egress=[gateway_egress(cluster, closed=closed), *task_egress],
+    )
 
 
 def sink_trigger(url: str) -> dict:
@@ -714,6 +725,67 @@ class KnativeDeployment:
         if selector:
             args += ["-l", selector]
         return json.loads(self.cluster.kubectl(*args))["items"]
+
+
+# --- the production path as a multi-team cluster runs it ------------------------------------
+
+
+@pytest.fixture(scope="session")
+def secured(
+    cluster: Cluster,
+    knative,
+    tekton,
+    cluster_images: dict[str, str],
+    gateway_s3: GatewayS3,
+    event_sink: EventSink,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[object]:
+    """``authentication-oidc`` on, ``knative/`` with the sender-auth and tekton components,
+    NetworkPolicies enforced, Tekton installed (``tests/cluster/secured.py``), once a session:
+    the modules that ask for it run after all the others (``pytest_collection_modifyitems``)."""
+    from storage import open_store
+    from tests.cluster.custom_task import wait_sink_injected
+    from tests.cluster.secured import secure
+
+    enforcement = enforce_network_policies(cluster)
+    patch = pytest.MonkeyPatch()
+    try:
+        for name, value in gateway_s3.env.items():
+            patch.setenv(name, value)
+        made = secure(
+            cluster,
+            knative,
+            cluster_images,
+            gateway_s3,
+            event_sink,
+            tmp_path_factory.mktemp("secured"),
+            open_store,
+        )
+        wait_sink_injected(cluster)
+        yield made
+    finally:
+        patch.undo()
+        enforcement.stop()
+
+
+# A module's stage: the latest piece it needs, in the order .ci/cluster builds them. The
+# modules run by stage, so that the cluster tier can start once Kubernetes and Knative are
+# built while the later pieces build (a fixture that needs one waits for its build's lock);
+# the ``secured`` ones last, since ``authentication-oidc`` stays on after them.
+STAGES = (("secured", 4), ("tekton", 3), ("network_policies", 2), ("knative", 1))
+
+
+def stage(item: pytest.Item) -> int:
+    names = set(getattr(item, "fixturenames", ()))
+    return next((n for fixture, n in STAGES if fixture in names), 0)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules by stage (``STAGES``), each module whole, in their own order otherwise."""
+    stages: dict[object, int] = {}
+    for item in items:
+        stages[item.module] = max(stages.get(item.module, 0), stage(item))
+    items.sort(key=lambda item: stages[item.module])
 
 
 # --- a pipeline engine: Tekton Pipelines and Triggers ---------------------------------------

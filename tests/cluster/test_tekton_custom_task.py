@@ -1,13 +1,22 @@
-"""The Tekton Custom Task on the real cluster (issue 29): ``knative/`` applied with the
-``tekton`` component, Tekton Pipelines installed (the ``tekton`` fixture), the StepActions of
-``knative/tekton/steps/`` in a user namespace whose team is its name.
+"""The Tekton Custom Task on the real cluster (issues 29, 39), on the ``secured`` deployment:
+``authentication-oidc`` on, ``knative/`` with the ``sender-auth`` and ``tekton`` components,
+NetworkPolicies enforced, Tekton installed; the StepActions of ``knative/tekton/steps/`` in a
+user namespace an administrator labelled as its team. No store credential is in any pipeline
+namespace at any time (polled each second while the module runs).
 
 - A Pipeline whose first task is a ``Get`` CustomRun (the test resource image) and whose
   second is a Task that unpacks the Get's ``artifact`` into an emptyDir workspace (the
-  ``resource-functions-unpack`` StepAction, store credentials from a Secret volume) and reads
-  the files; a third Task writes a directory and packs it (``resource-functions-pack``), and a
-  ``Put`` CustomRun takes that artifact as its input: the PipelineRun succeeds with what the
-  files say, the put saw the packed file; no PersistentVolumeClaim exists anywhere.
+  ``resource-functions-unpack`` StepAction, through the artifacts service with its pod's
+  token) and reads the files; a third Task writes a directory and packs it
+  (``resource-functions-pack``), and a ``Put`` CustomRun takes that artifact as its input: the
+  PipelineRun succeeds with what the files say, the put saw the packed file; no
+  PersistentVolumeClaim exists anywhere.
+- A Task of another team given that Get's artifact: its unpack step gets 403, reads nothing.
+- A forged reply: another team's request carrying the CustomRun's subject and its very request
+  id is run and answered for that team; the controller drops the answer, and the CustomRun
+  ends with its own get's result.
+- The controller may write the status of this project's CustomRuns only, and only a team
+  administrator may label a namespace as a team (the component's admission policies).
 - A failing get: the PipelineRun fails; its CustomRun is ``False`` with the failure kind as
   reason and the resource's (redacted) log tail in the message.
 - A controller killed mid-run: the restarted controller posts the same request again (the
@@ -17,11 +26,11 @@
   event posted into the Broker twice (a redelivery) starts one PipelineRun, named after the
   event, which succeeds; the EventListener's CloudEvent answer never reaches the Broker.
 - A bad param: ``False``, ``InvalidParams``, the message naming the param; no request posted
-  (the Broker's sink never sees the event id) and no Job.
+  (the Broker's sink never sees one for it) and no Job.
 - Cancelling a running get (``spec.status: RunCancelled``): ``CustomRunCancelled``, and its
   Job is deleted.
-- A failing get with ``retries: 1``: two attempts (two Jobs, request ids ``<uid>`` and
-  ``<uid>-r1``), the first in ``retriesStatus``, then ``False``.
+- A failing get with ``retries: 1``: two attempts (two Jobs, each with its own request id),
+  the first in ``retriesStatus``, then ``False``.
 - A get past its ``spec.timeout``: ``CustomRunTimedOut``, and its Job is deleted.
 """
 
@@ -36,72 +45,59 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.cluster.conftest import NAMESPACE, KnativeDeployment, wait_ready
-from tests.cluster.custom_task import API_VERSION, CustomTask, condition, custom_task_in, results
+from tests.cluster.conftest import NAMESPACE, wait_ready
+from tests.cluster.custom_task import (
+    API_VERSION,
+    TOKEN_VOLUME,
+    CustomTask,
+    NoStoreKeys,
+    condition,
+    custom_task_in,
+    request_id,
+    results,
+)
 from tests.cluster.knative import apply
+from tests.cluster.secured import PIPELINE_TEAMS, Secured, identity
 from tests.cluster.up import Cluster
 
-USERS = "tekton-ct"  # a Tekton user's namespace: its team is "tekton-ct"
-TEKTON_NAMESPACES = (USERS,)  # shown by conftest when a test fails
+USERS = PIPELINE_TEAMS[0]  # a Tekton user's namespace, labelled as its team "tekton-ct"
+OTHERS = "tekton-other"  # another team's namespace (no CustomRun: only a Task)
+TEKTON_NAMESPACES = (USERS, OTHERS)  # shown by conftest when a test fails
 PASSWORD = "tekton-canary-7f3a"  # in a get's params: must never show in a status
 
 
 @pytest.fixture(scope="module")
-def custom_task(
-    cluster: Cluster, knative_deployment: KnativeDeployment, tekton, gateway_s3
-) -> Iterator[CustomTask]:
-    """The component and the user namespace (``custom_task_in``), with the Tasks and the
-    Pipeline below."""
-    with custom_task_in(cluster, knative_deployment, USERS, gateway_s3.env) as installed:
+def custom_task(cluster: Cluster, secured: Secured, tekton) -> Iterator[CustomTask]:
+    """The user namespaces (``custom_task_in``), with the Tasks and the Pipeline below; no
+    Secret holding a store key in either while the module runs (checked after it)."""
+    with (
+        NoStoreKeys(cluster, secured.deployment.s3.keys, TEKTON_NAMESPACES) as keys,
+        custom_task_in(cluster, secured, USERS) as installed,
+        custom_task_in(cluster, secured, OTHERS),
+    ):
         apply(cluster, user_resources(tekton.shell_image))
+        apply(cluster, [reader_task(OTHERS, tekton.shell_image)])
         yield installed
+    assert keys.polls > 10 and keys.found == {}, keys.found
 
 
 def user_resources(shell: str) -> list[dict]:
     meta = {"namespace": USERS}
-    read = (
-        'tr -d "\\n" < "$(workspaces.files.path)/repo/version" > "$(results.version.path)"\n'
-        'tr -d "\\n" < "$(workspaces.files.path)/repo/sub/build.txt" > "$(results.build.path)"\n'
-        '"$(workspaces.files.path)/repo/sub/run.sh" > "$(results.ran.path)"\n'
-    )
     make = (
         'mkdir -p "$(workspaces.files.path)/out"\n'
         'printf "made-%s" "$(params.content)" > "$(workspaces.files.path)/out/version"\n'
     )
     return [
-        {
-            "apiVersion": "tekton.dev/v1",
-            "kind": "Task",
-            "metadata": {"name": "read-files", **meta},
-            "spec": {
-                "params": [{"name": "artifact"}, {"name": "store-url"}],
-                "workspaces": [{"name": "files"}],
-                "results": [{"name": "version"}, {"name": "build"}, {"name": "ran"}],
-                "volumes": [{"name": "store", "secret": {"secretName": "store"}}],
-                "steps": [
-                    {
-                        "name": "unpack",
-                        "ref": {"name": "resource-functions-unpack"},
-                        "params": [
-                            {"name": "artifact", "value": "$(params.artifact)"},
-                            {"name": "directory", "value": "$(workspaces.files.path)/repo"},
-                            {"name": "store-url", "value": "$(params.store-url)"},
-                            {"name": "store-credentials", "value": "store"},
-                        ],
-                    },
-                    {"name": "read", "image": shell, "script": read},
-                ],
-            },
-        },
+        reader_task(USERS, shell),
         {
             "apiVersion": "tekton.dev/v1",
             "kind": "Task",
             "metadata": {"name": "make-output", **meta},
             "spec": {
-                "params": [{"name": "content"}, {"name": "store-url"}],
+                "params": [{"name": "content"}],
                 "workspaces": [{"name": "files"}],
                 "results": [{"name": "artifact", "value": "$(steps.pack.results.artifact)"}],
-                "volumes": [{"name": "store", "secret": {"secretName": "store"}}],
+                "volumes": [TOKEN_VOLUME],
                 "steps": [
                     {"name": "make", "image": shell, "script": make},
                     {
@@ -109,9 +105,6 @@ def user_resources(shell: str) -> list[dict]:
                         "ref": {"name": "resource-functions-pack"},
                         "params": [
                             {"name": "directory", "value": "$(workspaces.files.path)/out"},
-                            {"name": "store-url", "value": "$(params.store-url)"},
-                            {"name": "store-credentials", "value": "store"},
-                            {"name": "team", "value": "$(context.taskRun.namespace)"},
                         ],
                     },
                 ],
@@ -125,7 +118,6 @@ def user_resources(shell: str) -> list[dict]:
                 "params": [
                     {"name": "uri"},
                     {"name": "ref"},
-                    {"name": "store-url"},
                     {"name": "get-params", "default": "{}"},
                 ],
                 "workspaces": [{"name": "files"}],
@@ -151,7 +143,6 @@ def user_resources(shell: str) -> list[dict]:
                         "taskRef": {"name": "read-files"},
                         "params": [
                             {"name": "artifact", "value": "$(tasks.fetch.results.artifact)"},
-                            {"name": "store-url", "value": "$(params.store-url)"},
                         ],
                         "workspaces": [{"name": "files", "workspace": "files"}],
                     },
@@ -160,7 +151,6 @@ def user_resources(shell: str) -> list[dict]:
                         "taskRef": {"name": "make-output"},
                         "params": [
                             {"name": "content", "value": "$(tasks.read.results.version)"},
-                            {"name": "store-url", "value": "$(params.store-url)"},
                         ],
                         "workspaces": [{"name": "files", "workspace": "files"}],
                     },
@@ -183,7 +173,38 @@ def user_resources(shell: str) -> list[dict]:
     ]
 
 
-def pipeline_run(name: str, store_url: str, ref: str, get_params: dict | None = None) -> dict:
+def reader_task(namespace: str, shell: str) -> dict:
+    """A Task that unpacks a Get's artifact with its pod's token and reads the files."""
+    read = (
+        'tr -d "\\n" < "$(workspaces.files.path)/repo/version" > "$(results.version.path)"\n'
+        'tr -d "\\n" < "$(workspaces.files.path)/repo/sub/build.txt" > "$(results.build.path)"\n'
+        '"$(workspaces.files.path)/repo/sub/run.sh" > "$(results.ran.path)"\n'
+    )
+    return {
+        "apiVersion": "tekton.dev/v1",
+        "kind": "Task",
+        "metadata": {"name": "read-files", "namespace": namespace},
+        "spec": {
+            "params": [{"name": "artifact"}],
+            "workspaces": [{"name": "files"}],
+            "results": [{"name": "version"}, {"name": "build"}, {"name": "ran"}],
+            "volumes": [TOKEN_VOLUME],
+            "steps": [
+                {
+                    "name": "unpack",
+                    "ref": {"name": "resource-functions-unpack"},
+                    "params": [
+                        {"name": "artifact", "value": "$(params.artifact)"},
+                        {"name": "directory", "value": "$(workspaces.files.path)/repo"},
+                    ],
+                },
+                {"name": "read", "image": shell, "script": read},
+            ],
+        },
+    }
+
+
+def pipeline_run(name: str, ref: str, get_params: dict | None = None) -> dict:
     return {
         "apiVersion": "tekton.dev/v1",
         "kind": "PipelineRun",
@@ -193,7 +214,6 @@ def pipeline_run(name: str, store_url: str, ref: str, get_params: dict | None = 
             "params": [
                 {"name": "uri", "value": f"https://git.example/{name}"},
                 {"name": "ref", "value": ref},
-                {"name": "store-url", "value": store_url},
                 {"name": "get-params", "value": json.dumps(get_params or {})},
             ],
             "workspaces": [{"name": "files", "emptyDir": {}}],
@@ -229,7 +249,7 @@ def name_for(what: str) -> str:
 
 def test_a_pipeline_gets_files_into_a_task_through_the_store(custom_task: CustomTask) -> None:
     name = name_for("fetch")
-    apply(custom_task.cluster, [pipeline_run(name, custom_task.store_url, "c0ffee")])
+    apply(custom_task.cluster, [pipeline_run(name, "c0ffee")])
     run = custom_task.finished("pipelinerun", name, timeout=300)
     fetched = custom_task.get("customrun", f"{name}-fetch")
     assert condition(run)["status"] == "True", (
@@ -251,10 +271,159 @@ def test_a_pipeline_gets_files_into_a_task_through_the_store(custom_task: Custom
     assert claims.strip() == "", "no PersistentVolumeClaim anywhere"
 
 
+def fetched_artifact(custom_task: CustomTask, name: str) -> str:
+    """The ``artifact`` result of a Get CustomRun of the user's team."""
+    apply(custom_task.cluster, [custom_run(name, get_params(name, {}))])
+    run = custom_task.finished("customrun", name, timeout=180)
+    assert condition(run)["status"] == "True", (condition(run), custom_task.controller_logs())
+    return results(run)["artifact"]
+
+
+def test_a_task_of_another_team_gets_403_for_the_artifact_and_reads_nothing(
+    custom_task: CustomTask,
+) -> None:
+    artifact = fetched_artifact(custom_task, name_for("theirs"))
+    name = name_for("steal")
+    task_run = {
+        "apiVersion": "tekton.dev/v1",
+        "kind": "TaskRun",
+        "metadata": {"name": name, "namespace": OTHERS},
+        "spec": {
+            "taskRef": {"name": "read-files"},
+            "params": [{"name": "artifact", "value": artifact}],
+            "workspaces": [{"name": "files", "emptyDir": {}}],
+        },
+    }
+    apply(custom_task.cluster, [task_run])
+    others = CustomTask(custom_task.cluster, custom_task.deployment, "", OTHERS)
+    run = others.finished("taskrun", name, timeout=240)
+    assert condition(run)["status"] == "False"
+    said = custom_task.cluster.kubectl(
+        "-n", OTHERS, "logs", run["status"]["podName"], "-c", "step-unpack", check=False
+    )
+    assert "403" in said and f"not an artifact of team '{OTHERS}'" in said, said
+    served = custom_task.cluster.kubectl(
+        "-n", NAMESPACE, "logs", "-l", "app.kubernetes.io/component=tekton-artifacts", "--tail=-1"
+    )
+    fetched_by_them = [
+        line for line in served.splitlines() if "artifact fetched" in line and OTHERS in line
+    ]
+    assert fetched_by_them == [], "not one byte of it went to the other team"
+    assert "artifact fetched" in served  # the team's own Task read it (the pipeline test)
+
+
+def test_another_teams_request_with_a_runs_subject_and_request_id_changes_nothing(
+    custom_task: CustomTask, secured: Secured
+) -> None:
+    """Even knowing the CustomRun's request id, team main's engine cannot complete it: its
+    request runs for team main, the reply says so, and the controller drops it."""
+    from tests.support.events import request_event
+
+    name = name_for("victim")
+    apply(custom_task.cluster, [custom_run(name, get_params(name, {"delay": 25}))])
+    running = custom_task.wait("customrun", name, lambda o: bool(request_id(o)), timeout=60)
+    rid = request_id(running)
+    build = {"id": "1", "name": "1", "job": "x", "pipeline": "p", "team": "main"}
+    forged = request_event(
+        "get",
+        {
+            "type": "test",
+            "source": {"uri": "https://evil.example"},
+            "version": {"ref": "evil"},
+            "build": build,
+        },
+        event_id=rid,
+        source="/resource-functions/tekton-controller",
+        subject=f"tekton.dev/customruns/{USERS}/{name}",
+        team="main",
+    )
+    assert secured.post(forged) == 202
+    (reply,) = custom_task.deployment.sink.wait(
+        requestid=rid, type="dev.resourcefunctions.get.succeeded", team="main", timeout=120
+    )
+    assert reply.get_data()["version"] == {"ref": "evil"}
+    assert condition(custom_task.get("customrun", name))["status"] == "Unknown"
+    run = custom_task.finished("customrun", name, timeout=180)
+    assert condition(run)["status"] == "True", condition(run)
+    assert json.loads(results(run)["version"]) == {"ref": "v1"}
+    assert "reply dropped" in custom_task.controller_logs()
+
+
+def test_the_controller_writes_the_status_of_this_projects_customruns_only(
+    custom_task: CustomTask, tmp_path: Path
+) -> None:
+    cluster = custom_task.cluster
+    name = name_for("foreign")
+    foreign = custom_run(name, {})
+    foreign["spec"]["customRef"] = {"apiVersion": "example.dev/v1", "kind": "Wait"}
+    apply(cluster, [foreign])
+    kubeconfig = cluster.token_kubeconfig(tmp_path / "controller", NAMESPACE, "tekton-controller")
+    done_at = "2026-12-04T00:00:00Z"
+    succeeded = {"type": "Succeeded", "status": "True", "reason": "X", "lastTransitionTime": done_at}
+    status = {"status": {"conditions": [succeeded]}}
+    done = cluster.run_kubectl(
+        f"--kubeconfig={kubeconfig}",
+        "-n",
+        USERS,
+        "patch",
+        "customrun",
+        name,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps(status),
+    )
+    assert done.returncode != 0
+    assert "writes the status of resource-functions.dev CustomRuns only" in done.stderr
+
+
+def test_only_a_team_administrator_labels_a_namespace_as_a_team(
+    custom_task: CustomTask, tmp_path: Path
+) -> None:
+    """Whoever may create namespaces may not make one a team: the admission policy."""
+    cluster = custom_task.cluster
+    maker = "namespace-maker"
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": maker},
+        "rules": [
+            {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["create", "get", "patch"]}
+        ],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": maker},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": maker},
+        "subjects": [{"kind": "ServiceAccount", "name": maker, "namespace": NAMESPACE}],
+    }
+    cluster.kubectl("-n", NAMESPACE, "create", "serviceaccount", maker, check=False)
+    apply(cluster, [role, binding])
+    kubeconfig = cluster.token_kubeconfig(tmp_path / "maker", NAMESPACE, maker)
+    name = name_for("posing")
+    labelled = {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": name, "labels": {"resource-functions.dev/team": USERS}},
+    }
+    as_maker = (f"--kubeconfig={kubeconfig}", "create", "-f", "-")
+    done = cluster.run_kubectl(*as_maker, stdin=json.dumps(labelled))
+    assert done.returncode != 0 and "only team administrators" in done.stderr, done.stderr
+    plain = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+    assert cluster.run_kubectl(*as_maker, stdin=json.dumps(plain)).returncode == 0
+    relabel = json.dumps({"metadata": {"labels": {"resource-functions.dev/team": USERS}}})
+    done = cluster.run_kubectl(
+        f"--kubeconfig={kubeconfig}", "patch", "namespace", name, "-p", relabel
+    )
+    assert done.returncode != 0 and "only team administrators" in done.stderr, done.stderr
+    cluster.kubectl("delete", "namespace", name, "--wait=false")
+
+
 def test_a_failing_get_fails_the_pipeline_run_readably(custom_task: CustomTask) -> None:
     name = name_for("fails")
     failing = {"mode": "fail", "password": PASSWORD}
-    apply(custom_task.cluster, [pipeline_run(name, custom_task.store_url, "v1", failing)])
+    apply(custom_task.cluster, [pipeline_run(name, "v1", failing)])
     run = custom_task.finished("pipelinerun", name, timeout=300)
     assert condition(run)["status"] == "False"
     assert condition(run)["reason"] == "Failed"
@@ -275,24 +444,24 @@ def test_a_bad_param_fails_the_run_and_posts_nothing(custom_task: CustomTask) ->
     found = condition(run)
     assert (found["status"], found["reason"]) == ("False", "InvalidParams")
     assert "'version'" in found["message"] and "not valid JSON" in found["message"]
-    uid = run["metadata"]["uid"]
-    assert custom_task.deployment.sink.matching(id=uid) == []
-    assert custom_task.jobs_of(uid) == []
+    assert request_id(run) == ""  # none was made, so none was posted
+    subject = f"tekton.dev/customruns/{USERS}/{name}"
+    assert custom_task.deployment.sink.matching(subject=subject) == []
 
 
-def wait_job(custom_task: CustomTask, uid: str, timeout: float = 120) -> None:
+def wait_job(custom_task: CustomTask, request: str, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
-    while not custom_task.jobs_of(uid):
+    while not custom_task.jobs_of(request):
         if time.monotonic() > deadline:
-            pytest.fail(f"no Job for request {uid}\n{custom_task.controller_logs()}")
+            pytest.fail(f"no Job for request {request}\n{custom_task.controller_logs()}")
         time.sleep(1)
 
 
-def wait_no_job(custom_task: CustomTask, uid: str, timeout: float = 60) -> None:
+def wait_no_job(custom_task: CustomTask, request: str, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
-    while jobs := custom_task.jobs_of(uid):
+    while jobs := custom_task.jobs_of(request):
         if time.monotonic() > deadline:
-            pytest.fail(f"Job of {uid} still there: {[j['metadata']['name'] for j in jobs]}")
+            pytest.fail(f"Job of {request} still there: {[j['metadata']['name'] for j in jobs]}")
         time.sleep(1)
 
 
@@ -302,7 +471,7 @@ def test_cancelling_a_running_get_stops_its_job(custom_task: CustomTask) -> None
     running = custom_task.wait(
         "customrun", name, lambda o: condition(o).get("status") == "Unknown", timeout=60
     )
-    uid = running["metadata"]["uid"]
+    uid = request_id(running)
     wait_job(custom_task, uid)
     custom_task.cluster.kubectl(
         "-n",
@@ -334,7 +503,7 @@ def test_a_get_past_its_timeout_times_out_and_its_job_stops(custom_task: CustomT
     running = custom_task.wait(
         "customrun", name, lambda o: condition(o).get("status") == "Unknown", timeout=60
     )
-    uid = running["metadata"]["uid"]
+    uid = request_id(running)
     wait_job(custom_task, uid)
     run = custom_task.finished("customrun", name, timeout=90)
     found = condition(run)
@@ -350,7 +519,7 @@ def test_a_controller_killed_mid_run_reposts_and_the_script_runs_once(
     running = custom_task.wait(
         "customrun", name, lambda o: condition(o).get("status") == "Unknown", timeout=60
     )
-    uid = running["metadata"]["uid"]
+    uid = request_id(running)
     wait_job(custom_task, uid)
     custom_task.cluster.kubectl(
         "-n",
@@ -393,7 +562,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "knative" / "tekton" / "example
 DISCOVERED = "dev.resourcefunctions.version.discovered"
 
 
-def new_version_route(store_url: str) -> list[dict]:
+def new_version_route() -> list[dict]:
     """``knative/tekton/examples/new-versions.yaml`` as a user adapts it: their namespace for
     tekton-main (so the check's subject becomes ``pipelines/<namespace>/app``), and their
     Pipeline in the TriggerTemplate (here fetch-and-read)."""
@@ -407,7 +576,6 @@ def new_version_route(store_url: str) -> list[dict]:
                 "params": [
                     {"name": "uri", "value": "https://git.example/new-versions"},
                     {"name": "ref", "value": "$(tt.params.ref)"},
-                    {"name": "store-url", "value": store_url},
                 ],
                 "workspaces": [{"name": "files", "emptyDir": {}}],
             }
@@ -426,15 +594,15 @@ def listener_logged(cluster: Cluster, texts: tuple[str, ...], timeout: float = 6
 
 
 def test_a_new_version_starts_one_pipeline_run_however_often_delivered(
-    custom_task: CustomTask,
+    custom_task: CustomTask, secured: Secured
 ) -> None:
-    import requests
-    from cloudevents.core.bindings.http import to_binary_event
+    """The discovered event is posted as the functions post theirs (their SinkBinding's
+    identity, which the Broker's policy admits for discovered versions)."""
     from cloudevents.core.v1.event import CloudEvent
 
     cluster, deployment = custom_task.cluster, custom_task.deployment
     subject = f"pipelines/{USERS}/app"  # the example's Trigger, namespace adapted
-    apply(cluster, new_version_route(custom_task.store_url))
+    apply(cluster, new_version_route())
     wait_ready(
         cluster,
         NAMESPACE,
@@ -450,15 +618,13 @@ def test_a_new_version_starts_one_pipeline_run_however_often_delivered(
             "id": event_id,
             "subject": subject,
             "datacontenttype": "application/json",
+            "team": USERS,
         },
         data={"version": {"ref": "beef01"}, "resource": "0" * 64},
     )
-    message = to_binary_event(event)
+    functions = identity("function-replies", "sinkbinding").rpartition(":")[2]
     for _ in range(2):  # a redelivery: the same event again
-        answer = requests.post(
-            deployment.broker, headers=dict(message.headers), data=message.body, timeout=30
-        )
-        assert answer.status_code == 202
+        assert secured.post(event, functions, NAMESPACE) == 202
     deployment.sink.wait(count=2, id=event_id, timeout=60)
     name = f"new-{event_id}"
     run = custom_task.finished("pipelinerun", name, timeout=300)
@@ -495,6 +661,6 @@ def test_a_failing_get_is_retried_then_fails_with_its_attempts_in_retries_status
     attempt = condition({"status": first})  # an entry is a status of its own
     assert attempt["status"] == "False"
     assert "cannot reach the repository" in attempt["message"]
-    uid = run["metadata"]["uid"]
-    assert run["status"]["extraFields"]["requestId"] == f"{uid}-r1"
-    assert len(custom_task.jobs_of(uid)) == 1 and len(custom_task.jobs_of(f"{uid}-r1")) == 1
+    ids = [request_id({"status": first}), request_id(run)]
+    assert all(ids) and ids[0] != ids[1] and run["metadata"]["uid"] not in ids
+    assert [len(custom_task.jobs_of(i)) for i in ids] == [1, 1]

@@ -1,6 +1,8 @@
 """The shipped git example of the Tekton Custom Task (``knative/tekton/examples/``) on the real
-cluster, applied as a user adapts it (their namespace, repository, STORE_URL, builder image
-and the project image; ``kubectl apply -k``), with Concourse's real git resource:
+cluster, applied as a user adapts it (their namespace, repository, builder image and the
+project image; ``kubectl apply -k``; with sender authentication on, the scheduled check's
+EventPolicy too), with Concourse's real git resource, on the ``secured`` deployment
+(``authentication-oidc`` on, NetworkPolicies enforced):
 
 - a repository served by ``git daemon`` on the gateway (task pods may reach its port: the
   egress rule a user adds for a private git server); its tests are ``./test.sh``;
@@ -11,14 +13,16 @@ and the project image; ``kubectl apply -k``), with Concourse's real git resource
 - a commit pushed to the daemon is found by the next tick and starts exactly one PipelineRun
   (a third tick finds nothing new and starts none), whose test Task saw that commit's files
   and whose put created its tag in the served repository;
-- no PersistentVolumeClaim exists in any namespace at any time during these runs.
+- no PersistentVolumeClaim exists in any namespace, and no Secret holding a store key in the
+  pipeline namespace, at any time during these runs.
 
 Also the figures of issue 29 (printed; only correctness is asserted): the example's get and
 test against the same done Tekton's own way (a clone Task writing into a PVC workspace on a
 static hostPath PersistentVolume, then the same test step), first run and re-run of a commit,
 after a round of each that is not counted; ``RF_TEKTON_ROUNDS`` rounds (1; 3 by hand), with the
 get Service as shipped (min-scale 0: on this cluster it is at zero after 6 s idle) and with
-one pod kept (min-scale 1).
+one pod kept (min-scale 1). A benchmark (``bench``): at its smoke size unless ``RF_BENCH=full``
+(one round, the shipped scale, no warm-up).
 """
 
 from __future__ import annotations
@@ -27,26 +31,32 @@ import json
 import os
 import shutil
 import statistics
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Self
 
 import pytest
 import yaml
 
 from testbed.git_daemon import git_daemon
 from testbed.git_history import make_repository
-from tests.cluster.conftest import NAMESPACE, KnativeDeployment, wait_functions_serve, wait_ready
-from tests.cluster.custom_task import CustomTask, condition, custom_task_in
+from tests.cluster.conftest import NAMESPACE, wait_functions_serve, wait_ready
+from tests.cluster.custom_task import (
+    CustomTask,
+    NoClaims,
+    NoStoreKeys,
+    condition,
+    custom_task_in,
+)
 from tests.cluster.knative import apply, min_scale
+from tests.cluster.secured import PIPELINE_TEAMS, Secured
 from tests.cluster.up import GATEWAY, Cluster
+from tests.support.bench import full_size
 from tests.support.git_server import git
 
-USERS = "tekton-git"  # the example's tekton-main, as a user renames it: its team
+USERS = PIPELINE_TEAMS[1]  # the example's tekton-main, as a user renames it: its team
 TEKTON_NAMESPACES = (USERS,)  # shown by conftest when a test fails
 EXAMPLES = Path(__file__).resolve().parents[2] / "knative" / "tekton" / "examples"
 LISTENER = "new-versions"
@@ -102,25 +112,18 @@ def repository(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> It
 
 
 @pytest.fixture(scope="module")
-def task_egress(repository: Repository) -> list[dict]:
-    """What a user adds to the task pods' policy for a git server on a private address."""
-    port = int(repository.uri.rsplit(":", 1)[1].split("/")[0])
-    return [{"to": [{"ipBlock": {"cidr": f"{GATEWAY}/32"}}], "ports": [{"port": port}]}]
-
-
-@pytest.fixture(scope="module")
 def example(
     cluster: Cluster,
-    knative_deployment: KnativeDeployment,
+    secured: Secured,
     tekton,
-    gateway_s3,
     real_resource_images,
     repository: Repository,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[CustomTask]:
-    """The component, the user namespace, and the example adapted and applied with
-    ``kubectl apply -k``; the CronJob suspended, so that only the test's ticks check."""
-    with custom_task_in(cluster, knative_deployment, USERS, gateway_s3.env) as installed:
+    """The user namespace, and the example adapted and applied with ``kubectl apply -k``
+    (and its EventPolicy for the scheduled check, as sender authentication is on); the
+    CronJob suspended, so that only the test's ticks check."""
+    with custom_task_in(cluster, secured, USERS) as installed:
         copy = tmp_path_factory.mktemp("examples") / "examples"
         shutil.copytree(EXAMPLES, copy)
         for path in copy.glob("*.yaml"):
@@ -128,13 +131,13 @@ def example(
                 path.read_text()
                 .replace("tekton-main", USERS)
                 .replace("git://git.example/app.git", repository.uri)
-                .replace("s3://resource-functions/store", installed.store_url)
                 .replace("docker.io/library/python:3.12-slim", tekton.shell_image)
             )
             path.write_text(text)
-        base = knative_deployment.overlay.parent / "knative" / "kustomization.yaml"
+        base = secured.deployment.overlay.parent / "knative" / "kustomization.yaml"
         kustomization = yaml.safe_load((copy / "kustomization.yaml").read_text())
         kustomization["images"] = yaml.safe_load(base.read_text())["images"]
+        kustomization["resources"].append("scheduled-check-policy.yaml")
         (copy / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
         cluster.kubectl("apply", "-k", str(copy))
         suspend = json.dumps({"spec": {"suspend": True}})
@@ -150,31 +153,6 @@ def example(
         )
         wait_ready(cluster, USERS, [f"eventlistener/{LISTENER}"], timeout=180)
         yield installed
-
-
-class NoClaims:
-    """Every PersistentVolumeClaim seen in any namespace while it runs, polled each second."""
-
-    def __init__(self, cluster: Cluster) -> None:
-        self.cluster = cluster
-        self.seen: set[str] = set()
-        self.polls = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, daemon=True)
-
-    def __enter__(self) -> Self:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _poll(self) -> None:
-        while not self._stop.wait(1):
-            names = self.cluster.kubectl("get", "pvc", "-A", "-o", "name", check=False)
-            self.seen |= {line for line in names.splitlines() if line.strip()}
-            self.polls += 1
 
 
 def tick(example: CustomTask, name: str) -> dict:
@@ -219,9 +197,10 @@ def printed_by_tests(example: CustomTask, run: dict) -> str:
 
 
 def test_a_pushed_commit_is_checked_built_tested_and_tagged_with_no_volume_claim(
-    example: CustomTask, repository: Repository
+    example: CustomTask, repository: Repository, secured: Secured
 ) -> None:
-    with NoClaims(example.cluster) as claims:
+    store_keys = NoStoreKeys(example.cluster, secured.deployment.s3.keys, (USERS,))
+    with NoClaims(example.cluster) as claims, store_keys:
         first = repository.head()
         assert tick(example, "tick-1")["versions"] == [{"ref": first}]
         run = built(example, first)
@@ -240,12 +219,14 @@ def test_a_pushed_commit_is_checked_built_tested_and_tagged_with_no_volume_claim
         listener = example.list("pipelinerun", f"triggers.tekton.dev/eventlistener={LISTENER}")
         assert len(listener) == 2, [r["metadata"]["name"] for r in listener]
     assert claims.polls > 10 and claims.seen == set(), claims.seen
+    assert store_keys.polls > 10 and store_keys.found == {}, store_keys.found
 
 
 # --- figures: ours against Tekton's own way (a clone into a PVC workspace) ----------------
 
 ROUNDS = int(os.environ.get("RF_TEKTON_ROUNDS", "1"))
-SCALES = ("0", "1")  # the get Service's min-scale: as shipped, and one pod kept
+# The get Service's min-scale: as shipped, and one pod kept (the smoke size: as shipped).
+SCALES = ("0", "1") if full_size() else ("0",)
 CLAIM = "bench-src"
 
 
@@ -420,13 +401,14 @@ def both_ways(
 ) -> tuple[Timed, Timed]:
     """Commit ``ref`` got and tested our way (an emptyDir) and Tekton's (the PVC, in a
     ``subPath`` of its own): the PipelineRuns ``ours-<name>`` and ``pvc-<name>``."""
-    ours_params = {"ref": ref, "repository": repository.uri, "store-url": example.store_url}
+    ours_params = {"ref": ref, "repository": repository.uri}
     mine = timed_run(example, f"ours-{name}", "get-and-test", ours_params, {"emptyDir": {}})
     their_params = {"ref": ref, "repository": repository.uri}
     claim = {"persistentVolumeClaim": {"claimName": CLAIM}, "subPath": name}
     return mine, timed_run(example, f"pvc-{name}", "clone-and-test", their_params, claim)
 
 
+@pytest.mark.bench
 def test_figures_the_example_against_a_clone_into_a_pvc(
     example: CustomTask, repository: Repository, tekton, real_resource_images, tmp_path
 ) -> None:
@@ -439,8 +421,8 @@ def test_figures_the_example_against_a_clone_into_a_pvc(
     apply(cluster, theirs)
     figures: dict[str, list[Timed]] = {}
     try:
-        # A round not counted: the functions' services up from zero, images on the node.
-        both_ways(example, repository, repository.commit("warm-up"), "warm-up")
+        if full_size():  # a round not counted: the services up, images on the node
+            both_ways(example, repository, repository.commit("warm-up"), "warm-up")
         for scale in SCALES:
             # The test cluster scales an idle Service to zero after 6 s, so that its gets
             # wait for a pod; an operator of a busy pipeline keeps one (min-scale 1).

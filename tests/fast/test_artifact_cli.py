@@ -1,5 +1,10 @@
-"""``resource-functions artifact pack|unpack`` (functions/cli/artifact.py): the Tekton steps'
-way of moving a directory through the store, here against a file:// store."""
+"""``resource-functions artifact pack|unpack`` (functions/cli/artifact.py) against the
+artifacts service (functions/tekton/artifact_service.py) served on loopback over a file:// store:
+a Tekton step's way of moving a directory, with its pod's token and no store credential.
+
+The API server's TokenReview is the one part that cannot run here: a plain function maps
+each test token to a ServiceAccount (the cluster tier reviews real tokens). Namespaces map to
+teams as the controller maps them (``NamespaceTeams``, labels given as data)."""
 
 from __future__ import annotations
 
@@ -7,27 +12,88 @@ import json
 import os
 import shutil
 import tempfile
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import requests
+from werkzeug.serving import make_server
 
+from functions.cli.artifact import ArtifactsService
 from functions.cli.commands import main
-from storage import open_store
+from functions.http.senders import SenderCheck
+from functions.tekton.artifact_service import create_artifacts_app
+from functions.tekton.namespace_teams import TEAM_LABEL, NamespaceTeams
+from storage import Store, open_store
+from storage.archive import ArchiveOptions, Limits
 from storage.artifacts import teams_of
 from storage.base import key_for_url
 
+AUDIENCE = "resource-functions-artifacts"
+ACCOUNTS = {
+    "token-a": "system:serviceaccount:ci-a:default",
+    "token-b": "system:serviceaccount:ci-b:builder",
+    "token-stranger": "system:serviceaccount:scratch:default",  # no team label
+}
+LABELS = {"ci-a": {TEAM_LABEL: "a"}, "ci-b": {TEAM_LABEL: "b"}, "scratch": {"team": "a"}}
+MAX_BYTES = 1 << 20
+
+
+def review(token: str, audience: str) -> str | None:
+    return ACCOUNTS.get(token) if audience == AUDIENCE else None
+
+
+@dataclass
+class Service:
+    url: str
+    store: Store
+    tokens: Path  # a file per token name, as the projected volume would hold it
+
+    def as_step(self, monkeypatch: pytest.MonkeyPatch, token: str) -> None:
+        """The environment of a step of the namespace whose token is ``token``."""
+        monkeypatch.setenv("ARTIFACTS_URL", self.url)
+        monkeypatch.setenv("ARTIFACTS_TOKEN_FILE", str(self.tokens / token))
+
+    def client(self, token: str) -> ArtifactsService:
+        return ArtifactsService(self.url, self.tokens / token)
+
 
 @pytest.fixture
-def store_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def service(tmp_path: Path) -> Iterator[Service]:
     root = tmp_path / "store"
     root.mkdir()
-    monkeypatch.setenv("STORE_URL", root.as_uri())
-    monkeypatch.delenv("STORE_CREDENTIALS_DIR", raising=False)
-    return root
+    store = open_store(root.as_uri())
+    tokens = tmp_path / "tokens"
+    tokens.mkdir()
+    for name in ACCOUNTS:
+        (tokens / name).write_text(name + "\n")
+    (tokens / "forged").write_text("forged")
+    app = create_artifacts_app(
+        store,
+        SenderCheck(review, AUDIENCE, ("system:serviceaccount:*",)),
+        NamespaceTeams(None, LABELS.get),
+        MAX_BYTES,
+    )
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield Service(f"http://127.0.0.1:{server.server_port}", store, tokens)
+    finally:
+        server.shutdown()
 
 
 def tree(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def source_tree(tmp_path: Path) -> Path:
+    source = tmp_path / "src"
+    (source / "sub").mkdir(parents=True)
+    (source / "a.txt").write_text("alpha\n")
+    (source / "sub" / "b.txt").write_text("beta\n")
+    return source
 
 
 def pack(directory: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> dict:
@@ -38,28 +104,152 @@ def pack(directory: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     return printed
 
 
-def test_a_packed_directory_unpacks_the_same_elsewhere(
-    store_env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_a_packed_directory_unpacks_the_same_in_another_task_of_the_team(
+    service: Service,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    source = tmp_path / "src"
-    (source / "sub").mkdir(parents=True)
-    (source / "a.txt").write_text("alpha\n")
-    (source / "sub" / "b.txt").write_text("beta\n")
+    source = source_tree(tmp_path)
+    service.as_step(monkeypatch, "token-a")
     artifact = pack(source, tmp_path, capsys)
-    assert artifact["url"].startswith(store_env.as_uri() + "/artifacts/inputs/")
-    assert artifact["digest"].startswith("sha256:") and artifact["size"] > 0
+    assert artifact["url"].startswith(service.store.url + "/artifacts/inputs/")
+    key = key_for_url(service.store, artifact["url"])
+    assert key is not None and teams_of(service.store, key) == {"a"}
+    stored = service.store.stat(key)
+    assert stored is not None and (artifact["size"], artifact["digest"]) == (
+        stored.size,
+        stored.digest,
+    )
     target = tmp_path / "out"
     assert main(["artifact", "unpack", json.dumps(artifact), str(target)]) == 0
     assert tree(target) == tree(source)
 
 
-def test_an_artifact_whose_digest_does_not_match_is_refused(
-    store_env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_a_task_of_another_team_gets_403_and_reads_nothing(
+    service: Service,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    source = tmp_path / "src"
-    source.mkdir()
-    (source / "a.txt").write_text("alpha\n")
-    artifact = pack(source, tmp_path, capsys)
+    service.as_step(monkeypatch, "token-a")
+    artifact = pack(source_tree(tmp_path), tmp_path, capsys)
+    service.as_step(monkeypatch, "token-b")
+    target = tmp_path / "out"
+    assert main(["artifact", "unpack", json.dumps(artifact), str(target)]) == 2
+    said = capsys.readouterr().err
+    assert "403" in said and "not an artifact of team 'b'" in said
+    assert not any(target.iterdir())
+    answer = requests.get(
+        f"{service.url}/artifacts",
+        params={"url": artifact["url"]},
+        headers={"Authorization": "Bearer token-b"},
+        timeout=10,
+    )
+    assert answer.status_code == 403 and answer.json()["error"]["kind"] == "input_not_allowed"
+
+
+@pytest.mark.parametrize(
+    ("token", "status", "said"),
+    [
+        ("forged", 401, "not valid"),
+        ("token-stranger", 403, "'scratch' is not served"),
+    ],
+    ids=["a-token-the-api-refuses", "a-namespace-serving-no-team"],
+)
+def test_a_step_without_a_teams_identity_is_refused(
+    service: Service,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    token: str,
+    status: int,
+    said: str,
+) -> None:
+    service.as_step(monkeypatch, token)
+    assert main(["artifact", "pack", str(source_tree(tmp_path))]) == 2
+    err = capsys.readouterr().err
+    assert str(status) in err and said in err
+    assert not list(service.store.list("artifacts/"))
+
+
+def test_no_token_at_all_is_401(service: Service) -> None:
+    answer = requests.get(f"{service.url}/artifacts", params={"url": "x"}, timeout=10)
+    assert answer.status_code == 401
+
+
+def test_a_packed_artifact_is_the_callers_teams_whatever_the_step_says(
+    service: Service, tmp_path: Path
+) -> None:
+    packed = service.client("token-b").pack(source_tree(tmp_path), ArchiveOptions())
+    key = key_for_url(service.store, packed["url"])
+    assert key is not None and teams_of(service.store, key) == {"b"}
+    answer = requests.post(
+        f"{service.url}/artifacts",
+        params={"format": "none", "team": "a"},
+        headers={"Authorization": "Bearer token-b"},
+        data=b"\0" * 1024,
+        timeout=10,
+    )
+    assert answer.status_code == 201
+    key = key_for_url(service.store, answer.json()["url"])
+    assert key is not None and teams_of(service.store, key) == {"b"}
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("s3://elsewhere/artifacts/x.tar.zst", "is not an artifact URL"),
+        ("{store}/artifacts/k.json", "no archive suffix"),
+        ("{store}/artifacts/k.teams.json", "no archive suffix"),
+        ("{store}/results/r.json", "is not an artifact URL"),
+        ("{store}/artifacts/../results/r.tar.zst", "is not an artifact URL"),
+        ("", "is not an artifact URL"),
+    ],
+    ids=["another-store", "a-cache-record", "a-team-record", "a-result", "climbing", "none"],
+)
+def test_only_artifacts_of_this_store_are_served(service: Service, url: str, said: str) -> None:
+    answer = requests.get(
+        f"{service.url}/artifacts",
+        params={"url": url.format(store=service.store.url)},
+        headers={"Authorization": "Bearer token-a"},
+        timeout=10,
+    )
+    assert answer.status_code == 400 and said in answer.json()["error"]["message"]
+
+
+def test_an_upload_over_the_bound_is_413_and_leaves_no_artifact(service: Service) -> None:
+    chunks = iter([b"\0" * 65536] * ((MAX_BYTES >> 16) + 2))
+    answer = requests.post(
+        f"{service.url}/artifacts",
+        params={"format": "none"},
+        headers={"Authorization": "Bearer token-a"},
+        data=chunks,
+        timeout=30,
+    )
+    assert answer.status_code == 413
+    assert not [k for k in service.store.list("artifacts/") if not k.endswith(".teams.json")]
+
+
+def test_an_unknown_format_is_400(service: Service) -> None:
+    answer = requests.post(
+        f"{service.url}/artifacts",
+        params={"format": "rar"},
+        headers={"Authorization": "Bearer token-a"},
+        data=b"x",
+        timeout=10,
+    )
+    assert answer.status_code == 400 and "rar" in answer.json()["error"]["message"]
+
+
+def test_an_artifact_whose_digest_does_not_match_is_refused(
+    service: Service,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    service.as_step(monkeypatch, "token-a")
+    artifact = pack(source_tree(tmp_path), tmp_path, capsys)
     wrong = {**artifact, "digest": "sha256:" + "0" * 64}
     assert main(["artifact", "unpack", json.dumps(wrong), str(tmp_path / "out")]) == 2
     assert "digest" in capsys.readouterr().err
@@ -67,55 +257,44 @@ def test_an_artifact_whose_digest_does_not_match_is_refused(
 
 @pytest.mark.parametrize(
     ("given", "said"),
-    [
-        ("not json", "not JSON"),
-        ('{"url": "s3://elsewhere/x.tar.zst", "digest": "sha256:' + "0" * 64 + '"}', "is not"),
-        ("{}", '"url"'),
-    ],
+    [("not json", "not JSON"), ("{}", '"url"'), ('{"url": "x.tar.zst"}', "no digest")],
 )
-def test_what_is_not_an_artifact_of_this_store_is_refused(
-    store_env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], given: str, said: str
+def test_what_is_not_an_artifact_is_refused_before_any_request(
+    service: Service,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    given: str,
+    said: str,
 ) -> None:
+    service.as_step(monkeypatch, "token-a")
     assert main(["artifact", "unpack", given, str(tmp_path / "out")]) == 2
     assert said in capsys.readouterr().err
-
-
-def test_an_artifact_without_a_digest_is_not_unpacked(
-    store_env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    source = tmp_path / "src"
-    source.mkdir()
-    (source / "a.txt").write_text("alpha\n")
-    artifact = pack(source, tmp_path, capsys)
-    bare = json.dumps({"url": artifact["url"]})
-    assert main(["artifact", "unpack", bare, str(tmp_path / "out")]) == 2
-    assert "no digest" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 
-def test_a_packed_artifact_is_its_teams_alone(
-    store_env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_without_the_services_address_the_step_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A Put takes only its own team's inputs (issue 31): the pack step says whose it is."""
-    source = tmp_path / "src"
-    source.mkdir()
-    (source / "a.txt").write_text("alpha\n")
-    result = tmp_path / "artifact.json"
-    argv = ["artifact", "pack", str(source), "--result", str(result), "--team", "ci-web"]
-    assert main(argv) == 0
-    artifact = json.loads(capsys.readouterr().out)
-    store = open_store(store_env.as_uri())
-    key = key_for_url(store, artifact["url"])
-    assert teams_of(store, key) == {"ci-web"}
-    assert teams_of(store, key_for_url(store, pack(source, tmp_path, capsys)["url"])) == {""}
+    monkeypatch.delenv("ARTIFACTS_URL", raising=False)
+    assert main(["artifact", "pack", str(tmp_path)]) == 2
+    assert "ARTIFACTS_URL" in capsys.readouterr().err
 
 
-def unpack_as(uid: int, artifact: dict, target: Path) -> str:
+def test_a_missing_token_file_names_the_projected_volume(
+    service: Service,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    service.as_step(monkeypatch, "no-such-token")
+    assert main(["artifact", "pack", str(source_tree(tmp_path))]) == 2
+    assert "projected token volume" in capsys.readouterr().err
+
+
+def unpack_as(uid: int, service: ArtifactsService, artifact: dict, target: Path) -> str:
     """``unpack`` in a child process running as ``uid`` (the test runs as root, whom no
     permission stops); what it raised, or "" if nothing."""
-    from functions.cli.artifact import unpack
-    from storage.archive import Limits
-
     read, write = os.pipe()
     child = os.fork()
     if child == 0:  # pragma: no cover - the child reports through the pipe
@@ -123,7 +302,7 @@ def unpack_as(uid: int, artifact: dict, target: Path) -> str:
         try:
             os.setgid(uid)
             os.setuid(uid)
-            unpack(open_store(os.environ["STORE_URL"]), artifact, target, Limits())
+            service.unpack(artifact, target, Limits())
         except BaseException as err:  # noqa: BLE001 - all of it goes back to the test
             said = f"{type(err).__name__}: {err}".encode()
         os.write(write, said)
@@ -136,20 +315,21 @@ def unpack_as(uid: int, artifact: dict, target: Path) -> str:
 
 
 def test_unpack_into_a_directory_it_cannot_write_says_why_and_what_to_do(
-    store_env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    service: Service, tmp_path: Path
 ) -> None:
     """As in a Tekton Task whose step names the directory as its workingDir: Tekton made it
     before any step ran, as another user."""
-    source = tmp_path / "src"
-    source.mkdir()
-    (source / "a.txt").write_text("alpha\n")
-    artifact = pack(source, tmp_path, capsys)
+    client = service.client("token-a")
+    artifact = client.pack(source_tree(tmp_path), ArchiveOptions())
     workspace = Path(tempfile.mkdtemp())  # in /tmp: pytest's own directories are root's alone
     try:
         workspace.chmod(0o777)  # as an emptyDir
         target = workspace / "app"
         target.mkdir(mode=0o755)  # root's
-        said = unpack_as(65532, artifact, target)
+        token = workspace / "token"
+        token.write_text("token-a")
+        token.chmod(0o644)
+        said = unpack_as(65532, ArtifactsService(service.url, token), artifact, target)
         left = list(target.iterdir())
     finally:
         shutil.rmtree(workspace)

@@ -59,6 +59,8 @@ KNATIVE_GROUPS = frozenset(
 )
 NAMESPACE = "resource-functions"
 TASKS_NAMESPACE = "resource-functions-tasks"  # task Jobs, their Secrets, their fence
+# Knative Eventing's receivers are fenced from pipeline namespaces where they run.
+IN_EVENTING_NAMESPACE = {("NetworkPolicy", "eventing-not-from-pipelines")}
 IN_TASKS_NAMESPACE = {  # (kind, name) of what lives beside the task Jobs
     ("Role", "resource-functions-tasks"),
     ("RoleBinding", "resource-functions-tasks"),
@@ -79,7 +81,13 @@ TEKTON_CONTROLLER = "resource-functions-tekton-controller"  # its (Cluster)Role(
 TEAMS = KNATIVE / "teams"  # a team's credential namespace (applied per team)
 TEAM_NAMESPACE = "concourse-main"
 CREDENTIALS_ROLE = "resource-functions-credentials"
-CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+CLUSTER_SCOPED = {
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+}
 # Prometheus Operator kinds (knative/monitoring/): checked by tests/fast/test_alert_rules.py.
 OPERATOR_GROUPS = {"monitoring.coreos.com"}
 # Knative kinds whose CRD schema is not in KNATIVE_SCHEMAS_DIR: read from the release source
@@ -173,6 +181,8 @@ NOT_MANIFESTS = {KNATIVE / "monitoring" / "rules.yaml"} | {
     for k in KNATIVE.rglob(KUSTOMIZATION)
     for entry in (yaml.safe_load(k.read_text()) or {}).get("configurations", [])
 }
+# Manifests applied by hand beside a kustomization, never by it (documented where they are).
+APPLIED_BY_HAND = {TEKTON_EXAMPLES / "scheduled-check-policy.yaml"}
 YAML_FILES = sorted(
     p
     for p in KNATIVE.rglob("*")
@@ -347,6 +357,8 @@ def test_document_has_valid_names(path: Path, doc: dict) -> None:
             assert metadata["namespace"] in (NAMESPACE, TEKTON_STEPS_NAMESPACE)
         elif (doc["kind"], metadata["name"]) in IN_TASKS_NAMESPACE:
             assert metadata["namespace"] in (TASKS_NAMESPACE, NAMESPACE)
+        elif (doc["kind"], metadata["name"]) in IN_EVENTING_NAMESPACE:
+            assert metadata["namespace"] == "knative-eventing"
         else:
             assert metadata["namespace"] == NAMESPACE
     if doc["kind"] == "Service" and _group(doc) == "serving.knative.dev":
@@ -1158,7 +1170,7 @@ def test_kustomization_lists_every_file(directory: Path) -> None:
     files = {
         p.name
         for p in directory.iterdir()
-        if p.suffix in {".yaml", ".yml"} and p not in NOT_MANIFESTS
+        if p.suffix in {".yaml", ".yml"} and p not in NOT_MANIFESTS | APPLIED_BY_HAND
     } - {KUSTOMIZATION}
     listed_files = {e for e in listed if (directory / e).is_file()}
     assert files == listed_files, (
@@ -1302,31 +1314,68 @@ def test_the_broker_takes_a_teams_events_only_from_its_senders() -> None:
     )
 
 
-def test_the_broker_takes_replies_from_the_triggers_and_nothing_else_from_them() -> None:
-    """Once a policy applies to the Broker, it takes only what a policy allows: the replies
-    that the filter forwards under each Trigger's identity get a policy of their own, which
-    lets those identities post reply types (functions/replies.py) and no request."""
-    from functions.replies import reply_type
+def _policy_passes(policy: dict, **attributes: str) -> bool:
+    """Whether an event with ``attributes`` passes an EventPolicy's filters (all of them)."""
+    return all(_filter_matches(e, attributes) for e in policy["spec"].get("filters") or [])
 
+
+def _event_kinds() -> dict[str, set[str]]:
+    from functions.replies import DISCOVERED_TYPE, reply_type
+
+    return {
+        "replies": {reply_type(a, ok) for a in ACTIONS for ok in (True, False)},
+        "requests": {f"dev.resourcefunctions.{a}.requested" for a in ACTIONS},
+        "discovered": {DISCOVERED_TYPE},
+    }
+
+
+def test_the_broker_takes_replies_and_discoveries_from_the_functions_and_nothing_else() -> None:
+    """Once a policy applies to the Broker, it takes only what a policy allows: the functions'
+    and the relay's SinkBinding identities (their posts) and the Triggers' (replies in a
+    delivery's response) may post replies and discovered versions, never a request."""
     policy = _one("EventPolicy", "broker-replies")
     assert policy["spec"]["to"] == _one("EventPolicy", "broker-team-main")["spec"]["to"]
-    assert policy["spec"]["from"] == [{"sub": identity} for identity in _trigger_identities()]
-    prefix, suffixes = policy["spec"]["filters"]
-    assert set(prefix) == {"prefix"} and set(suffixes) == {"any"}
-    ends = {s["suffix"]["type"] for s in suffixes["any"]}
-    replies = {reply_type(a, ok) for a in ACTIONS for ok in (True, False)}
-    requests = {f"dev.resourcefunctions.{a}.requested" for a in ACTIONS}
-    for kind in replies | requests:
-        passes = kind.startswith(prefix["prefix"]["type"]) and any(kind.endswith(e) for e in ends)
-        assert passes == (kind in replies), kind
+    bindings = {
+        f"system:serviceaccount:{NAMESPACE}:{_name(d)}-oidc-sources.knative.dev-sinkbinding"
+        for p, d in DOCS
+        if _kind(d) == "SinkBinding" and p.parent == KNATIVE
+    }
+    assert len(bindings) == 2  # the functions' and the relay's
+    senders = {s["sub"] for s in policy["spec"]["from"]}
+    assert senders == set(_trigger_identities()) | bindings
+    kinds = _event_kinds()
+    for kind in set().union(*kinds.values()):
+        passes = _policy_passes(policy, type=kind, team="main")
+        assert passes == (kind not in kinds["requests"]), kind
     team_senders = {s["sub"] for s in _one("EventPolicy", "broker-team-main")["spec"]["from"]}
-    assert not team_senders & set(_trigger_identities()), "one policy per sender"
+    assert not team_senders & senders, "one policy per sender"
+
+
+def test_the_tekton_controller_may_post_requests_of_its_teams_alone() -> None:
+    policy = _one("EventPolicy", "broker-tekton-controller")
+    (sender,) = policy["spec"]["from"]
+    binding = _from_tekton("SinkBinding", "tekton-controller-requests")
+    assert sender["sub"] == (
+        f"system:serviceaccount:{NAMESPACE}:{_name(binding)}-oidc-sources.knative.dev-sinkbinding"
+    )
+    kinds = _event_kinds()
+    for kind in set().union(*kinds.values()):
+        passes = _policy_passes(policy, type=kind, team="tekton-main")
+        assert passes == (kind in kinds["requests"]), kind
+    assert not _policy_passes(policy, type="dev.resourcefunctions.get.requested", team="main")
+    assert not _policy_passes(policy, type="dev.resourcefunctions.get.requested")
+    others = {
+        s["sub"]
+        for name in ("broker-team-main", "broker-replies")
+        for s in _one("EventPolicy", name)["spec"]["from"]
+    }
+    assert sender["sub"] not in others, "one policy per sender"
 
 
 def test_sender_auth_component_renders_a_consistent_deployment() -> None:
     """Only the three Triggers' own identities may deliver, each delivery carries a token for
-    the functions' audience, the functions may review tokens, and replies go back in the
-    response (the Broker takes none from a task without a token)."""
+    the functions' audience, the functions may review tokens, and replies stay asynchronous:
+    the functions and the relay keep their SinkBindings (whose tokens the Broker takes)."""
     from functions.settings import Settings
 
     docs = _with_sender_auth()
@@ -1335,7 +1384,7 @@ def test_sender_auth_component_renders_a_consistent_deployment() -> None:
             assert not _crd_errors(doc), (_kind(doc), _name(doc), _crd_errors(doc))
     (config,) = [d for d in docs if _kind(d) == "ConfigMap"]
     settings = Settings.from_env({**config["data"], "CACHE_SECRET": "x" * 32})
-    assert settings.reply_mode == "sync" and settings.sender_audience
+    assert settings.reply_mode == "async" and settings.sender_audience
     triggers = [d for d in docs if _kind(d) == "Trigger"]
     assert {t["spec"]["subscriber"]["audience"] for t in triggers} == {settings.sender_audience}
     identities = {
@@ -1353,16 +1402,8 @@ def test_sender_auth_component_renders_a_consistent_deployment() -> None:
     assert role["rules"] == [
         {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]}
     ]
-    (broker,) = [d for d in docs if _kind(d) == "Broker"]
-    timeout = broker["spec"]["delivery"]["timeout"]
-    assert timeout.startswith("PT") and timeout.endswith("S")
-    longest = max(
-        d["spec"]["template"]["spec"]["timeoutSeconds"]
-        for d in docs
-        if _kind(d) == "Service" and _name(d) in ACTIONS
-    )
-    assert int(timeout[2:-1]) >= longest, "a sync delivery is cut by the Service, not the Broker"
-    assert not [d for d in docs if _kind(d) == "SinkBinding"], "no K_SINK: the Broker would refuse"
+    sinks = {_name(d) for d in docs if _kind(d) == "SinkBinding"}
+    assert sinks == {"function-replies", "relay-replies"}, "K_SINK and its token stay"
     main = yaml.safe_load((KNATIVE / KUSTOMIZATION).read_text())
     assert "components" not in main, "opt-in: it needs authentication-oidc"
 
@@ -1480,6 +1521,7 @@ def test_the_controller_may_read_customruns_write_their_status_and_stop_task_job
     assert granted == {
         ("tekton.dev", "customruns"): ["get", "list", "watch"],
         ("tekton.dev", "customruns/status"): ["get", "patch", "update"],
+        ("", "namespaces"): ["get"],  # the team label
     }
     jobs = _from_tekton("Role", TEKTON_CONTROLLER)
     assert jobs["metadata"]["namespace"] == _config_data()["TASK_NAMESPACE"]
@@ -1491,6 +1533,79 @@ def test_the_controller_may_read_customruns_write_their_status_and_stop_task_job
         binding = _from_tekton(kind, TEKTON_CONTROLLER)
         assert binding["subjects"] == [account]
         assert binding["roleRef"]["name"] == TEKTON_CONTROLLER
+
+
+def test_the_controller_writes_status_only_of_its_own_kinds_by_admission() -> None:
+    """RBAC cannot say which CustomRuns: a ValidatingAdmissionPolicy keeps the controller's
+    status writes to resource-functions.dev ones (the cluster tier shows the API enforcing
+    it)."""
+    policy = _from_tekton(
+        "ValidatingAdmissionPolicy", "resource-functions-tekton-controller-status"
+    )
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert (rule["apiGroups"], rule["resources"]) == (["tekton.dev"], ["customruns/status"])
+    (condition,) = policy["spec"]["matchConditions"]
+    assert "system:serviceaccount:resource-functions:tekton-controller" in condition["expression"]
+    (validation,) = policy["spec"]["validations"]
+    assert validation["expression"].count("'resource-functions.dev/v1alpha1'") == 2
+    binding = _from_tekton(
+        "ValidatingAdmissionPolicyBinding", "resource-functions-tekton-controller-status"
+    )
+    assert binding["spec"] == {
+        "policyName": "resource-functions-tekton-controller-status",
+        "validationActions": ["Deny"],
+    }
+    label = _from_tekton("ValidatingAdmissionPolicy", "resource-functions-team-label")
+    (rule,) = label["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["namespaces"] and set(rule["operations"]) == {"CREATE", "UPDATE"}
+    assert "resource-functions.dev/team" in json.dumps(label["spec"]["variables"])
+
+
+def test_the_artifacts_service_holds_the_store_keys_and_may_only_review_tokens() -> None:
+    """Tasks reach the store only through it: it has the store Secret (as the functions do)
+    and may create TokenReviews and read Namespaces, nothing else."""
+    from functions.cli.commands import build_parser
+
+    deployment = _from_tekton("Deployment", "tekton-artifacts")
+    spec = deployment["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    assert build_parser().parse_args(container["args"]).action == "artifacts"
+    assert {"configMapRef": {"name": CONFIG_MAP}} in container["envFrom"]
+    assert {"secretRef": {"name": "resource-functions-store", "optional": True}} in container[
+        "envFrom"
+    ]
+    assert spec["serviceAccountName"] == "tekton-artifacts"
+    role = _from_tekton("ClusterRole", "resource-functions-tekton-artifacts")
+    assert role["rules"] == [
+        {
+            "apiGroups": ["authentication.k8s.io"],
+            "resources": ["tokenreviews"],
+            "verbs": ["create"],
+        },
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"]},
+    ]
+    binding = _from_tekton("ClusterRoleBinding", "resource-functions-tekton-artifacts")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "tekton-artifacts", "namespace": NAMESPACE}
+    ]
+    service = _from_tekton("Service", "tekton-artifacts")
+    assert (
+        service["spec"]["selector"].items()
+        <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    )
+    assert _config_data()["ARTIFACT_AUDIENCE"] == "resource-functions-artifacts"
+    assert _config_data()["TEKTON_TEAMS"] == ""
+
+
+def test_pipeline_namespaces_reach_no_receiver_of_knative_eventing() -> None:
+    fence = _from_tekton("NetworkPolicy", "eventing-not-from-pipelines")
+    assert fence["metadata"]["namespace"] == "knative-eventing"
+    (selector,) = fence["spec"]["podSelector"]["matchExpressions"]
+    assert set(selector["values"]) == {"broker-ingress", "broker-filter", "imc-dispatcher"}
+    ((source,),) = [rule["from"] for rule in fence["spec"]["ingress"]]
+    assert source["namespaceSelector"]["matchExpressions"] == [
+        {"key": "resource-functions.dev/team", "operator": "DoesNotExist"}
+    ]
 
 
 def test_the_controller_runs_the_subcommand_with_the_functions_config_and_no_secret() -> None:
@@ -1506,7 +1621,7 @@ def test_the_controller_runs_the_subcommand_with_the_functions_config_and_no_sec
     assert "secret" not in json.dumps(spec).lower()
     env = {e["name"]: e["value"] for e in container["env"]}
     config = ControllerConfig.from_env({**_config_data(), **env, "K_SINK": "http://broker"})
-    assert config.team_of("team-a") == "team-a"
+    assert config.teams is None  # TEKTON_TEAMS empty: the namespaces labelled as teams
     binding = _from_tekton("SinkBinding", "tekton-controller-requests")
     assert binding["spec"]["subject"] == {
         "apiVersion": "apps/v1",
@@ -1522,7 +1637,7 @@ def test_the_controller_runs_the_subcommand_with_the_functions_config_and_no_sec
 
 
 @pytest.mark.parametrize("name", ["resource-functions-unpack", "resource-functions-pack"])
-def test_the_stepactions_run_the_cli_with_store_credentials_as_files(name: str) -> None:
+def test_the_stepactions_reach_the_artifacts_service_with_the_pods_token_alone(name: str) -> None:
     from functions.cli.commands import build_parser
 
     (action,) = [d for p, d in DOCS if p.parent == TEKTON_STEPS and _name(d) == name]
@@ -1540,11 +1655,32 @@ def test_the_stepactions_run_the_cli_with_store_credentials_as_files(name: str) 
     ]
     parsed = build_parser().parse_args(argv)
     assert (parsed.command, parsed.verb) == ("artifact", name.rpartition("-")[2])
-    env = {e["name"]: e for e in spec["env"]}
-    assert all("valueFrom" not in e for e in env.values()), "credentials never as env vars"
+    env = {e["name"]: e["value"] for e in spec["env"]}
+    assert set(env) == {"ARTIFACTS_URL", "ARTIFACTS_TOKEN_FILE"}, "no store settings"
+    params = {p["name"]: p for p in spec["params"]}
+    assert "store-credentials" not in params and "store-url" not in params and "team" not in params
+    assert params["artifacts-url"]["default"] == (
+        f"http://tekton-artifacts.{NAMESPACE}.svc.cluster.local"
+    )
     (mount,) = spec["volumeMounts"]
-    assert mount["mountPath"] == env["STORE_CREDENTIALS_DIR"]["value"]
-    assert mount["readOnly"] is True
+    assert mount == {
+        "name": "$(params.token-volume)",
+        "mountPath": env["ARTIFACTS_TOKEN_FILE"].rpartition("/")[0],
+        "readOnly": True,
+    }
+    assert params["token-volume"]["default"] == "resource-functions-token"
+
+
+def test_no_example_task_holds_a_store_credential() -> None:
+    """The example's Task mounts its pod's token for the artifacts service, no Secret."""
+    docs = {(_kind(d), _name(d)): d for p, d in DOCS if p.parent == TEKTON_EXAMPLES}
+    task = docs[("Task", "run-tests")]["spec"]
+    (volume,) = task["volumes"]
+    (projected,) = volume["projected"]["sources"]
+    assert projected["serviceAccountToken"]["audience"] == _config_data()["ARTIFACT_AUDIENCE"]
+    assert volume["name"] == "resource-functions-token"
+    everything = json.dumps([d for p, d in DOCS if p.parent == TEKTON_EXAMPLES])
+    assert "secretName" not in everything and "store-url" not in everything
 
 
 def test_kustomize_renders_the_component_into_the_deployment(tmp_path: Path) -> None:
@@ -1587,7 +1723,7 @@ def test_kustomize_renders_the_component_into_the_deployment(tmp_path: Path) -> 
 def test_new_versions_reach_the_event_listener_through_a_channel_with_no_reply() -> None:
     docs = {(_kind(d), _name(d)): d for p, d in DOCS if p.parent == TEKTON_EXAMPLES}
     trigger = docs[("Trigger", "new-versions-to-tekton")]
-    assert set(trigger["spec"]["filter"]["attributes"]) == {"type", "subject"}
+    assert set(trigger["spec"]["filter"]["attributes"]) == {"type", "subject", "team"}
     assert trigger["spec"]["filter"]["attributes"]["type"] == (
         "dev.resourcefunctions.version.discovered"
     )

@@ -1,0 +1,202 @@
+"""The artifacts service: where a Tekton Task's steps fetch a Get's artifact and hand over a
+directory for a Put, with the Task pod's own identity, so no pipeline namespace holds a store
+credential (``resource-functions serve artifacts``; docs/tekton.md).
+
+A step shows a projected ServiceAccount token for ``ARTIFACT_AUDIENCE``. The service has the
+API server review it (TokenReview: signature, expiry, audience, the account still exists),
+takes the namespace of its ServiceAccount, and the team that namespace serves
+(``namespace_teams.NamespaceTeams``: as the controller maps it). Then:
+
+- ``GET /artifacts?url=URL``: the artifact's bytes, only when its team record names that team,
+  checked before anything is read (403 otherwise); only artifacts, never a record.
+- ``POST /artifacts?format=zstd|gzip|none`` (the body: a packed directory, streamed): a new
+  artifact under ``artifacts/inputs/``, recorded as the Task's team's whatever the step says;
+  ``201`` with ``{"url", "digest", "size", "format"}``, digest and size as stored.
+
+Errors are JSON ``{"error": {"kind", "message"}}``: 400 (not an artifact of this store), 401
+(no valid token), 403 (namespace serving no team, another team's artifact), 404, 413 (over
+``ARCHIVE_MAX_TOTAL_BYTES``), 503 (the store or the API is away: try again).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any, BinaryIO, cast
+
+from flask import Flask, Response, jsonify, request
+
+from functions.errors import NotAuthenticated, SenderNotAllowed, Unavailable
+from functions.http.senders import SenderCheck
+from functions.logs import fields
+from functions.settings import Settings
+from functions.tekton.namespace_teams import NamespaceTeams
+from storage import Store, open_store
+from storage.archive import FORMATS, format_for_key, suffix_for
+from storage.artifacts import add_team, teams_of
+from storage.base import key_for_url
+from storage.store_errors import StorageError
+
+INPUTS_PREFIX = "artifacts/inputs/"
+CHUNK = 1 << 20
+IDLE_SECONDS = 60.0  # an upload whose client sends nothing this long is dropped
+SERVICE_ACCOUNT = "system:serviceaccount:"
+log = logging.getLogger("functions.tekton.artifact_service")
+
+
+class Refused(Exception):
+    """A request this service will not serve; ``status`` and ``kind`` say how."""
+
+    def __init__(self, status: int, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+
+
+class TooLarge(Exception):
+    """An upload over the size bound."""
+
+
+def create_artifacts_app(
+    store: Store, tokens: SenderCheck, teams: NamespaceTeams, max_bytes: int
+) -> Flask:
+    app = Flask("resource-functions-artifacts")
+    app.add_url_rule("/artifacts", "fetch", lambda: _fetch(store, tokens, teams), methods=["GET"])
+    app.add_url_rule(
+        "/artifacts",
+        "hand_over",
+        lambda: _hand_over(store, tokens, teams, max_bytes),
+        methods=["POST"],
+    )
+    app.add_url_rule("/healthz", "healthz", lambda: {"status": "ok", "action": "artifacts"})
+    app.register_error_handler(Refused, _refused)
+    return app
+
+
+def artifacts_app_from(settings: Settings) -> Flask:
+    """The service as ``serve artifacts`` runs it: the store of ``STORE_URL``, tokens reviewed
+    by the API server for ``ARTIFACT_AUDIENCE``, teams as the controller maps them, uploads up
+    to ``ARCHIVE_MAX_TOTAL_BYTES``."""
+    from functions.runtimes.kube_api import KubeApi, api_client_from_env
+
+    store = open_store(
+        settings.store_url, replace(settings.store_options, threads=settings.threads)
+    )
+    api = KubeApi(api_client_from_env(settings.kubeconfig), "", (5.0, 10.0))
+    tokens = SenderCheck(api.review_token, settings.artifact_audience, (f"{SERVICE_ACCOUNT}*",))
+    teams = NamespaceTeams(settings.tekton_teams, api.namespace_labels)
+    return create_artifacts_app(store, tokens, teams, settings.limits.max_total_bytes)
+
+
+def team_of_caller(tokens: SenderCheck, teams: NamespaceTeams) -> tuple[str, str]:
+    """``(namespace, team)`` of the ServiceAccount behind the request's bearer token."""
+    try:
+        user = tokens.sender(request.headers.get("Authorization"))
+    except NotAuthenticated as err:
+        raise Refused(401, "not_authenticated", str(err)) from None
+    except SenderNotAllowed as err:
+        raise Refused(403, "not_allowed", str(err)) from None
+    except Unavailable as err:
+        raise Refused(503, "unavailable", str(err)) from None
+    namespace = user[len(SERVICE_ACCOUNT) :].partition(":")[0]
+    try:
+        team = teams.team_of(namespace)
+    except Unavailable as err:
+        raise Refused(503, "unavailable", str(err)) from None
+    if team is None:
+        raise Refused(403, "team_not_allowed", teams.refusal(namespace))
+    return namespace, team
+
+
+def _fetch(store: Store, tokens: SenderCheck, teams: NamespaceTeams) -> Response:
+    namespace, team = team_of_caller(tokens, teams)
+    url = request.args.get("url", "")
+    key = artifact_key(store, url)
+    try:
+        if team not in teams_of(store, key):
+            raise Refused(
+                403,
+                "input_not_allowed",
+                f"{url} is not an artifact of team {team!r} (namespace {namespace!r})",
+            )
+        info = store.stat(key)
+        if info is None:
+            raise Refused(404, "not_found", f"{url} does not exist")
+        stream = store.open(key)
+    except StorageError as err:
+        raise Refused(503, "unavailable", f"the store: {err}") from None
+    log.info("artifact fetched", extra=fields(team=team, key=key, size=info.size))
+    headers = {"Content-Length": str(info.size)}
+    return Response(_chunks(stream), headers=headers, mimetype="application/octet-stream")
+
+
+def _hand_over(
+    store: Store, tokens: SenderCheck, teams: NamespaceTeams, max_bytes: int
+) -> tuple[Response, int]:
+    _, team = team_of_caller(tokens, teams)
+    format = request.args.get("format", "zstd")
+    if format not in FORMATS:
+        raise Refused(400, "invalid_request", f"format {format!r} is not one of {FORMATS}")
+    key = f"{INPUTS_PREFIX}{uuid.uuid4().hex}{suffix_for(format)}"
+    body = Bounded(request.stream, max_bytes, request.environ)
+    try:
+        info = store.put(key, cast(BinaryIO, body))
+        add_team(store, key, team)
+    except TooLarge:
+        raise Refused(413, "too_large", f"the artifact is larger than {max_bytes} bytes") from None
+    except StorageError as err:
+        raise Refused(503, "unavailable", f"the store: {err}") from None
+    log.info("artifact handed over", extra=fields(team=team, key=key, size=info.size))
+    found = {"url": store.url_for(key), "digest": info.digest or "", "size": info.size}
+    return jsonify({**found, "format": format}), 201
+
+
+def artifact_key(store: Store, url: str) -> str:
+    """The store key of an artifact's URL; ``Refused`` (400) for anything else: another
+    store's object, a record, a key outside ``artifacts/``."""
+    key = key_for_url(store, url) if url else None
+    if key is None or not key.startswith("artifacts/"):
+        raise Refused(400, "invalid_request", f"{url!r} is not an artifact URL of {store.url}")
+    try:
+        format_for_key(key)
+    except ValueError:
+        problem = f"{url!r} is not an artifact (no archive suffix)"
+        raise Refused(400, "invalid_request", problem) from None
+    return key
+
+
+def _chunks(stream: BinaryIO) -> Iterator[bytes]:
+    with stream:
+        while chunk := stream.read(CHUNK):
+            yield chunk
+
+
+class Bounded:
+    """The request body as a stream the store reads: at most ``limit`` bytes, each read
+    waiting at most ``IDLE_SECONDS`` for the client (gunicorn's socket)."""
+
+    def __init__(self, stream: Any, limit: int, environ: dict[str, Any]) -> None:
+        self._stream = stream
+        self._limit = limit
+        self._seen = 0
+        self._socket = environ.get("gunicorn.socket")
+
+    def read(self, size: int = -1) -> bytes:
+        if self._socket is not None:
+            self._socket.settimeout(IDLE_SECONDS)
+        chunk = bytes(self._stream.read(CHUNK if size < 0 else size))
+        self._seen += len(chunk)
+        if self._seen > self._limit:
+            raise TooLarge()
+        return chunk
+
+    def readable(self) -> bool:
+        return True
+
+
+def _refused(err: Refused) -> tuple[Response, int]:
+    if err.status >= 500:
+        log.warning("artifacts: %s", err)
+    return jsonify({"error": {"kind": err.kind, "message": str(err)}}), err.status
