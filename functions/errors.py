@@ -93,7 +93,12 @@ class Unavailable(FunctionError):
 
 
 class SinkRefused(Unavailable):
-    """The sink could not be reached or answered with an error, after retries."""
+    """The sink could not be reached or answered with an error, after retries; ``status``:
+    its last answer's HTTP status (0: none)."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class ConfigError(FunctionError, ValueError):

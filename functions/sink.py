@@ -95,7 +95,7 @@ def post_reply(
         except requests.RequestException as err:
             raise SinkRefused(f"sink {sink} unreachable: {err}") from err
     if response.status_code >= 300:
-        raise SinkRefused(f"sink {sink} answered {response.status_code}")
+        raise SinkRefused(f"sink {sink} answered {response.status_code}", response.status_code)
 
 
 def post_events(sink: str, events: Sequence[CloudEvent], token: RelayToken | None = None) -> None:

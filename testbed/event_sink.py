@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -23,6 +23,8 @@ class EventSink:
     status: int = 202  # what it answers; set >= 300 to refuse
     retry_after: str = ""  # sent as Retry-After with a refusal, if set
     attempts: list[float] = field(default_factory=list)  # every POST's arrival, refused too
+    # Seconds to hold an event's POST before answering (a slow Broker), by the event.
+    hold: Callable[[CloudEvent], float] | None = None
     _arrived: list[tuple[float, CloudEvent]] = field(default_factory=list)
     _drained: int = 0
     _changed: threading.Condition = field(default_factory=threading.Condition)
@@ -109,6 +111,8 @@ def event_sink(host: str = "127.0.0.1") -> Iterator[EventSink]:
             if status < 300:
                 event = from_http_event(HTTPMessage(dict(self.headers), body))
                 sink.receive(event, str(self.headers).encode() + body)
+                if sink.hold is not None:
+                    time.sleep(sink.hold(event))
             self.send_response(status)
             if status >= 300 and sink.retry_after:
                 self.send_header("Retry-After", sink.retry_after)

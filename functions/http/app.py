@@ -2,8 +2,10 @@
 
 Routes: ``POST /`` takes a request CloudEvent (binary or structured mode) and answers per the
 event contract (200 + reply event, 202, 400 + JSON error, 503 + JSON error; 401/403 when
-``SENDER_AUDIENCE`` is set and the sender is unknown or not allowed); ``GET /healthz``;
-``GET /metrics`` (Prometheus text format).
+``SENDER_AUDIENCE`` is set and the sender is unknown or not allowed; a 400 or an input's 403
+of a request with a subject is posted to K_SINK as a failed reply too: ``refusals``);
+``GET /healthz``; ``GET /readyz`` (the store and the runtime answer); ``GET /metrics``
+(Prometheus text format).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from functions.errors import (
 )
 from functions.http.metered_store import MeteredStore
 from functions.http.readiness import Readiness
+from functions.http.refusals import post_refusal
 from functions.http.repeated_gets import RepeatedGets
 from functions.http.senders import SenderCheck, sender_check_from
 from functions.keys import ANONYMOUS
@@ -72,7 +75,8 @@ def create_app(
     app.extensions["service"] = service
     if action == "get":
         app.wsgi_app = RepeatedGets(app.wsgi_app, service, senders)  # type: ignore[method-assign]
-    app.add_url_rule("/", "event", lambda: _handle(service, senders), methods=["POST"])
+    sink = settings.sink
+    app.add_url_rule("/", "event", lambda: _handle(service, senders, sink), methods=["POST"])
     app.add_url_rule("/healthz", "healthz", lambda: {"status": "ok", "action": action})
     readiness = Readiness(store, runtime)
     app.add_url_rule("/readyz", "readyz", lambda: _ready(readiness, action))
@@ -99,13 +103,14 @@ def _ready(readiness: Readiness, action: Action) -> Response:
     return response
 
 
-def _handle(service: Service, senders: SenderCheck | None) -> Response:
-    status, response = _respond(service, senders)
+def _handle(service: Service, senders: SenderCheck | None, sink: str) -> Response:
+    status, response = _respond(service, senders, sink)
     service.metrics.requests.labels(service.action, str(status)).inc()
     return response
 
 
-def _respond(service: Service, senders: SenderCheck | None) -> tuple[int, Response]:
+def _respond(service: Service, senders: SenderCheck | None, sink: str) -> tuple[int, Response]:
+    event = None
     try:
         sender = ANONYMOUS
         if senders is not None:  # before the body is read
@@ -114,6 +119,7 @@ def _respond(service: Service, senders: SenderCheck | None) -> tuple[int, Respon
         reply = service.handle(event, sender)
     except InvalidRequest as err:
         log.info("invalid request", extra=fields(action=service.action, problems=err.problems))
+        post_refusal(sink, service.action, event, f"refused (400): {err}")
         return 400, _error(400, "invalid_request", err, problems=err.problems)
     except NotAuthenticated as err:
         log.info("sender refused", extra=fields(action=service.action, error=str(err)))
@@ -126,6 +132,7 @@ def _respond(service: Service, senders: SenderCheck | None) -> tuple[int, Respon
         return 403, _error(403, kind, err)
     except InputNotAllowed as err:
         log.info("input refused", extra=fields(action=service.action, error=str(err)))
+        post_refusal(sink, service.action, event, f"refused (403): {err}")
         return 403, _error(403, "input_not_allowed", err)
     except TooManyRuns as err:
         log.info("too many runs", extra=fields(action=service.action, error=str(err)))

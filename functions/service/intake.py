@@ -3,7 +3,6 @@ its ``((var))`` references resolved, all before anything is looked up or run."""
 
 from __future__ import annotations
 
-import fnmatch
 from dataclasses import replace
 
 from cloudevents.core.v1.event import CloudEvent
@@ -13,7 +12,7 @@ from functions.errors import InvalidRequest
 from functions.model import Action, Request
 from functions.replies import TEAM_ATTRIBUTE
 from functions.service.config import ServiceConfig
-from functions.service.request_data import parse_request_data
+from functions.service.request_data import image_allowed, image_refusal, parse_request_data
 from functions.service.teams import check_team
 from functions.tracing import trace_context
 
@@ -48,12 +47,8 @@ def parse(
     )
     request = replace(request, trace=trace, sender=sender, digest=digest)
     image = request.resource_type.image
-    if request.type_name is None and not any(
-        fnmatch.fnmatchcase(image, pattern) for pattern in config.allowed_images
-    ):
-        raise InvalidRequest(
-            f"image {image!r} is not allowed here (ALLOWED_IMAGES); use a catalogue type"
-        )
+    if request.type_name is None and not image_allowed(image, config.allowed_images):
+        raise InvalidRequest(image_refusal(image))
     return request
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import re
 from collections.abc import Mapping
@@ -178,6 +179,15 @@ def _is_artifact_url(url: str, prefix: str) -> bool:
         return False
     name = url[len(prefix) :]
     return key_problem("artifacts/" + name) is None and name.endswith(ARTIFACT_SUFFIXES)
+
+
+def image_allowed(image: str, allowed: tuple[str, ...]) -> bool:
+    """Whether an explicit ``image`` matches a glob of ``ALLOWED_IMAGES``."""
+    return any(fnmatch.fnmatchcase(image, pattern) for pattern in allowed)
+
+
+def image_refusal(image: str) -> str:
+    return f"image {image!r} is not allowed here (ALLOWED_IMAGES); use a catalogue type"
 
 
 def _clip(value: Any) -> str:

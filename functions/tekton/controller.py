@@ -1,197 +1,360 @@
-"""The reconcile loop: LIST and WATCH CustomRuns cluster-wide, act on what ``decide`` says,
-wake at each attempt's deadline, and take the replies the receiver hands over.
+"""The controller's shell around ``decide``: a knative/client-go style reconciler.
 
-A plain client watch loop, not kopf (docs/tekton.md says why): every decision is derived
-from the CustomRun, so the controller keeps no annotations, finalizers or state of its own,
-and a restart takes up every run from a fresh LIST (re-posting the running ones' requests,
-which the functions attach to the runs under way). Status is written with ``replace`` and
-the object's resourceVersion: a write that raced another is redone from a fresh read.
+- A LIST and WATCH of CustomRuns cluster-wide keeps a cache of this project's (latest seen),
+  and puts each changed one's key ``(namespace, name)`` on a work queue (``work_queue.py``):
+  deduped, never to two workers at once, retried with backoff.
+- A few workers reconcile one key each: ``decide`` on the cached object, stop and write the
+  status (guarded by its resourceVersion; a conflict re-reads and retries), then, outside the
+  key's lock, post the request, write an Event on the CustomRun, and queue the key again for
+  its next look (a deadline, a due re-post). Any exception is that CustomRun's alone: logged,
+  counted, retried with backoff; the others go on.
+- A running attempt's request is posted again on a growing schedule (``REPOST_FIRST`` doubling
+  to ``REPOST_MAX``): the functions attach it to the run under way, or answer it from the
+  stored result, so a lost reply completes the run anyway.
+- Replies (``reply``, from the receiver) are applied under the key's lock, on any replica.
+- With a ``LeaderElection``, only the replica holding the Lease watches and reconciles; a
+  leader that loses it stops (the process exits, and starts again as a follower).
+
+It keeps no annotations, finalizers or state of its own in the cluster (docs/tekton.md).
 """
 
 from __future__ import annotations
 
-import heapq
 import logging
 import threading
-from collections.abc import Callable, Mapping
-from datetime import UTC, datetime, timedelta
-from typing import Any, cast
+import time
+from collections.abc import Callable, Hashable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
 
 from cloudevents.core.v1.event import CloudEvent
-from kubernetes import client, watch
-from kubernetes.client.exceptions import ApiException
 
 from functions import keys
-from functions.errors import SinkRefused
-from functions.runtimes.kube_api import KubeApi
+from functions.errors import Conflict, NotFound, SinkRefused, Unavailable
 from functions.runtimes.podspec import REQUEST_LABEL
 from functions.sink import post_reply
+from functions.tekton import status as st
 from functions.tekton.controller_config import ControllerConfig
-from functions.tekton.decide import Context, Posting, Reply, Step, decide, on_reply
+from functions.tekton.controller_metrics import ControllerMetrics
+from functions.tekton.decide import (
+    Context,
+    Posting,
+    Reply,
+    Step,
+    deadline_of,
+    decide,
+    on_reply,
+    refused,
+)
+from functions.tekton.leader import LeaderElection
 from functions.tekton.namespace_teams import NamespaceTeams
+from functions.tekton.params import is_ours
+from functions.tekton.tekton_api import TektonApi
+from functions.tekton.work_queue import WorkQueue
 
-GROUP, VERSION, PLURAL = "tekton.dev", "v1beta1", "customruns"
 REPOST_SECONDS = 5.0  # a request the Broker did not take is posted again this soon
+FINAL_REFUSALS = frozenset({400, 401, 403})  # the Broker will never take this post
+REPOST_FIRST = 60.0  # a running attempt's request is posted again after this, doubling ...
+REPOST_MAX = 600.0  # ... up to this
 CONFLICT_TRIES = 5
+OVERDUE_SECONDS = 60.0
+WORKERS = 3
 log = logging.getLogger("functions.tekton")
+Key = tuple[str, str]
 
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+@dataclass
+class Reposts:
+    """When the attempt ``request_id`` of a key is due to be posted again."""
+
+    request_id: str
+    due: float  # monotonic
+    interval: float
+
+
+class KeyLocks:
+    """One lock per key, held by whoever reconciles or applies a reply to it; kept only while
+    in use."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locks: dict[Hashable, tuple[threading.Lock, int]] = {}
+
+    @contextmanager
+    def held(self, key: Hashable) -> Iterator[None]:
+        with self._guard:
+            lock, users = self._locks.get(key, (threading.Lock(), 0))
+            self._locks[key] = (lock, users + 1)
+        try:
+            with lock:
+                yield
+        finally:
+            with self._guard:
+                lock, users = self._locks[key]
+                if users == 1:
+                    del self._locks[key]
+                else:
+                    self._locks[key] = (lock, users - 1)
+
+
 class Controller:
     def __init__(
         self,
-        api_client: Any,
+        api: TektonApi,
         config: ControllerConfig,
+        teams: NamespaceTeams,
         *,
         clock: Callable[[], datetime] = utcnow,
+        metrics: ControllerMetrics | None = None,
+        workers: int = WORKERS,
+        repost_first: float = REPOST_FIRST,
     ) -> None:
-        self._objects = client.CustomObjectsApi(api_client)
-        self._batch = client.BatchV1Api(api_client)
+        self._api = api
         self._config = config
         self._clock = clock
-        kube = KubeApi(api_client, config.task_namespace, (5.0, 30.0))
-        self.teams = NamespaceTeams(config.teams, kube.namespace_labels)
+        self.teams = teams
         self._ctx = Context(
             event_source=config.event_source,
-            team_of=self.teams.team_of,
+            team_of=teams.team_of,
             resource_types=config.resource_types,
             artifact_url_prefix=config.artifact_url_prefix,
-            refusal=self.teams.refusal,
+            refusal=teams.refusal,
+            allowed_images=config.allowed_images,
         )
-        self._lock = threading.RLock()  # one decision at a time: watch, timers, replies
-        self._posted: set[str] = set()  # request ids this process has posted
-        self._wakes: list[tuple[datetime, str, str]] = []
-        self._pending: set[tuple[datetime, str, str]] = set()
-        self._woken = threading.Condition()
+        self.queue = WorkQueue()
+        self._cache: dict[Key, dict[str, Any]] = {}
+        self._cache_lock = threading.Lock()
+        self._locks = KeyLocks()
+        self._reposts: dict[Key, Reposts] = {}
+        self._workers = workers
+        self._repost_first = repost_first
+        self.metrics = metrics or ControllerMetrics()
+        self.metrics.watch(self.queue.depth, self.overdue)
         self.stopped = threading.Event()
+        self.lost_lead = False
 
-    # --- the loop ---------------------------------------------------------------------------
+    # --- running ------------------------------------------------------------------------------
 
-    def run(self) -> None:
-        """Reconcile until ``stopped`` is set: timers in a thread, LIST+WATCH here."""
-        timers = threading.Thread(target=self._run_timers, name="tekton-timers", daemon=True)
-        timers.start()
-        while not self.stopped.is_set():
-            try:
-                self.list_and_watch()
-            except Exception:  # the API away: take it up again from a fresh LIST
-                log.exception("customrun watch failed; listing again")
-                self.stopped.wait(2)
+    def run(self, leader: LeaderElection | None = None) -> None:
+        """Reconcile until ``stopped`` is set (or the Lease is lost): workers in threads, the
+        LIST and WATCH here."""
+        if leader is not None:
+            if not leader.acquire(self.stopped):
+                return
+            leader.keep(self.stopped, self._lose_lead)
+        self.metrics.leader.set(1)
+        threads = [
+            threading.Thread(target=self._work, name=f"tekton-worker-{n}", daemon=True)
+            for n in range(self._workers)
+        ]
+        for thread in threads:
+            thread.start()
+        try:
+            while not self.stopped.is_set():
+                try:
+                    self.list_and_watch()
+                except Exception:  # the API away: take it up again from a fresh LIST
+                    log.exception("customrun watch failed; listing again")
+                    self.stopped.wait(2)
+        finally:
+            self.metrics.leader.set(0)
+            self.queue.close()
+            for thread in threads:
+                thread.join(30)
+
+    def _lose_lead(self) -> None:
+        self.lost_lead = True
+        self.stopped.set()
 
     def list_and_watch(self) -> None:
-        listed = cast(
-            dict[str, Any], self._objects.list_cluster_custom_object(GROUP, VERSION, PLURAL)
-        )
-        for item in listed.get("items") or []:
-            self.reconcile(item)
-        version = (listed.get("metadata") or {}).get("resourceVersion")
-        stream = watch.Watch()
-        for event in stream.stream(
-            self._objects.list_cluster_custom_object,
-            GROUP,
-            VERSION,
-            PLURAL,
-            resource_version=version,
-            allow_watch_bookmarks=True,
-            timeout_seconds=int(self._config.resync_seconds),
-        ):
+        items, version = self._api.list_customruns()
+        ours = {key_of(item): item for item in items if is_ours(item)}
+        with self._cache_lock:
+            gone = set(self._cache) - set(ours)
+            self._cache = ours
+        for key in gone:
+            self._forget(key)
+        for key in ours:
+            self.queue.add(key)
+        for kind, obj in self._api.watch_customruns(version, int(self._config.resync_seconds)):
             if self.stopped.is_set():
-                stream.stop()
                 return
-            kind, obj = event.get("type"), event.get("object")
-            if kind in ("ADDED", "MODIFIED") and isinstance(obj, dict):
-                self.reconcile(obj)
-            elif kind == "ERROR":  # 410 Gone and friends: list again
+            if kind == "ERROR":  # 410 Gone and friends: list again
                 return
+            if kind == "BOOKMARK" or not is_ours(obj):
+                continue
+            key = key_of(obj)
+            if kind == "DELETED":
+                with self._cache_lock:
+                    self._cache.pop(key, None)
+                self._forget(key)
+                continue
+            self._remember(obj)
+            self.queue.add(key)
 
-    def reconcile(self, run: Mapping[str, Any]) -> None:
-        for _ in range(CONFLICT_TRIES):
-            with self._lock:
-                try:
-                    step = decide(run, self._clock(), self._ctx)
-                    self._settle(run, step)
-                    break
-                except _Conflict:
-                    fresh = self._read(run["metadata"]["namespace"], run["metadata"]["name"])
-                    if fresh is None:
-                        return
-                    run = fresh
+    def _work(self) -> None:
+        while not self.stopped.is_set():
+            key = self.queue.get(1.0)
+            if key is None:
+                continue
+            started = time.monotonic()
+            try:
+                self.reconcile(key)  # type: ignore[arg-type]
+                self.queue.forget(key)
+            except Exception as err:  # noqa: BLE001 - one CustomRun's failure is its own
+                self._failed(key, err)  # type: ignore[arg-type]
+            finally:
+                self.queue.done(key)
+                self.metrics.reconcile_seconds.observe(time.monotonic() - started)
+
+    def _failed(self, key: Key, err: Exception) -> None:
+        reason = (
+            "conflict"
+            if isinstance(err, Conflict)
+            else "unavailable"
+            if isinstance(err, Unavailable)
+            else "error"
+        )
+        self.metrics.failures.labels(reason).inc()
+        if isinstance(err, Conflict):
+            self._refresh(key)
+        delay = self.queue.retry(key)
+        if reason == "error":
+            log.exception("customrun %s/%s: reconcile failed; again in %.1fs", *key, delay)
         else:
-            log.warning("customrun %s kept changing under the controller", _name(run))
-            return
-        self._follow(run, step)
+            log.warning("customrun %s/%s: %s; again in %.1fs", *key, err, delay)
+
+    # --- one CustomRun ------------------------------------------------------------------------
+
+    def reconcile(self, key: Key) -> None:
+        """Decide on the cached CustomRun and act on it (raises ``Conflict`` when its status
+        changed meanwhile: the caller retries from a fresh read)."""
+        with self._locks.held(key):
+            run = self._cached(key)
+            if run is None:
+                return
+            step = decide(run, self._clock(), self._ctx)
+            written = self._settle(run, step)
+        self._follow(key, written, step)
 
     def reply(self, namespace: str, name: str, reply: Reply) -> None:
-        """A reply event for CustomRun ``namespace/name``: applied, or dropped when stale.
-        Raises when the status could not be written (the receiver answers 503: Knative
-        delivers the reply again)."""
+        """A reply event for CustomRun ``namespace/name``: applied, or dropped when stale or
+        not bound to the run. Raises when the status could not be written (the receiver
+        answers 503: Knative delivers the reply again)."""
+        key = (namespace, name)
         for _ in range(CONFLICT_TRIES):
-            with self._lock:
-                run = self._read(namespace, name)
+            with self._locks.held(key):
+                run = self._cached(key)
                 if run is None:
+                    self.metrics.replies.labels("stale").inc()
                     return
+                step = on_reply(run, reply, self._clock(), self._ctx)
                 try:
-                    step = on_reply(run, reply, self._clock(), self._ctx)
-                    if step.dropped:
-                        log.warning("customrun %s: reply dropped: %s", _name(run), step.dropped)
-                    self._settle(run, step)
+                    written = self._settle(run, step)
                     break
-                except _Conflict:
-                    continue
+                except Conflict:
+                    self._refresh(key)
         else:
+            self.metrics.replies.labels("not_written").inc()
             raise RuntimeError(f"customrun {namespace}/{name} kept changing; reply not applied")
-        self._follow(run, step)
+        outcome = "dropped" if step.dropped else "applied" if step.status else "stale"
+        self.metrics.replies.labels(outcome).inc()
+        if step.dropped:
+            log.warning("customrun %s/%s: reply dropped: %s", namespace, name, step.dropped)
+            self._event(written, True, "ReplyDropped", step.dropped)
+        self._follow(key, written, step)
 
-    # --- effects ----------------------------------------------------------------------------
-
-    def _settle(self, run: Mapping[str, Any], step: Step) -> None:
-        """Under the lock: stop the attempt's Job, write the status."""
+    def _settle(self, run: dict[str, Any], step: Step) -> dict[str, Any]:
+        """Under the key's lock: stop the attempt's Job, write the status; the object as it is
+        now (as written, or as it was)."""
         if step.stop:
             self._stop(step.stop)
-        if step.status is not None:
-            self._write_status(run, step.status)
-            log.info("customrun %s: %s", _name(run), _summary(step.status))
-
-    def _follow(self, run: Mapping[str, Any], step: Step) -> None:
-        """Outside the lock: post the request, set the next look. A post can wait on the
-        Broker until the request is delivered (the in-memory channel fans out before it
-        answers), and a cache hit's reply comes back to ``reply`` within that delivery: the
-        lock held here would make them wait on each other until the post timed out."""
-        meta = run["metadata"]
-        if step.post is not None and step.post.request_id not in self._posted:
-            if self._post(step.post):
-                self._posted.add(step.post.request_id)
-            else:
-                self._wake(meta["namespace"], meta["name"], None)
-        if step.wake_at is not None:
-            self._wake(meta["namespace"], meta["name"], step.wake_at)
-
-    def _write_status(self, run: Mapping[str, Any], status: dict[str, Any]) -> None:
-        meta = run["metadata"]
-        body = {**run, "status": status}
+        if step.status is None:
+            return run
         try:
-            self._objects.replace_namespaced_custom_object_status(
-                GROUP, VERSION, meta["namespace"], PLURAL, meta["name"], body
-            )
-        except ApiException as err:
-            if err.status == 409:
-                raise _Conflict() from err
-            if err.status == 404:
-                return
-            raise
+            written = self._api.replace_status(run, step.status)
+        except NotFound:
+            return run
+        self._remember(written)
+        before = st.condition_of(run.get("status") or {}) or {}
+        after = st.condition_of(step.status) or {}
+        if (before.get("status"), before.get("reason")) != (
+            after.get("status"),
+            after.get("reason"),
+        ):
+            self.metrics.transitions.labels(str(after.get("reason"))).inc()
+            log.info("customrun %s: %s %s", name_of(run), after.get("status"), after.get("reason"))
+        return written
 
-    def _post(self, posting: Posting) -> bool:
+    def _follow(self, key: Key, run: dict[str, Any], step: Step) -> None:
+        """Outside the lock: post the request (the in-memory channel answers a post once it has
+        delivered it, and a cache hit's reply comes back to ``reply`` within that delivery), an
+        Event for a transition, and the key's next look."""
+        if step.status is not None:
+            found = st.condition_of(step.status) or {}
+            failed = found.get("status") == "False" or found.get("reason") == st.RETRYING
+            self._event(run, failed, str(found.get("reason")), str(found.get("message") or ""))
+        if st.is_done(run.get("status") or {}):
+            self._reposts.pop(key, None)
+            return
+        if step.post is not None:
+            self._post_when_due(key, step.post)
+        if step.wake_at is not None:
+            self.queue.add_after(key, (step.wake_at - self._clock()).total_seconds())
+
+    def _post_when_due(self, key: Key, posting: Posting) -> None:
+        now = time.monotonic()
+        known = self._reposts.get(key)
+        if known is not None and known.request_id == posting.request_id and now < known.due:
+            self.queue.add_after(key, known.due - now)
+            return
+        refusal = self._post(posting)
+        if refusal is not None:
+            if refusal.status in FINAL_REFUSALS:
+                self._end_refused(key, posting, str(refusal))
+            else:
+                self.queue.add_after(key, REPOST_SECONDS)
+            return
+        interval = (
+            self._repost_first
+            if known is None or known.request_id != posting.request_id
+            else min(known.interval * 2, REPOST_MAX)
+        )
+        self._reposts[key] = Reposts(posting.request_id, now + interval, interval)
+        self.queue.add_after(key, interval)
+
+    def _post(self, posting: Posting) -> SinkRefused | None:
+        """Post ``posting``'s request; the refusal, if the Broker did not take it."""
         event = CloudEvent(attributes=posting.attributes, data=posting.data)
         try:
             post_reply(self._config.broker, event, attempts=3, timeout=30)
         except SinkRefused as err:
+            self.metrics.posts.labels("refused").inc()
             log.warning("request %s not posted: %s", posting.request_id, err)
-            return False
+            return err
+        self.metrics.posts.labels("posted").inc()
         log.info("request %s posted (%s)", posting.request_id, posting.attributes["type"])
-        return True
+        return None
+
+    def _end_refused(self, key: Key, posting: Posting, why: str) -> None:
+        """End the run: the Broker will never take its request (no policy for its team)."""
+        message = (
+            f"the Broker refused the request for good ({why}): is team "
+            f"{posting.attributes.get('team')!r} among the controller's EventPolicy's teams?"
+        )
+        with self._locks.held(key):
+            run = self._cached(key)
+            if run is None:
+                return
+            step = refused(run, posting.request_id, message, self._clock())
+            written = self._settle(run, step)
+        self._follow(key, written, step)
 
     def _stop(self, request_id: str) -> None:
         """Delete the task Job of request ``request_id`` (found by its label): cancelled or
@@ -200,66 +363,78 @@ class Controller:
             return
         label = keys.request_label(self._config.event_source, request_id)
         try:
-            self._batch.delete_collection_namespaced_job(
-                self._config.task_namespace,
-                label_selector=f"{REQUEST_LABEL}={label}",
-                propagation_policy="Background",
-            )
-        except ApiException as err:
-            log.warning("cannot delete the Job of request %s: %s", request_id, err.reason)
+            self._api.delete_jobs(self._config.task_namespace, f"{REQUEST_LABEL}={label}")
+        except Unavailable as err:
+            log.warning("cannot delete the Job of request %s: %s", request_id, err)
 
-    def _read(self, namespace: str, name: str) -> dict[str, Any] | None:
+    def _event(self, run: dict[str, Any], warning: bool, reason: str, message: str) -> None:
         try:
-            found = cast(
-                dict[str, Any],
-                self._objects.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name),
-            )
-        except ApiException as err:
-            if err.status == 404:
-                return None
-            raise
+            self._api.event(run, warning, reason, message)
+        except Exception as err:  # noqa: BLE001 - an Event is for people: never worth a retry
+            log.info("no Event on customrun %s: %s", name_of(run), err)
+
+    # --- the cache ----------------------------------------------------------------------------
+
+    def _cached(self, key: Key) -> dict[str, Any] | None:
+        with self._cache_lock:
+            found = self._cache.get(key)
+        return found if found is not None else self._refresh(key)
+
+    def _refresh(self, key: Key) -> dict[str, Any] | None:
+        found = self._api.read_customrun(*key)
+        if found is None:
+            with self._cache_lock:
+                self._cache.pop(key, None)
+            return None
+        self._remember(found)
         return found
 
-    # --- deadlines --------------------------------------------------------------------------
+    def _remember(self, obj: dict[str, Any]) -> None:
+        key = key_of(obj)
+        with self._cache_lock:
+            known = self._cache.get(key)
+            if known is None or newer(obj, known):
+                self._cache[key] = obj
 
-    def _wake(self, namespace: str, name: str, at: datetime | None) -> None:
-        entry = (at or self._clock() + timedelta(seconds=REPOST_SECONDS), namespace, name)
-        with self._woken:
-            if entry not in self._pending:  # each watch event names the same deadline again
-                self._pending.add(entry)
-                heapq.heappush(self._wakes, entry)
-                self._woken.notify()
+    def _forget(self, key: Key) -> None:
+        self.queue.forget(key)
+        self._reposts.pop(key, None)
 
-    def _run_timers(self) -> None:
-        while not self.stopped.is_set():
-            with self._woken:
-                now = self._clock()
-                due = []
-                while self._wakes and self._wakes[0][0] <= now:
-                    due.append(heapq.heappop(self._wakes))
-                    self._pending.discard(due[-1])
-                if not due:
-                    left = (self._wakes[0][0] - now).total_seconds() if self._wakes else 1.0
-                    self._woken.wait(min(max(left, 0.05), 1.0))
-                    continue
-            for _, namespace, name in sorted(set(due)):
-                try:
-                    found = self._read(namespace, name)
-                    if found is not None:
-                        self.reconcile(found)
-                except Exception:
-                    log.exception("customrun %s/%s: deadline check failed", namespace, name)
-                    self._wake(namespace, name, None)
+    def overdue(self) -> int:
+        """Running attempts of the cache more than ``OVERDUE_SECONDS`` past their deadline."""
+        now = self._clock()
+        with self._cache_lock:
+            runs = list(self._cache.values())
+        late = 0
+        for run in runs:
+            status = run.get("status") or {}
+            if st.is_done(status) or not status.get("startTime"):
+                continue
+            try:
+                deadline = deadline_of(run, st.parse_time(status["startTime"]))
+            except ValueError:
+                continue
+            if deadline is not None and (now - deadline).total_seconds() > OVERDUE_SECONDS:
+                late += 1
+        return late
 
 
-class _Conflict(Exception):
-    """The status write met a newer version of the object."""
+def key_of(obj: Mapping[str, Any]) -> Key:
+    meta = obj.get("metadata") or {}
+    return (str(meta.get("namespace", "")), str(meta.get("name", "")))
 
 
-def _name(run: Mapping[str, Any]) -> str:
-    return f"{run['metadata']['namespace']}/{run['metadata']['name']}"
+def name_of(run: Mapping[str, Any]) -> str:
+    return "/".join(key_of(run))
 
 
-def _summary(status: dict[str, Any]) -> str:
-    found = (status.get("conditions") or [{}])[0]
-    return f"{found.get('status')} {found.get('reason')}"
+def newer(obj: Mapping[str, Any], than: Mapping[str, Any]) -> bool:
+    """Whether ``obj`` is a later version than ``than`` (resourceVersions are opaque, but a
+    written object's and a watch's later one are larger numbers on every API server here;
+    an unparsable one counts as newer)."""
+    try:
+        mine = int((obj.get("metadata") or {}).get("resourceVersion") or 0)
+        theirs = int((than.get("metadata") or {}).get("resourceVersion") or 0)
+    except ValueError:
+        return True
+    return mine >= theirs

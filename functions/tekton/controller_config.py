@@ -4,18 +4,22 @@
 and ``TASK_NAMESPACE``: the functions' own, shared so that params are judged as the
 services judge them and a cancelled run's Job is found. ``TEKTON_TEAMS``: the namespace →
 team mapping, shared with the artifacts service (unset: the namespaces an administrator
-labelled, ``functions.tekton.namespace_teams``).
+labelled, ``functions.tekton.namespace_teams``). ``ALLOWED_IMAGES``: the functions' own, so
+that a request they would refuse is never posted. Its own: ``TEKTON_LEADER_LEASE`` (the Lease
+its replicas elect a leader on, in ``POD_NAMESPACE``; empty: no election, one replica) and
+``POD_NAME`` (this replica's identity).
 """
 
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from functions.errors import ConfigError
 from functions.model import ResourceType
-from functions.settings import parse_resource_types, tekton_teams
+from functions.settings import own_namespace, parse_resource_types, patterns, tekton_teams
 
 EVENT_SOURCE = "/resource-functions/tekton-controller"
 
@@ -31,6 +35,10 @@ class ControllerConfig:
     host: str = "127.0.0.1"
     port: int = 8080
     resync_seconds: float = 300.0  # a fresh LIST this often, whatever the watch said
+    allowed_images: tuple[str, ...] = ("*",)
+    leader_lease: str = ""  # the Lease's name; "": no election
+    namespace: str = ""  # where the Lease is: the controller's own
+    identity: str = ""  # this replica's, in the Lease
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ControllerConfig:
@@ -46,6 +54,10 @@ class ControllerConfig:
             teams=tekton_teams(env.get("TEKTON_TEAMS", "")),
             host=env.get("HOST") or "127.0.0.1",
             port=int(env.get("PORT") or 8080),
+            allowed_images=patterns(env.get("ALLOWED_IMAGES")),
+            leader_lease=env.get("TEKTON_LEADER_LEASE", "").strip(),
+            namespace=env.get("POD_NAMESPACE") or own_namespace(),
+            identity=env.get("POD_NAME") or socket.gethostname(),
         )
 
     @property

@@ -41,6 +41,7 @@ class Context:
     artifact_url_prefix: str = ""
     # why a namespace serves no team (``namespace_teams.NamespaceTeams.refusal``)
     refusal: Callable[[str], str] = lambda namespace: f"namespace {namespace!r} is not served"
+    allowed_images: tuple[str, ...] = ("*",)  # the functions' ALLOWED_IMAGES
     new_id: Callable[[], str] = lambda: secrets.token_hex(16)  # a new attempt's request id
 
 
@@ -207,6 +208,15 @@ def on_reply(run: Mapping[str, Any], reply: Reply, now: datetime, ctx: Context) 
     return Step(status=st.finished(status, False, reason, message, now))
 
 
+def refused(run: Mapping[str, Any], request_id: str, why: str, now: datetime) -> Step:
+    """The step for an attempt whose request the Broker refused for good (401, 403: no
+    policy lets the controller post for this team): the run ends, saying so."""
+    status = dict(run.get("status") or {})
+    if st.is_done(status) or (status.get("extraFields") or {}).get("requestId") != request_id:
+        return Step()
+    return Step(status=st.finished(status, False, st.REFUSED, why, now))
+
+
 def not_bound(run: Mapping[str, Any], reply: Reply, action: str, ctx: Context) -> str:
     """Why ``reply`` (which names the attempt's request id) is not this run's answer: its
     type's action is not the run's kind, its source is not that function's, or its team is
@@ -235,7 +245,10 @@ def build_request(run: Mapping[str, Any], ctx: Context) -> RunRequest:
     if team is None:
         raise BadParams(ctx.refusal(meta["namespace"]))
     request = run_request(
-        run, resource_types=ctx.resource_types, artifact_url_prefix=ctx.artifact_url_prefix
+        run,
+        resource_types=ctx.resource_types,
+        artifact_url_prefix=ctx.artifact_url_prefix,
+        allowed_images=ctx.allowed_images,
     )
     # Tekton's labels name the pipeline (whose pipeline-scoped Secrets ((var)) may read) only
     # on a CustomRun its PipelineRun made; a bare CustomRun's labels are its author's word.

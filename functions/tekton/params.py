@@ -17,7 +17,12 @@ from typing import Any
 from functions.errors import InvalidRequest
 from functions.events import MAX_BODY_BYTES
 from functions.model import Action, ResourceType
-from functions.service.request_data import MAX_DEPTH, parse_request_data
+from functions.service.request_data import (
+    MAX_DEPTH,
+    image_allowed,
+    image_refusal,
+    parse_request_data,
+)
 
 API_VERSION = "resource-functions.dev/v1alpha1"
 ACTIONS: dict[str, Action] = {"Check": "check", "Get": "get", "Put": "put"}
@@ -70,9 +75,11 @@ def run_request(
     *,
     resource_types: Mapping[str, ResourceType],
     artifact_url_prefix: str,
+    allowed_images: tuple[str, ...] = ("*",),
 ) -> RunRequest:
     """The request of CustomRun ``run`` (without ``build``, which ``decide`` adds), or
-    ``BadParams`` listing every problem."""
+    ``BadParams`` listing every problem; an explicit ``image`` must match ``allowed_images``
+    (the functions' ``ALLOWED_IMAGES``), as the functions would refuse it after the post."""
     action = action_of(run)
     given = params_of(run)
     problems: list[str] = []
@@ -114,6 +121,9 @@ def run_request(
         )
     except InvalidRequest as err:
         raise BadParams("; ".join(err.problems)) from None
+    image = data.get("image")
+    if isinstance(image, str) and not image_allowed(image, allowed_images):
+        raise BadParams(image_refusal(image))
     return RunRequest(action, data)
 
 

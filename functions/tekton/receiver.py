@@ -49,7 +49,10 @@ def serve(controller: Controller, host: str, port: int) -> ThreadingHTTPServer:
     """Start the receiver in a thread; ``shutdown()`` stops it."""
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # the Deployment's probes
+        def do_GET(self) -> None:  # the Deployment's probes, and Prometheus
+            if self.path == "/metrics":
+                self._answer(200, controller.metrics.exposition().decode())
+                return
             self._answer(200 if self.path == "/healthz" else 404)
 
         def do_POST(self) -> None:
@@ -97,29 +100,45 @@ def _interrupt(_signum: int, _frame: object) -> None:
 
 
 def main() -> int:
-    """``resource-functions tekton-controller``: the receiver, then the loop, until SIGTERM."""
+    """``resource-functions tekton-controller``: the receiver, then the loop, until SIGTERM
+    (or, electing a leader, until this replica loses the Lease: exit 1, to start again as a
+    follower)."""
     import signal
 
     from functions import logs
-    from functions.runtimes.kube_api import api_client_from_env
+    from functions.runtimes.kube_api import KubeApi, api_client_from_env
     from functions.tekton.controller_config import ControllerConfig
+    from functions.tekton.controller_metrics import ControllerMetrics
+    from functions.tekton.leader import LeaderElection
+    from functions.tekton.namespace_teams import NamespaceTeams
+    from functions.tekton.tekton_api import TektonApi
 
     config = ControllerConfig.from_env()
     logs.configure("info")
-    controller = Controller(api_client_from_env(), config)
+    api_client = api_client_from_env()
+    metrics = ControllerMetrics()
+    api = TektonApi(api_client, counted=metrics.api_requests.inc)
+    teams = NamespaceTeams(config.teams, KubeApi(api_client, "", (5.0, 30.0)).namespace_labels)
+    controller = Controller(api, config, teams, metrics=metrics)
     server = serve(controller, config.host, config.port)
+    leader = (
+        LeaderElection(api, config.namespace, config.leader_lease, config.identity)
+        if config.leader_lease
+        else None
+    )
     signal.signal(signal.SIGTERM, _interrupt)  # the watch may block for minutes: leave now
     log.info(
-        "tekton-controller: replies on %s:%s, requests to %s",
+        "tekton-controller %s: replies on %s:%s, requests to %s",
+        config.identity,
         config.host,
         config.port,
         config.broker,
     )
     try:
-        controller.run()
+        controller.run(leader)
     except KeyboardInterrupt:
         pass
     finally:
         controller.stopped.set()
         server.shutdown()
-    return 0
+    return 1 if controller.lost_lead else 0

@@ -19,6 +19,7 @@ RETRYING = "Retrying"
 CANCELLED = "CustomRunCancelled"
 TIMED_OUT = "CustomRunTimedOut"
 BAD_PARAMS = "InvalidParams"
+REFUSED = "RequestRefused"  # the Broker refused the controller's post for good
 MAX_MESSAGE = 3000  # a condition message stays readable in `kubectl describe`
 
 

@@ -40,8 +40,10 @@ from tests.cluster.up import Cluster
 
 FEATURE = "authentication-oidc"
 TEAM_LABEL = "resource-functions.dev/team"
-# The pipeline teams' namespaces (each its own team), named in the controller's policy.
-PIPELINE_TEAMS = ("tekton-ct", "tekton-git")
+# The pipeline teams' namespaces (each its own team), named in the controller's policy: the
+# Tekton modules' and the controller's load figure's (test_tekton_custom_task.py).
+LOAD_TEAMS = tuple(f"tekton-load-{n}" for n in range(10))
+PIPELINE_TEAMS = ("tekton-ct", "tekton-git", *LOAD_TEAMS)
 SENDERS_NAMESPACE = "ci"
 ENGINE = "pipeline-engine-main"  # knative/sender-auth/broker-team-policy.yaml names it
 TRIGGERS = ("check-requested", "get-requested", "put-requested")

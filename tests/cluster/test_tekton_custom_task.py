@@ -48,6 +48,7 @@ import yaml
 from tests.cluster.conftest import NAMESPACE, wait_ready
 from tests.cluster.custom_task import (
     API_VERSION,
+    TEAM_LABEL,
     TOKEN_VOLUME,
     CustomTask,
     NoStoreKeys,
@@ -60,6 +61,7 @@ from tests.cluster.knative import apply
 from tests.cluster.secured import PIPELINE_TEAMS, Secured, identity
 from tests.cluster.up import Cluster
 
+REPO = Path(__file__).resolve().parents[2]
 USERS = PIPELINE_TEAMS[0]  # a Tekton user's namespace, labelled as its team "tekton-ct"
 OTHERS = "tekton-other"  # another team's namespace (no CustomRun: only a Task)
 TEKTON_NAMESPACES = (USERS, OTHERS)  # shown by conftest when a test fails
@@ -346,7 +348,19 @@ def test_another_teams_request_with_a_runs_subject_and_request_id_changes_nothin
     run = custom_task.finished("customrun", name, timeout=180)
     assert condition(run)["status"] == "True", condition(run)
     assert json.loads(results(run)["version"]) == {"ref": "v1"}
-    assert "reply dropped" in custom_task.controller_logs()
+    events = json.loads(
+        custom_task.cluster.kubectl(
+            "-n",
+            USERS,
+            "get",
+            "events",
+            "-o",
+            "json",
+            "--field-selector",
+            f"involvedObject.name={name},reason=ReplyDropped",
+        )
+    )["items"]
+    assert events and "team 'main'" in events[0]["message"], events
 
 
 def test_the_controller_writes_the_status_of_this_projects_customruns_only(
@@ -359,7 +373,12 @@ def test_the_controller_writes_the_status_of_this_projects_customruns_only(
     apply(cluster, [foreign])
     kubeconfig = cluster.token_kubeconfig(tmp_path / "controller", NAMESPACE, "tekton-controller")
     done_at = "2026-12-04T00:00:00Z"
-    succeeded = {"type": "Succeeded", "status": "True", "reason": "X", "lastTransitionTime": done_at}
+    succeeded = {
+        "type": "Succeeded",
+        "status": "True",
+        "reason": "X",
+        "lastTransitionTime": done_at,
+    }
     status = {"status": {"conditions": [succeeded]}}
     done = cluster.run_kubectl(
         f"--kubeconfig={kubeconfig}",
@@ -511,9 +530,21 @@ def test_a_get_past_its_timeout_times_out_and_its_job_stops(custom_task: CustomT
     wait_no_job(custom_task, uid)
 
 
-def test_a_controller_killed_mid_run_reposts_and_the_script_runs_once(
+def leader_pod(custom_task: CustomTask) -> str:
+    lease = json.loads(
+        custom_task.cluster.kubectl(
+            "-n", NAMESPACE, "get", "lease", "tekton-controller", "-o", "json"
+        )
+    )
+    return str(lease["spec"]["holderIdentity"])
+
+
+def test_the_leader_killed_mid_run_the_other_replica_takes_over_and_the_script_runs_once(
     custom_task: CustomTask,
 ) -> None:
+    """Two replicas elect a leader on the Lease; killed (no grace), its Lease runs out and the
+    other takes it, lists, posts the running attempt's request again (the Broker's sink sees
+    its id twice), and the functions attach it to the run under way: one Job, one pod."""
     name = name_for("restart")
     apply(custom_task.cluster, [custom_run(name, get_params(name, {"delay": 30}))])
     running = custom_task.wait(
@@ -521,24 +552,16 @@ def test_a_controller_killed_mid_run_reposts_and_the_script_runs_once(
     )
     uid = request_id(running)
     wait_job(custom_task, uid)
+    killed = leader_pod(custom_task)
     custom_task.cluster.kubectl(
-        "-n",
-        NAMESPACE,
-        "delete",
-        "pod",
-        "-l",
-        "app.kubernetes.io/component=tekton-controller",
-        "--force",
-        "--grace-period=0",
-    )
-    custom_task.cluster.kubectl(
-        "-n", NAMESPACE, "rollout", "status", "deployment/tekton-controller", "--timeout=180s"
+        "-n", NAMESPACE, "delete", "pod", killed, "--force", "--grace-period=0"
     )
     run = custom_task.finished("customrun", name, timeout=180)
     assert condition(run)["status"] == "True", condition(run)
     assert json.loads(results(run)["version"]) == {"ref": "v1"}
     posted = custom_task.deployment.sink.wait(count=2, id=uid, timeout=60)
     assert {e.get_attributes()["type"] for e in posted} == {"dev.resourcefunctions.get.requested"}
+    assert leader_pod(custom_task) != killed
     (job,) = custom_task.jobs_of(uid)
     pods = json.loads(
         custom_task.cluster.kubectl(
@@ -553,6 +576,65 @@ def test_a_controller_killed_mid_run_reposts_and_the_script_runs_once(
         )
     )["items"]
     assert len(pods) == 1, "the script ran once"
+    custom_task.cluster.kubectl(
+        "-n", NAMESPACE, "rollout", "status", "deployment/tekton-controller", "--timeout=180s"
+    )
+
+
+def test_a_request_the_functions_refuse_ends_its_customrun_within_30_seconds(
+    custom_task: CustomTask,
+) -> None:
+    """Refused after it was posted (its data is fine, its ((var)) is not there, or its input is
+    no artifact of the team): the function answers the Broker 400 or 403 and posts a failed
+    reply, which ends the CustomRun at once rather than at its timeout."""
+    cluster = custom_task.cluster
+    team_namespace = f"concourse-{USERS}"  # its credentials, bound as knative/teams/ binds them
+    apply(
+        cluster, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": team_namespace}}]
+    )
+    binding = yaml.safe_load((REPO / "knative" / "teams" / "rolebinding.yaml").read_text())
+    binding["metadata"]["namespace"] = team_namespace
+    apply(cluster, [binding])
+    nope = name_for("nope")
+    params = {**get_params(nope, {}), "source": json.dumps({"token": "((not-there))"})}
+    elsewhere = name_for("elsewhere")
+    put = custom_run(
+        elsewhere,
+        {
+            "type": "test",
+            "source": json.dumps({"uri": "https://git.example/x"}),
+            "inputs": json.dumps(
+                {
+                    "repo": {
+                        "url": f"{custom_task.store_url}/artifacts/inputs/theirs.tar.zst",
+                        "digest": "sha256:" + "0" * 64,
+                    }
+                }
+            ),
+        },
+    )
+    put["spec"]["customRef"]["kind"] = "Put"
+    started = time.monotonic()
+    apply(cluster, [custom_run(nope, params), put])
+    for name, said in ((nope, "not-there"), (elsewhere, "not an artifact of team")):
+        run = custom_task.finished("customrun", name, timeout=30 - (time.monotonic() - started))
+        found = condition(run)
+        assert (found["status"], found["reason"]) == ("False", "InvalidRequest"), found
+        assert said in found["message"], found["message"]
+    assert time.monotonic() - started < 30
+
+
+def test_an_image_the_functions_do_not_allow_is_refused_before_it_is_posted(
+    custom_task: CustomTask,
+) -> None:
+    name = name_for("image")
+    params = {**get_params(name, {}), "image": "registry.example/anything:1"}
+    del params["type"]
+    apply(custom_task.cluster, [custom_run(name, params)])
+    run = custom_task.finished("customrun", name, timeout=60)
+    found = condition(run)
+    assert (found["status"], found["reason"]) == ("False", "InvalidParams")
+    assert "ALLOWED_IMAGES" in found["message"] and request_id(run) == ""
 
 
 # --- new versions start PipelineRuns: Broker -> channel (no reply) -> EventListener ----------
@@ -664,3 +746,98 @@ def test_a_failing_get_is_retried_then_fails_with_its_attempts_in_retries_status
     ids = [request_id({"status": first}), request_id(run)]
     assert all(ids) and ids[0] != ids[1] and run["metadata"]["uid"] not in ids
     assert [len(custom_task.jobs_of(i)) for i in ids] == [1, 1]
+
+
+# --- the controller under load (a benchmark: smoke size in CI) --------------------------------
+
+
+def controller_metric(custom_task: CustomTask, name: str) -> float:
+    """A metric summed over the controller's replicas (their /metrics, through the API)."""
+    pods = custom_task.cluster.kubectl(
+        "-n", NAMESPACE, "get", "pods", "-l", "app.kubernetes.io/component=tekton-controller",
+        "-o", "jsonpath={.items[*].metadata.name}",
+    ).split()  # fmt: skip
+    total = 0.0
+    for pod in pods:
+        text = custom_task.cluster.kubectl(
+            "get", "--raw", f"/api/v1/namespaces/{NAMESPACE}/pods/{pod}:8080/proxy/metrics",
+            check=False,
+        )  # fmt: skip
+        total += sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith((name + " ", name + "{"))
+        )
+    return total
+
+
+@pytest.mark.bench
+@pytest.mark.timeout(1800)
+def test_figures_many_customruns_at_once_one_poisoned(custom_task: CustomTask, capsys) -> None:
+    """Cached gets across the load namespaces, created at once, with one CustomRun whose
+    param is nested 5,000 levels deep among them: every healthy one succeeds; time to all
+    Succeeded, p50/p95 creation → Succeeded, API requests per CustomRun. RF_CT_LOAD_RUNS
+    (500 / 20) over RF_CT_LOAD_NAMESPACES (10 / 2)."""
+    from tests.cluster.secured import LOAD_TEAMS
+    from tests.support.bench import size
+
+    total, spaces = size("RF_CT_LOAD_RUNS", 500, 20), size("RF_CT_LOAD_NAMESPACES", 10, 2)
+    namespaces = LOAD_TEAMS[:spaces]
+    cluster = custom_task.cluster
+    labelled = [
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": ns, "labels": {TEAM_LABEL: ns}},
+        }
+        for ns in namespaces
+    ]
+    apply(cluster, labelled)
+    source = json.dumps({"uri": f"https://git.example/load-{uuid.uuid4().hex[:6]}"})
+    warm = name_for("warm")  # the one Job: every other get of this version is a cache hit
+    warm_run = custom_run(warm, {**get_params(warm, {}), "source": source})
+    warm_run["metadata"]["namespace"] = namespaces[0]
+    apply(cluster, [warm_run])
+    CustomTask(cluster, custom_task.deployment, "", namespaces[0]).finished("customrun", warm)
+    requests_before = controller_metric(custom_task, "resource_functions_tekton_api_requests_total")
+    runs = []
+    for n in range(total):
+        name = f"load-{n:04d}"
+        run = custom_run(name, {**get_params(name, {}), "source": source})
+        run["metadata"]["namespace"] = namespaces[n % spaces]
+        runs.append(run)
+    poisoned = custom_run("poisoned", {**get_params("poisoned", {}), "source": "[" * 5000})
+    poisoned["metadata"]["namespace"] = namespaces[0]
+    started = time.monotonic()
+    apply(cluster, [poisoned, *runs])
+    done: dict[tuple[str, str], float] = {}
+    while len(done) < total:
+        assert time.monotonic() - started < 1500, f"{len(done)} of {total} done"
+        for ns in namespaces:
+            listed = json.loads(cluster.kubectl("-n", ns, "get", "customruns", "-o", "json"))
+            for item in listed["items"]:
+                key = (ns, item["metadata"]["name"])
+                if (
+                    key[1].startswith("load-")
+                    and key not in done
+                    and condition(item).get("status") == "True"
+                ):
+                    done[key] = time.monotonic() - started
+        time.sleep(0.5)
+    wall = time.monotonic() - started
+    requests = controller_metric(custom_task, "resource_functions_tekton_api_requests_total")
+    poison = CustomTask(cluster, custom_task.deployment, "", namespaces[0]).get(
+        "customrun", "poisoned"
+    )
+    assert condition(poison).get("reason") == "InvalidParams"
+    times = sorted(done.values())
+    p50, p95 = times[len(times) // 2], times[int(len(times) * 0.95) - 1]
+    per_run = (requests - requests_before) / (total + 1)
+    with capsys.disabled():
+        print(
+            f"\n[tekton] {total} cached gets in {spaces} namespaces + 1 poisoned, created at once: "
+            f"all Succeeded in {wall:.1f} s; creation -> Succeeded p50 {p50:.1f} s, p95 {p95:.1f} s "
+            f"(p95/p50 {p95 / p50:.2f}); controller API requests per CustomRun {per_run:.2f}"
+        )
+    for ns in namespaces:
+        cluster.kubectl("-n", ns, "delete", "customruns", "--all", "--wait=false", check=False)

@@ -151,20 +151,25 @@ def operator_schema(plural: str) -> dict[str, Any]:
     ("kind", "plural"), [("PrometheusRule", "prometheusrules"), ("PodMonitor", "podmonitors")]
 )
 def test_operator_objects_validate_against_their_crds(kind: str, plural: str) -> None:
-    (doc,) = operator_docs(kind)
-    assert doc["apiVersion"] == "monitoring.coreos.com/v1"
+    docs = operator_docs(kind)
     validator = jsonschema.Draft7Validator(operator_schema(plural))
-    errors = [
-        f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(doc)
-    ]
-    assert not errors, "\n".join(errors)
-    misspelled = copy.deepcopy(doc)
+    for doc in docs:
+        assert doc["apiVersion"] == "monitoring.coreos.com/v1"
+        errors = [
+            f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
+            for e in validator.iter_errors(doc)
+        ]
+        assert not errors, "\n".join(errors)
+    misspelled = copy.deepcopy(docs[0])
     misspelled["spec"]["selectr"] = {}
     assert list(validator.iter_errors(misspelled)), "the strict schema must refuse unknown fields"
 
 
+PODMONITOR = "resource-functions"
+
+
 def test_podmonitor_selects_the_function_pods() -> None:
-    (monitor,) = operator_docs("PodMonitor")
+    (monitor,) = [d for d in operator_docs("PodMonitor") if d["metadata"]["name"] == PODMONITOR]
     services = [
         doc
         for doc in yaml.safe_load_all((REPO / "knative" / "services.yaml").read_text())
@@ -181,6 +186,24 @@ def test_podmonitor_selects_the_function_pods() -> None:
     ]
 
 
+def test_a_podmonitor_scrapes_the_tekton_controllers_metrics_port() -> None:
+    (monitor,) = [
+        d for d in operator_docs("PodMonitor") if d["metadata"]["name"] == f"{PODMONITOR}-tekton"
+    ]
+    (deployment,) = [
+        doc
+        for doc in yaml.safe_load_all((REPO / "knative" / "tekton" / "controller.yaml").read_text())
+        if doc and doc["kind"] == "Deployment"
+    ]
+    template = deployment["spec"]["template"]
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
+    )
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    (container,) = template["spec"]["containers"]
+    assert endpoint["port"] in {p.get("name") for p in container["ports"]}
+
+
 def test_monitoring_kustomization_renders() -> None:
     kustomize = shutil.which("kustomize")
     command = [kustomize, "build"] if kustomize else ["kubectl", "kustomize"]
@@ -191,7 +214,7 @@ def test_monitoring_kustomization_renders() -> None:
     )
     assert done.returncode == 0, done.stderr
     rendered = [doc for doc in yaml.safe_load_all(done.stdout) if doc]
-    assert sorted(doc["kind"] for doc in rendered) == ["PodMonitor", "PrometheusRule"]
+    assert sorted(doc["kind"] for doc in rendered) == ["PodMonitor", "PodMonitor", "PrometheusRule"]
     for doc in rendered:
         assert doc["metadata"]["namespace"] == "resource-functions"
         assert doc["metadata"]["labels"]["app.kubernetes.io/part-of"] == "resource-functions"

@@ -862,8 +862,12 @@ def test_no_pingsource_pretends_to_send_requests() -> None:
 # --- RBAC: least privilege ----------------------------------------------------------------
 
 
+TEKTON_LEADER = "resource-functions-tekton-leader"
+TEKTON_ROLES = {TEKTON_CONTROLLER, TEKTON_LEADER}
+
+
 def test_role_grants_exactly_the_task_verbs() -> None:
-    roles = [r for r in _all("Role") if _name(r) != TEKTON_CONTROLLER]
+    roles = [r for r in _all("Role") if _name(r) not in TEKTON_ROLES]
     assert [_name(r) for r in roles] == ["resource-functions-tasks"]
     granted: dict[tuple[str, str], set[str]] = {}
     for rule in roles[0]["rules"]:
@@ -909,7 +913,7 @@ def test_role_is_bound_to_the_functions_only() -> None:
     bindings = [
         b
         for b in _all("RoleBinding")
-        if b["roleRef"]["kind"] == "Role" and _name(b) != TEKTON_CONTROLLER
+        if b["roleRef"]["kind"] == "Role" and _name(b) not in TEKTON_ROLES
     ]
     assert len(bindings) == 1
     binding = bindings[0]
@@ -1459,7 +1463,15 @@ def test_the_functions_may_touch_secrets_only_in_the_task_namespace() -> None:
         for rule in role["rules"]:
             if "secrets" in rule["resources"]:
                 assert role["metadata"]["namespace"] == TASKS_NAMESPACE, _name(role)
-    assert not [r for r in _all("Role") if r["metadata"]["namespace"] == NAMESPACE]
+    own = [r for r in _all("Role") if r["metadata"]["namespace"] == NAMESPACE]
+    assert [_name(r) for r in own] == [TEKTON_LEADER]  # the controller's Lease, nothing else
+    assert own[0]["rules"] == [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "verbs": ["get", "create", "update"],
+        }
+    ]
 
 
 # --- the Tekton Custom Task component (knative/tekton/) ------------------------------------
@@ -1522,6 +1534,7 @@ def test_the_controller_may_read_customruns_write_their_status_and_stop_task_job
         ("tekton.dev", "customruns"): ["get", "list", "watch"],
         ("tekton.dev", "customruns/status"): ["get", "patch", "update"],
         ("", "namespaces"): ["get"],  # the team label
+        ("", "events"): ["create"],  # on its CustomRuns
     }
     jobs = _from_tekton("Role", TEKTON_CONTROLLER)
     assert jobs["metadata"]["namespace"] == _config_data()["TASK_NAMESPACE"]
@@ -1619,9 +1632,16 @@ def test_the_controller_runs_the_subcommand_with_the_functions_config_and_no_sec
     assert build_parser().parse_args(container["args"]).command == "tekton-controller"
     assert container["envFrom"] == [{"configMapRef": {"name": CONFIG_MAP}}]
     assert "secret" not in json.dumps(spec).lower()
-    env = {e["name"]: e["value"] for e in container["env"]}
+    env = {e["name"]: e.get("value", "from-the-pod") for e in container["env"]}
     config = ControllerConfig.from_env({**_config_data(), **env, "K_SINK": "http://broker"})
     assert config.teams is None  # TEKTON_TEAMS empty: the namespaces labelled as teams
+    assert config.leader_lease == "tekton-controller" and deployment["spec"]["replicas"] == 2
+    downward = {
+        e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
+        for e in container["env"]
+        if "valueFrom" in e
+    }
+    assert downward == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
     binding = _from_tekton("SinkBinding", "tekton-controller-requests")
     assert binding["spec"]["subject"] == {
         "apiVersion": "apps/v1",
