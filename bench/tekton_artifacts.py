@@ -1,8 +1,9 @@
 """Benchmark: a Tekton step's unpack and pack of an artifact, three ways, in one run against
 the same S3 server (versitygw, started here on 127.0.0.1), alternating rounds:
 
-    store       today's direct access: the step holds the store's keys (storage.artifacts
-                upload_tree / download_tree, what ``artifact pack|unpack`` did before)
+    store       the direct access of before: the step holds the store's keys and does what
+                ``artifact pack|unpack`` did (functions.cli.artifact.pack: upload_tree and
+                the team record; unpack: download_tree)
     service     through the artifacts service (functions/tekton/artifact_service.py) under
                 gunicorn, as ``serve artifacts`` runs it, with the pod's token: the shipped way
     presigned   unpack only: the service would answer a short-lived presigned GET URL of the
@@ -37,6 +38,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from functions.cli.artifact import ArtifactsService
+from functions.cli.artifact import pack as pack_directly
 from functions.cli.launch import free_port, wait_until
 from storage import open_store
 from storage.archive import ArchiveOptions, Limits, format_for_key
@@ -191,16 +193,13 @@ def run(work: Path, size_mib: int, rounds: int) -> int:
                         limits=limits,
                     )
 
-            n = iter(range(1 << 30))
             ways: dict[str, Callable[[], object]] = {
                 "unpack store": lambda: download_tree(
                     store, packed.key, out(), expected_digest=artifact["digest"], limits=limits
                 ),
                 "unpack service": lambda: service.unpack(artifact, out(), limits),
                 "unpack presigned": presigned,
-                "pack store": lambda: upload_tree(
-                    store, f"artifacts/inputs/s{next(n)}.tar.zst", tree, options
-                ),
+                "pack store": lambda: pack_directly(store, tree, options, team=TEAM),
                 "pack service": lambda: service.pack(tree, options),
             }
             for action in ways.values():  # not counted: connections, caches, the review

@@ -186,7 +186,7 @@ class Bounded:
     def read(self, size: int = -1) -> bytes:
         if self._socket is not None:
             self._socket.settimeout(IDLE_SECONDS)
-        chunk = bytes(self._stream.read(CHUNK if size < 0 else size))
+        chunk = bytes(self._stream.read(CHUNK if size < 0 else min(size, CHUNK)))
         self._seen += len(chunk)
         if self._seen > self._limit:
             raise TooLarge()
