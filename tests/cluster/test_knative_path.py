@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 
+import pytest
 import requests
 import yaml
 from cloudevents.core.v1.event import CloudEvent
@@ -501,99 +502,6 @@ def typed_event(kind: str, prefix: str) -> CloudEvent:
     return CloudEvent(attributes=attributes, data={})
 
 
-def test_an_undeliverable_event_reaches_the_dead_letter_service(knative_deployment):
-    from functions.cli.launch import free_port
-    from tests.cluster.up import GATEWAY
-
-    d = knative_deployment
-    kind = "dev.resourcefunctions.test.undeliverable"
-    address = f"{GATEWAY}:{free_port(GATEWAY)}"  # nothing listens there
-    trigger = typed_trigger("undeliverable", d.namespace, kind, f"http://{address}/")
-    d.cluster.kubectl("apply", "-f", "-", stdin=json.dumps(trigger))
-    try:
-        d.cluster.kubectl(
-            "-n",
-            d.namespace,
-            "wait",
-            "--for=condition=Ready",
-            "trigger/undeliverable",
-            "--timeout=60s",
-        )
-        # Once in a full run the channel fanned an event out without the Trigger just made
-        # Ready (its filter never saw it). The POST returns when the channel is done with the
-        # event (retries and dead-lettering included), so an event the filter tried to send
-        # on is the one to follow; another is sent if it did not.
-        for _ in range(3):
-            event = typed_event(kind, "undeliverable")
-            event_id = event.get_id()
-            tried = knative_log(d, FILTER).count(address)
-            assert post(d.broker, event)[0] == 202
-            if knative_log(d, FILTER).count(address) > tried:
-                break
-        else:
-            raise AssertionError("the Broker's filter never tried the new Trigger's subscriber")
-        logs = wait_until(
-            lambda: event_id in (text := function_logs(d, "dead-letter")) and text,
-            "dead-lettered",
-            150,
-            interval=0.5,
-        )
-        lines = [line for line in logs.splitlines() if event_id in line]
-        assert "undeliverable event" in lines[0] and kind in lines[0]
-        time.sleep(5)  # a rejected answer would bring it again within seconds (2 s backoff)
-        again = [line for line in function_logs(d, "dead-letter").splitlines() if event_id in line]
-        assert len(again) == 1, again  # the sink's answer was taken: delivered once
-    finally:
-        d.cluster.kubectl("-n", d.namespace, "delete", "trigger", "undeliverable", check=False)
-
-
-BUSY_SECONDS = 40  # longer than the 31 s of retries the Broker shipped before (5 from PT1S)
-
-
-def test_a_request_answered_429_is_retried_until_its_team_has_room(knative_deployment, capsys):
-    """A stand-in for a function whose team is at its ``MAX_RUNS_PER_TEAM``: a sink that
-    answers 429 with the functions' ``Retry-After`` for ``BUSY_SECONDS`` after the first
-    attempt, then takes the event. Its Trigger sets no delivery of its own, so the shipped
-    Broker's retries carry the event past the busy time to it, and it is not dead-lettered.
-    The attempts' times are printed: Knative 1.22 does not wait for ``Retry-After`` unless
-    its alpha ``delivery-retryafter`` is on (docs/deployment.md)."""
-    from functions.service.team_runs import RETRY_AFTER_SECONDS
-
-    d = knative_deployment
-    kind = "dev.resourcefunctions.test.busy"
-    with sinks.event_sink(GATEWAY) as busy:
-        busy.status, busy.retry_after = 429, str(RETRY_AFTER_SECONDS)
-        trigger = typed_trigger("busy", d.namespace, kind, busy.url)
-        d.cluster.kubectl("apply", "-f", "-", stdin=json.dumps(trigger))
-        try:
-            wait_ready(d.cluster, d.namespace, ["trigger/busy"])
-            # As in the dead-letter test: a Trigger just made Ready may miss the first event.
-            for _ in range(3):
-                event = typed_event(kind, "busy")
-                sent = parallel_post(d.broker, event)
-                try:
-                    wait_until(lambda: busy.attempts, "the first attempt", 15, interval=0.2)
-                    break
-                except NotReady:
-                    continue
-            else:
-                raise AssertionError("the Broker's filter never tried the new Trigger")
-            first = busy.attempts[0]
-            time.sleep(max(0.0, first + BUSY_SECONDS - time.monotonic()))
-            busy.status = 202  # the team's runs have ended
-            taken = busy.wait(timeout=150, id=event.get_id())
-            status, _ = sent.result(timeout=60)
-        finally:
-            d.cluster.kubectl("-n", d.namespace, "delete", "trigger", "busy", check=False)
-
-    offsets = [round(at - first, 1) for at in busy.attempts]
-    with capsys.disabled():
-        print(f"\n[knative] a 429 (Retry-After {RETRY_AFTER_SECONDS}) retried at {offsets} s")
-    assert status == 202
-    assert len(taken) == 1
-    assert offsets[-1] >= BUSY_SECONDS and len(offsets) >= 2, offsets
-
-
 TEAM_NAMESPACE = "concourse-main"  # CREDENTIALS_KUBERNETES_NAMESPACE_PREFIX + team
 FUNCTIONS = "system:serviceaccount:resource-functions:resource-functions"
 
@@ -1060,3 +968,123 @@ def pinned_paths(job: dict) -> dict[str, set[str]]:
         assert all(m["readOnly"] is True and m["name"] == "name-files" for m in mounts), mounts
         found[name] = {m["mountPath"] for m in mounts}
     return found
+
+
+# --- what waits on the shipped Broker's retries: started with the module, checked at its end --
+
+
+@pytest.fixture(scope="module", autouse=True)
+def broker_waits(knative_deployment) -> Iterator[dict[str, Future]]:
+    """The two scenarios that wait on the shipped Broker's retries (about two minutes and
+    one) start with the module, in threads, so that its other tests run meanwhile (none of
+    them touches what these use: their own Triggers, event types and subscribers); the two
+    tests at the module's end take their results."""
+    with ThreadPoolExecutor(2) as pool:
+        yield {
+            "dead letter": pool.submit(dead_letter_scenario, knative_deployment),
+            "429": pool.submit(busy_scenario, knative_deployment),
+        }
+
+
+def dead_letter_scenario(d) -> None:
+    """An event no subscriber can take: after the shipped Broker's retries (about two
+    minutes), the dead-letter service logs it once."""
+    from functions.cli.launch import free_port
+    from tests.cluster.up import GATEWAY
+
+    kind = "dev.resourcefunctions.test.undeliverable"
+    address = f"{GATEWAY}:{free_port(GATEWAY)}"  # nothing listens there
+    trigger = typed_trigger("undeliverable", d.namespace, kind, f"http://{address}/")
+    d.cluster.kubectl("apply", "-f", "-", stdin=json.dumps(trigger))
+    try:
+        d.cluster.kubectl(
+            "-n",
+            d.namespace,
+            "wait",
+            "--for=condition=Ready",
+            "trigger/undeliverable",
+            "--timeout=60s",
+        )
+        # Once in a full run the channel fanned an event out without the Trigger just made
+        # Ready (its filter never saw it). The POST returns when the channel is done with the
+        # event (retries and dead-lettering included), so an event the filter tried to send
+        # on is the one to follow; another is sent if it did not.
+        for _ in range(3):
+            event = typed_event(kind, "undeliverable")
+            event_id = event.get_id()
+            tried = knative_log(d, FILTER).count(address)
+            assert post(d.broker, event)[0] == 202
+            if knative_log(d, FILTER).count(address) > tried:
+                break
+        else:
+            raise AssertionError("the Broker's filter never tried the new Trigger's subscriber")
+        logs = wait_until(
+            lambda: event_id in (text := function_logs(d, "dead-letter")) and text,
+            "dead-lettered",
+            150,
+            interval=0.5,
+        )
+        lines = [line for line in logs.splitlines() if event_id in line]
+        assert "undeliverable event" in lines[0] and kind in lines[0]
+        time.sleep(5)  # a rejected answer would bring it again within seconds (2 s backoff)
+        again = [line for line in function_logs(d, "dead-letter").splitlines() if event_id in line]
+        assert len(again) == 1, again  # the sink's answer was taken: delivered once
+    finally:
+        d.cluster.kubectl("-n", d.namespace, "delete", "trigger", "undeliverable", check=False)
+
+
+BUSY_SECONDS = 40  # longer than the 31 s of retries the Broker shipped before (5 from PT1S)
+
+
+def busy_scenario(d) -> tuple[list[float], int, int]:
+    """A stand-in for a function whose team is at its ``MAX_RUNS_PER_TEAM``: a sink that
+    answers 429 with the functions' ``Retry-After`` for ``BUSY_SECONDS`` after the first
+    attempt, then takes the event. Its Trigger sets no delivery of its own, so the shipped
+    Broker's retries carry the event past the busy time to it, and it is not dead-lettered.
+    The attempts' offsets, the producer's status and how many deliveries the sink took."""
+    from functions.service.team_runs import RETRY_AFTER_SECONDS
+
+    kind = "dev.resourcefunctions.test.busy"
+    with sinks.event_sink(GATEWAY) as busy:
+        busy.status, busy.retry_after = 429, str(RETRY_AFTER_SECONDS)
+        trigger = typed_trigger("busy", d.namespace, kind, busy.url)
+        d.cluster.kubectl("apply", "-f", "-", stdin=json.dumps(trigger))
+        try:
+            wait_ready(d.cluster, d.namespace, ["trigger/busy"])
+            # As in the dead-letter test: a Trigger just made Ready may miss the first event.
+            for _ in range(3):
+                event = typed_event(kind, "busy")
+                sent = parallel_post(d.broker, event)
+                try:
+                    wait_until(lambda: busy.attempts, "the first attempt", 15, interval=0.2)
+                    break
+                except NotReady:
+                    continue
+            else:
+                raise AssertionError("the Broker's filter never tried the new Trigger")
+            first = busy.attempts[0]
+            time.sleep(max(0.0, first + BUSY_SECONDS - time.monotonic()))
+            busy.status = 202  # the team's runs have ended
+            taken = busy.wait(timeout=150, id=event.get_id())
+            status, _ = sent.result(timeout=60)
+        finally:
+            d.cluster.kubectl("-n", d.namespace, "delete", "trigger", "busy", check=False)
+
+    return [round(at - first, 1) for at in busy.attempts], status, len(taken)
+
+
+def test_an_undeliverable_event_reaches_the_dead_letter_service(broker_waits):
+    broker_waits["dead letter"].result(timeout=600)
+
+
+def test_a_request_answered_429_is_retried_until_its_team_has_room(broker_waits, capsys):
+    """The attempts' times are printed: Knative 1.22 does not wait for ``Retry-After`` unless
+    its alpha ``delivery-retryafter`` is on (docs/deployment.md)."""
+    from functions.service.team_runs import RETRY_AFTER_SECONDS
+
+    offsets, status, taken = broker_waits["429"].result(timeout=600)
+    with capsys.disabled():
+        print(f"\n[knative] a 429 (Retry-After {RETRY_AFTER_SECONDS}) retried at {offsets} s")
+    assert status == 202
+    assert taken == 1
+    assert offsets[-1] >= BUSY_SECONDS and len(offsets) >= 2, offsets

@@ -437,7 +437,7 @@ def test_figures_the_example_against_a_clone_into_a_pvc(
                     figures.setdefault(f"pvc {way}", []).append(other)
     finally:
         min_scale(cluster, NAMESPACE, "get", "0")  # as shipped
-        cluster.kubectl("delete", "-n", USERS, "pipelinerun", "-l", "tekton.dev/pipeline=clone-and-test", check=False)  # fmt: skip
+        cluster.kubectl("delete", "-n", USERS, "pipelinerun", "-l", "tekton.dev/pipeline=clone-and-test", "--wait=false", check=False)  # fmt: skip
         cluster.kubectl("delete", "-n", USERS, "pvc", CLAIM, "--wait=false", check=False)
         cluster.kubectl("delete", "pv", f"{USERS}-{CLAIM}", "--wait=false", check=False)
     print(f"\nTekton pipeline: get + test, ours vs a clone into a PVC ({ROUNDS} round(s)):")

@@ -191,9 +191,9 @@ def test_figures_a_git_check_in_a_warm_pod_against_a_job(
 
 
 # The many-resources load (issue 30): by hand 50 resources every 10 s for 300 s.
-LOAD_RESOURCES = size("RF_WARM_LOAD_RESOURCES", 10, 3)
+LOAD_RESOURCES = size("RF_WARM_LOAD_RESOURCES", 10, 2)
 LOAD_INTERVAL = float(os.environ.get("RF_WARM_LOAD_INTERVAL", "10"))
-LOAD_SECONDS = float(size("RF_WARM_LOAD_SECONDS", 60, 20))
+LOAD_SECONDS = float(size("RF_WARM_LOAD_SECONDS", 60, 10))
 # Jobs fall behind past about a check a second (bench/README.md): by hand, the full size warm only.
 LOAD_WAYS = os.environ.get("RF_WARM_LOAD_WAYS", "warm pods,Jobs").split(",")
 
