@@ -83,15 +83,24 @@ def lease_record_key(key: str) -> str:
     return f"leases/{key}.json"
 
 
+ARTIFACTS = "artifacts/"  # every artifact, cache record and team record is under it
+INPUTS = ARTIFACTS + "inputs/"  # directories handed over from outside a get (pack, run)
+
+
+def artifacts_url_prefix(store_url_prefix: str) -> str:
+    """The URL prefix of a store's artifacts, from the store's own (``url_prefix``)."""
+    return store_url_prefix.rstrip("/") + "/" + ARTIFACTS
+
+
 def artifact_key(key: str, suffix: str) -> str:
-    return f"artifacts/{key}{suffix}"
+    return f"{ARTIFACTS}{key}{suffix}"
 
 
 def cache_record_key(key: str) -> str:
     """The small JSON next to an artifact that makes it a cache entry (version, metadata,
     artifact url/digest/size/format); written after the artifact, so its presence means
     the artifact is complete."""
-    return f"artifacts/{key}.json"
+    return f"{ARTIFACTS}{key}.json"
 
 
 def result_key(run: str) -> str:

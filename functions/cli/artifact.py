@@ -19,6 +19,7 @@ from typing import Any, BinaryIO
 
 import requests
 
+from functions import keys
 from storage import Store
 from storage.archive import ArchiveOptions, Limits, format_for_key, suffix_for
 from storage.archive import pack as pack_tree
@@ -26,7 +27,7 @@ from storage.archive import unpack as unpack_stream
 from storage.artifacts import StreamWrapper, add_team, download_tree, upload_tree
 from storage.base import is_digest, key_for_url
 
-INPUTS_PREFIX = "artifacts/inputs/"
+INPUTS_PREFIX = keys.INPUTS
 
 
 class BadArtifact(ValueError):

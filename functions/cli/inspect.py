@@ -129,7 +129,7 @@ def resolved_check(
         action="check",
         event={"id": "cli", "source": "/cli"},
         resource_types=settings.resource_types,
-        artifact_url_prefix=url_prefix(store) + "artifacts/",
+        artifact_url_prefix=keys.artifacts_url_prefix(url_prefix(store)),
         reply_async=False,
     )
     resolved = credentials.resolve(

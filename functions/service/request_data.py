@@ -8,6 +8,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from functions import keys
 from functions.errors import InvalidRequest
 from functions.ledger.history import LATEST_KNOWN
 from functions.model import Action, ArtifactRef, Build, Request, ResourceType
@@ -170,7 +171,7 @@ def _inputs(
         elif digest is not None and not is_digest(digest):
             problems.append(f"input {name!r}: digest must be 'sha256:' and 64 hex digits")
         else:
-            refs[name] = ArtifactRef(key="artifacts/" + url[len(prefix) :], digest=digest)
+            refs[name] = ArtifactRef(key=keys.ARTIFACTS + url[len(prefix) :], digest=digest)
     return refs
 
 
@@ -178,7 +179,7 @@ def _is_artifact_url(url: str, prefix: str) -> bool:
     if not url.startswith(prefix) or len(url) > MAX_TEXT:
         return False
     name = url[len(prefix) :]
-    return key_problem("artifacts/" + name) is None and name.endswith(ARTIFACT_SUFFIXES)
+    return key_problem(keys.ARTIFACTS + name) is None and name.endswith(ARTIFACT_SUFFIXES)
 
 
 def image_allowed(image: str, allowed: tuple[str, ...]) -> bool:

@@ -96,7 +96,7 @@ class Service:
 
     def parse(self, event: CloudEvent, sender: str = keys.ANONYMOUS) -> Request:
         """The validated request (``intake.parse``): all before any lookup or run."""
-        artifacts = url_prefix(self.store) + "artifacts/"
+        artifacts = keys.artifacts_url_prefix(url_prefix(self.store))
         return intake.parse(
             event, sender, action=self.action, config=self.config, artifacts=artifacts
         )

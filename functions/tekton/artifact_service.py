@@ -28,6 +28,7 @@ from typing import Any, BinaryIO, cast
 
 from flask import Flask, Response, jsonify, request
 
+from functions import keys
 from functions.errors import NotAuthenticated, SenderNotAllowed, Unavailable
 from functions.http.senders import SenderCheck
 from functions.logs import fields
@@ -39,7 +40,7 @@ from storage.artifacts import add_team, teams_of
 from storage.base import key_for_url
 from storage.store_errors import StorageError
 
-INPUTS_PREFIX = "artifacts/inputs/"
+INPUTS_PREFIX = keys.INPUTS
 CHUNK = 1 << 20
 IDLE_SECONDS = 60.0  # an upload whose client sends nothing this long is dropped
 SERVICE_ACCOUNT = "system:serviceaccount:"
@@ -157,7 +158,7 @@ def artifact_key(store: Store, url: str) -> str:
     """The store key of an artifact's URL; ``Refused`` (400) for anything else: another
     store's object, a record, a key outside ``artifacts/``."""
     key = key_for_url(store, url) if url else None
-    if key is None or not key.startswith("artifacts/"):
+    if key is None or not key.startswith(keys.ARTIFACTS):
         raise Refused(400, "invalid_request", f"{url!r} is not an artifact URL of {store.url}")
     try:
         format_for_key(key)

@@ -17,6 +17,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from functions import keys
 from functions.errors import ConfigError
 from functions.model import ResourceType
 from functions.settings import own_namespace, parse_resource_types, patterns, tekton_teams
@@ -49,7 +50,7 @@ class ControllerConfig:
         return cls(
             broker=env["K_SINK"],
             store_url=env["STORE_URL"],
-            task_namespace=env.get("TASK_NAMESPACE", ""),
+            task_namespace=env.get("TASK_NAMESPACE") or own_namespace(),
             resource_types=parse_resource_types(env.get("RESOURCE_TYPES", "")),
             teams=tekton_teams(env.get("TEKTON_TEAMS", "")),
             host=env.get("HOST") or "127.0.0.1",
@@ -62,4 +63,4 @@ class ControllerConfig:
 
     @property
     def artifact_url_prefix(self) -> str:
-        return self.store_url.rstrip("/") + "/artifacts/"
+        return keys.artifacts_url_prefix(self.store_url)

@@ -841,3 +841,50 @@ def test_figures_many_customruns_at_once_one_poisoned(custom_task: CustomTask, c
         )
     for ns in namespaces:
         cluster.kubectl("-n", ns, "delete", "customruns", "--all", "--wait=false", check=False)
+
+
+def reachable_from(cluster: Cluster, namespace: str, image: str, urls: list[str]) -> dict:
+    """Whether a pod of ``namespace`` gets an HTTP answer, any status, from each of ``urls``
+    within 5 s (a timeout, a refused connection or a name that does not resolve: no)."""
+    script = "".join(
+        f'if said=$(wget -q -T 5 -O /dev/null "{url}" 2>&1) '
+        f'|| echo "$said" | grep -q "server returned error"; '
+        f'then echo "open {url}"; else echo "shut {url}: $said"; fi\n'
+        for url in urls
+    )
+    name = f"probe-{uuid.uuid4().hex[:6]}"
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "containers": [{"name": "probe", "image": image, "command": ["sh", "-c", script]}],
+        },
+    }
+    apply(cluster, [pod])
+    deadline = time.monotonic() + 120
+    while cluster.kubectl(
+        "-n", namespace, "get", "pod", name, "-o", "jsonpath={.status.phase}", check=False
+    ) not in ("Succeeded", "Failed"):
+        assert time.monotonic() < deadline, f"probe pod {name} did not finish"
+        time.sleep(0.5)
+    said = cluster.kubectl("-n", namespace, "logs", name)
+    cluster.kubectl("-n", namespace, "delete", "pod", name, "--wait=false")
+    return {url: f"open {url}" in said for url in urls}
+
+
+def test_a_pipeline_namespaces_pods_reach_the_artifacts_service_not_the_broker_or_listener(
+    custom_task: CustomTask, cluster_images: dict[str, str]
+) -> None:
+    """The component's NetworkPolicies, enforced: a pod of a team's namespace (a Task step)
+    reaches the artifacts service (the control: the probe works), and neither Knative
+    Eventing's receivers nor the new-versions EventListener (applied by the test above)."""
+    artifacts = f"http://tekton-artifacts.{NAMESPACE}.svc.cluster.local/healthz"
+    ingress = f"http://broker-ingress.knative-eventing.svc.cluster.local/{NAMESPACE}/default"
+    listener = f"http://el-{LISTENER}.{USERS}.svc.cluster.local:8080/"
+    found = reachable_from(
+        custom_task.cluster, USERS, cluster_images["resource"], [artifacts, ingress, listener]
+    )
+    assert found == {artifacts: True, ingress: False, listener: False}, found
