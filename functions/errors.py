@@ -92,6 +92,12 @@ class Unavailable(FunctionError):
     retryable = True
 
 
+class RunStopped(Unavailable):
+    """Its sender stopped the run as it was starting (``functions.service.stop_requests``): nothing
+    was left to run. Retryable on purpose: a redelivery finds the run marked stopped and is
+    answered with no reply, as every later delivery is."""
+
+
 class SinkRefused(Unavailable):
     """The sink could not be reached or answered with an error, after retries; ``status``:
     its last answer's HTTP status (0: none)."""

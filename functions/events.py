@@ -22,6 +22,9 @@ from functions.model import Action
 TYPE_PREFIX = "dev.resourcefunctions."
 MAX_BODY_BYTES = 4 * 1024 * 1024
 PING_TYPE = "dev.knative.sources.ping"
+# A request event with this extension is a stop of the request whose id it holds
+# (``functions.service.stop_requests``).
+STOP_ATTRIBUTE = "stops"
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 

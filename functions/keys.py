@@ -35,8 +35,8 @@ def run_id(
 
 def request_label(event_source: str, event_id: str) -> str:
     """A label value naming one request's ``(source, id)`` pair (40 hex chars, unkeyed: the
-    pair is no secret): on the task Job, so a sender can find and stop the run it asked for
-    (``functions.tekton`` cancels a CustomRun's Job by it)."""
+    pair is no secret): on the task Job, so an operator finds the run a sender asked for.
+    (A sender stops it with a stop request: ``functions.service.stop_requests``.)"""
     return hashlib.sha256(canonical_json([event_source, event_id])).hexdigest()[:40]
 
 
@@ -109,6 +109,12 @@ def result_key(run: str) -> str:
 
 def log_key(run: str) -> str:
     return f"logs/{run}.log"
+
+
+def stop_key(run: str) -> str:
+    """A stopped run's tombstone (``functions.ledger.tombstones``): beside its result, so the same
+    expiry rule removes both."""
+    return f"results/{run}.stopped.json"
 
 
 @dataclass(frozen=True)

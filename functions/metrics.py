@@ -86,6 +86,13 @@ class Metrics:
             ["action"],
             registry=self.registry,
         )
+        self.stops = Counter(
+            "resource_function_stops",
+            "Stop requests taken (a sender stopping one of its requests: the Tekton "
+            "controller for a cancelled or timed-out CustomRun)",
+            ["action"],
+            registry=self.registry,
+        )
         self.bytes = Counter(
             "resource_function_artifact_bytes",
             "Artifact bytes stored",

@@ -3,6 +3,7 @@
     class Runtime(Protocol):
         def run(self, task: Task) -> Outcome      # blocks until the outcome is stored
         def start(self, task: Task, ended=None) -> None  # begin; the task replies itself (async)
+        def stop(self, run: str, action: str) -> None  # stop what runs for it (a stop request)
         def tasks_waiting(self) -> int             # accepted, script not started yet
         def ready(self) -> None                    # Unavailable unless the engine/API answers
         def start_sweeps(self) -> None             # a serving process: remove leftovers, now and then
@@ -16,7 +17,10 @@ timeout is an ``Outcome`` with a failure; only infrastructure trouble raises
 releases it once its outcome is recorded, or once it has ended without one
 (``lease.release_held``). ``start`` calls ``ended(outcome)`` when it sees the task end (best
 effort: a runtime closed meanwhile, or a Kubernetes task it stopped following, never calls
-it). ``tasks_waiting`` counts the tasks queued or starting (``resource_function_tasks_waiting``).
+it). ``stop`` ends what runs for a run its sender stopped (``functions.ledger.tombstones`` has
+marked it first): its Job, its container, the warm check under way on this replica; and each
+runtime reads the mark just before it creates a Job or container and once more after, so a
+stop that crosses a start still finds what it started (``RunStopped``). ``tasks_waiting`` counts the tasks queued or starting (``resource_function_tasks_waiting``).
 ``make_runtime`` is the one place that picks a runtime,
 so only ``container.py`` (and the modules it uses: ``attach.py``, ``warm_engine.py``) imports
 docker and only ``kube_api.py`` imports kubernetes.
@@ -41,6 +45,8 @@ class Runtime(Protocol):
     def run(self, task: Task) -> Outcome: ...
 
     def start(self, task: Task, ended: Ended | None = None) -> None: ...
+
+    def stop(self, run: str, action: str) -> None: ...
 
     def tasks_waiting(self) -> int: ...
 

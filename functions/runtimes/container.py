@@ -25,8 +25,8 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from functions.errors import RequestIdReused, Unavailable, pull_is_transient
-from functions.ledger import results
+from functions.errors import RequestIdReused, RunStopped, Unavailable, pull_is_transient
+from functions.ledger import results, tombstones
 from functions.logs import fields
 from functions.model import SCRIPTS, WORKDIRS, Outcome, Task
 from functions.phases import PhaseClock
@@ -292,6 +292,7 @@ class ContainerRuntime:
         redactor = Redactor(task.secrets)
         keep = stage_collect.stderr_bytes(redactor)
         if container is None:
+            self._not_stopped(task, None, workdir)
             try:
                 if task.inputs:
                     with clock.phase("stage"):
@@ -309,6 +310,7 @@ class ContainerRuntime:
                     container = self._create(task, workdir)
                 if container is None:
                     raise Unavailable(f"image {task.resource_type.image} vanished after its pull")
+            self._not_stopped(task, container, workdir)
             self._script_starts(task.run_id)
             with clock.phase("script"):
                 exit_code, output = self._feed_and_wait(container, task, keep)
@@ -333,6 +335,30 @@ class ContainerRuntime:
         return results.record_outcome(
             self._store, task.run_id, outcome, request=task.request_digest
         )
+
+    def _not_stopped(self, task: Task, created: Any, workdir: Path) -> None:
+        """``RunStopped`` if the run's sender stopped it (before its container is created,
+        and once more before it starts): nothing of it is left."""
+        if not tombstones.stopped(self._store, task.run_id):
+            return
+        if created is not None:
+            _remove(created)
+        shutil.rmtree(workdir.parent, ignore_errors=True)
+        raise RunStopped(f"run {task.run_id} was stopped by its sender: its script is not run")
+
+    def stop(self, run: str, action: str) -> None:
+        """Kill the run's container (its run then ends as a killed script does) and end its
+        warm check if this process runs one."""
+        if self._warm is not None:
+            self._warm.stop(run)
+        try:
+            self._client.containers.get(container_name(run)).kill()
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as err:  # not running (exited, or created only)
+            log.info("stop: the container was not killed", extra=fields(run_id=run, error=str(err)))
+        except ENGINE_ERRORS as err:
+            raise Unavailable(f"container engine: {err}") from err
 
     def _collect(
         self,

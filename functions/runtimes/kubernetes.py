@@ -35,10 +35,11 @@ from functions.errors import (
     NotFound,
     Rejected,
     RequestIdReused,
+    RunStopped,
     Unavailable,
     failure_kind,
 )
-from functions.ledger import results
+from functions.ledger import results, tombstones
 from functions.logs import fields
 from functions.model import FailureKind, Outcome, Task
 from functions.phases import PhaseClock, timed
@@ -261,11 +262,23 @@ class KubernetesRuntime:
             self._following.add(task.run_id)
         self._background.submit(self._follow_and_reply, task, plan, job, ended, clock)
 
+    def stop(self, run: str, action: str) -> None:
+        """Delete the run's Job and Secret (its pod goes with them), and end its warm check
+        if this replica runs one; a follower of the Job sees it gone."""
+        if self._warm is not None:
+            self._warm.stop(run)
+        name = podspec.job_name(action, run)
+        self._api.delete_job(name)
+        self._api.delete_secret(podspec.secret_name(name))
+
     # --- creating ------------------------------------------------------------------------
 
     def _launch(self, plan: JobPlan, task: Task) -> dict[str, Any]:
         """Create the Job, or attach to the one a previous delivery created; then its Secret
-        (unless that Job has finished already: no credentials for a pod that will not run)."""
+        (unless that Job has finished already: no credentials for a pod that will not run).
+        A run stopped by its sender (``Runtime.stop``) gets neither; one stopped while its Job
+        was created loses the Job before it gets the Secret its pod waits for."""
+        self._not_stopped(plan)
         try:
             job = self._api.create_job(podspec.job_manifest(plan))
         except Conflict:
@@ -274,8 +287,16 @@ class KubernetesRuntime:
                 return job
         except NotFound as err:
             raise Unavailable(f"cannot create Jobs in namespace {plan.namespace!r}: {err}") from err
+        self._not_stopped(plan, created=True)
         self._create_secret(plan, task, job)
         return job
+
+    def _not_stopped(self, plan: JobPlan, created: bool = False) -> None:
+        if not tombstones.stopped(self._store, plan.run_id):
+            return
+        if created:
+            self._api.delete_job(plan.job_name)
+        raise RunStopped(f"run {plan.run_id} was stopped by its sender: its Job is not run")
 
     def _rejected(self, task: Task, plan: JobPlan, err: Rejected) -> Outcome:
         """The API refused the Job or its Secret as invalid (per-type settings, a payload

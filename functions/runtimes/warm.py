@@ -23,14 +23,14 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from functions.errors import Unavailable
+from functions.errors import RunStopped, Unavailable
 from functions.keys import canonical_json
 from functions.phases import PhaseClock
 from functions.runtimes.output import Output
 from functions.settings import WarmLimits
 
 # Why a warm container went (the ``reason`` label of resource_function_warm_evictions).
-IDLE, AGE, REPLICA_CAP, TEAM_CAP, BUDGET, DEAD, DRAIN = (
+IDLE, AGE, REPLICA_CAP, TEAM_CAP, BUDGET, DEAD, DRAIN, STOPPED = (
     "idle",
     "age",
     "replica_cap",
@@ -38,8 +38,9 @@ IDLE, AGE, REPLICA_CAP, TEAM_CAP, BUDGET, DEAD, DRAIN = (
     "budget",
     "dead",
     "drain",
+    "stopped",  # its check's sender stopped the request (functions.service.stop_requests)
 )
-REASONS = (IDLE, AGE, REPLICA_CAP, TEAM_CAP, BUDGET, DEAD, DRAIN)
+REASONS = (IDLE, AGE, REPLICA_CAP, TEAM_CAP, BUDGET, DEAD, DRAIN, STOPPED)
 
 
 WARM_OFF = WarmLimits(enabled=False)  # a runtime configured by hand, as the tests do
@@ -73,6 +74,8 @@ class Warm:
     used: float
     busy: bool = True
     reused: bool = False  # ``take`` found it: it served a check before
+    run: str = ""  # the run whose check it serves now
+    stopped: bool = False  # evicted because that run was stopped
 
     def expired(self, limits: WarmLimits, now: float) -> str | None:
         if now - self.started >= limits.max_age_seconds:
@@ -107,12 +110,14 @@ def check_in_warm(
     clock: PhaseClock,
     start: Callable[[], Warm],
     execute: Callable[[str], Ended],
+    run: str = "",
 ) -> Ended | None:
     """Run a check in ``key``'s warm container: the one ``pool`` has, else one ``start``
     starts (and admits); ``execute(handle)`` runs the check in it. None if it is busy or
     none could be started (``NotWarm``): run the check without reuse. Over its budget, the container is evicted (removed with every
     process in it). One found ``Gone`` is replaced, and the check runs once in the new one;
-    a new one gone is ``Unavailable``."""
+    a new one gone is ``Unavailable``. One evicted because ``run`` was stopped
+    (``WarmPool.stop_run``) raises ``RunStopped``: the check is not run again."""
     for _ in range(2):
         try:
             warm = pool.take(key)
@@ -125,10 +130,13 @@ def check_in_warm(
             except NotWarm as err:
                 log.warning("no warm check container, the check runs in a new one: %s", err)
                 return None
+        warm.run = run
         try:
             with clock.phase("script"):
                 ended = execute(warm.handle)
         except Gone:
+            if warm.stopped:
+                raise RunStopped(f"run {run} was stopped by its sender during its check") from None
             pool.evict(warm, DEAD)
             if warm.reused:
                 log.info("a warm check container was gone: replaced")
@@ -137,6 +145,8 @@ def check_in_warm(
         except BaseException:
             pool.evict(warm, DEAD)  # in a state unknown: not reused
             raise
+        if warm.stopped:
+            raise RunStopped(f"run {run} was stopped by its sender during its check")
         if ended[0] is None:
             pool.evict(warm, BUDGET)
         else:
@@ -228,6 +238,17 @@ class WarmPool:
                 del self._warm[warm.key]
                 self._evictions[reason] += 1
         self._remove_all([warm])
+
+    def stop_run(self, run: str) -> bool:
+        """Evict the container whose check serves ``run`` (its sender stopped it), killing
+        the check with it; whether one did."""
+        with self._lock:
+            found = next((w for w in self._warm.values() if w.busy and w.run == run), None)
+            if found is None:
+                return False
+            found.stopped = True
+        self.evict(found, STOPPED)
+        return True
 
     def expire(self) -> int:
         """Remove the expired idle ones now; how many went."""
@@ -321,6 +342,10 @@ class WarmSet:
 
     def counts(self) -> WarmCounts:
         return self.pool.counts()
+
+    def stop(self, run: str) -> None:
+        """End the check under way for ``run`` here, if any (``WarmPool.stop_run``)."""
+        self.pool.stop_run(run)
 
     def _reap(self) -> None:
         period = min(REAP_SECONDS, self.pool.limits.idle_seconds / 2)

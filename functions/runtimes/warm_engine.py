@@ -94,6 +94,7 @@ class WarmContainers(WarmSet):
             clock,
             start=lambda: self._start(task, key, image),
             execute=lambda handle: self._exec(handle, task, keep, deadline),
+            run=task.run_id,
         )
 
     def sweep(self) -> int:

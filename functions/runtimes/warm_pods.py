@@ -81,6 +81,7 @@ class WarmPods(WarmSet):
             clock,
             start=lambda: self._start(task, plan, key, deadline),
             execute=lambda name: self._exec(name, task, keep, deadline),
+            run=task.run_id,
         )
 
     def sweep(self) -> int:

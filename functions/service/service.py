@@ -3,6 +3,7 @@ otherwise run the resource once (however often the request is delivered)."""
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, replace
 
@@ -10,7 +11,8 @@ from cloudevents.core.v1.event import CloudEvent
 
 from functions import credentials, keys
 from functions.errors import InvalidRequest
-from functions.ledger import results
+from functions.ledger import results, tombstones
+from functions.logs import fields
 from functions.metrics import Metrics, type_label
 from functions.model import Action, Outcome, RepeatableGet, Request, Task
 from functions.runtimes import Runtime
@@ -23,6 +25,7 @@ from functions.service.call import Call, cache_key, flight_keys, make_call, task
 from functions.service.config import ServiceConfig
 from functions.service.flights import Flights
 from functions.service.run_report import RunReport, log_request
+from functions.service.stop_requests import Stop, is_stop, parse_stop
 from functions.service.team_runs import TeamRuns
 from functions.steps.budget import async_lease_seconds
 from functions.steps.outcome import final_failure
@@ -30,6 +33,8 @@ from functions.tracing import RunTracer
 from storage import Store
 from storage.base import url_prefix
 from storage.store_errors import StorageError
+
+log = logging.getLogger("functions")
 
 
 @dataclass(frozen=True)
@@ -69,8 +74,10 @@ class Service:
         return self.answers.cache_memory
 
     def handle(self, event: CloudEvent, sender: str = keys.ANONYMOUS) -> Reply:
-        """Serve one request event from ``sender`` (its authenticated identity). Raises
+        """Serve one request event (or a stop of one) from ``sender`` (its authenticated identity). Raises
         ``InvalidRequest`` (400), ``TeamNotAllowed`` (403) or ``Unavailable`` (503)."""
+        if is_stop(event):
+            return self.stop(parse_stop(event, sender, action=self.action, config=self.config))
         request = self.parse(event, sender)
         run = self.run_id(
             request.sender, request.build.team, request.event_source, request.event_id
@@ -94,6 +101,18 @@ class Service:
             # A permanent store refusal (e.g. a key the store will not take): final, not retried.
             return self._reply(call, final_failure(self.action, err))
 
+    def stop(self, stop: Stop) -> Reply:
+        """Mark the run stopped, then stop what runs for it (``functions.service.stop_requests``)."""
+        run = self.run_id(stop.sender, stop.team, stop.event_source, stop.stops)
+        tombstones.record(self.store, run)
+        self.metrics.stops.labels(self.action).inc()
+        log.info(
+            "request stopped by its sender",
+            extra=fields(action=self.action, id=stop.stops, source=stop.event_source, run_id=run),
+        )
+        self.runtime.stop(run, self.action)  # Unavailable: 503, and the stop comes again
+        return Reply(status=200)
+
     def parse(self, event: CloudEvent, sender: str = keys.ANONYMOUS) -> Request:
         """The validated request (``intake.parse``): all before any lookup or run."""
         artifacts = keys.artifacts_url_prefix(url_prefix(self.store))
@@ -115,7 +134,9 @@ class Service:
     def repeatable(self, event: CloudEvent, sender: str = keys.ANONYMOUS) -> RepeatableGet | None:
         """What answers a repeat of this event from the cache memory (``answer_repeat``): a
         get without ``((var))`` references (those are looked up on each request). None for
-        anything else; ``InvalidRequest`` as ``handle`` would raise it."""
+        anything else (a stop among them); ``InvalidRequest`` as ``handle`` would raise it."""
+        if is_stop(event):
+            return None
         request = self.parse(event, sender)
         key = cache_key(self.config, request)
         if key is None:
@@ -153,6 +174,8 @@ class Service:
             # id a stored success of this run would have (only "cached" may differ).
             self.metrics.cache_hits.labels(self.action).inc()
             return self._reply(call, Outcome(action=self.action, data=remembered))
+        if self._stopped(call):
+            return Reply(status=200)
         fresh = None
         if call.plan is not None:
             request, fresh, age = checks.from_history(
@@ -176,6 +199,22 @@ class Service:
             # are announced by the request whose run found them, not again by each joiner.
             results.record_if_absent(self.store, call.run, outcome, request=call.request.digest)
         return self._reply(call, outcome, announce=not joined)
+
+    def _stopped(self, call: Call) -> bool:
+        """Whether its sender stopped the request (``stop``): then nothing runs and no reply
+        goes, for this delivery and every later one."""
+        if not tombstones.stopped(self.store, call.run):
+            return False
+        log.info(
+            "request stopped before it ran: no run, no reply",
+            extra=fields(
+                action=self.action,
+                id=call.request.event_id,
+                source=call.request.event_source,
+                run_id=call.run,
+            ),
+        )
+        return True
 
     def _start(self, call: Call, fresh: Outcome | None) -> Reply:
         """Asynchronous completion: 202 once the task is started (idempotent per run id), or

@@ -31,9 +31,7 @@ from typing import Any
 
 from cloudevents.core.v1.event import CloudEvent
 
-from functions import keys
 from functions.errors import Conflict, NotFound, SinkRefused, Unavailable
-from functions.runtimes.podspec import REQUEST_LABEL
 from functions.sink import post_reply
 from functions.tekton import status as st
 from functions.tekton.controller_config import ControllerConfig
@@ -271,10 +269,10 @@ class Controller:
         self._follow(key, written, step)
 
     def _settle(self, run: dict[str, Any], step: Step) -> dict[str, Any]:
-        """Under the key's lock: stop the attempt's Job, write the status; the object as it is
-        now (as written, or as it was)."""
-        if step.stop:
-            self._stop(step.stop)
+        """Under the key's lock: stop the attempt that ended, write the status; the object as
+        it is now (as written, or as it was)."""
+        if step.stop is not None:
+            self._post(step.stop)  # a refusal is logged and counted; the run ends all the same
         if step.status is None:
             return run
         try:
@@ -355,17 +353,6 @@ class Controller:
             step = refused(run, posting.request_id, message, self._clock())
             written = self._settle(run, step)
         self._follow(key, written, step)
-
-    def _stop(self, request_id: str) -> None:
-        """Delete the task Job of request ``request_id`` (found by its label): cancelled or
-        timed out, the run stops. Its reply, if any, comes to a finished attempt: dropped."""
-        if not self._config.task_namespace:
-            return
-        label = keys.request_label(self._config.event_source, request_id)
-        try:
-            self._api.delete_jobs(self._config.task_namespace, f"{REQUEST_LABEL}={label}")
-        except Unavailable as err:
-            log.warning("cannot delete the Job of request %s: %s", request_id, err)
 
     def _event(self, run: dict[str, Any], warning: bool, reason: str, message: str) -> None:
         try:

@@ -1,8 +1,7 @@
 """The controller's configuration, from the environment (the functions' ConfigMap plus its own).
 
-``K_SINK``: the Broker's address (a SinkBinding sets it). ``STORE_URL``, ``RESOURCE_TYPES``
-and ``TASK_NAMESPACE``: the functions' own, shared so that params are judged as the
-services judge them and a cancelled run's Job is found. ``TEKTON_TEAMS``: the namespace →
+``K_SINK``: the Broker's address (a SinkBinding sets it). ``STORE_URL`` and ``RESOURCE_TYPES``:
+the functions' own, shared so that params are judged as the services judge them. ``TEKTON_TEAMS``: the namespace →
 team mapping, shared with the artifacts service (unset: the namespaces an administrator
 labelled, ``functions.tekton.namespace_teams``). ``ALLOWED_IMAGES``: the functions' own, so
 that a request they would refuse is never posted. Its own: ``TEKTON_LEADER_LEASE`` (the Lease
@@ -29,7 +28,6 @@ EVENT_SOURCE = "/resource-functions/tekton-controller"
 class ControllerConfig:
     broker: str
     store_url: str
-    task_namespace: str
     resource_types: dict[str, ResourceType] = field(default_factory=dict)
     teams: dict[str, str] | None = None  # None: the namespaces labelled as teams
     event_source: str = EVENT_SOURCE
@@ -50,7 +48,6 @@ class ControllerConfig:
         return cls(
             broker=env["K_SINK"],
             store_url=env["STORE_URL"],
-            task_namespace=env.get("TASK_NAMESPACE") or own_namespace(),
             resource_types=parse_resource_types(env.get("RESOURCE_TYPES", "")),
             teams=tekton_teams(env.get("TEKTON_TEAMS", "")),
             host=env.get("HOST") or "127.0.0.1",

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from functions.events import request_type
+from functions.events import STOP_ATTRIBUTE, request_type
 from functions.model import ResourceType
 from functions.replies import REPLY_SOURCE, TEAM_ATTRIBUTE
 from functions.tekton import status as st
@@ -56,12 +56,13 @@ class Posting:
 
 @dataclass(frozen=True)
 class Step:
-    """Effects, in order: stop the task Job of request ``stop``, write ``status``, post
-    ``post`` (unless this process posted it already), look again at ``wake_at``."""
+    """Effects, in order: post ``stop`` (the stop of the attempt that ended), write
+    ``status``, post ``post`` (unless this process posted it already), look again at
+    ``wake_at``."""
 
     status: dict[str, Any] | None = None
     post: Posting | None = None
-    stop: str | None = None
+    stop: Posting | None = None
     wake_at: datetime | None = None
     dropped: str = ""  # why a reply changed nothing, when it was not merely stale
 
@@ -141,14 +142,20 @@ def decide(run: Mapping[str, Any], now: datetime, ctx: Context) -> Step:
     current = (status.get("extraFields") or {}).get("requestId")
     if spec.get("status") == CANCELLED_SPEC:
         message = spec.get("statusMessage") or "the CustomRun was cancelled"
-        return Step(status=st.finished(status, False, st.CANCELLED, message, now), stop=current)
+        return Step(
+            status=st.finished(status, False, st.CANCELLED, message, now),
+            stop=stop_posting(run, current, ctx),
+        )
     try:
         timeout_of(run)
         retries_wanted(run)
         request = build_request(run, ctx)
     except (BadParams, ValueError) as err:
         why = f"bad params: {err}" if isinstance(err, BadParams) else f"bad spec: {err}"
-        return Step(status=st.finished(status, False, st.BAD_PARAMS, why, now), stop=current)
+        return Step(
+            status=st.finished(status, False, st.BAD_PARAMS, why, now),
+            stop=stop_posting(run, current, ctx),
+        )
     if not current or not status.get("startTime"):
         first = ctx.new_id()
         return Step(
@@ -163,11 +170,14 @@ def decide(run: Mapping[str, Any], now: datetime, ctx: Context) -> Step:
             following = ctx.new_id()
             return Step(
                 status=st.retried(status, st.TIMED_OUT, message, following, now),
-                stop=current,
+                stop=stop_posting(run, current, ctx),
                 post=posting(run, request, following, ctx),
                 wake_at=deadline_of(run, now),
             )
-        return Step(status=st.finished(status, False, st.TIMED_OUT, message, now), stop=current)
+        return Step(
+            status=st.finished(status, False, st.TIMED_OUT, message, now),
+            stop=stop_posting(run, current, ctx),
+        )
     return Step(post=posting(run, request, current, ctx), wake_at=deadline)
 
 
@@ -273,6 +283,34 @@ def owned_by_pipeline_run(run: Mapping[str, Any]) -> bool:
         and o.get("controller") is True
         for o in owners
     )
+
+
+def stop_posting(run: Mapping[str, Any], request_id: str | None, ctx: Context) -> Posting | None:
+    """The stop of attempt ``request_id``'s request (``functions.service.stop_requests``): its type,
+    source and team, the extension ``stops`` naming it, its own id derived from it (a repost
+    is the same stop). The functions stop whatever runs for it, and a request still in the
+    Broker's retries never starts. None when there is nothing to name."""
+    if not request_id:
+        return None
+    try:
+        action = action_of(run)
+    except BadParams:
+        return None
+    meta = run["metadata"]
+    team = ctx.team_of(meta["namespace"])
+    if team is None:
+        return None
+    stop_id = f"stop-{request_id}"
+    attributes = {
+        "specversion": "1.0",
+        "type": request_type(action),
+        "source": ctx.event_source,
+        "id": stop_id,
+        "subject": subject(meta["namespace"], meta["name"]),
+        TEAM_ATTRIBUTE: team,
+        STOP_ATTRIBUTE: request_id,
+    }
+    return Posting(stop_id, attributes, {})
 
 
 def posting(run: Mapping[str, Any], request: RunRequest, rid: str, ctx: Context) -> Posting:

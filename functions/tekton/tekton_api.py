@@ -104,17 +104,6 @@ class TektonApi:
             namespace_=meta["namespace"],
         )
 
-    def delete_jobs(self, namespace: str, selector: str) -> None:
-        """Delete the Jobs of ``namespace`` that ``selector`` matches (none: nothing)."""
-        self._json(
-            "deletecollection",
-            client.BatchV1Api(self._objects.api_client).delete_collection_namespaced_job,
-            namespace,
-            label_selector=selector,
-            propagation_policy="Background",
-            namespace_=namespace,
-        )
-
     # --- Events -------------------------------------------------------------------------------
 
     def event(self, run: dict[str, Any], warning: bool, reason: str, message: str) -> None:

@@ -59,6 +59,7 @@ from tests.cluster.custom_task import (
 )
 from tests.cluster.knative import apply
 from tests.cluster.secured import PIPELINE_TEAMS, Secured, identity
+from tests.cluster.timeline import audit_entries
 from tests.cluster.up import Cluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -530,6 +531,75 @@ def test_a_get_past_its_timeout_times_out_and_its_job_stops(custom_task: CustomT
     wait_no_job(custom_task, uid)
 
 
+def test_a_cancel_before_the_job_exists_means_no_job_ever_and_no_reply(
+    custom_task: CustomTask,
+) -> None:
+    """The request is held in the Broker's retries (the functions may not create Jobs for a
+    moment: their RoleBinding is away, so each delivery is a 503), the run is cancelled
+    meanwhile, and the functions' right comes back: the retried request finds its run
+    stopped, so no Job is ever created for it and no reply is posted."""
+    cluster, tasks = custom_task.cluster, custom_task.deployment.tasks_namespace
+    binding = json.loads(
+        cluster.kubectl("-n", tasks, "get", "rolebinding", "resource-functions-tasks", "-o", "json")
+    )
+    for field in ("uid", "resourceVersion", "creationTimestamp", "managedFields"):
+        binding["metadata"].pop(field, None)
+    offset = cluster.audit_log.stat().st_size
+    cluster.kubectl("-n", tasks, "delete", "rolebinding", "resource-functions-tasks")
+    try:
+        name = name_for("early")
+        apply(cluster, [custom_run(name, get_params(name, {"delay": 1}))])
+        running = custom_task.wait(
+            "customrun", name, lambda o: condition(o).get("status") == "Unknown", timeout=60
+        )
+        request = request_id(running)
+        deadline = time.monotonic() + 60
+        while not job_creates(cluster, offset, 403):
+            assert time.monotonic() < deadline, "the request never reached the get function"
+            time.sleep(0.5)
+        cluster.kubectl(
+            "-n", USERS, "patch", "customrun", name, "--type", "merge",
+            "-p", json.dumps({"spec": {"status": "RunCancelled"}}),
+        )  # fmt: skip
+        found = condition(custom_task.finished("customrun", name, timeout=60))
+        assert (found["status"], found["reason"]) == ("False", "CustomRunCancelled")
+        time.sleep(3)  # the stop delivered: marked before its own Job deletion is refused
+    finally:
+        apply(cluster, [binding])
+    line = f'"id": "{request}"'
+    deadline = time.monotonic() + 180  # the Broker's next retries: 14, 30, 62, 126 s
+    while not [
+        entry
+        for entry in function_logs(custom_task, "get").splitlines()
+        if "stopped before it ran" in entry and line in entry.replace('":"', '": "')
+    ]:
+        assert time.monotonic() < deadline, f"request {request} was not retried into its stop"
+        time.sleep(2)
+    assert job_creates(cluster, offset, 201) == [] and custom_task.jobs_of(request) == []
+    assert "reply dropped" not in custom_task.controller_logs()
+    assert condition(custom_task.get("customrun", name))["reason"] == "CustomRunCancelled"
+
+
+def job_creates(cluster: Cluster, offset: int, code: int) -> list[dict]:
+    """The creates of the get function's Jobs the API server answered with ``code`` since
+    byte ``offset`` of its audit log (which records the functions' requests)."""
+    return [
+        e
+        for e in audit_entries(cluster.audit_log, offset)
+        if e.get("verb") == "create"
+        and (e.get("objectRef") or {}).get("resource") == "jobs"
+        and (e.get("responseStatus") or {}).get("code") == code
+        and str((e.get("objectRef") or {}).get("name")).startswith("rf-get-")
+    ]
+
+
+def function_logs(custom_task: CustomTask, service: str) -> str:
+    return custom_task.cluster.kubectl(
+        "-n", NAMESPACE, "logs", "-l", f"serving.knative.dev/service={service}",
+        "-c", "function", "--tail=-1", check=False,
+    )  # fmt: skip
+
+
 def leader_pod(custom_task: CustomTask) -> str:
     lease = json.loads(
         custom_task.cluster.kubectl(
@@ -843,15 +913,35 @@ def test_figures_many_customruns_at_once_one_poisoned(custom_task: CustomTask, c
         cluster.kubectl("-n", ns, "delete", "customruns", "--all", "--wait=false", check=False)
 
 
-def reachable_from(cluster: Cluster, namespace: str, image: str, urls: list[str]) -> dict:
+PROBE = """
+import json, sys, time, urllib.error, urllib.request
+found = {}
+for url in sys.argv[1:]:
+    said = ""
+    for _ in range(3):
+        try:
+            urllib.request.urlopen(url, timeout=5).close()
+            said = "open"
+        except urllib.error.HTTPError:
+            said = "open"
+        except Exception as err:
+            said = repr(err)
+            time.sleep(2)
+            continue
+        break
+    found[url] = said
+print(json.dumps(found))
+"""
+
+
+def reachable_from(
+    cluster: Cluster, namespace: str, image: str, urls: list[str]
+) -> tuple[dict[str, bool], str]:
     """Whether a pod of ``namespace`` gets an HTTP answer, any status, from each of ``urls``
-    within 5 s (a timeout, a refused connection or a name that does not resolve: no)."""
-    script = "".join(
-        f'if said=$(wget -q -T 5 -O /dev/null "{url}" 2>&1) '
-        f'|| echo "$said" | grep -q "server returned error"; '
-        f'then echo "open {url}"; else echo "shut {url}: $said"; fi\n'
-        for url in urls
-    )
+    within 5 s in one of three tries (a timeout, a refused connection or a name that does not
+    resolve: no), and what the probe said of each. Three tries: the NetworkPolicy enforcer may
+    not know a pod this new for a moment, and a shut address stays shut however often asked.
+    ``image`` has Python (the project's)."""
     name = f"probe-{uuid.uuid4().hex[:6]}"
     pod = {
         "apiVersion": "v1",
@@ -860,7 +950,9 @@ def reachable_from(cluster: Cluster, namespace: str, image: str, urls: list[str]
         "spec": {
             "restartPolicy": "Never",
             "automountServiceAccountToken": False,
-            "containers": [{"name": "probe", "image": image, "command": ["sh", "-c", script]}],
+            "containers": [
+                {"name": "probe", "image": image, "command": ["python", "-c", PROBE, *urls]}
+            ],
         },
     }
     apply(cluster, [pod])
@@ -872,7 +964,8 @@ def reachable_from(cluster: Cluster, namespace: str, image: str, urls: list[str]
         time.sleep(0.5)
     said = cluster.kubectl("-n", namespace, "logs", name)
     cluster.kubectl("-n", namespace, "delete", "pod", name, "--wait=false")
-    return {url: f"open {url}" in said for url in urls}
+    answers = json.loads(said.strip().splitlines()[-1])
+    return {url: answers.get(url) == "open" for url in urls}, said
 
 
 def test_a_pipeline_namespaces_pods_reach_the_artifacts_service_not_the_broker_or_listener(
@@ -884,7 +977,7 @@ def test_a_pipeline_namespaces_pods_reach_the_artifacts_service_not_the_broker_o
     artifacts = f"http://tekton-artifacts.{NAMESPACE}.svc.cluster.local/healthz"
     ingress = f"http://broker-ingress.knative-eventing.svc.cluster.local/{NAMESPACE}/default"
     listener = f"http://el-{LISTENER}.{USERS}.svc.cluster.local:8080/"
-    found = reachable_from(
-        custom_task.cluster, USERS, cluster_images["resource"], [artifacts, ingress, listener]
+    found, said = reachable_from(
+        custom_task.cluster, USERS, cluster_images["task"], [artifacts, ingress, listener]
     )
-    assert found == {artifacts: True, ingress: False, listener: False}, found
+    assert found == {artifacts: True, ingress: False, listener: False}, said

@@ -56,7 +56,6 @@ class Running:
         config = ControllerConfig(
             broker=sink.url,
             store_url="s3://bucket/ci",
-            task_namespace="tasks",
             resource_types={"git": ResourceType(image=IMAGE)},
             resync_seconds=60,
         )
@@ -146,6 +145,32 @@ def test_a_lost_reply_is_made_good_by_posting_the_request_again(
     posted = len(request_ids(sink, "/lost"))
     time.sleep(1.5)
     assert len(request_ids(sink, "/lost")) == posted, "no post for a finished run"
+
+
+def test_a_cancelled_run_posts_the_stop_of_its_request_and_ends_cancelled(
+    running: Running, sink: EventSink
+) -> None:
+    """The controller knows no Job: it asks the functions to stop the attempt's request (the
+    request's type, source and team, ``stops`` naming its id) and the run ends cancelled."""
+    running.api.create(customrun("doomed"))
+    running.wait("posted", lambda: bool(request_ids(sink, "/doomed")))
+    request = running.api.status_of("team-a", "doomed")["extraFields"]["requestId"]
+    running.api.cancel("team-a", "doomed")
+    running.wait(
+        "cancelled", lambda: running.condition("team-a", "doomed").get("reason") == st.CANCELLED
+    )
+    running.wait(
+        "the stop posted",
+        lambda: any(e.get_extension("stops") == request for e in sink.events),
+    )
+    (stop,) = [e for e in sink.events if e.get_extension("stops") == request]
+    (posted, *_) = [e for e in sink.events if e.get_id() == request]
+    assert stop.get_type() == posted.get_type() == "dev.resourcefunctions.get.requested"
+    assert (stop.get_source(), stop.get_extension("team")) == (
+        posted.get_source(),
+        posted.get_extension("team"),
+    )
+    assert stop.get_id() == f"stop-{request}"
 
 
 def test_a_slow_post_of_one_team_holds_no_other_team(sink: EventSink) -> None:

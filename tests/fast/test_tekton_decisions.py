@@ -19,6 +19,7 @@ from functions.tekton.controller_config import ControllerConfig
 from functions.tekton.decide import (
     Context,
     Reply,
+    Step,
     decide,
     on_reply,
     parse_duration,
@@ -372,14 +373,36 @@ def test_a_failure_with_retries_left_starts_the_next_attempt_and_stays_unknown()
 # --- cancellation and timeouts ----------------------------------------------------------------
 
 
-def test_cancelling_a_running_run_stops_its_job_and_reports_customruncancelled() -> None:
+def stops(step: Step, run: dict) -> bool:
+    """Whether ``step`` posts the stop of ``run``'s current attempt: its request's type, the
+    run's team and subject, the attempt's request id under ``stops``; its own id derived."""
+    stop = step.stop
+    if stop is None:
+        return False
+    request = current(run)
+    return (
+        stop.attributes
+        == {
+            "specversion": "1.0",
+            "type": "dev.resourcefunctions.get.requested",
+            "source": CTX.event_source,
+            "id": f"stop-{request}",
+            "subject": subject(run["metadata"]["namespace"], run["metadata"]["name"]),
+            "team": CTX.team_of(run["metadata"]["namespace"]),
+            "stops": request,
+        }
+        and stop.data == {}
+    )
+
+
+def test_cancelling_a_running_run_stops_its_request_and_reports_customruncancelled() -> None:
     run = running()
     run["spec"]["status"] = "RunCancelled"
     run["spec"]["statusMessage"] = (
         "CustomRun cancelled as the PipelineRun it belongs to has been cancelled."
     )
     step = decide(run, T0 + timedelta(seconds=30), CTX)
-    assert step.stop == current(run) and step.post is None and step.status is not None
+    assert stops(step, run) and step.post is None and step.status is not None
     found = condition(step.status)
     assert (found["status"], found["reason"]) == ("False", "CustomRunCancelled")
     assert "PipelineRun it belongs to" in found["message"]
@@ -391,11 +414,11 @@ def test_a_run_cancelled_before_it_started_posts_nothing() -> None:
     assert condition(step.status or {})["reason"] == "CustomRunCancelled"
 
 
-def test_an_attempt_past_its_timeout_is_timed_out_and_its_job_stopped() -> None:
+def test_an_attempt_past_its_timeout_is_timed_out_and_its_request_stopped() -> None:
     run = running(customrun(timeout="30s"))
     assert decide(run, T0 + timedelta(seconds=29), CTX).status is None
     step = decide(run, T0 + timedelta(seconds=30), CTX)
-    assert step.stop == current(run) and step.post is None
+    assert stops(step, run) and step.post is None
     found = condition(step.status or {})
     assert (found["status"], found["reason"]) == ("False", "CustomRunTimedOut")
 
@@ -403,7 +426,7 @@ def test_an_attempt_past_its_timeout_is_timed_out_and_its_job_stopped() -> None:
 def test_a_timeout_with_retries_left_is_retried_with_a_new_window() -> None:
     run = running(customrun(timeout="1m30s", retries=1))
     step = decide(run, T0 + timedelta(seconds=90), CTX)
-    assert step.stop == current(run)
+    assert stops(step, run)
     assert step.post is not None and step.post.request_id not in (UID, current(run))
     assert condition(step.status or {})["status"] == "Unknown"
     assert step.wake_at == T0 + timedelta(seconds=180)
@@ -460,9 +483,7 @@ def test_reply_events_are_read_from_their_type_subject_and_requestid() -> None:
 
 
 def test_teams_are_mapped_by_tekton_teams() -> None:
-    mapped = ControllerConfig(
-        broker="http://b", store_url=STORE, task_namespace="t", teams=tekton_teams('{"ci": "x"}')
-    )
+    mapped = ControllerConfig(broker="http://b", store_url=STORE, teams=tekton_teams('{"ci": "x"}'))
     assert mapped.teams == {"ci": "x"}
     assert mapped.artifact_url_prefix == "s3://bucket/ci/artifacts/"
 
@@ -474,7 +495,5 @@ def test_the_controller_needs_the_broker_and_the_store_and_reads_teams() -> None
         ControllerConfig.from_env({"STORE_URL": STORE})
     with pytest.raises(ConfigError, match="TEKTON_TEAMS"):
         ControllerConfig.from_env({"STORE_URL": STORE, "K_SINK": "http://b", "TEKTON_TEAMS": "[1]"})
-    config = ControllerConfig.from_env(
-        {"STORE_URL": STORE, "K_SINK": "http://b", "TASK_NAMESPACE": "tasks"}
-    )
-    assert (config.broker, config.task_namespace, config.teams) == ("http://b", "tasks", None)
+    config = ControllerConfig.from_env({"STORE_URL": STORE, "K_SINK": "http://b"})
+    assert (config.broker, config.store_url, config.teams) == ("http://b", STORE, None)

@@ -28,8 +28,8 @@ from kubernetes import client
 
 from functions import keys
 from functions.cli.launch import wait_until
-from functions.errors import RequestIdReused, Unavailable
-from functions.ledger import lease, results
+from functions.errors import RequestIdReused, RunStopped, Unavailable
+from functions.ledger import lease, results, tombstones
 from functions.model import LeaseHold, Task
 from functions.runtimes.job_status import judge
 from functions.runtimes.kube_api import Rejected, belongs, translate
@@ -488,6 +488,65 @@ def test_another_request_with_the_same_run_id_never_attaches_to_its_job(
     assert done and done[0].succeeded and len(cluster.ever("jobs")) == 1
     job = cluster.ever("jobs")[0]
     assert job["metadata"]["annotations"]["resource-functions.dev/request"] == "a" * 64
+
+
+def test_a_stopped_run_gets_no_job_and_no_secret(
+    make_runtime: Any, store: Any, cluster: Cluster
+) -> None:
+    """Marked stopped before it starts (a stop request came first): nothing is created,
+    synchronous or not, and ``RunStopped`` (retryable: a redelivery is answered as stopped)."""
+    task = make_task("get")
+    tombstones.record(store, task.run_id)
+    runtime = make_runtime()
+    with pytest.raises(RunStopped):
+        runtime.run(task)
+    with pytest.raises(RunStopped):
+        runtime.start(task)
+    assert cluster.ever("jobs") == [] and cluster.requests("create", "secrets") == []
+
+
+def test_a_stop_that_crosses_the_start_deletes_the_job_before_its_secret(
+    make_runtime: Any, store: Any, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mark is read before the Job is created and once more after: a stop written in
+    between (whose own deletion found no Job yet) still finds the Job, before the Secret its
+    pod needs exists."""
+    task = make_task("get")
+    runtime = make_runtime()
+    reads: list[bool] = []
+    real = tombstones.stopped
+
+    def stop_lands_after_the_first_read(store_: Any, run: str) -> bool:
+        found = real(store_, run)
+        if not reads:
+            tombstones.record(store_, run)
+            runtime.stop(run, "get")  # as the stop request's replica does: no Job yet
+        reads.append(found)
+        return found
+
+    monkeypatch.setattr(tombstones, "stopped", stop_lands_after_the_first_read)
+    with pytest.raises(RunStopped):
+        runtime.run(task)
+    assert reads == [False, True]
+    assert (
+        len(cluster.ever("jobs")) == 1
+        and cluster.live("jobs", f"rf-get-{task.run_id[:20]}") is None
+    )
+    assert cluster.requests("create", "secrets") == []
+
+
+def test_stop_deletes_a_running_jobs_job_and_secret(
+    make_runtime: Any, cluster: Cluster, sink: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("K_SINK", sink.url)
+    task = make_task("check")
+    runtime = make_runtime(sink=sink.url)
+    runtime.start(task)
+    name = f"rf-check-{task.run_id[:20]}"
+    assert cluster.live("jobs", name) is not None
+    runtime.stop(task.run_id, "check")
+    assert cluster.live("jobs", name) is None
+    assert cluster.live("secrets", f"{name}-stdin") is None
 
 
 def test_redelivery_after_completion_creates_no_new_secret(

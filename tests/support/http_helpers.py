@@ -28,6 +28,7 @@ class FakeRuntime:
         self.outcome = outcome
         self.ran: list[Task] = []
         self.started: list[Task] = []
+        self.stopped: list[tuple[str, str]] = []  # (run, action) of each stop
         self.unready = ""  # set: ready() raises Unavailable with it (the engine is down)
 
     def run(self, task: Task) -> Outcome:
@@ -39,6 +40,9 @@ class FakeRuntime:
 
     def start(self, task: Task, ended: Any = None) -> None:
         self.started.append(task)
+
+    def stop(self, run: str, action: str) -> None:
+        self.stopped.append((run, action))
 
     def tasks_waiting(self) -> int:
         return 0

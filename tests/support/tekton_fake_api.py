@@ -23,7 +23,6 @@ class FakeTektonApi:
     def __init__(self) -> None:
         self.runs: dict[tuple[str, str], dict[str, Any]] = {}
         self.events: list[tuple[str, bool, str, str]] = []  # (name, warning, reason, message)
-        self.deleted_jobs: list[str] = []  # label selectors
         self.leases: dict[tuple[str, str], dict[str, Any]] = {}
         self.fail_writes_of: dict[str, Exception] = {}  # CustomRun name -> raised on write
         self.requests = 0  # as the controller's metric counts them
@@ -42,6 +41,15 @@ class FakeTektonApi:
             self.runs[_key(made)] = made
         self._changes.put(("ADDED", copy.deepcopy(made)))
         return made
+
+    def cancel(self, namespace: str, name: str) -> None:
+        """As Tekton cancels a CustomRun: ``spec.status`` set to ``RunCancelled``."""
+        with self._lock:
+            live = self.runs[(namespace, name)]
+            live["spec"]["status"] = "RunCancelled"
+            live["metadata"]["resourceVersion"] = str(next(self._versions))
+            changed = copy.deepcopy(live)
+        self._changes.put(("MODIFIED", changed))
 
     def status_of(self, namespace: str, name: str) -> dict[str, Any]:
         with self._lock:
@@ -86,10 +94,6 @@ class FakeTektonApi:
             written = copy.deepcopy(live)
         self._changes.put(("MODIFIED", copy.deepcopy(written)))
         return written
-
-    def delete_jobs(self, namespace: str, selector: str) -> None:
-        self.requests += 1
-        self.deleted_jobs.append(selector)
 
     def event(self, run: dict[str, Any], warning: bool, reason: str, message: str) -> None:
         self.requests += 1
