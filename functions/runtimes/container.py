@@ -203,7 +203,12 @@ class ContainerRuntime:
             image, problem = self._image_id(task, clock)
             if problem:
                 return clock.attach(self._record(task, failed(task.action, "image_pull", problem)))
-            key = warm_key(team=task.team, image_digest=image, resource_key=resource_key)
+            key = warm_key(
+                team=task.team,
+                image_digest=image,
+                resource_key=resource_key,
+                settings=task.resource_type,
+            )
             keep = stage_collect.stderr_bytes(redactor)
             ended = self._warm.check(task, key, image, clock, keep)
             if ended is None:  # busy, or it could not start (the image gone?): ask next time

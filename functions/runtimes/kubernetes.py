@@ -178,6 +178,7 @@ class KubernetesRuntime:
             team=task.team,
             image_digest=task.resource_type.image,
             resource_key=task.history.resource_key,
+            settings=task.resource_type,
         )
         try:
             try:

@@ -22,9 +22,11 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from functions.errors import RunStopped, Unavailable
 from functions.keys import canonical_json
+from functions.model import ResourceType
 from functions.phases import PhaseClock
 from functions.runtimes.output import Output
 from functions.settings import WarmLimits
@@ -56,11 +58,26 @@ class WarmCounts:
     evictions: Mapping[str, int] = field(default_factory=dict)
 
 
-def warm_key(*, team: str, image_digest: str, resource_key: str) -> str:
+def warm_key(*, team: str, image_digest: str, resource_key: str, settings: ResourceType) -> str:
     """The key of a check's warm container (32 hex chars): a hash of its team, the image's
-    digest and the resource key (``keys.resource_key``, an HMAC of the resolved source)."""
-    message = canonical_json(["warm-check", team, image_digest, resource_key])
+    digest, the resource key (``keys.resource_key``, an HMAC of the resolved source) and what
+    the type's settings make of the container (``container_settings``): two types of one
+    image that differ in those never share one."""
+    shape = container_settings(settings)
+    message = canonical_json(["warm-check", team, image_digest, resource_key, shape])
     return hashlib.sha256(message).hexdigest()[:32]
+
+
+def container_settings(resource_type: ResourceType) -> dict[str, Any]:
+    """The type's settings that shape a warm container or pod (privileges, resources,
+    placement, pull secrets); not the image (keyed apart) nor the check's own budget."""
+    return {
+        "privileged": resource_type.privileged,
+        "resources": resource_type.resources,
+        "node_selector": resource_type.node_selector,
+        "tolerations": resource_type.tolerations,
+        "image_pull_secrets": resource_type.image_pull_secrets,
+    }
 
 
 @dataclass

@@ -17,7 +17,6 @@ from functions.settings import WarmLimits
 from storage import Store
 from tests.support.http_helpers import FakeRuntime, event, make_client, post, reply_of
 
-
 GET = {"type": "mock", "source": {"uri": "x"}, "version": {"ref": "v1"}}
 
 

@@ -4,9 +4,12 @@ remembered for a while (functions.runtimes.image_ids)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from functions.errors import ConfigError
+from functions.model import ResourceType
 from functions.runtimes.image_ids import LIMIT, ImageIds
 from functions.runtimes.warm import Busy, WarmPool, warm_key
 from functions.settings import WarmLimits, warm_limits
@@ -33,12 +36,25 @@ def started(warm: WarmPool, key: str, team: str = "t") -> None:
     warm.back(kept)
 
 
-def test_the_key_separates_teams_images_and_sources_and_hides_them():
-    base = {"team": "a", "image_digest": "sha256:1", "resource_key": "r1"}
+def test_the_key_separates_teams_images_sources_and_type_settings_and_hides_them():
+    """Two types of one image whose settings differ (privileged, resources, placement, pull
+    secrets) never share a warm container; the check's own budget does not split them."""
+    plain = ResourceType(image="registry/r@sha256:1")
+    base = {"team": "a", "image_digest": "sha256:1", "resource_key": "r1", "settings": plain}
     key = warm_key(**base)
     assert len(key) == 32 and all(c in "0123456789abcdef" for c in key)
-    for change in ({"team": "b"}, {"image_digest": "sha256:2"}, {"resource_key": "r2"}):
-        assert warm_key(**{**base, **change}) != key
+    for change in (
+        {"team": "b"},
+        {"image_digest": "sha256:2"},
+        {"resource_key": "r2"},
+        {"settings": replace(plain, privileged=True)},
+        {"settings": replace(plain, resources={"limits": {"memory": "1Gi"}})},
+        {"settings": replace(plain, node_selector={"pool": "big"})},
+        {"settings": replace(plain, tolerations=[{"key": "k", "operator": "Exists"}])},
+        {"settings": replace(plain, image_pull_secrets=["pull"])},
+    ):
+        assert warm_key(**{**base, **change}) != key, change
+    assert warm_key(**{**base, "settings": replace(plain, timeout_seconds=5)}) == key
     assert warm_key(**base) == key
 
 
