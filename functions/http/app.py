@@ -1,6 +1,7 @@
 """The Flask application of one service: ``create_app(settings, action)``.
 
-Routes: ``POST /`` takes a request CloudEvent (binary or structured mode) and answers per the
+Routes: ``POST /`` takes a request CloudEvent (binary or structured mode), or a stop of one
+(``service.stop_requests``), and answers per the
 event contract (200 + reply event, 202, 400 + JSON error, 503 + JSON error; 401/403 when
 ``SENDER_AUDIENCE`` is set and the sender is unknown or not allowed; a 400 or an input's 403
 of a request with a subject is posted to K_SINK as a failed reply too: ``refusals``);

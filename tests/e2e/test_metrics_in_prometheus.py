@@ -1,7 +1,7 @@
 """The services' metrics as a real Prometheus (Debian's 2.42) scrapes them: after a known
 set of requests (checks, a failing check, a get that misses then hits, a redelivery, a put
 that fails with kind ``storage`` and one that succeeds, a request answered 503), every
-metric the README lists exists with exactly the labels it names and the values the requests
+metric docs/observability.md lists exists with exactly the labels it names and the values the requests
 imply, no label value is unbounded, and every panel of the shipped dashboard returns data."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from testbed.prometheus import Prometheus, start_prometheus
 from tests.support.events import request_event, send
 from tests.support.services import REPO, start_services
 
-README = REPO / "README.md"
+METRICS_DOC = REPO / "docs" / "observability.md"  # its metrics table
 DASHBOARD = REPO / "knative" / "monitoring" / "dashboard.json"
 METRIC_ROW = re.compile(
     r"^\| `(resource_function_[a-z_]+)` \| (counter|gauge|histogram) \| ([^|]*) \|"
@@ -36,9 +36,9 @@ RUN_ID = re.compile(r"[0-9a-f]{32}")
 
 
 def readme_metrics() -> dict[str, tuple[str, frozenset[str]]]:
-    """name -> (type, labels) of every metric in the README's table."""
+    """name -> (type, labels) of every metric in docs/observability.md's table."""
     rows = {}
-    for line in README.read_text().splitlines():
+    for line in METRICS_DOC.read_text().splitlines():
         match = METRIC_ROW.match(line)
         if match:
             rows[match[1]] = (match[2], frozenset(re.findall(r"`([a-z_]+)`", match[3])))
@@ -148,7 +148,7 @@ def series(prometheus: Prometheus, name: str, kind: str) -> list[dict[str, str]]
 
 
 def test_the_readme_lists_the_metrics() -> None:
-    assert len(readme_metrics()) >= 12, "the README's metric table was not found"
+    assert len(readme_metrics()) >= 12, "docs/observability.md's metric table was not found"
 
 
 @pytest.mark.parametrize("name", sorted(readme_metrics()))
