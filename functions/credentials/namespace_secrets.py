@@ -6,7 +6,7 @@ conventions.
 ``<pipeline>.<name>`` (when the request names a pipeline), then ``<name>``; the value is the
 Secret's key ``field``, or ``value`` without one. Each lookup is one ``get`` (the functions'
 ServiceAccount may not list Secrets). A request without ``build.team`` has no namespace, so its
-references are unresolvable. API errors follow ``kube_api``: unreachable, 401/403, 429 and 5xx
+references are unresolvable. API errors follow ``functions.kube.api``: unreachable, 401/403, 429 and 5xx
 are ``Unavailable`` (503).
 
 A prefix from which some team name reaches the task namespace (where the store Secret and every
@@ -56,7 +56,7 @@ class KubernetesSecrets:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> KubernetesSecrets:
-        from functions.runtimes.kube_api import KubeApi, api_client_from_env
+        from functions.kube.api import KubeApi, api_client_from_env
         from functions.settings import own_namespace
 
         protected = {"task": settings.task_namespace, "functions": own_namespace()}

@@ -75,7 +75,7 @@ def sender_check_from(settings: Settings) -> SenderCheck | None:
     """The check the settings ask for, or None without ``SENDER_AUDIENCE``."""
     if not settings.sender_audience:
         return None
-    from functions.runtimes.kube_api import KubeApi, api_client_from_env
+    from functions.kube.api import KubeApi, api_client_from_env
 
     api = KubeApi(api_client_from_env(settings.kubeconfig), "", (5.0, 10.0))
     return SenderCheck(api.review_token, settings.sender_audience, settings.allowed_senders)

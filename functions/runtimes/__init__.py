@@ -23,7 +23,7 @@ runtime reads the mark just before it creates a Job or container and once more a
 stop that crosses a start still finds what it started (``RunStopped``). ``tasks_waiting`` counts the tasks queued or starting (``resource_function_tasks_waiting``).
 ``make_runtime`` is the one place that picks a runtime,
 so only ``container.py`` (and the modules it uses: ``attach.py``, ``warm_engine.py``) imports
-docker and only ``kube_api.py`` imports kubernetes.
+docker; Kubernetes is reached through ``functions.kube``.
 """
 
 from __future__ import annotations

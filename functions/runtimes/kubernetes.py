@@ -1,4 +1,4 @@
-"""The kubernetes runtime: one Job per task (API calls through ``kube_api``).
+"""The kubernetes runtime: one Job per task (API calls through ``functions.kube.api``).
 
 ``run`` creates the Job (named from the run id, so a redelivered request finds it and waits
 on it instead of starting another), then the stdin Secret owned by the Job, then follows the
@@ -14,7 +14,7 @@ returns at once; ``collect`` posts the reply, and a best-effort background follo
 the failures ``collect`` never saw (for asynchronous requests a store outage inside the task
 cannot be redelivered after the 202: a ``storage`` failure is posted, and nothing recorded).
 
-API errors arrive translated by ``kube_api``: ``Unavailable`` for anything worth retrying,
+API errors arrive translated by ``functions.kube.api``: ``Unavailable`` for anything worth retrying,
 a ``KubeApiError`` (``NotFound``/``Conflict``/``Gone``, ``Rejected``: an invalid request)
 otherwise; ``functions.steps.outcome.final_failure`` decides what a store error means.
 """
@@ -39,6 +39,7 @@ from functions.errors import (
     Unavailable,
     failure_kind,
 )
+from functions.kube.api import KubeApi, api_client_from_env, owner_uids, uid_of
 from functions.ledger import results, tombstones
 from functions.logs import fields
 from functions.model import FailureKind, Outcome, Task
@@ -54,7 +55,6 @@ from functions.runtimes.job_status import (
     pod_started,
     started_at,
 )
-from functions.runtimes.kube_api import KubeApi, api_client_from_env, owner_uids, uid_of
 from functions.runtimes.pod_watch import Pods, PodWatch
 from functions.runtimes.podspec import JobPlan, KubernetesConfig, plan_for
 from functions.runtimes.warm import WarmCounts, warm_key

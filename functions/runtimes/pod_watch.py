@@ -27,8 +27,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from functions.errors import Gone, KubeApiError, Unavailable
+from functions.kube.api import JOB_NAME_LABELS, KubeApi, belongs
 from functions.logs import fields
-from functions.runtimes.kube_api import JOB_NAME_LABELS, KubeApi, belongs
 
 log = logging.getLogger("functions.kubernetes")
 

@@ -20,11 +20,11 @@ import time
 from typing import Any
 
 from functions.errors import Conflict, KubeApiError, NotFound, Unavailable
+from functions.kube.api import KubeApi
 from functions.logs import fields
 from functions.model import SCRIPTS, Task
 from functions.phases import PhaseClock
 from functions.runtimes.job_status import pod_verdict
-from functions.runtimes.kube_api import KubeApi
 from functions.runtimes.output import Output
 from functions.runtimes.podspec import (
     WARM_KEY_LABEL,

@@ -80,7 +80,7 @@ def artifacts_app_from(settings: Settings) -> Flask:
     """The service as ``serve artifacts`` runs it: the store of ``STORE_URL``, tokens reviewed
     by the API server for ``ARTIFACT_AUDIENCE``, teams as the controller maps them, uploads up
     to ``ARCHIVE_MAX_TOTAL_BYTES``."""
-    from functions.runtimes.kube_api import KubeApi, api_client_from_env
+    from functions.kube.api import KubeApi, api_client_from_env
 
     store = open_store(
         settings.store_url, replace(settings.store_options, threads=settings.threads)

@@ -32,6 +32,7 @@ from typing import Any
 from cloudevents.core.v1.event import CloudEvent
 
 from functions.errors import Conflict, NotFound, SinkRefused, Unavailable
+from functions.kube.tekton_api import TektonApi
 from functions.sink import post_reply
 from functions.tekton import status as st
 from functions.tekton.controller_config import ControllerConfig
@@ -49,7 +50,6 @@ from functions.tekton.decide import (
 from functions.tekton.leader import LeaderElection
 from functions.tekton.namespace_teams import NamespaceTeams
 from functions.tekton.params import is_ours
-from functions.tekton.tekton_api import TektonApi
 from functions.tekton.work_queue import WorkQueue
 
 REPOST_SECONDS = 5.0  # a request the Broker did not take is posted again this soon

@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from functions.errors import Conflict, Unavailable
-from functions.tekton.tekton_api import TektonApi
+from functions.kube.tekton_api import TektonApi
 
 log = logging.getLogger("functions.tekton")
 TIME = "%Y-%m-%dT%H:%M:%S.%fZ"  # a MicroTime

@@ -106,12 +106,12 @@ def main() -> int:
     import signal
 
     from functions import logs
-    from functions.runtimes.kube_api import KubeApi, api_client_from_env
+    from functions.kube.api import KubeApi, api_client_from_env
+    from functions.kube.tekton_api import TektonApi
     from functions.tekton.controller_config import ControllerConfig
     from functions.tekton.controller_metrics import ControllerMetrics
     from functions.tekton.leader import LeaderElection
     from functions.tekton.namespace_teams import NamespaceTeams
-    from functions.tekton.tekton_api import TektonApi
 
     config = ControllerConfig.from_env()
     logs.configure("info")

@@ -122,8 +122,8 @@ def test_with_no_refusal_a_team_name_would_read_the_task_namespaces_secrets(
     from functions.credentials.interpolate import Reference
     from functions.credentials.namespace_secrets import KubernetesSecrets
     from functions.errors import ConfigError
+    from functions.kube.api import KubeApi, api_client_from_env
     from functions.model import Build
-    from functions.runtimes.kube_api import KubeApi, api_client_from_env
 
     api = KubeApi(api_client_from_env(str(functions_kubeconfig)), namespace, (5.0, 30.0))
     prefix = "resource-functions-"

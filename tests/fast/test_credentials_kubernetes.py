@@ -1,5 +1,5 @@
 """The Kubernetes Secret credential provider against kmock's Kubernetes emulator, through the
-official client (``functions.runtimes.kube_api``): Concourse's lookup order and keys, one
+official client (``functions.kube.api``): Concourse's lookup order and keys, one
 ``get`` per candidate and never a list, and API errors classified (403/unreachable = 503).
 The same provider against a real API server: see tests/cluster (KubernetesSecrets)."""
 
@@ -14,8 +14,8 @@ from kubernetes import client
 from functions.credentials import Reference, resolve
 from functions.credentials.namespace_secrets import KubernetesSecrets
 from functions.errors import InvalidRequest, Unavailable
+from functions.kube.api import KubeApi
 from functions.model import Build
-from functions.runtimes.kube_api import KubeApi
 from tests.support.kube_emulator import Cluster, api, api_client_for, cluster
 
 __all__ = ["api", "cluster"]

@@ -80,6 +80,34 @@ def test_shipped_code_benches_and_testbed_import_nothing_of_the_tests() -> None:
     assert shipped == {}
 
 
+def test_only_functions_kube_imports_kubernetes_and_it_imports_no_user_of_it() -> None:
+    """Kubernetes access is in one package below every user of it (the runtimes, the
+    credential provider, sender authentication, the Tekton controller)."""
+    importers = set()
+    for name, path in modules().items():
+        if not name.startswith(PACKAGES[:2]):
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
+            if any(n == "kubernetes" or n.startswith("kubernetes.") for n in names):
+                importers.add(name)
+    assert importers == {"functions.kube.api", "functions.kube.tekton_api"}
+    users = ("functions.runtimes", "functions.tekton", "functions.http", "functions.credentials")
+    below = {
+        name: {m for m in imported(path, top_level_only=False) if m.startswith(users)}
+        for name, path in modules().items()
+        if name.startswith("functions.kube")
+    }
+    assert not any(below.values()), below
+
+
 def test_the_shipped_modules_import_each_other_without_a_cycle() -> None:
     graph = {
         name: {m for m in imported(path, top_level_only=True) if m.startswith(PACKAGES[:2])}

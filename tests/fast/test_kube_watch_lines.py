@@ -11,7 +11,7 @@ import pytest
 import urllib3
 from kubernetes import client
 
-from functions.runtimes.kube_api import KubeApi
+from functions.kube.api import KubeApi
 
 
 class Chunked(io.RawIOBase):

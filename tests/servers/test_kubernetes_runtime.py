@@ -29,10 +29,10 @@ from kubernetes import client
 from functions import keys
 from functions.cli.launch import wait_until
 from functions.errors import RequestIdReused, RunStopped, Unavailable
+from functions.kube.api import Rejected, belongs, translate
 from functions.ledger import lease, results, tombstones
 from functions.model import LeaseHold, Task
 from functions.runtimes.job_status import judge
-from functions.runtimes.kube_api import Rejected, belongs, translate
 from functions.runtimes.kubernetes import KubernetesRuntime
 from functions.settings import Settings
 from functions.steps.pod_contract import CollectStep, StepFailure

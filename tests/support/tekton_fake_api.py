@@ -1,4 +1,4 @@
-"""The Kubernetes API as ``functions.tekton.tekton_api.TektonApi`` offers it, in memory, for
+"""The Kubernetes API as ``functions.kube.tekton_api.TektonApi`` offers it, in memory, for
 the controller's shell in the fast tier: CustomRuns with resourceVersions (a stale write is a
 ``Conflict``, as the API server answers), a watch fed by every change, Events, Jobs deleted by
 label, Leases. kmock's emulator does not serve custom resources' status here; the real API

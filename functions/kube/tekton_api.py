@@ -1,6 +1,6 @@
 """The Kubernetes API as the Tekton controller uses it: CustomRuns (list, watch, get, status),
 Events on them, and its leader Lease; plain dicts, errors translated as the runtime's are
-(``kube_api.translate``: 404/409 ``NotFound``/``Conflict``, 401/403/5xx/unreachable
+(``api.translate``: 404/409 ``NotFound``/``Conflict``, 401/403/5xx/unreachable
 ``Unavailable``). Every call has a timeout; a watch ends when its server-side timeout does.
 """
 
@@ -16,7 +16,7 @@ from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
 from functions.errors import NotFound, Unavailable
-from functions.runtimes.kube_api import translate
+from functions.kube.api import translate
 
 GROUP, VERSION, PLURAL = "tekton.dev", "v1beta1", "customruns"
 COMPONENT = "resource-functions-tekton-controller"  # an Event's reporting controller
