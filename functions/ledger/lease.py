@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,6 +31,7 @@ from dataclasses import dataclass, replace
 
 from functions.logs import fields
 from functions.model import LeaseHold
+from functions.periodic import Periodic
 from storage import Store
 from storage.store_errors import PreconditionFailed, StorageError
 
@@ -127,28 +127,25 @@ def _write(store: Store, key: str, lease: Lease, token: str | None) -> Claim | N
 @contextmanager
 def kept(store: Store, key: str, held: Claim, *, ttl: float) -> Iterator[None]:
     """Renew the lease every third of ``ttl`` while the block runs, release it after."""
-    stop = threading.Event()
     latest = [held]
 
-    def renewing() -> None:
-        while not stop.wait(ttl / 3):
-            try:
-                renewed = renew(store, key, latest[0], ttl=ttl, now=time.time())
-            except StorageError as err:  # the next renewal may get through
-                log.warning("lease renewal failed", extra=fields(key=key, error=str(err)))
-                continue
-            if renewed is None:
-                log.warning("lease taken over while its check ran", extra=fields(key=key))
-                return
-            latest[0] = renewed
+    def renewing() -> bool:
+        try:
+            renewed = renew(store, key, latest[0], ttl=ttl, now=time.time())
+        except StorageError as err:  # the next renewal may get through
+            log.warning("lease renewal failed", extra=fields(key=key, error=str(err)))
+            return True
+        if renewed is None:
+            log.warning("lease taken over while its check ran", extra=fields(key=key))
+            return False
+        latest[0] = renewed
+        return True
 
-    thread = threading.Thread(target=renewing, name="lease-renewal", daemon=True)
-    thread.start()
+    renewals = Periodic("lease-renewal", ttl / 3, renewing).start()
     try:
         yield
     finally:
-        stop.set()
-        thread.join()
+        renewals.stop()
         try:
             release(store, key, latest[0])
         except StorageError as err:  # waiters fall back on the expiry

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import logging
 import re
-import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from functions import keys
 from functions.errors import Unavailable
 from functions.logs import fields
+from functions.periodic import Periodic
 from storage import Store
 from storage.store_errors import StorageError
 
@@ -60,20 +60,14 @@ class Sweeper:
         self._store = store
         self._listing = listing
         self._removal = removal
-        self._seconds = seconds
-        self._stopped = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._periodic = Periodic("container-sweep", seconds, self.sweep, first_now=True)
 
     def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="container-sweep", daemon=True)
-            self._thread.start()
+        self._periodic.start()
 
     def stop(self) -> None:
         """End the sweeps; one under way finishes first."""
-        self._stopped.set()
-        if self._thread is not None:
-            self._thread.join()
+        self._periodic.stop()
 
     def sweep(self) -> int:
         """One sweep; the number of containers removed."""
@@ -84,17 +78,9 @@ class Sweeper:
             return 0
         removed = 0
         for container, run in finished(listed, self._store):
-            if self._stopped.is_set():
+            if self._periodic.stopped.is_set():
                 break
             removed += self._removal(container, run)
         level = logging.INFO if removed else logging.DEBUG
         log.log(level, "sweep done", extra=fields(listed=len(listed), removed=removed))
         return removed
-
-    def _loop(self) -> None:
-        while not self._stopped.is_set():
-            try:
-                self.sweep()
-            except Exception:  # a bug: logged, and the service goes on
-                log.exception("sweep failed")
-            self._stopped.wait(self._seconds)

@@ -27,6 +27,7 @@ from typing import Any
 from functions.errors import RunStopped, Unavailable
 from functions.keys import canonical_json
 from functions.model import ResourceType
+from functions.periodic import Periodic
 from functions.phases import PhaseClock
 from functions.runtimes.output import Output
 from functions.settings import WarmLimits
@@ -337,8 +338,8 @@ class WarmSet:
 
     def __init__(self, limits: WarmLimits, remove: Callable[[str], None]) -> None:
         self.pool = WarmPool(limits, remove)
-        self._stopped = threading.Event()
-        self._reaper: threading.Thread | None = None
+        period = min(REAP_SECONDS, limits.idle_seconds / 2)
+        self._reaper = Periodic("warm-reap", period, self.pool.expire)
 
     def sweep(self) -> int:
         raise NotImplementedError
@@ -346,15 +347,11 @@ class WarmSet:
     def start(self) -> None:
         """Sweep the leftovers of owners gone, then reap expired ones now and then."""
         self.sweep()
-        if self._reaper is None:
-            self._reaper = threading.Thread(target=self._reap, name="warm-reap", daemon=True)
-            self._reaper.start()
+        self._reaper.start()
 
     def close(self) -> None:
         """Remove them all (the runs using them have ended)."""
-        self._stopped.set()
-        if self._reaper is not None:
-            self._reaper.join()
+        self._reaper.stop()
         self.pool.drain()
 
     def counts(self) -> WarmCounts:
@@ -363,11 +360,3 @@ class WarmSet:
     def stop(self, run: str) -> None:
         """End the check under way for ``run`` here, if any (``WarmPool.stop_run``)."""
         self.pool.stop_run(run)
-
-    def _reap(self) -> None:
-        period = min(REAP_SECONDS, self.pool.limits.idle_seconds / 2)
-        while not self._stopped.wait(period):
-            try:
-                self.pool.expire()
-            except Exception:  # a bug: logged, and the service goes on
-                log.exception("warm reap failed")

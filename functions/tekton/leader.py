@@ -17,6 +17,7 @@ from typing import Any
 
 from functions.errors import Conflict, Unavailable
 from functions.kube.tekton_api import TektonApi
+from functions.periodic import Periodic
 
 log = logging.getLogger("functions.tekton")
 TIME = "%Y-%m-%dT%H:%M:%S.%fZ"  # a MicroTime
@@ -48,23 +49,22 @@ class LeaderElection:
             stop.wait(self.renew_seconds)
         return False
 
-    def keep(self, stop: threading.Event, lost: Callable[[], None]) -> threading.Thread:
+    def keep(self, stop: threading.Event, lost: Callable[[], None]) -> Periodic:
         """Renew the Lease every ``renew_seconds`` in a thread; ``lost()`` once it could not
         be renewed before another replica could take it."""
 
-        def renew() -> None:
-            renewed = time.monotonic()
-            while not stop.wait(self.renew_seconds):
-                if self.try_lead():
-                    renewed = time.monotonic()
-                elif time.monotonic() - renewed > self.lease_seconds - self.renew_seconds:
-                    log.error("lost Lease %s/%s: stopping", self.namespace, self.name)
-                    lost()
-                    return
+        renewed = [time.monotonic()]
 
-        thread = threading.Thread(target=renew, name="tekton-lease", daemon=True)
-        thread.start()
-        return thread
+        def renew() -> bool:
+            if self.try_lead():
+                renewed[0] = time.monotonic()
+            elif time.monotonic() - renewed[0] > self.lease_seconds - self.renew_seconds:
+                log.error("lost Lease %s/%s: stopping", self.namespace, self.name)
+                lost()
+                return False
+            return True
+
+        return Periodic("tekton-lease", self.renew_seconds, renew, stopped=stop).start()
 
     def try_lead(self) -> bool:
         """Take or renew the Lease if it is this replica's or free (expired); whether it leads."""
