@@ -22,8 +22,6 @@ import hashlib
 import io
 import logging
 import re
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -33,6 +31,7 @@ from dateutil.parser import isoparse
 from werkzeug.datastructures import EnvironHeaders
 
 from functions import events
+from functions.bounded_cache import BoundedCache
 from functions.errors import InvalidRequest, NotAuthenticated, SenderNotAllowed, Unavailable
 from functions.http.senders import SenderCheck
 from functions.keys import ANONYMOUS
@@ -73,11 +72,9 @@ class RepeatedGets:
         self.app = app
         self.service = service
         self.senders = senders
-        self._capacity = capacity
-        self._lock = threading.Lock()
         # identity of a request (all but what varies) -> the get and its reply's HTTP form,
         # or None: not repeatable
-        self._known: OrderedDict[bytes, Known | None] = OrderedDict()
+        self._known: BoundedCache[bytes, Known | None] = BoundedCache(capacity)
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         body = _small_body(environ)
@@ -120,19 +117,14 @@ class RepeatedGets:
     def _known_get(
         self, identity: bytes, environ: dict[str, Any], body: bytes, sender: str
     ) -> Known | None:
-        with self._lock:
-            if identity in self._known:
-                self._known.move_to_end(identity)
-                return self._known[identity]
+        if identity in self._known:
+            return self._known.get(identity)
         # A first sighting: validated as the full way does (an invalid one raises, and the
         # full way refuses it), then remembered.
         headers = dict(EnvironHeaders(environ))  # as the full way reads them (request.headers)
         get = self.service.repeatable(events.read_event(headers, body), sender)
         known = Known(get) if get is not None else None
-        with self._lock:
-            self._known[identity] = known
-            while len(self._known) > self._capacity:
-                self._known.popitem(last=False)
+        self._known.put(identity, known)
         return known
 
 

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from functions.bounded_cache import BoundedCache
 from functions.errors import NotAuthenticated, SenderNotAllowed
 
 if TYPE_CHECKING:
@@ -39,7 +40,8 @@ class SenderCheck:
         self.audience = audience
         self.allowed = allowed
         self._clock = clock
-        self._known: dict[str, tuple[str, float]] = {}  # sha256(token) -> (user, until)
+        # sha256(token) -> (user, until)
+        self._known: BoundedCache[str, tuple[str, float]] = BoundedCache(REMEMBER_AT_MOST)
 
     def sender(self, authorization: str | None) -> str:
         """The identity behind an ``Authorization`` header. Raises ``NotAuthenticated`` (no
@@ -65,9 +67,7 @@ class SenderCheck:
             return known[0]
         user = self._review(token, self.audience)
         if user is not None:
-            if len(self._known) >= REMEMBER_AT_MOST:
-                self._known.clear()
-            self._known[key] = (user, now + REMEMBER_SECONDS)
+            self._known.put(key, (user, now + REMEMBER_SECONDS))
         return user
 
 

@@ -10,11 +10,10 @@ what it recorded (bounded), so a hot get costs no store request for it.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Mapping
 
 from functions import keys
+from functions.bounded_cache import BoundedCache
 from functions.errors import InputNotAllowed
 from functions.model import ArtifactRef
 from storage import Store
@@ -26,17 +25,11 @@ CAPACITY = 4096  # (cache key, team) pairs remembered per replica
 class ArtifactTeams:
     def __init__(self, store: Store, capacity: int = CAPACITY) -> None:
         self.store = store
-        self.capacity = capacity
-        self._recorded: OrderedDict[tuple[str, str], None] = OrderedDict()
-        self._lock = threading.Lock()
+        self._recorded: BoundedCache[tuple[str, str], bool] = BoundedCache(capacity)
 
     def recorded(self, cache_key: str, team: str) -> bool:
         """Whether this replica recorded ``team`` for the get artifact ``cache_key``."""
-        with self._lock:
-            if (cache_key, team) in self._recorded:
-                self._recorded.move_to_end((cache_key, team))
-                return True
-            return False
+        return self._recorded.get((cache_key, team)) is not None
 
     def record(self, cache_key: str, team: str) -> None:
         """Record ``team`` for the artifact of the get ``cache_key`` (a store update unless
@@ -44,10 +37,7 @@ class ArtifactTeams:
         if self.recorded(cache_key, team):
             return
         add_team(self.store, keys.artifact_key(cache_key, ""), team)
-        with self._lock:
-            self._recorded[(cache_key, team)] = None
-            while len(self._recorded) > self.capacity:
-                self._recorded.popitem(last=False)
+        self._recorded.put((cache_key, team), True)
 
 
 def check_inputs(store: Store, inputs: Mapping[str, ArtifactRef], team: str) -> None:

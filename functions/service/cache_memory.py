@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
+
+from functions.bounded_cache import BoundedCache
 
 DEFAULT_CAPACITY = 4096  # records are a few hundred bytes: about a megabyte at most
 
@@ -33,11 +34,12 @@ class CacheMemory:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._recheck = recheck_seconds
-        self._capacity = capacity
         self._clock = clock
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # a look is claimed by one hit only
         # key -> (record, when its artifact was seen, whether a hit has gone to look since)
-        self._entries: OrderedDict[str, tuple[dict[str, Any], float, bool]] = OrderedDict()
+        self._entries: BoundedCache[str, tuple[dict[str, Any], float, bool]] = BoundedCache(
+            capacity
+        )
 
     def fresh(self, key: str) -> dict[str, Any] | None:
         """The record, if its artifact was seen within ``recheck_seconds``; None also for the
@@ -51,7 +53,7 @@ class CacheMemory:
 
     def _answer(self, key: str, *, claim_look: bool) -> dict[str, Any] | None:
         with self._lock:
-            entry = self._entries.get(key)
+            entry = self._entries.peek(key)
             if entry is None:
                 return None
             record, seen, looking = entry
@@ -60,25 +62,21 @@ class CacheMemory:
                 return None
             if not looking and age >= self._recheck / 2:
                 if claim_look:
-                    self._entries[key] = (record, seen, True)
+                    self._entries.put(key, (record, seen, True))
                 return None
-            self._entries.move_to_end(key)
+            self._entries.get(key)  # now the most recently used
             return record
 
     def record(self, key: str) -> dict[str, Any] | None:
         """The record however long ago its artifact was seen (it needs a look again)."""
-        with self._lock:
-            entry = self._entries.get(key)
-            return entry[0] if entry is not None else None
+        entry = self._entries.peek(key)
+        return entry[0] if entry is not None else None
 
     def seen(self, key: str, record: dict[str, Any]) -> None:
         """The record's artifact exists now."""
         with self._lock:
-            self._entries[key] = (record, self._clock(), False)
-            self._entries.move_to_end(key)
-            while len(self._entries) > self._capacity:
-                self._entries.popitem(last=False)
+            self._entries.put(key, (record, self._clock(), False))
 
     def forget(self, key: str) -> None:
         with self._lock:
-            self._entries.pop(key, None)
+            self._entries.pop(key)

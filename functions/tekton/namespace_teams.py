@@ -17,10 +17,10 @@ off stops serving within that time.
 from __future__ import annotations
 
 import re
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
+
+from functions.bounded_cache import BoundedCache
 
 TEAM_LABEL = "resource-functions.dev/team"
 REMEMBER_SECONDS = 30.0
@@ -43,8 +43,7 @@ class NamespaceTeams:
         self._teams = dict(teams) if teams is not None else None
         self._labels_of = labels_of
         self._clock = clock
-        self._known: OrderedDict[str, tuple[str | None, float]] = OrderedDict()
-        self._lock = threading.Lock()
+        self._known: BoundedCache[str, tuple[str | None, float]] = BoundedCache(REMEMBER_AT_MOST)
 
     def team_of(self, namespace: str) -> str | None:
         """The team ``namespace`` serves, or None (``refusal`` says why)."""
@@ -53,17 +52,11 @@ class NamespaceTeams:
         if self._labels_of is None:
             return None
         now = self._clock()
-        with self._lock:
-            known = self._known.get(namespace)
-            if known is not None and known[1] > now:
-                return known[0]
-        labels = self._labels_of(namespace)
-        team = team_label(labels)
-        with self._lock:
-            self._known[namespace] = (team, now + REMEMBER_SECONDS)
-            self._known.move_to_end(namespace)
-            while len(self._known) > REMEMBER_AT_MOST:
-                self._known.popitem(last=False)
+        known = self._known.get(namespace)
+        if known is not None and known[1] > now:
+            return known[0]
+        team = team_label(self._labels_of(namespace))
+        self._known.put(namespace, (team, now + REMEMBER_SECONDS))
         return team
 
     def refusal(self, namespace: str) -> str:

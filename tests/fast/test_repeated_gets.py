@@ -15,6 +15,7 @@ from cloudevents.core.bindings.http import to_binary_event
 from dateutil.parser import isoparse
 from werkzeug.test import Client
 
+from functions.bounded_cache import BoundedCache
 from functions.http.repeated_gets import MAX_BODY, RepeatedGets
 from functions.http.senders import SenderCheck
 from functions.service.call import cache_key
@@ -327,7 +328,7 @@ def test_what_it_remembers_is_bounded_and_a_forgotten_get_is_validated_again(
 ) -> None:
     ways = Ways(store)
     middleware = ways.short.application.wsgi_app
-    middleware._capacity = 2
+    middleware._known = BoundedCache(2)
     ways.cached(store)
     for subject in ("a", "b", "c", "a"):
         answer = same_answer(ways, event("get", GET, id=f"id-{subject}", subject=subject))
