@@ -5,9 +5,13 @@
   deduped, never to two workers at once, retried with backoff.
 - A few workers reconcile one key each: ``decide`` on the cached object, stop and write the
   status (guarded by its resourceVersion; a conflict re-reads and retries), then, outside the
-  key's lock, post the request, write an Event on the CustomRun, and queue the key again for
-  its next look (a deadline, a due re-post). Any exception is that CustomRun's alone: logged,
-  counted, retried with backoff; the others go on.
+  key's lock, hand the request to a poster, write an Event on the CustomRun, and queue the key
+  again for its next look (a deadline, a due re-post). Any exception is that CustomRun's
+  alone: logged, counted, retried with backoff; the others go on.
+- Posts (requests, and the stops of attempts that ended) run on their own threads
+  (``POST_THREADS``): the in-memory channel holds a post until it has delivered the event,
+  through all its retries, and meanwhile the key stays free, so a cancel is taken at once and
+  its stop reaches the functions before the request's next delivery does.
 - A running attempt's request is posted again on a growing schedule (``REPOST_FIRST`` doubling
   to ``REPOST_MAX``): the functions attach it to the run under way, or answer it from the
   stored result, so a lost reply completes the run anyway.
@@ -24,6 +28,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -59,6 +64,7 @@ REPOST_MAX = 600.0  # ... up to this
 CONFLICT_TRIES = 5
 OVERDUE_SECONDS = 60.0
 WORKERS = 3
+POST_THREADS = 8  # posts under way at once: a slow ingress holds a poster, never a key
 log = logging.getLogger("functions.tekton")
 Key = tuple[str, str]
 
@@ -130,6 +136,8 @@ class Controller:
         self._cache_lock = threading.Lock()
         self._locks = KeyLocks()
         self._reposts: dict[Key, Reposts] = {}
+        self._posts = ThreadPoolExecutor(POST_THREADS, thread_name_prefix="tekton-post")
+        self._posting: set[str] = set()  # request ids whose post is under way
         self._workers = workers
         self._repost_first = repost_first
         self.metrics = metrics or ControllerMetrics()
@@ -165,6 +173,7 @@ class Controller:
             self.queue.close()
             for thread in threads:
                 thread.join(30)
+            self._posts.shutdown(wait=False, cancel_futures=True)
 
     def _lose_lead(self) -> None:
         self.lost_lead = True
@@ -271,8 +280,8 @@ class Controller:
     def _settle(self, run: dict[str, Any], step: Step) -> dict[str, Any]:
         """Under the key's lock: stop the attempt that ended, write the status; the object as
         it is now (as written, or as it was)."""
-        if step.stop is not None:
-            self._post(step.stop)  # a refusal is logged and counted; the run ends all the same
+        if step.stop is not None:  # a refusal is logged and counted; the run ends all the same
+            self._posts.submit(self._post, step.stop)
         if step.status is None:
             return run
         try:
@@ -312,19 +321,40 @@ class Controller:
         if known is not None and known.request_id == posting.request_id and now < known.due:
             self.queue.add_after(key, known.due - now)
             return
-        refusal = self._post(posting)
+        with self._cache_lock:
+            if posting.request_id in self._posting:
+                return  # the post under way queues the key's next look when it ends
+            self._posting.add(posting.request_id)
+        self._posts.submit(self._post_then_look, key, posting, known)
+
+    def _post_then_look(self, key: Key, posting: Posting, known: Reposts | None) -> None:
+        """On a poster: post, then queue the key's next look (a refusal for good ends the
+        run); a failure here is logged and the key looks again soon."""
+        try:
+            refusal = self._post(posting)
+        except Exception:
+            log.exception("posting request %s failed", posting.request_id)
+            self.queue.add_after(key, REPOST_SECONDS)
+            return
+        finally:
+            with self._cache_lock:
+                self._posting.discard(posting.request_id)
         if refusal is not None:
             if refusal.status in FINAL_REFUSALS:
                 self._end_refused(key, posting, str(refusal))
             else:
                 self.queue.add_after(key, REPOST_SECONDS)
             return
+        with self._cache_lock:
+            run = self._cache.get(key)
+        if run is None or st.is_done(run.get("status") or {}):
+            return  # ended while its request was posted: nothing to post again
         interval = (
             self._repost_first
             if known is None or known.request_id != posting.request_id
             else min(known.interval * 2, REPOST_MAX)
         )
-        self._reposts[key] = Reposts(posting.request_id, now + interval, interval)
+        self._reposts[key] = Reposts(posting.request_id, time.monotonic() + interval, interval)
         self.queue.add_after(key, interval)
 
     def _post(self, posting: Posting) -> SinkRefused | None:

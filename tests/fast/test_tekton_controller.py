@@ -189,6 +189,28 @@ def test_a_slow_post_of_one_team_holds_no_other_team(sink: EventSink) -> None:
         running.thread.join(10)
 
 
+def test_a_cancel_is_taken_while_its_runs_request_is_still_being_posted(sink: EventSink) -> None:
+    """The in-memory channel holds a post until it has delivered the event, through all its
+    retries: meanwhile the run's key is free, so a cancel ends the run at once and its stop
+    is posted beside the request's post, not after it."""
+    sink.hold = lambda event: 0.0 if event.get_extension("stops") else 6.0
+    running = Running(sink, repost_first=60)
+    running.thread.start()
+    try:
+        running.api.create(customrun("held"))
+        running.wait("the post under way", lambda: request_ids(sink, "/held"), timeout=3)
+        started = time.monotonic()
+        running.api.cancel("team-a", "held")
+        running.wait(
+            "cancelled", lambda: running.condition("team-a", "held").get("reason") == st.CANCELLED
+        )
+        running.wait("the stop posted", lambda: any(e.get_extension("stops") for e in sink.events))
+        assert time.monotonic() - started < 3
+    finally:
+        running.controller.stopped.set()
+        running.thread.join(10)
+
+
 def test_each_transition_is_an_event_on_the_customrun_and_a_dropped_reply_a_warning(
     running: Running, sink: EventSink
 ) -> None:
