@@ -1269,13 +1269,13 @@ def _merged(base: Any, patch: Any) -> Any:
     return patch
 
 
-def _with_sender_auth() -> list[dict]:
-    """The main deployment with the component applied (resources added, patches merged)."""
-    component = yaml.safe_load((SENDER_AUTH / KUSTOMIZATION).read_text())
+def _with_component(directory: Path) -> list[dict]:
+    """The main deployment with a component applied (resources added, patches merged)."""
+    component = yaml.safe_load((directory / KUSTOMIZATION).read_text())
     docs = [doc for path in _kustomize_resources(KNATIVE) for doc in _load(path)]
-    docs += [doc for entry in component["resources"] for doc in _load(SENDER_AUTH / entry)]
-    for entry in component["patches"]:
-        for patch in _load(SENDER_AUTH / entry["path"]):
+    docs += [doc for entry in component.get("resources", []) for doc in _load(directory / entry)]
+    for entry in component.get("patches", []):
+        for patch in _load(directory / entry["path"]):
             matches = [
                 i
                 for i, doc in enumerate(docs)
@@ -1289,6 +1289,10 @@ def _with_sender_auth() -> list[dict]:
             else:
                 docs[matches[0]] = _merged(docs[matches[0]], patch)
     return docs
+
+
+def _with_sender_auth() -> list[dict]:
+    return _with_component(SENDER_AUTH)
 
 
 def test_the_broker_takes_a_teams_events_only_from_its_senders() -> None:
@@ -1802,3 +1806,39 @@ def test_the_git_example_checks_what_its_route_and_pipeline_take() -> None:
     bound = docs[("SinkBinding", "check-app")]["spec"]["subject"]["selector"]["matchLabels"]
     job = docs[("CronJob", "check-app")]["spec"]["jobTemplate"]["metadata"]
     assert bound.items() <= job["labels"].items(), "the SinkBinding reaches the check's Jobs"
+
+
+# --- the kafka component -----------------------------------------------------------------------
+
+KAFKA = KNATIVE / "kafka"
+
+
+def test_the_kafka_component_makes_the_broker_kafka_with_the_same_delivery() -> None:
+    """The shipped choice of a durable Broker: class Kafka, its topic config beside it, and
+    the delivery (retries, backoff, timeout, dead letter) of the in-memory one, unchanged."""
+    component = yaml.safe_load((KAFKA / KUSTOMIZATION).read_text())
+    assert component["kind"] == "Component"
+    base = yaml.safe_load((KNATIVE / KUSTOMIZATION).read_text())
+    assert "kafka" not in base.get("resources", []) + base.get("components", [])
+    docs = _with_component(KAFKA)
+    (broker,) = [d for d in docs if _kind(d) == "Broker"]
+    assert broker["metadata"]["annotations"]["eventing.knative.dev/broker.class"] == "Kafka"
+    assert broker["spec"]["delivery"] == _one("Broker", "default")["spec"]["delivery"]
+    reference = broker["spec"]["config"]
+    (config,) = [
+        d
+        for d in docs
+        if _kind(d) == reference["kind"]
+        and _name(d) == reference["name"]
+        and d["metadata"]["namespace"] == reference["namespace"]
+    ]
+    data = config["data"]
+    assert set(data) == {
+        "bootstrap.servers",
+        "default.topic.partitions",
+        "default.topic.replication.factor",
+    }
+    assert int(data["default.topic.partitions"]) >= 1
+    assert int(data["default.topic.replication.factor"]) == 3
+    errors = _crd_errors(broker)
+    assert not errors, "\n".join(errors)
