@@ -16,8 +16,8 @@ from functions.cli.terminal_text import escape, escaped_chunks
 from functions.errors import ConfigError
 from functions.ledger import history, run_index
 from functions.model import Build, Request
+from functions.request_data import parse_request_data
 from functions.service import checks
-from functions.service.request_data import parse_request_data
 from functions.settings import Settings
 from storage import ObjectNotFound, Store, open_store
 from storage.base import url_prefix

@@ -38,7 +38,7 @@ from functions.keys import ANONYMOUS
 from functions.logs import fields
 from functions.model import Outcome, RepeatableGet, TraceContext
 from functions.replies import reply_event, reply_id
-from functions.service.request_data import MAX_ATTRIBUTE
+from functions.request_data import MAX_ATTRIBUTE
 from functions.service.service import Service
 from functions.tracing import trace_attributes, trace_context
 

@@ -11,8 +11,8 @@ from functions import credentials, events, keys
 from functions.errors import InvalidRequest
 from functions.model import Action, Request
 from functions.replies import TEAM_ATTRIBUTE
+from functions.request_data import image_allowed, image_refusal, parse_request_data
 from functions.service.config import ServiceConfig
-from functions.service.request_data import image_allowed, image_refusal, parse_request_data
 from functions.service.teams import check_team
 from functions.tracing import trace_context
 

@@ -22,8 +22,8 @@ from functions.errors import InvalidRequest
 from functions.events import STOP_ATTRIBUTE
 from functions.model import Action
 from functions.replies import TEAM_ATTRIBUTE
+from functions.request_data import MAX_ATTRIBUTE
 from functions.service.config import ServiceConfig
-from functions.service.request_data import MAX_ATTRIBUTE
 from functions.service.teams import check_team
 
 

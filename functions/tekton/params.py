@@ -17,7 +17,7 @@ from typing import Any
 from functions.errors import InvalidRequest
 from functions.events import MAX_BODY_BYTES
 from functions.model import Action, ResourceType
-from functions.service.request_data import (
+from functions.request_data import (
     MAX_DEPTH,
     image_allowed,
     image_refusal,

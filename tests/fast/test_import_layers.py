@@ -108,6 +108,18 @@ def test_only_functions_kube_imports_kubernetes_and_it_imports_no_user_of_it() -
     assert not any(below.values()), below
 
 
+def test_the_tekton_package_imports_no_internals_of_the_services_or_the_runtimes() -> None:
+    """It shares the request parser (``functions.request_data``) and Kubernetes access
+    (``functions.kube``) from below; it knows no service internals, Job or label."""
+    inside = ("functions.service", "functions.runtimes")
+    found = {
+        name: {m for m in imported(path, top_level_only=False) if m.startswith(inside)}
+        for name, path in modules().items()
+        if name.startswith("functions.tekton")
+    }
+    assert not any(found.values()), {n: m for n, m in found.items() if m}
+
+
 def test_the_shipped_modules_import_each_other_without_a_cycle() -> None:
     graph = {
         name: {m for m in imported(path, top_level_only=True) if m.startswith(PACKAGES[:2])}

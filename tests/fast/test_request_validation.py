@@ -4,7 +4,7 @@ import pytest
 
 from functions.errors import InvalidRequest
 from functions.model import ArtifactRef, ResourceType
-from functions.service.request_data import parse_request_data
+from functions.request_data import parse_request_data
 
 CATALOGUE = {"git": ResourceType(image="docker.io/concourse/git-resource:1.17")}
 PREFIX = "s3://bucket/ci/artifacts/"
