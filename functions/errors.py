@@ -98,6 +98,11 @@ class RunStopped(Unavailable):
     answered with no reply, as every later delivery is."""
 
 
+class QuotaExceeded(Unavailable):
+    """The namespace's ResourceQuota has no room for the object now (Kubernetes answers 403
+    "exceeded quota"): not a missing right; there may be room later."""
+
+
 class SinkRefused(Unavailable):
     """The sink could not be reached or answered with an error, after retries; ``status``:
     its last answer's HTTP status (0: none)."""

@@ -20,7 +20,15 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.stream import ws_client
 from websocket import WebSocketException
 
-from functions.errors import ConfigError, Conflict, Gone, NotFound, Rejected, Unavailable
+from functions.errors import (
+    ConfigError,
+    Conflict,
+    Gone,
+    NotFound,
+    QuotaExceeded,
+    Rejected,
+    Unavailable,
+)
 from storage.store_errors import retryable_status
 
 JOB_NAME_LABELS = ("job-name", "batch.kubernetes.io/job-name")
@@ -321,6 +329,11 @@ def translate(err: ApiException, verb: str, resource: str, namespace: str) -> Ex
         return Conflict(message)
     if status == 410:
         return Gone(message)
+    if status == 403 and "exceeded quota" in message:
+        return QuotaExceeded(
+            f"the ResourceQuota of namespace {namespace!r} has no room for '{verb} {resource}' "
+            f"now: {message}"
+        )
     if status in (401, 403):
         return Unavailable(
             f"Kubernetes refused '{verb} {resource}' in namespace {namespace!r} ({status}: "

@@ -33,7 +33,7 @@ from functions.runtimes.output import Output
 from functions.settings import WarmLimits
 
 # Why a warm container went (the ``reason`` label of resource_function_warm_evictions).
-IDLE, AGE, REPLICA_CAP, TEAM_CAP, BUDGET, DEAD, DRAIN, STOPPED = (
+IDLE, AGE, REPLICA_CAP, TEAM_CAP, BUDGET, DEAD, DRAIN, STOPPED, QUOTA = (
     "idle",
     "age",
     "replica_cap",
@@ -42,8 +42,9 @@ IDLE, AGE, REPLICA_CAP, TEAM_CAP, BUDGET, DEAD, DRAIN, STOPPED = (
     "dead",
     "drain",
     "stopped",  # its check's sender stopped the request (functions.service.stop_requests)
+    "quota",  # the task namespace's quota had no room for another pod (warm_pods)
 )
-REASONS = (IDLE, AGE, REPLICA_CAP, TEAM_CAP, BUDGET, DEAD, DRAIN, STOPPED)
+REASONS = (IDLE, AGE, REPLICA_CAP, TEAM_CAP, BUDGET, DEAD, DRAIN, STOPPED, QUOTA)
 
 
 WARM_OFF = WarmLimits(enabled=False)  # a runtime configured by hand, as the tests do
@@ -266,6 +267,18 @@ class WarmPool:
                 return False
             found.stopped = True
         self.evict(found, STOPPED)
+        return True
+
+    def evict_idle(self, reason: str) -> bool:
+        """Remove the least recently used idle one, of any team (the quota has no room for a
+        new one); whether there was one."""
+        with self._lock:
+            idle = next((w for w in self._warm.values() if not w.busy), None)
+            if idle is None:
+                return False
+            del self._warm[idle.key]
+            self._evictions[reason] += 1
+        self._remove_all([idle])
         return True
 
     def expire(self) -> int:

@@ -19,7 +19,7 @@ import socket
 import time
 from typing import Any
 
-from functions.errors import Conflict, KubeApiError, NotFound, Unavailable
+from functions.errors import Conflict, KubeApiError, NotFound, QuotaExceeded, Unavailable
 from functions.kube.api import KubeApi
 from functions.logs import fields
 from functions.model import SCRIPTS, Task
@@ -34,8 +34,10 @@ from functions.runtimes.podspec import (
     warm_pod_manifest,
 )
 from functions.runtimes.warm import (
+    QUOTA,
     Ended,
     Gone,
+    NotWarm,
     Warm,
     WarmSet,
     check_in_warm,
@@ -44,6 +46,7 @@ from functions.settings import WarmLimits
 from functions.steps.pod_contract import MANAGED_BY
 
 READY_POLL_SECONDS = 0.25
+QUOTA_TRIES = 8  # creates of a warm pod while evicted idle ones free the quota (0.25 s apart)
 log = logging.getLogger("functions.kubernetes")
 
 
@@ -112,11 +115,11 @@ class WarmPods(WarmSet):
         name = manifest["metadata"]["name"]
         try:
             try:
-                self._api.create_pod(manifest)
+                self._create(manifest)
             except Conflict:  # one of ours left from before (a restart): start afresh
                 self._api.delete_pod(name)
                 self._wait_gone(name, deadline)
-                self._api.create_pod(manifest)
+                self._create(manifest)
             self._wait_running(name, deadline)
         except BaseException:
             self.pool.not_started(key)
@@ -127,6 +130,24 @@ class WarmPods(WarmSet):
             now = time.monotonic()
             warm = Warm(key=key, team=task.team, handle=name, started=now, used=now)
         return warm
+
+    def _create(self, manifest: dict[str, Any]) -> None:
+        """Create the warm pod. The task namespace's quota full: evict the least recently
+        used idle warm pod (of any team) and try again while its removal frees the quota;
+        none idle, or still full: ``NotWarm``, and the check runs in a Job (which waits for
+        room, as every task does)."""
+        evicted = False
+        for _ in range(QUOTA_TRIES):
+            try:
+                self._api.create_pod(manifest)
+                return
+            except QuotaExceeded as err:
+                full = err
+            evicted = evicted or self.pool.evict_idle(QUOTA)
+            if not evicted:
+                break
+            time.sleep(READY_POLL_SECONDS)
+        raise NotWarm(f"no room for a warm pod: {full}")
 
     def _wait_running(self, name: str, deadline: float) -> None:
         while True:
