@@ -46,7 +46,7 @@ from functions.settings import WarmLimits
 from functions.steps.pod_contract import MANAGED_BY
 
 READY_POLL_SECONDS = 0.25
-QUOTA_TRIES = 8  # creates of a warm pod while evicted idle ones free the quota (0.25 s apart)
+QUOTA_TRIES = 20  # creates of a warm pod while an evicted idle one frees the quota (0.25 s apart)
 log = logging.getLogger("functions.kubernetes")
 
 

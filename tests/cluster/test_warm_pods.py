@@ -113,6 +113,48 @@ def names(deployment) -> set[str]:
     return {p["metadata"]["name"] for p in warm_pods(deployment)}
 
 
+def test_a_full_task_quota_evicts_an_idle_warm_pod_and_the_other_teams_check_runs(
+    warm_deployment,
+):
+    """The task namespace's ResourceQuota full (idle warm pods of team red among what fills
+    it): a check of team blue evicts the least recently used idle warm pod, of any team, and
+    runs in its own warm pod; before, its pod create was refused and the check failed
+    ``Unavailable`` with a message about a missing RBAC verb."""
+    deployment, cluster = warm_deployment, warm_deployment.cluster
+    red = check(deployment, new_source(), team="red")
+    assert red["container"] in names(deployment)
+    before = deployment.services.metric(
+        "check", "resource_function_warm_evictions_total", reason="quota"
+    )
+    pods = json.loads(cluster.kubectl("-n", deployment.namespace, "get", "pods", "-o", "json"))
+    alive = [p for p in pods["items"] if p["status"].get("phase") in ("Pending", "Running")]
+    quota = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "warm-test-full", "namespace": deployment.namespace},
+        "spec": {"hard": {"pods": str(len(alive))}},
+    }
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(quota))
+    try:
+        deadline = time.monotonic() + 60
+        while "pods" not in json.loads(
+            cluster.kubectl(
+                "-n", deployment.namespace, "get", "resourcequota", "warm-test-full", "-o", "json"
+            )
+        ).get("status", {}).get("used", {}):
+            assert time.monotonic() < deadline, "the quota controller never counted the pods"
+            time.sleep(0.5)
+        blue = check(deployment, new_source(), team="blue")
+    finally:
+        cluster.kubectl("-n", deployment.namespace, "delete", "resourcequota", "warm-test-full")
+    assert blue.get("count") == "1", blue  # it ran, in a warm pod of its own
+    assert blue["container"] in names(deployment)
+    after = deployment.services.metric(
+        "check", "resource_function_warm_evictions_total", reason="quota"
+    )
+    assert after == before + 1
+
+
 def test_a_check_over_its_budget_ends_with_its_pod(warm_deployment):
     before = names(warm_deployment)
     failure = check(warm_deployment, {**new_source(), "mode": "hang"}, kind="slow")
