@@ -1,7 +1,9 @@
-"""The controller's configuration, from the environment (the functions' ConfigMap plus its own).
+"""The controller's configuration: the functions' ``Settings`` (it reads their ConfigMap, and
+parses it as they do) plus its own environment.
 
 ``K_SINK``: the Broker's address (a SinkBinding sets it). ``STORE_URL`` and ``RESOURCE_TYPES``:
-the functions' own, shared so that params are judged as the services judge them. ``TEKTON_TEAMS``: the namespace →
+the functions' own, shared so that params are judged as the services judge them.
+``TEKTON_TEAMS``: the namespace →
 team mapping, shared with the artifacts service (unset: the namespaces an administrator
 labelled, ``functions.tekton.namespace_teams``). ``ALLOWED_IMAGES``: the functions' own, so
 that a request they would refuse is never posted. Its own: ``TEKTON_LEADER_LEASE`` (the Lease
@@ -19,7 +21,7 @@ from dataclasses import dataclass, field
 from functions import keys
 from functions.errors import ConfigError
 from functions.model import ResourceType
-from functions.settings import own_namespace, parse_resource_types, patterns, tekton_teams
+from functions.settings import Settings, own_namespace
 
 EVENT_SOURCE = "/resource-functions/tekton-controller"
 
@@ -45,14 +47,20 @@ class ControllerConfig:
         missing = [n for n in ("K_SINK", "STORE_URL") if not env.get(n)]
         if missing:
             raise ConfigError(f"tekton-controller needs {', '.join(missing)}")
+        return cls.of(Settings.from_env(env), env)
+
+    @classmethod
+    def of(cls, settings: Settings, env: Mapping[str, str]) -> ControllerConfig:
+        """The functions' settings (read from the same ConfigMap, so parsed and judged as
+        they parse them) and the controller's own environment."""
         return cls(
-            broker=env["K_SINK"],
-            store_url=env["STORE_URL"],
-            resource_types=parse_resource_types(env.get("RESOURCE_TYPES", "")),
-            teams=tekton_teams(env.get("TEKTON_TEAMS", "")),
-            host=env.get("HOST") or "127.0.0.1",
-            port=int(env.get("PORT") or 8080),
-            allowed_images=patterns(env.get("ALLOWED_IMAGES")),
+            broker=settings.sink,
+            store_url=settings.store_url,
+            resource_types=settings.resource_types,
+            teams=settings.tekton_teams,
+            host=settings.host,
+            port=settings.port,
+            allowed_images=settings.allowed_images,
             leader_lease=env.get("TEKTON_LEADER_LEASE", "").strip(),
             namespace=env.get("POD_NAMESPACE") or own_namespace(),
             identity=env.get("POD_NAME") or socket.gethostname(),
