@@ -118,6 +118,20 @@ class ArtifactRef:
 
 
 @dataclass(frozen=True)
+class ReplyAddress:
+    """Whom a run's events answer, and as which run: the request's id (the events'
+    ``requestid``), subject, team (their ``team`` attribute) and trace context, and the run
+    the event ids derive from. One value from the request to the events, however they are
+    sent (in the HTTP response, by the function, by ``collect`` in the task pod)."""
+
+    request_id: str
+    run_id: str
+    subject: str | None = None
+    team: str = ""
+    trace: TraceContext | None = None
+
+
+@dataclass(frozen=True)
 class Task:
     """One run of a resource script, as a runtime sees it."""
 
@@ -144,6 +158,10 @@ class Task:
     team: str = (
         ""  # build.team: its events carry it; a warm check container is never shared across teams
     )
+
+    @property
+    def reply_address(self) -> ReplyAddress:
+        return ReplyAddress(self.request_id, self.run_id, self.subject, self.team, self.trace)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from cloudevents.core.v1.event import CloudEvent
 
 from functions.events import TYPE_PREFIX
 from functions.keys import canonical_json
-from functions.model import Action, HistoryPlan, Outcome, TraceContext
+from functions.model import Action, HistoryPlan, Outcome, ReplyAddress
 from functions.tracing import trace_attributes
 
 REPLY_SOURCE = "/resource-functions/{action}"
@@ -31,31 +31,21 @@ def reply_type(action: str, succeeded: bool) -> str:
     return f"{TYPE_PREFIX}{action}.{'succeeded' if succeeded else 'failed'}"
 
 
-def reply_event(
-    *,
-    action: Action,
-    outcome: Outcome,
-    request_id: str,
-    subject: str | None,
-    run_id: str,
-    trace: TraceContext | None = None,
-    team: str = "",
-) -> CloudEvent:
-    """The reply CloudEvent for an outcome (pure: same inputs, same event but for ``time``).
-    ``trace``: the request's trace context, carried on as the distributed-tracing extension;
-    ``team``: the request's, carried as the ``team`` attribute."""
+def reply_event(action: Action, outcome: Outcome, address: ReplyAddress) -> CloudEvent:
+    """The reply CloudEvent for an outcome (pure: same inputs, same event but for ``time``),
+    to the request ``address`` names: its id, subject, team and trace context carried on."""
     attributes: dict[str, Any] = {
         "specversion": "1.0",
         "type": reply_type(action, outcome.succeeded),
         "source": REPLY_SOURCE.format(action=action),
-        "id": reply_id(run_id, outcome.succeeded),
+        "id": reply_id(address.run_id, outcome.succeeded),
         "datacontenttype": "application/json",
-        "requestid": request_id,
+        "requestid": address.request_id,
     }
-    if subject:
-        attributes["subject"] = subject
-    attributes.update(team_attributes(team))
-    attributes.update(trace_attributes(trace))
+    if address.subject:
+        attributes["subject"] = address.subject
+    attributes.update(team_attributes(address.team))
+    attributes.update(trace_attributes(address.trace))
     return CloudEvent(attributes=attributes, data=reply_data(outcome))
 
 
@@ -71,21 +61,13 @@ def reply_data(outcome: Outcome) -> dict[str, Any]:
 
 
 def discovered_events(
-    *,
-    outcome: Outcome,
-    request_id: str,
-    subject: str | None,
-    run_id: str,
-    history: HistoryPlan | None,
-    trace: TraceContext | None = None,
-    team: str = "",
+    outcome: Outcome, address: ReplyAddress, history: HistoryPlan | None
 ) -> list[CloudEvent]:
     """One ``version.discovered`` event per version in a check's ``new`` (none without a
     history). Ids derive from the resource and the version (``discovered_id``): a version is
     one event however many checks found it, and a redelivered run's events are the same
-    events. Data: the version and the resource's key (an HMAC: no source in it).
-    ``trace``: the request's trace context, carried on as on the reply. ``run_id`` is kept
-    for callers' symmetry with ``reply_event``; it does not enter the ids."""
+    events. Data: the version and the resource's key (an HMAC: no source in it). The
+    request's id, subject, team and trace context are carried on as on the reply."""
     if history is None or outcome.data is None:
         return []
     return [
@@ -96,10 +78,10 @@ def discovered_events(
                 "source": REPLY_SOURCE.format(action="check"),
                 "id": discovered_id(history.resource_key, version),
                 "datacontenttype": "application/json",
-                "requestid": request_id,
-                **({"subject": subject} if subject else {}),
-                **team_attributes(team),
-                **trace_attributes(trace),
+                "requestid": address.request_id,
+                **({"subject": address.subject} if address.subject else {}),
+                **team_attributes(address.team),
+                **trace_attributes(address.trace),
             },
             data={"version": version, "resource": history.resource_key},
         )
@@ -114,34 +96,8 @@ def discovered_id(resource_key: str, version: dict[str, str]) -> str:
 
 
 def reply_events(
-    *,
-    action: Action,
-    outcome: Outcome,
-    request_id: str,
-    subject: str | None,
-    run_id: str,
-    history: HistoryPlan | None,
-    trace: TraceContext | None = None,
-    team: str = "",
+    action: Action, outcome: Outcome, address: ReplyAddress, history: HistoryPlan | None
 ) -> list[CloudEvent]:
     """Everything an asynchronous run posts to the sink: the discovered versions, then the
     reply (so a consumer of the reply finds the discoveries already sent)."""
-    found = discovered_events(
-        outcome=outcome,
-        request_id=request_id,
-        subject=subject,
-        run_id=run_id,
-        history=history,
-        trace=trace,
-        team=team,
-    )
-    reply = reply_event(
-        action=action,
-        outcome=outcome,
-        request_id=request_id,
-        subject=subject,
-        run_id=run_id,
-        trace=trace,
-        team=team,
-    )
-    return [*found, reply]
+    return [*discovered_events(outcome, address, history), reply_event(action, outcome, address)]

@@ -109,14 +109,4 @@ def post_events(sink: str, events: Sequence[CloudEvent], token: RelayToken | Non
 def post_outcome(sink: str, task: Task, outcome: Outcome) -> None:
     """Send the events of an asynchronous task to ``sink``: its discovered versions and its
     reply (``replies.reply_events``)."""
-    events = reply_events(
-        action=task.action,
-        outcome=outcome,
-        request_id=task.request_id,
-        subject=task.subject,
-        run_id=task.run_id,
-        history=task.history,
-        trace=task.trace,
-        team=task.team,
-    )
-    post_events(sink, events)
+    post_events(sink, reply_events(task.action, outcome, task.reply_address, task.history))

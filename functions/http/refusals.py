@@ -19,7 +19,7 @@ from cloudevents.core.v1.event import CloudEvent
 from functions import keys
 from functions.errors import SinkRefused
 from functions.logs import fields
-from functions.model import Action, Failure, Outcome
+from functions.model import Action, Failure, Outcome, ReplyAddress
 from functions.replies import TEAM_ATTRIBUTE, reply_event
 from functions.sink import post_reply
 
@@ -33,14 +33,9 @@ def refusal_reply(action: Action, event: CloudEvent, message: str) -> CloudEvent
         return None
     team = event.get_extension(TEAM_ATTRIBUTE)
     outcome = Outcome(action, failure=Failure(kind="invalid_request", message=message))
-    return reply_event(
-        action=action,
-        outcome=outcome,
-        request_id=event.get_id(),
-        subject=subject,
-        run_id=keys.request_label(event.get_source(), event.get_id()),
-        team=team if isinstance(team, str) else "",
-    )
+    run = keys.request_label(event.get_source(), event.get_id())
+    address = ReplyAddress(event.get_id(), run, subject, team if isinstance(team, str) else "")
+    return reply_event(action, outcome, address)
 
 
 def post_refusal(sink: str, action: Action, event: CloudEvent | None, message: str) -> None:

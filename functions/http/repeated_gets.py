@@ -36,7 +36,7 @@ from functions.errors import InvalidRequest, NotAuthenticated, SenderNotAllowed,
 from functions.http.senders import SenderCheck
 from functions.keys import ANONYMOUS
 from functions.logs import fields
-from functions.model import Outcome, RepeatableGet, TraceContext
+from functions.model import Outcome, RepeatableGet, ReplyAddress, TraceContext
 from functions.replies import reply_event, reply_id
 from functions.request_data import MAX_ATTRIBUTE
 from functions.service.service import Service
@@ -154,13 +154,7 @@ class ReplyForm:
         get: RepeatableGet, run: str, outcome: Outcome, event_id: str, trace: TraceContext | None
     ) -> ReplyForm:
         event = reply_event(
-            action="get",
-            outcome=outcome,
-            request_id=event_id,
-            subject=get.subject,
-            run_id=run,
-            trace=trace,
-            team=get.team,
+            "get", outcome, ReplyAddress(event_id, run, get.subject, get.team, trace)
         )
         headers, body = events.to_http(event)
         fixed = {name: value for name, value in headers.items() if name not in PER_REQUEST}

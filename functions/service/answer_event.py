@@ -12,16 +12,7 @@ from functions.sink import post_events
 
 
 def reply_of(action: Action, call: Call, outcome: Outcome) -> CloudEvent:
-    request = call.request
-    return reply_event(
-        action=action,
-        outcome=outcome,
-        request_id=request.event_id,
-        subject=request.subject,
-        run_id=call.run,
-        trace=request.trace,
-        team=request.build.team,
-    )
+    return reply_event(action, outcome, call.reply_address)
 
 
 def post_discoveries(sink: str, call: Call, outcome: Outcome) -> None:
@@ -29,15 +20,7 @@ def post_discoveries(sink: str, call: Call, outcome: Outcome) -> None:
     reply alone). Without K_SINK they are not sent: the reply's ``new`` lists the same
     versions. A sink that refuses them is a 503: the redelivery replays the stored result
     and posts the same events (their ids derive from the resource and the version) again."""
-    found = discovered_events(
-        outcome=outcome,
-        request_id=call.request.event_id,
-        subject=call.request.subject,
-        run_id=call.run,
-        history=call.plan,
-        trace=call.request.trace,
-        team=call.request.build.team,
-    )
+    found = discovered_events(outcome, call.reply_address, call.plan)
     if not found or not sink:
         return
     try:

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, replace
 
 from functions import keys, protocol
-from functions.model import HistoryPlan, Request, Task
+from functions.model import HistoryPlan, ReplyAddress, Request, Task
 from functions.redaction import secret_values
 from functions.service import checks
 from functions.service.config import ServiceConfig
@@ -24,6 +24,13 @@ class Call:
         """The same call for a request changed by the history (``latest-known`` resolved):
         the run, the cache key and the plan stay those of the request as sent."""
         return replace(self, request=request)
+
+    @property
+    def reply_address(self) -> ReplyAddress:
+        request = self.request
+        return ReplyAddress(
+            request.event_id, self.run, request.subject, request.build.team, request.trace
+        )
 
 
 def make_call(config: ServiceConfig, request: Request, run: str) -> Call:

@@ -44,6 +44,7 @@ from functions.model import (
     HistoryPlan,
     LeaseHold,
     Phase,
+    ReplyAddress,
     TraceContext,
 )
 from functions.tracing import trace_context
@@ -204,6 +205,9 @@ class ReplyPlan:
     sink: str = ""  # the function's own K_SINK: given to the collect container alone
     trace: TraceContext | None = None  # the request's, carried on by the posted events
     team: str = ""  # the request's build.team: the posted events' ``team`` attribute
+
+    def address(self, run_id: str) -> ReplyAddress:
+        return ReplyAddress(self.request_id, run_id, self.subject, self.team, self.trace)
 
 
 def format_input(name: str, ref: ArtifactRef) -> str:

@@ -283,16 +283,7 @@ def _post(args: CollectStep, outcome: Outcome, sink: str, reply_token: str) -> i
             "collect: the outcome is stored but --reply-to-sink needs K_SINK, which is "
             "not set (is the SinkBinding ready?)"
         )
-    events = reply_events(
-        action=args.action,
-        outcome=outcome,
-        request_id=args.reply.request_id,
-        subject=args.reply.subject,
-        run_id=args.run_id,
-        history=args.history,
-        trace=args.reply.trace,
-        team=args.reply.team,
-    )
+    events = reply_events(args.action, outcome, args.reply.address(args.run_id), args.history)
     try:
         post_events(sink, events, RelayToken(args.run_id, reply_token) if reply_token else None)
     except SinkRefused as err:

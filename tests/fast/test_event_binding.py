@@ -13,7 +13,7 @@ from cloudevents.core.v1.event import CloudEvent
 
 from functions import events
 from functions.errors import InvalidRequest
-from functions.model import Failure, Outcome
+from functions.model import Failure, Outcome, ReplyAddress
 from functions.replies import reply_event
 
 
@@ -86,9 +86,7 @@ def test_wrong_type_for_service_is_rejected():
 
 def test_success_reply_is_binary_json_with_requestid_and_subject():
     outcome = Outcome(action="check", data={"versions": [{"v": "1"}]})
-    event = reply_event(
-        action="check", outcome=outcome, request_id="abc", subject="pipe", run_id="r1"
-    )
+    event = reply_event("check", outcome, ReplyAddress("abc", "r1", "pipe"))
     headers, body = events.to_http(event)
     assert headers["ce-type"] == "dev.resourcefunctions.check.succeeded"
     assert headers["ce-requestid"] == "abc" and headers["ce-subject"] == "pipe"
@@ -100,13 +98,7 @@ def test_success_reply_is_binary_json_with_requestid_and_subject():
 
 def test_failure_reply_carries_error_kind_and_log_tail():
     failure = Failure(kind="resource_failed", message="exit 1", exit_code=1, log_tail="boom")
-    event = reply_event(
-        action="get",
-        outcome=Outcome(action="get", failure=failure),
-        request_id="x",
-        subject=None,
-        run_id="r",
-    )
+    event = reply_event("get", Outcome(action="get", failure=failure), ReplyAddress("x", "r"))
     headers, body = events.to_http(event)
     assert headers["ce-type"] == "dev.resourcefunctions.get.failed"
     assert "ce-subject" not in headers
@@ -122,12 +114,7 @@ def test_failure_reply_carries_error_kind_and_log_tail():
 
 def test_reply_id_is_stable_for_a_run():
     outcome = Outcome(action="check", data={"versions": []})
-    ids = {
-        reply_event(
-            action="check", outcome=outcome, request_id="a", subject=None, run_id="r"
-        ).get_id()
-        for _ in range(2)
-    }
+    ids = {reply_event("check", outcome, ReplyAddress("a", "r")).get_id() for _ in range(2)}
     assert len(ids) == 1
 
 

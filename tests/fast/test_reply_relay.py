@@ -16,7 +16,7 @@ from cloudevents.core.v1.event import CloudEvent
 from functions import keys
 from functions.events import to_http
 from functions.http.reply_relay import create_relay_app
-from functions.model import HistoryPlan, Outcome
+from functions.model import HistoryPlan, Outcome, ReplyAddress
 from functions.replies import reply_event, reply_events
 from functions.sink import RUN_HEADER, RelayToken, post_events
 from testbed.event_sink import EventSink
@@ -52,10 +52,9 @@ def reply_of(run: str, action: str = "check", **changes: Any) -> CloudEvent:
     )
     given: dict[str, Any] = {"request_id": "r", "subject": SUBJECT, "team": "main", **changes}
     return reply_event(
-        action=action,  # type: ignore[arg-type]
-        outcome=Outcome(action=action, data=data),  # type: ignore[arg-type]
-        run_id=run,
-        **given,
+        action,  # type: ignore[arg-type]
+        Outcome(action=action, data=data),  # type: ignore[arg-type]
+        ReplyAddress(run_id=run, **given),
     )
 
 
@@ -64,7 +63,7 @@ def check_events(run: str, resource: str = RESOURCE, **changes: Any) -> list[Clo
     outcome = Outcome(action="check", data={"versions": [{"ref": "1"}], "new": [{"ref": "1"}]})
     given: dict[str, Any] = {"request_id": "r", "subject": SUBJECT, "team": "main", **changes}
     return reply_events(
-        action="check", outcome=outcome, run_id=run, history=HistoryPlan(resource, 10), **given
+        "check", outcome, ReplyAddress(run_id=run, **given), HistoryPlan(resource, 10)
     )
 
 

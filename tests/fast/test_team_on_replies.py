@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from cloudevents.core.v1.event import CloudEvent
 
-from functions.model import Outcome, ResourceType, Task
+from functions.model import Outcome, ReplyAddress, ResourceType, Task
 from functions.replies import reply_events
 from functions.runtimes.podspec import KubernetesConfig, job_manifest, plan_for
 from functions.sink import post_outcome
@@ -129,13 +129,6 @@ def test_the_collect_step_of_a_task_pod_is_told_the_team() -> None:
     step = CollectStep.parse(command[command.index("collect") + 1 :])
 
     assert step.reply is not None and step.reply.team == "team-a"
-    events = reply_events(
-        action="get",
-        outcome=Outcome(action="get", data={}),
-        request_id="evt-1",
-        subject=None,
-        run_id=TASK.run_id,
-        history=None,
-        team=step.reply.team,
-    )
+    address = ReplyAddress("evt-1", TASK.run_id, team=step.reply.team)
+    events = reply_events("get", Outcome(action="get", data={}), address, None)
     assert teams_of(events) == ["team-a"]

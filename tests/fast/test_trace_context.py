@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from functions.model import HistoryPlan, Outcome, TraceContext
+from functions.model import HistoryPlan, Outcome, ReplyAddress, TraceContext
 from functions.replies import reply_events
 from functions.tracing import trace_context
 from storage import Store
@@ -88,13 +88,10 @@ def test_every_event_an_async_run_posts_carries_the_trace_context(
     trace: TraceContext | None, extensions: tuple[str | None, str | None]
 ) -> None:
     posted = reply_events(
-        action="check",
-        outcome=Outcome(action="check", data={"versions": [], "new": [{"ref": "2"}]}),
-        request_id="r1",
-        subject=None,
-        run_id="0" * 32,
-        history=HistoryPlan("h" * 64, limit=10),
-        trace=trace,
+        "check",
+        Outcome(action="check", data={"versions": [], "new": [{"ref": "2"}]}),
+        ReplyAddress("r1", "0" * 32, trace=trace),
+        HistoryPlan("h" * 64, limit=10),
     )
     assert [e.get_type().rsplit(".", 1)[-1] for e in posted] == ["discovered", "succeeded"]
     assert {(e.get_extension("traceparent"), e.get_extension("tracestate")) for e in posted} == {
