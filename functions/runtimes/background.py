@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from enum import Enum
 from typing import Any
 
 from functions.errors import SinkRefused, Unavailable, failure_kind
@@ -86,36 +87,42 @@ def outcome_of_async(task: Task, run: Callable[[], Outcome]) -> Outcome:
         return failed(task.action, failure_kind(err), f"the task could not run: {err}")
 
 
+class AsyncEnd(Enum):
+    """How an asynchronous run ended, as far as its lease and its reply go."""
+
+    ENDED = "ended"  # the task ended: the lease goes, the function posts the reply
+    COLLECT_REPLIED = "collect_replied"  # ended, and its collect step posted the reply
+    MAY_STILL_RUN = "may_still_run"  # following it failed: the task keeps its lease
+    IN_REQUEST = "in_request"  # refused at its start, its request still being answered
+
+
 def end_async_run(
     store: Store,
     sink: str,
     task: Task,
     outcome: Outcome,
     ended: Callable[[Outcome], None] | None,
-    *,
-    may_still_run: bool = False,
-    replied: bool = False,
-    in_request: bool = False,
+    how: AsyncEnd = AsyncEnd.ENDED,
 ) -> None:
     """The end of an asynchronous run (``Runtime.start``), the same in every runtime:
-    1. its check lease is let go, unless the task ``may_still_run`` (following it failed:
+    1. its check lease is let go, unless the task ``MAY_STILL_RUN`` (following it failed:
        its own ``collect`` lets go then, or the lease expires). Whether the outcome was
        recorded or not (a store down), a waiter then answers from the record or runs the
        check itself;
     2. the end is reported (``ended``: metrics, the log line, spans);
-    3. the reply is posted to K_SINK, unless the task ``replied`` itself (``collect`` in a
-       task pod). After a 202 nobody redelivers, so a failed post is logged; ``in_request``
+    3. the reply is posted to K_SINK, unless ``COLLECT_REPLIED`` (``collect`` in a task pod
+       posted it). After a 202 nobody redelivers, so a failed post is logged; ``IN_REQUEST``
        (a start refused while its request is still answered) makes a refused post a 503, so
        that the redelivery replays the record and posts again."""
-    if not may_still_run:
+    if how is not AsyncEnd.MAY_STILL_RUN:
         lease.release_held(store, task.lease)
     report_end(ended, task, outcome)
-    if replied:
+    if how is AsyncEnd.COLLECT_REPLIED:
         return
     try:
         post_outcome(sink, task, outcome)
     except SinkRefused as err:
-        if in_request:
+        if how is AsyncEnd.IN_REQUEST:
             raise Unavailable(f"cannot post the reply: {err}") from err
         log.exception("cannot post the reply", extra=fields(run_id=task.run_id))
     except Exception:

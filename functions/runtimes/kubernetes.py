@@ -46,7 +46,12 @@ from functions.model import FailureKind, Outcome, Task
 from functions.phases import PhaseClock, timed
 from functions.redaction import Redactor
 from functions.runtimes import Ended, podspec
-from functions.runtimes.background import BackgroundRuns, end_async_run, outcome_of_async
+from functions.runtimes.background import (
+    AsyncEnd,
+    BackgroundRuns,
+    end_async_run,
+    outcome_of_async,
+)
 from functions.runtimes.job_status import (
     Verdict,
     is_finished,
@@ -255,7 +260,7 @@ class KubernetesRuntime:
                 job = self._launch(plan, task)
         except Rejected as err:
             outcome = self._rejected(task, plan, err)
-            end_async_run(self._store, self._config.sink, task, outcome, ended, in_request=True)
+            end_async_run(self._store, self._config.sink, task, outcome, ended, AsyncEnd.IN_REQUEST)
             return
         with self._lock:
             if task.run_id in self._following:
@@ -507,15 +512,16 @@ class KubernetesRuntime:
                 extra=fields(run_id=task.run_id, job=plan.job_name),
             )
             outcome = failed(task.action, "runtime", f"following the task failed: {err}")
-            end_async_run(self._store, self._config.sink, task, outcome, ended, may_still_run=True)
+            end_async_run(
+                self._store, self._config.sink, task, outcome, ended, AsyncEnd.MAY_STILL_RUN
+            )
         else:
             # The task has ended: collect let go of an async check's lease if it ran (this
             # is then one read) and replied; else the failure is recorded here, or nothing
             # if the store is down (a waiter then runs the check).
             outcome = clock.attach(settled.outcome)
-            end_async_run(
-                self._store, self._config.sink, task, outcome, ended, replied=settled.by_collect
-            )
+            how = AsyncEnd.COLLECT_REPLIED if settled.by_collect else AsyncEnd.ENDED
+            end_async_run(self._store, self._config.sink, task, outcome, ended, how)
         finally:
             with self._lock:
                 self._following.discard(task.run_id)

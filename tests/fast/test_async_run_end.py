@@ -11,7 +11,7 @@ import pytest
 from functions.errors import Unavailable
 from functions.ledger import lease
 from functions.model import LeaseHold, Outcome
-from functions.runtimes.background import end_async_run
+from functions.runtimes.background import AsyncEnd, end_async_run
 from storage import Store
 from testbed.event_sink import event_sink
 from tests.support.job_plans import make_task
@@ -43,7 +43,7 @@ def test_an_ended_run_lets_go_of_its_lease_reports_once_and_posts_its_reply(stor
 def test_a_task_that_may_still_run_keeps_its_lease(store: Store) -> None:
     task, hold = held_task(store)
     with event_sink() as sink:
-        end_async_run(store, sink.url, task, OUTCOME, None, may_still_run=True)  # type: ignore[arg-type]
+        end_async_run(store, sink.url, task, OUTCOME, None, AsyncEnd.MAY_STILL_RUN)  # type: ignore[arg-type]
         assert len(sink.drain()) == 1  # the requester still hears of the failure to follow
     claim = lease.read(store, KEY)
     assert claim is not None and claim.lease.holder == hold.holder
@@ -54,7 +54,7 @@ def test_a_task_that_replied_itself_is_not_answered_twice(store: Store) -> None:
     task, _ = held_task(store)
     reported: list[Outcome] = []
     with event_sink() as sink:
-        end_async_run(store, sink.url, task, OUTCOME, reported.append, replied=True)  # type: ignore[arg-type]
+        end_async_run(store, sink.url, task, OUTCOME, reported.append, AsyncEnd.COLLECT_REPLIED)  # type: ignore[arg-type]
         assert sink.drain() == []
     assert reported == [OUTCOME]
 
@@ -68,7 +68,7 @@ def test_a_refused_reply_is_logged_after_a_202_and_a_503_within_the_request(
         end_async_run(store, sink.url, task, OUTCOME, None)  # type: ignore[arg-type]
         assert "cannot post the reply" in caplog.text
         with pytest.raises(Unavailable, match="cannot post the reply"):
-            end_async_run(store, sink.url, task, OUTCOME, None, in_request=True)  # type: ignore[arg-type]
+            end_async_run(store, sink.url, task, OUTCOME, None, AsyncEnd.IN_REQUEST)  # type: ignore[arg-type]
 
 
 def test_a_failing_report_never_stops_the_reply(store: Store) -> None:
