@@ -27,9 +27,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -55,7 +54,7 @@ from functions.tekton.decide import (
 from functions.tekton.leader import LeaderElection
 from functions.tekton.namespace_teams import NamespaceTeams
 from functions.tekton.params import is_ours
-from functions.tekton.work_queue import WorkQueue
+from functions.tekton.work_queue import KeyLocks, WorkQueue
 
 REPOST_SECONDS = 5.0  # a request the Broker did not take is posted again this soon
 FINAL_REFUSALS = frozenset({400, 401, 403})  # the Broker will never take this post
@@ -80,31 +79,6 @@ class Reposts:
     request_id: str
     due: float  # monotonic
     interval: float
-
-
-class KeyLocks:
-    """One lock per key, held by whoever reconciles or applies a reply to it; kept only while
-    in use."""
-
-    def __init__(self) -> None:
-        self._guard = threading.Lock()
-        self._locks: dict[Hashable, tuple[threading.Lock, int]] = {}
-
-    @contextmanager
-    def held(self, key: Hashable) -> Iterator[None]:
-        with self._guard:
-            lock, users = self._locks.get(key, (threading.Lock(), 0))
-            self._locks[key] = (lock, users + 1)
-        try:
-            with lock:
-                yield
-        finally:
-            with self._guard:
-                lock, users = self._locks[key]
-                if users == 1:
-                    del self._locks[key]
-                else:
-                    self._locks[key] = (lock, users - 1)
 
 
 class Controller:

@@ -8,6 +8,8 @@ that exist: a key leaves the queue when handed out, its backoff when forgotten.
     queue.add(key); queue.add_after(key, seconds); queue.retry(key)
     key = queue.get(timeout)   # None when closed, or nothing within timeout
     ...; queue.done(key); queue.forget(key)
+
+``KeyLocks``: one lock per key, for whoever reconciles it or applies a reply to it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import heapq
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 
 FIRST_BACKOFF = 0.5
 MAX_BACKOFF = 300.0
@@ -126,3 +129,28 @@ class WorkQueue:
             if self._due.get(key) == at:  # else replaced by an earlier time, done already
                 del self._due[key]
                 self._add(key)
+
+
+class KeyLocks:
+    """One lock per key, held by whoever reconciles or applies a reply to it; kept only while
+    in use."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locks: dict[Hashable, tuple[threading.Lock, int]] = {}
+
+    @contextmanager
+    def held(self, key: Hashable) -> Iterator[None]:
+        with self._guard:
+            lock, users = self._locks.get(key, (threading.Lock(), 0))
+            self._locks[key] = (lock, users + 1)
+        try:
+            with lock:
+                yield
+        finally:
+            with self._guard:
+                lock, users = self._locks[key]
+                if users == 1:
+                    del self._locks[key]
+                else:
+                    self._locks[key] = (lock, users - 1)
