@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
+from cloudevents.core.bindings.http import to_binary_event
 
 from functions.cli.launch import free_port
 from functions.model import ACTIONS
@@ -98,7 +100,7 @@ def scraped(docker_host, resource_image, tmp_path_factory) -> Iterator[Scraped]:
         with start_prometheus(jobs, tmp / "prometheus") as prometheus:
             run_scenario(services, env["STORE_URL"])
             # Every scrape has caught up once the last counters show.
-            prometheus.wait_for("sum(resource_function_requests_total)", 10)
+            prometheus.wait_for("sum(resource_function_requests_total)", 11)
             prometheus.wait_for("sum(resource_function_runs_total)", 7)
             # ... and twice, so that rates (the dashboard's) have two samples of each series.
             prometheus.wait_for("count(count_over_time(resource_function_runs_total[5m]) > 1)", 5)
@@ -113,8 +115,8 @@ def scraped(docker_host, resource_image, tmp_path_factory) -> Iterator[Scraped]:
 
 
 def run_scenario(services: Any, store_url: str) -> None:
-    """10 requests: 7 runs (3 checks succeeded, 1 resource_failed, 1 get, 1 put storage,
-    1 put succeeded), a cache hit, a redelivery and a 503."""
+    """11 requests: 7 runs (3 checks succeeded, 1 resource_failed, 1 get, 1 put storage,
+    1 put succeeded), a cache hit, a redelivery, a 503 and a stop."""
     assert ask(services, "check", {"type": "test", "source": {}})[0] == 200
     paced = {"type": "paced", "source": {"count": 2}}
     assert ask(services, "check", paced)[0] == 200
@@ -139,6 +141,12 @@ def run_scenario(services: Any, store_url: str) -> None:
     assert status == 200 and pushed["version"] == {"ref": "pushed-1"}
     secret = {"type": "test", "source": {"password": "((token))"}, "build": {"team": "main"}}
     assert ask(services, "check", secret)[0] == 503
+    stop = request_event("put", {}, event_id=f"stop-{uuid.uuid4()}", stops=str(uuid.uuid4()))
+    message = to_binary_event(stop)
+    stopped = requests.post(
+        services.urls["put"], headers=dict(message.headers), data=message.body, timeout=30
+    )
+    assert (stopped.status_code, stopped.content) == (200, b"")
 
 
 def series(prometheus: Prometheus, name: str, kind: str) -> list[dict[str, str]]:
@@ -164,7 +172,7 @@ EXPECTED = {  # what the scenario's requests imply
     'resource_function_requests_total{action="check",status="200"}': 4,
     'resource_function_requests_total{action="check",status="503"}': 1,
     'resource_function_requests_total{action="get",status="200"}': 3,
-    'resource_function_requests_total{action="put",status="200"}': 2,
+    'resource_function_requests_total{action="put",status="200"}': 3,
     'resource_function_runs_total{action="check",outcome="succeeded"}': 3,
     'resource_function_runs_total{action="check",outcome="resource_failed"}': 1,
     'resource_function_runs_total{action="get",outcome="succeeded"}': 1,
@@ -179,6 +187,7 @@ EXPECTED = {  # what the scenario's requests imply
     'resource_function_cache_hits_total{action="get"}': 1,
     'resource_function_cache_misses_total{action="get"}': 1,
     'resource_function_joined_runs_total{action="get"}': 1,
+    'resource_function_stops_total{action="put"}': 1,
     'resource_function_check_age_intervals_count{type="paced"}': 1,
     'resource_function_check_leases_held{job="check"}': 0,
     'resource_function_check_lease_waiters{job="check"}': 0,
