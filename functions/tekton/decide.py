@@ -301,27 +301,30 @@ def stop_posting(run: Mapping[str, Any], request_id: str | None, ctx: Context) -
     if team is None:
         return None
     stop_id = f"stop-{request_id}"
-    attributes = {
-        "specversion": "1.0",
-        "type": request_type(action),
-        "source": ctx.event_source,
-        "id": stop_id,
-        "subject": subject(meta["namespace"], meta["name"]),
-        TEAM_ATTRIBUTE: team,
-        STOP_ATTRIBUTE: request_id,
-    }
+    attributes = {**request_attributes(run, action, stop_id, team, ctx), STOP_ATTRIBUTE: request_id}
     return Posting(stop_id, attributes, {})
 
 
 def posting(run: Mapping[str, Any], request: RunRequest, rid: str, ctx: Context) -> Posting:
-    meta = run["metadata"]
+    team = request.data["build"]["team"]
     attributes = {
+        **request_attributes(run, request.action, rid, team, ctx),
+        "datacontenttype": "application/json",
+    }
+    return Posting(rid, attributes, request.data)
+
+
+def request_attributes(
+    run: Mapping[str, Any], action: str, rid: str, team: str, ctx: Context
+) -> dict[str, Any]:
+    """What a request and a stop of it both carry: the action's request type, the controller
+    as source, the event's id, the run as subject, the team."""
+    meta = run["metadata"]
+    return {
         "specversion": "1.0",
-        "type": request_type(request.action),
+        "type": request_type(action),
         "source": ctx.event_source,
         "id": rid,
         "subject": subject(meta["namespace"], meta["name"]),
-        "datacontenttype": "application/json",
-        TEAM_ATTRIBUTE: request.data["build"]["team"],
+        TEAM_ATTRIBUTE: team,
     }
-    return Posting(rid, attributes, request.data)
