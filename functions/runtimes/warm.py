@@ -272,14 +272,13 @@ class WarmPool:
     def evict_idle(self, reason: str) -> bool:
         """Remove the least recently used idle one, of any team (the quota has no room for a
         new one); whether there was one."""
+        gone: list[Warm] = []
         with self._lock:
             idle = next((w for w in self._warm.values() if not w.busy), None)
-            if idle is None:
-                return False
-            del self._warm[idle.key]
-            self._evictions[reason] += 1
-        self._remove_all([idle])
-        return True
+            if idle is not None:
+                self._drop_locked(idle, reason, gone)
+        self._remove_all(gone)
+        return idle is not None
 
     def expire(self) -> int:
         """Remove the expired idle ones now; how many went."""
