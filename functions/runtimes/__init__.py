@@ -28,17 +28,15 @@ docker; Kubernetes is reached through ``functions.kube``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from functions.model import Outcome, Task
+from functions.runtimes.background import Ended
 from functions.runtimes.warm import WarmCounts
 
 if TYPE_CHECKING:
     from functions.settings import Settings
     from storage import Store
-
-Ended = Callable[[Outcome], None]  # told the outcome of a started task, once it has ended
 
 
 class Runtime(Protocol):

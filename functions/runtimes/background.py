@@ -30,6 +30,7 @@ log = logging.getLogger("functions.runtimes")
 # multiply the containers or watches one instance keeps open.
 ASYNC_RUN_LIMIT = 16
 STOPPING = "the service is stopping; retry"
+Ended = Callable[[Outcome], None]  # told the outcome of a started task, once it has ended
 
 
 class BackgroundRuns:
@@ -101,7 +102,7 @@ def end_async_run(
     sink: str,
     task: Task,
     outcome: Outcome,
-    ended: Callable[[Outcome], None] | None,
+    ended: Ended | None,
     how: AsyncEnd = AsyncEnd.ENDED,
 ) -> None:
     """The end of an asynchronous run (``Runtime.start``), the same in every runtime:
@@ -129,7 +130,7 @@ def end_async_run(
         log.exception("cannot post the reply", extra=fields(run_id=task.run_id))
 
 
-def report_end(ended: Callable[[Outcome], None] | None, task: Task, outcome: Outcome) -> None:
+def report_end(ended: Ended | None, task: Task, outcome: Outcome) -> None:
     """Tell ``Runtime.start``'s ``ended`` how a task ended (metrics, logs); its trouble never
     stops the task's reply."""
     if ended is None:

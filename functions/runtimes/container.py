@@ -31,10 +31,10 @@ from functions.logs import fields
 from functions.model import SCRIPTS, WORKDIRS, Outcome, Task
 from functions.phases import PhaseClock
 from functions.redaction import Redactor
-from functions.runtimes import Ended
 from functions.runtimes.attach import ENGINE_ERRORS, close_socket, pump
 from functions.runtimes.background import (
     BackgroundRuns,
+    Ended,
     RunsInFlight,
     end_async_run,
     outcome_of_async,

@@ -45,10 +45,11 @@ from functions.logs import fields
 from functions.model import FailureKind, Outcome, Task
 from functions.phases import PhaseClock, timed
 from functions.redaction import Redactor
-from functions.runtimes import Ended, podspec
+from functions.runtimes import podspec
 from functions.runtimes.background import (
     AsyncEnd,
     BackgroundRuns,
+    Ended,
     end_async_run,
     outcome_of_async,
 )

@@ -119,7 +119,7 @@ class NotWarm(Exception):
 
 
 # A check's end in a warm container: its exit code (None: over its budget) and its output.
-Ended = tuple[int | None, Output]
+CheckEnd = tuple[int | None, Output]
 log = logging.getLogger("functions.runtimes")
 
 
@@ -128,9 +128,9 @@ def check_in_warm(
     key: str,
     clock: PhaseClock,
     start: Callable[[], Warm],
-    execute: Callable[[str], Ended],
+    execute: Callable[[str], CheckEnd],
     run: str = "",
-) -> Ended | None:
+) -> CheckEnd | None:
     """Run a check in ``key``'s warm container: the one ``pool`` has, else one ``start``
     starts (and admits); ``execute(handle)`` runs the check in it. None if it is busy or
     none could be started (``NotWarm``): run the check without reuse. Over its budget, the container is evicted (removed with every

@@ -31,7 +31,7 @@ from functions.model import SCRIPTS, Task
 from functions.phases import PhaseClock
 from functions.runtimes.attach import ENGINE_ERRORS, close_socket, pump
 from functions.runtimes.warm import (
-    Ended,
+    CheckEnd,
     Gone,
     NotWarm,
     Warm,
@@ -84,7 +84,9 @@ class WarmContainers(WarmSet):
         self._owner = owner_id()
         self._pause = limits.pause or default_pause()
 
-    def check(self, task: Task, key: str, image: str, clock: PhaseClock, keep: int) -> Ended | None:
+    def check(
+        self, task: Task, key: str, image: str, clock: PhaseClock, keep: int
+    ) -> CheckEnd | None:
         """Run the check in ``key``'s warm container, started from ``image`` (an image id)
         if it has none (``warm.check_in_warm``)."""
         deadline = time.monotonic() + task.timeout_seconds
@@ -153,7 +155,7 @@ class WarmContainers(WarmSet):
             warm = Warm(key=key, team=team, handle=container.id, started=now, used=now)
         return warm
 
-    def _exec(self, handle: str, task: Task, keep: int, deadline: float) -> Ended:
+    def _exec(self, handle: str, task: Task, keep: int, deadline: float) -> CheckEnd:
         """Exec the check with the request on stdin; its exit code (None: past ``deadline``)
         and output. ``Gone`` if the container is not running (found so, or dying under it)."""
         api = self._client.api

@@ -35,7 +35,7 @@ from functions.runtimes.podspec import (
 )
 from functions.runtimes.warm import (
     QUOTA,
-    Ended,
+    CheckEnd,
     Gone,
     NotWarm,
     Warm,
@@ -74,7 +74,7 @@ class WarmPods(WarmSet):
 
     def check(
         self, task: Task, plan: JobPlan, key: str, clock: PhaseClock, keep: int
-    ) -> Ended | None:
+    ) -> CheckEnd | None:
         """Run the check in ``key``'s warm pod, started from ``plan`` if it has none
         (``warm.check_in_warm``). ``PodStartFailed`` if its image cannot be had."""
         deadline = time.monotonic() + task.timeout_seconds
@@ -171,7 +171,7 @@ class WarmPods(WarmSet):
                 raise Unavailable(f"warm pod {name} is still being deleted")
             time.sleep(READY_POLL_SECONDS)
 
-    def _exec(self, name: str, task: Task, keep: int, deadline: float) -> Ended:
+    def _exec(self, name: str, task: Task, keep: int, deadline: float) -> CheckEnd:
         output = Output(keep)
         try:
             code = self._api.exec_in_pod(
