@@ -40,6 +40,12 @@ from functions.runtimes.background import (
     outcome_of_async,
 )
 from functions.runtimes.image_ids import ImageIds
+from functions.runtimes.labels import (
+    MANAGED,
+    MANAGED_BY_LABEL,
+    REQUEST_DIGEST_LABEL,
+    RUN_LABEL,
+)
 from functions.runtimes.output import STDERR, STDOUT, Output
 from functions.runtimes.sweep import Sweeper
 from functions.runtimes.warm import WARM_OFF, WarmCounts, warm_key
@@ -55,7 +61,6 @@ from storage.store_errors import StorageError
 if TYPE_CHECKING:
     from functions.settings import Settings
 
-REQUEST_LABEL = "request-digest"  # checked when a redelivery adopts the container
 STREAM_END_SECONDS = 5  # after the exit, for the attach stream to bring the last output
 EXIT_CHECK_SECONDS = 5  # how often a script whose attach stream goes on is checked for an exit
 EXIT_SETTLE_SECONDS = 1  # after the stream's end, asking for the exit code before waiting
@@ -402,7 +407,7 @@ class ContainerRuntime:
 
     def _list_exited(self) -> list[dict[str, Any]]:
         """One engine call: the summaries (id, state, labels) of our exited containers."""
-        filters = {"label": f"app.kubernetes.io/managed-by={MANAGED_BY}", "status": "exited"}
+        filters = {"label": MANAGED, "status": "exited"}
         try:
             return list(self._client.api.containers(all=True, filters=filters))
         except ENGINE_ERRORS as err:
@@ -434,9 +439,9 @@ class ContainerRuntime:
                 stdin_open=True,
                 volumes={str(workdir): {"bind": target, "mode": "rw"}} if target else {},
                 labels={
-                    "app.kubernetes.io/managed-by": MANAGED_BY,
-                    "run-id": task.run_id,
-                    REQUEST_LABEL: task.request_digest,
+                    MANAGED_BY_LABEL: MANAGED_BY,
+                    RUN_LABEL: task.run_id,
+                    REQUEST_DIGEST_LABEL: task.request_digest,
                 },
                 privileged=task.resource_type.privileged,
                 network=self._config.network,
@@ -564,7 +569,7 @@ class ContainerRuntime:
 def _request_of(container: Any) -> str:
     """The request digest a container was created for ("" if it predates the label)."""
     labels = (container.attrs.get("Config") or {}).get("Labels") or {}
-    return str(labels.get(REQUEST_LABEL) or "")
+    return str(labels.get(REQUEST_DIGEST_LABEL) or "")
 
 
 def container_name(run: str) -> str:

@@ -61,13 +61,13 @@ from functions.runtimes.job_status import (
     pod_started,
     started_at,
 )
+from functions.runtimes.labels import JOB_RUN_LABEL, MANAGED, REQUEST_DIGEST_ANNOTATION
 from functions.runtimes.pod_watch import Pods, PodWatch
 from functions.runtimes.podspec import JobPlan, KubernetesConfig, plan_for
 from functions.runtimes.warm import WarmCounts, warm_key
 from functions.runtimes.warm_pods import PodStartFailed, WarmPods
 from functions.steps import stage_collect
 from functions.steps.outcome import failed, final_failure, task_deadline
-from functions.steps.pod_contract import MANAGED_BY
 from storage import Store
 from storage.archive import ArchiveOptions
 from storage.store_errors import StorageError
@@ -76,7 +76,6 @@ if TYPE_CHECKING:
     from functions.settings import Settings
 
 log = logging.getLogger("functions.kubernetes")
-TASK_PODS = f"app.kubernetes.io/managed-by={MANAGED_BY}"  # the shared watch's label selector
 # A reply token outlives its Job's deadline by this: a pod may still be scheduled late.
 REPLY_GRACE_SECONDS = 600
 
@@ -113,7 +112,7 @@ class KubernetesRuntime:
         self._following: set[str] = set()
         self._waiting: set[str] = set()  # run ids whose Job's pod has not started
         self._background = BackgroundRuns("follow")
-        self._pods = PodWatch(self._api, TASK_PODS, config.watch_seconds)
+        self._pods = PodWatch(self._api, MANAGED, config.watch_seconds)
         self._warm = WarmPods(self._api, config.warm) if config.warm.enabled else None
 
     @classmethod
@@ -322,10 +321,10 @@ class KubernetesRuntime:
         if job is None:
             raise Unavailable(f"task Job {plan.job_name} vanished while attaching to it")
         metadata = job.get("metadata") or {}
-        owner = (metadata.get("labels") or {}).get(f"{podspec.LABEL_PREFIX}run-id")
+        owner = (metadata.get("labels") or {}).get(JOB_RUN_LABEL)
         if owner != plan.run_id:
             raise Unavailable(f"Job {plan.job_name} exists but belongs to run {owner!r}")
-        attached = (metadata.get("annotations") or {}).get(podspec.REQUEST_ANNOTATION, "")
+        attached = (metadata.get("annotations") or {}).get(REQUEST_DIGEST_ANNOTATION, "")
         if attached not in ("", plan.request_digest):
             raise RequestIdReused()
         if metadata.get("deletionTimestamp"):  # deleted to run again (the store was down)

@@ -32,6 +32,17 @@ from typing import TYPE_CHECKING, Any
 
 from functions import keys
 from functions.model import SCRIPTS, WORKDIRS, Action, ArtifactRef, HistoryPlan, LeaseHold, Task
+from functions.runtimes.labels import (
+    ACTION_LABEL,
+    JOB_RUN_LABEL,
+    MANAGED_BY_LABEL,
+    NAME_LABEL,
+    REQUEST_DIGEST_ANNOTATION,
+    REQUEST_LABEL,
+    REQUEST_SOURCE_ANNOTATION,
+    WARM_POD_KEY_LABEL,
+    WARM_POD_OWNER_LABEL,
+)
 from functions.runtimes.warm import WARM_OFF
 from functions.settings import WarmLimits
 from functions.steps.budget import DEADLINE_SLACK_SECONDS, RESULT_WAIT_SECONDS, deadline_seconds
@@ -73,9 +84,6 @@ if TYPE_CHECKING:
     from functions.runtimes.name_files import NameFiles
     from functions.settings import Settings
 
-LABEL_PREFIX = "resource-functions.dev/"
-REQUEST_ANNOTATION = f"{LABEL_PREFIX}request"  # the Job's request digest
-REQUEST_LABEL = f"{LABEL_PREFIX}request-key"  # keys.request_label of the request's (source, id)
 STEP_UID = 65532  # stage/collect: the project image's non-root user
 BUILD_VOLUME = "build"
 STDIN_VOLUME = "stdin"
@@ -295,10 +303,10 @@ def secret_name(job: str) -> str:
 def labels(plan: JobPlan) -> dict[str, str]:
     """Labels of the Job, its pods and its Secret."""
     return {
-        "app.kubernetes.io/managed-by": MANAGED_BY,
-        "app.kubernetes.io/name": "resource-functions",
-        f"{LABEL_PREFIX}action": plan.action,
-        f"{LABEL_PREFIX}run-id": plan.run_id,
+        MANAGED_BY_LABEL: MANAGED_BY,
+        NAME_LABEL: "resource-functions",
+        ACTION_LABEL: plan.action,
+        JOB_RUN_LABEL: plan.run_id,
         **({REQUEST_LABEL: plan.request_label} if plan.request_label else {}),
     }
 
@@ -310,11 +318,9 @@ def job_manifest(plan: JobPlan) -> dict[str, Any]:
         "namespace": plan.namespace,
         "labels": labels(plan),
     }
-    annotations = (
-        {f"{LABEL_PREFIX}request-source": plan.request_source} if plan.request_source else {}
-    )
+    annotations = {REQUEST_SOURCE_ANNOTATION: plan.request_source} if plan.request_source else {}
     if plan.request_digest:
-        annotations[REQUEST_ANNOTATION] = plan.request_digest
+        annotations[REQUEST_DIGEST_ANNOTATION] = plan.request_digest
     if annotations:
         metadata["annotations"] = annotations
     return {
@@ -539,8 +545,6 @@ def stdin_secret_manifest(
 # Warm check pods (docs/warm-checks.md): the resource image's container runs a static pause
 # program, which an init container of the project image copies into an emptyDir (as Tekton
 # injects its entrypoint); each check is a pods/exec of the check script.
-WARM_KEY_LABEL = f"{LABEL_PREFIX}warm-check"
-WARM_OWNER_LABEL = f"{LABEL_PREFIX}warm-owner"
 PAUSE_VOLUME = "pause"
 PAUSE_DIR = "/.rf-pause"
 PAUSE_PROGRAM = f"{PAUSE_DIR}/pause"
@@ -567,11 +571,11 @@ def warm_pod_manifest(
     its replica is gone. No Secret, no stdin: each check brings its request on the exec's
     stdin. ``plan``: the check's ``JobPlan``."""
     pod_labels = {
-        "app.kubernetes.io/managed-by": MANAGED_BY,
-        "app.kubernetes.io/name": "resource-functions",
-        f"{LABEL_PREFIX}action": "check",
-        WARM_KEY_LABEL: key,
-        WARM_OWNER_LABEL: owner_label(owner),
+        MANAGED_BY_LABEL: MANAGED_BY,
+        NAME_LABEL: "resource-functions",
+        ACTION_LABEL: "check",
+        WARM_POD_KEY_LABEL: key,
+        WARM_POD_OWNER_LABEL: owner_label(owner),
     }
     copy = _step_container(plan, "pause", [], stdin=False)
     copy["command"] = ["cp", PAUSE_IN_TASK_IMAGE, PAUSE_PROGRAM]

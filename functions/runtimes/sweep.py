@@ -23,6 +23,7 @@ from functions import keys
 from functions.errors import Unavailable
 from functions.logs import fields
 from functions.periodic import Periodic
+from functions.runtimes.labels import RUN_LABEL
 from storage import Store
 from storage.store_errors import StorageError
 
@@ -39,7 +40,7 @@ Removal = Callable[[str, str], bool]  # (container id, run id) -> removed
 def finished(listed: Iterable[Mapping[str, Any]], store: Store) -> Iterator[tuple[str, str]]:
     """(container id, run id) of each exited container whose run's result is in ``store``."""
     for summary in listed:
-        run = str((summary.get("Labels") or {}).get("run-id", ""))
+        run = str((summary.get("Labels") or {}).get(RUN_LABEL, ""))
         if summary.get("State") != "exited" or not RUN_ID.fullmatch(run):
             continue
         try:

@@ -30,6 +30,7 @@ from functions.logs import fields
 from functions.model import SCRIPTS, Task
 from functions.phases import PhaseClock
 from functions.runtimes.attach import ENGINE_ERRORS, close_socket, pump
+from functions.runtimes.labels import MANAGED, MANAGED_BY_LABEL, WARM_KEY_LABEL, WARM_OWNER_LABEL
 from functions.runtimes.warm import (
     CheckEnd,
     Gone,
@@ -41,8 +42,6 @@ from functions.runtimes.warm import (
 from functions.settings import WarmLimits
 from functions.steps.pod_contract import MANAGED_BY
 
-KEY_LABEL = "warm-check"
-OWNER_LABEL = "warm-owner"
 PAUSE_TARGET = "/.rf-pause"  # where the pause program is mounted in a warm container
 PAUSE_CANDIDATES = ("/usr/libexec/podman/catatonit", "/usr/bin/catatonit")
 EXIT_SETTLE_SECONDS = 1  # after the stream's end, for the engine to see the exec's exit
@@ -101,7 +100,7 @@ class WarmContainers(WarmSet):
 
     def sweep(self) -> int:
         """Remove the warm containers whose owner process is gone; how many."""
-        filters = {"label": [f"app.kubernetes.io/managed-by={MANAGED_BY}", KEY_LABEL]}
+        filters = {"label": [MANAGED, WARM_KEY_LABEL]}
         try:
             listed = self._client.api.containers(all=True, filters=filters)
         except ENGINE_ERRORS as err:
@@ -109,7 +108,7 @@ class WarmContainers(WarmSet):
             return 0
         removed = 0
         for summary in listed:
-            owner = str((summary.get("Labels") or {}).get(OWNER_LABEL, ""))
+            owner = str((summary.get("Labels") or {}).get(WARM_OWNER_LABEL, ""))
             if owner != self._owner and not owner_alive(owner):
                 self._remove(str(summary["Id"]))
                 removed += 1
@@ -132,9 +131,9 @@ class WarmContainers(WarmSet):
                 command=[],
                 volumes={self._pause: {"bind": PAUSE_TARGET, "mode": "ro"}},
                 labels={
-                    "app.kubernetes.io/managed-by": MANAGED_BY,
-                    KEY_LABEL: key,
-                    OWNER_LABEL: self._owner,
+                    MANAGED_BY_LABEL: MANAGED_BY,
+                    WARM_KEY_LABEL: key,
+                    WARM_OWNER_LABEL: self._owner,
                 },
                 privileged=task.resource_type.privileged,
                 network=self._network,

@@ -25,14 +25,9 @@ from functions.logs import fields
 from functions.model import SCRIPTS, Task
 from functions.phases import PhaseClock
 from functions.runtimes.job_status import pod_verdict
+from functions.runtimes.labels import MANAGED, WARM_POD_KEY_LABEL, WARM_POD_OWNER_LABEL
 from functions.runtimes.output import Output
-from functions.runtimes.podspec import (
-    WARM_KEY_LABEL,
-    WARM_OWNER_LABEL,
-    JobPlan,
-    owner_label,
-    warm_pod_manifest,
-)
+from functions.runtimes.podspec import JobPlan, owner_label, warm_pod_manifest
 from functions.runtimes.warm import (
     QUOTA,
     CheckEnd,
@@ -43,7 +38,6 @@ from functions.runtimes.warm import (
     check_in_warm,
 )
 from functions.settings import WarmLimits
-from functions.steps.pod_contract import MANAGED_BY
 
 READY_POLL_SECONDS = 0.25
 QUOTA_TRIES = 20  # creates of a warm pod while an evicted idle one frees the quota (0.25 s apart)
@@ -90,7 +84,7 @@ class WarmPods(WarmSet):
     def sweep(self) -> int:
         """Delete the warm pods that have ended, and this replica's (a restart's); how many."""
         try:
-            pods, _ = self._api.list_pods(f"app.kubernetes.io/managed-by={MANAGED_BY}")
+            pods, _ = self._api.list_pods(MANAGED)
         except (Unavailable, KubeApiError) as err:
             log.warning("warm sweep: cannot list pods", extra=fields(error=str(err)))
             return 0
@@ -99,10 +93,10 @@ class WarmPods(WarmSet):
         for pod in pods:
             metadata = pod.get("metadata") or {}
             labels = metadata.get("labels") or {}
-            if WARM_KEY_LABEL not in labels:
+            if WARM_POD_KEY_LABEL not in labels:
                 continue
             ended = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
-            if ended or labels.get(WARM_OWNER_LABEL) == mine:
+            if ended or labels.get(WARM_POD_OWNER_LABEL) == mine:
                 self._delete(str(metadata.get("name")))
                 removed += 1
         if removed:

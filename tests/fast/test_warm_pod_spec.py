@@ -13,11 +13,10 @@ import kubernetes_validate
 import pytest
 
 from functions.model import ResourceType
+from functions.runtimes.labels import WARM_POD_KEY_LABEL, WARM_POD_OWNER_LABEL
 from functions.runtimes.podspec import (
     PAUSE_IN_TASK_IMAGE,
     PAUSE_PROGRAM,
-    WARM_KEY_LABEL,
-    WARM_OWNER_LABEL,
     job_manifest,
     owner_label,
     warm_pod_manifest,
@@ -89,8 +88,8 @@ def test_nothing_of_the_request_is_in_it() -> None:
 def test_names_and_labels_are_valid_and_hide_the_owner() -> None:
     pod = warm_pod()
     labels = pod["metadata"]["labels"]
-    assert labels[WARM_KEY_LABEL] == KEY
-    assert labels[WARM_OWNER_LABEL] == owner_label(OWNER) != OWNER
+    assert labels[WARM_POD_KEY_LABEL] == KEY
+    assert labels[WARM_POD_OWNER_LABEL] == owner_label(OWNER) != OWNER
     assert labels["app.kubernetes.io/managed-by"] == "resource-functions"
     for value in labels.values():
         assert len(value) <= 63 and LABEL_VALUE.match(value)
