@@ -8,7 +8,6 @@ Every engine call is wrapped: trouble with the engine is ``Unavailable`` (503), 
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import shutil
@@ -25,7 +24,7 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from functions.errors import RequestIdReused, RunStopped, Unavailable, pull_is_transient
+from functions.errors import RequestIdReused, RunStopped, Unavailable
 from functions.ledger import results, tombstones
 from functions.logs import fields
 from functions.model import SCRIPTS, WORKDIRS, Outcome, Task
@@ -39,7 +38,7 @@ from functions.runtimes.background import (
     end_async_run,
     outcome_of_async,
 )
-from functions.runtimes.image_ids import ImageIds
+from functions.runtimes.engine_images import EngineImages
 from functions.runtimes.labels import (
     MANAGED,
     MANAGED_BY_LABEL,
@@ -82,11 +81,9 @@ class ContainerRuntime:
         self._client = client
         self._store = store
         self._config = config
-        self._lock = threading.Lock()  # guards the dicts and sets below
+        self._lock = threading.Lock()  # guards the dict and set below
         self._started: dict[str, str] = {}  # run id -> request digest, while it runs
         self._waiting: set[str] = set()  # run ids accepted whose script has not started
-        self._pull_locks: dict[str, threading.Lock] = {}
-        self._podman: bool | None = None  # the engine is Podman (known at the first pull)
         self._background = BackgroundRuns("container-run")
         self._cleanup = BackgroundRuns("container-remove", limit=2)
         self._runs = RunsInFlight()
@@ -94,7 +91,7 @@ class ContainerRuntime:
         self._warm = (
             WarmContainers(client, config.warm, config.network) if config.warm.enabled else None
         )
-        self._image_ids = ImageIds(config.warm.image_seconds)
+        self._images = EngineImages(client, config.warm.image_seconds)
 
     @classmethod
     def from_settings(cls, settings: Settings, store: Store) -> ContainerRuntime:
@@ -205,7 +202,7 @@ class ContainerRuntime:
         with self._lock:
             self._waiting.add(task.run_id)
         try:
-            image, problem = self._image_id(task, clock)
+            image, problem = self._images.id_of(task.resource_type.image, clock)
             if problem:
                 return clock.attach(self._record(task, failed(task.action, "image_pull", problem)))
             key = warm_key(
@@ -217,7 +214,7 @@ class ContainerRuntime:
             keep = stage_collect.stderr_bytes(redactor)
             ended = self._warm.check(task, key, image, clock, keep)
             if ended is None:  # busy, or it could not start (the image gone?): ask next time
-                self._image_ids.forget(task.resource_type.image)
+                self._images.forget(task.resource_type.image)
                 return None
             exit_code, output = ended
             root = self._run_root(task.run_id)  # no work dir: a check mounts none
@@ -227,28 +224,6 @@ class ContainerRuntime:
         finally:
             self._script_starts(task.run_id)
         return clock.attach(outcome)
-
-    def _image_id(self, task: Task, clock: PhaseClock) -> tuple[str, str | None]:
-        """The id (``sha256:…``) of the task's image, pulled if the engine lacks it; or
-        the problem of its pull."""
-        image = task.resource_type.image
-        known = self._image_ids.get(image)
-        if known:
-            return known, None
-        for _ in range(2):
-            try:
-                found = str(self._client.api.inspect_image(image)["Id"])
-                self._image_ids.put(image, found)
-                return found, None
-            except docker.errors.ImageNotFound:
-                pass
-            except ENGINE_ERRORS as err:
-                raise Unavailable(f"container engine: {err}") from err
-            with clock.phase("image_pull"):
-                problem = self._ensure_image(image)
-            if problem:
-                return "", problem
-        raise Unavailable(f"image {image} vanished after its pull")
 
     def _run(self, task: Task) -> Outcome:
         root = self._run_root(task.run_id)
@@ -313,7 +288,7 @@ class ContainerRuntime:
                 container = self._create(task, workdir)
             if container is None:  # the engine lacks the image: asked only now, saving a call
                 with clock.phase("image_pull"):
-                    image_problem = self._ensure_image(task.resource_type.image)
+                    image_problem = self._images.ensure(task.resource_type.image)
                 if image_problem:
                     return self._record(task, failed(task.action, "image_pull", image_problem))
                 with clock.phase("create"):
@@ -508,63 +483,6 @@ class ContainerRuntime:
         except ENGINE_ERRORS as err:
             raise Unavailable(f"container engine: {err}") from err
 
-    def _ensure_image(self, image: str) -> str | None:
-        """Pull the image if the engine lacks it; a problem text if it can't be had. Registry
-        trouble that may pass (``errors.pull_is_transient``: 5xx, 429, no answer in time) or
-        an engine that cannot be reached is ``Unavailable``."""
-        try:
-            self._client.images.get(image)
-            return None
-        except docker.errors.ImageNotFound:
-            pass
-        except ENGINE_ERRORS as err:
-            raise Unavailable(f"container engine: {err}") from err
-        with self._pull_lock(image):
-            try:
-                refused = self._pull(image)
-            except ENGINE_ERRORS as err:
-                raise Unavailable(f"container engine: {err}") from err
-        if refused is None:
-            return None
-        message, status = refused
-        if pull_is_transient(message, status):
-            raise Unavailable(f"cannot pull image {image} now: {message}")
-        return f"cannot pull image {image}: {message}"
-
-    def _pull(self, image: str) -> tuple[str, int] | None:
-        """Pull ``image``: None once it is there, else the registry's refusal (its words and
-        the API's status). Podman's Docker-compatible pull reports every refusal as "No such
-        image", so with Podman its own pull endpoint is asked, which passes on what the
-        registry said (a 503, a 429, "manifest unknown", "unauthorized")."""
-        if self._is_podman():
-            api = self._client.api
-            params = {"reference": image, "quiet": "true"}
-            answer = api.post(api._url("/libpod/images/pull"), params=params, stream=True)
-            if answer.status_code >= 300:
-                return answer.text, answer.status_code
-            for line in answer.iter_lines():
-                report = json.loads(line) if line.strip() else {}
-                if report.get("error"):
-                    return str(report["error"]), 0
-            return None
-        try:
-            self._client.images.pull(image)
-        except docker.errors.APIError as err:
-            return _explain(err), err.status_code or 0
-        return None
-
-    def _is_podman(self) -> bool:
-        """Whether the engine is Podman (asked once, at the first pull)."""
-        if self._podman is None:
-            components = self._client.version().get("Components") or []
-            self._podman = any("podman" in str(c.get("Name", "")).lower() for c in components)
-        return self._podman
-
-    def _pull_lock(self, image: str) -> threading.Lock:
-        """One pull per image at a time; different images pull in parallel."""
-        with self._lock:
-            return self._pull_locks.setdefault(image, threading.Lock())
-
 
 def _request_of(container: Any) -> str:
     """The request digest a container was created for ("" if it predates the label)."""
@@ -652,7 +570,3 @@ def _remove(container: Any) -> None:
         pass
     except ENGINE_ERRORS as err:  # logged, not raised: the outcome is already decided
         log.warning("cannot remove a container", extra=fields(error=str(err)))
-
-
-def _explain(err: Exception) -> str:
-    return str(getattr(err, "explanation", None) or err)
