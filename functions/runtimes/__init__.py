@@ -22,8 +22,9 @@ marked it first): its Job, its container, the warm check under way on this repli
 runtime reads the mark just before it creates a Job or container and once more after, so a
 stop that crosses a start still finds what it started (``RunStopped``). ``tasks_waiting`` counts the tasks queued or starting (``resource_function_tasks_waiting``).
 ``make_runtime`` is the one place that picks a runtime,
-so only ``container.py`` (and the modules it uses: ``attach.py``, ``warm_engine.py``) imports
-docker; Kubernetes is reached through ``functions.kube``.
+so only ``container.py`` (and the modules it uses: ``attach.py``, ``engine_images.py``,
+``warm_engine.py``) imports docker; Kubernetes is reached through ``functions.kube``. A check
+goes to a warm container or pod by one rule in both runtimes (``warm_check``).
 """
 
 from __future__ import annotations

@@ -47,7 +47,8 @@ from functions.runtimes.labels import (
 )
 from functions.runtimes.output import STDERR, STDOUT, Output
 from functions.runtimes.sweep import Sweeper
-from functions.runtimes.warm import WARM_OFF, WarmCounts, warm_key
+from functions.runtimes.warm import WARM_OFF, WarmCounts
+from functions.runtimes.warm_check import run_warm_check, wanted
 from functions.runtimes.warm_engine import WarmContainers
 from functions.settings import WarmLimits
 from functions.steps import stage_collect
@@ -88,10 +89,12 @@ class ContainerRuntime:
         self._cleanup = BackgroundRuns("container-remove", limit=2)
         self._runs = RunsInFlight()
         self._sweeper = Sweeper(store, self._list_exited, self._remove_swept)
-        self._warm = (
-            WarmContainers(client, config.warm, config.network) if config.warm.enabled else None
-        )
         self._images = EngineImages(client, config.warm.image_seconds)
+        self._warm = (
+            WarmContainers(client, config.warm, config.network, self._images)
+            if config.warm.enabled
+            else None
+        )
 
     @classmethod
     def from_settings(cls, settings: Settings, store: Store) -> ContainerRuntime:
@@ -187,43 +190,22 @@ class ContainerRuntime:
         its work directory stay until the result is stored; an ``Unavailable`` leaves them
         for the redelivery."""
         with self._runs.admitted():
-            if self._warm is not None and task.action == "check" and task.history is not None:
-                outcome = self._warm_check(task, task.history.resource_key)
+            if wanted(self._warm, task):
+                outcome = self._warm_check(task)
                 if outcome is not None:
                     return outcome
             return self._run(task)
 
-    def _warm_check(self, task: Task, resource_key: str) -> Outcome | None:
-        """The check run as an exec in its warm container (docs/warm-checks.md), its output
-        collected as a run's; None if that container is busy (run it in a new one)."""
+    def _warm_check(self, task: Task) -> Outcome | None:
+        """The check as an exec in its warm container (``warm_check``); None if that one is
+        busy or none could be started (then it runs in a new one)."""
         assert self._warm is not None
-        clock = PhaseClock()
-        redactor = Redactor(task.secrets)
         with self._lock:
             self._waiting.add(task.run_id)
         try:
-            image, problem = self._images.id_of(task.resource_type.image, clock)
-            if problem:
-                return clock.attach(self._record(task, failed(task.action, "image_pull", problem)))
-            key = warm_key(
-                team=task.team,
-                image_digest=image,
-                resource_key=resource_key,
-                settings=task.resource_type,
-            )
-            keep = stage_collect.stderr_bytes(redactor)
-            ended = self._warm.check(task, key, image, clock, keep)
-            if ended is None:  # busy, or it could not start (the image gone?): ask next time
-                self._images.forget(task.resource_type.image)
-                return None
-            exit_code, output = ended
-            root = self._run_root(task.run_id)  # no work dir: a check mounts none
-            outcome = self._collect(None, task, root, exit_code, output, redactor, clock)
-        except StorageError as err:  # a permanent store refusal; retryable ones raise here
-            outcome = self._record(task, final_failure(task.action, err))
+            return run_warm_check(self._store, task, self._warm)
         finally:
             self._script_starts(task.run_id)
-        return clock.attach(outcome)
 
     def _run(self, task: Task) -> Outcome:
         root = self._run_root(task.run_id)

@@ -44,7 +44,6 @@ from functions.ledger import results, tombstones
 from functions.logs import fields
 from functions.model import FailureKind, Outcome, Task
 from functions.phases import PhaseClock, timed
-from functions.redaction import Redactor
 from functions.runtimes import podspec
 from functions.runtimes.background import (
     AsyncEnd,
@@ -64,12 +63,11 @@ from functions.runtimes.job_status import (
 from functions.runtimes.labels import JOB_RUN_LABEL, MANAGED, REQUEST_DIGEST_ANNOTATION
 from functions.runtimes.pod_watch import Pods, PodWatch
 from functions.runtimes.podspec import JobPlan, KubernetesConfig, plan_for
-from functions.runtimes.warm import WarmCounts, warm_key
-from functions.runtimes.warm_pods import PodStartFailed, WarmPods
-from functions.steps import stage_collect
+from functions.runtimes.warm import WarmCounts
+from functions.runtimes.warm_check import run_warm_check, wanted
+from functions.runtimes.warm_pods import PodCheck, WarmPods
 from functions.steps.outcome import failed, final_failure, task_deadline
 from storage import Store
-from storage.archive import ArchiveOptions
 from storage.store_errors import StorageError
 
 if TYPE_CHECKING:
@@ -152,7 +150,7 @@ class KubernetesRuntime:
         here), ``result`` (reading what collect stored) and, inside ``pod``, those collect
         reported (``pod_contract.POD_PHASES``, on the node's clock)."""
         plan = plan_for(task, self._config, self._store.url, reply=False)
-        if self._warm_wanted(task):
+        if wanted(self._warm, task):
             warm = self._warm_check(task, plan)
             if warm is not None:
                 return warm
@@ -168,51 +166,11 @@ class KubernetesRuntime:
         """``Unavailable`` unless the Kubernetes API answers (a page of one Job)."""
         self._api.answers()
 
-    def _warm_wanted(self, task: Task) -> bool:
-        return self._warm is not None and task.action == "check" and task.history is not None
-
     def _warm_check(self, task: Task, plan: JobPlan) -> Outcome | None:
-        """The check as a ``pods/exec`` in its warm pod (docs/warm-checks.md), collected
-        here as the local runtime collects; None if that pod is busy (then a Job runs it).
-        The key holds the image reference as given: a digest if the type pins one (the
-        cluster resolves a tag only when a pod starts)."""
-        assert self._warm is not None and task.history is not None
-        clock = PhaseClock()
-        redactor = Redactor(task.secrets)
-        key = warm_key(
-            team=task.team,
-            image_digest=task.resource_type.image,
-            resource_key=task.history.resource_key,
-            settings=task.resource_type,
-        )
-        try:
-            try:
-                ended = self._warm.check(
-                    task, plan, key, clock, stage_collect.stderr_bytes(redactor)
-                )
-            except PodStartFailed as err:
-                return clock.attach(self._record(task, failed("check", "image_pull", str(err))))
-            if ended is None:
-                return None
-            code, output = ended
-            outcome = stage_collect.collect_task(
-                self._store,
-                task,
-                ArchiveOptions(),  # a check packs nothing
-                exit_code=code,
-                stdout=output.stdout,
-                stderr=output.stderr,
-                redactor=redactor,
-                clock=clock,
-            )
-        except StorageError as err:
-            outcome = final_failure(task.action, err)
-        return clock.attach(outcome)
-
-    def _record(self, task: Task, outcome: Outcome) -> Outcome:
-        return results.record_outcome(
-            self._store, task.run_id, outcome, request=task.request_digest
-        )
+        """The check as a ``pods/exec`` in its warm pod (``warm_check``); None if that pod is
+        busy or none could be started (then a Job runs it)."""
+        assert self._warm is not None
+        return run_warm_check(self._store, task, PodCheck(self._warm, plan))
 
     def _warm_and_reply(self, task: Task, plan: JobPlan, ended: Ended | None) -> None:
         """An asynchronous check in its warm pod: recorded, its lease released, its end
@@ -245,7 +203,7 @@ class KubernetesRuntime:
     def start(self, task: Task, ended: Ended | None = None) -> None:
         """Create the Job (idempotent) and return; the task posts its own reply. A check
         with a warm pod runs there in the background, which posts its reply."""
-        if self._warm_wanted(task):
+        if wanted(self._warm, task):
             with self._lock:
                 if task.run_id in self._following:
                     return

@@ -1,10 +1,10 @@
 """Warm check containers: which one serves a check, and how long it lives (docs/warm-checks.md).
 
-One warm container per key, a keyed hash of (team, image digest, resource key), where the
-resource key is already an HMAC of the image and the resolved ``source``: no secret and no
-team name shows in a label or a name, and two teams or two sources never share one. A warm
-container runs one check at a time: a check whose key's container is busy runs in a new
-container of its own, as without reuse.
+One warm container per key (``warm_check.warm_key``, a hash of the team, the image digest,
+the resource key and the type's container settings): no secret and no team name shows in a
+label or a name, and two teams or two sources never share one. A warm container runs one
+check at a time: a check whose key's container is busy runs in a new container of its own,
+as without reuse.
 
 This module is the bookkeeping, engine-free: the runtime asks ``take`` for an idle warm
 container, ``admit``s the one it started, gives it ``back`` after the check or ``evict``s it.
@@ -15,18 +15,14 @@ recently used idle one. Removals go through ``remove`` (the runtime's, outside t
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from functions.errors import RunStopped, Unavailable
-from functions.keys import canonical_json
-from functions.model import ResourceType
 from functions.periodic import Periodic
 from functions.phases import PhaseClock
 from functions.runtimes.output import Output
@@ -58,28 +54,6 @@ class WarmCounts:
     reuses: int = 0
     starts: int = 0
     evictions: Mapping[str, int] = field(default_factory=dict)
-
-
-def warm_key(*, team: str, image_digest: str, resource_key: str, settings: ResourceType) -> str:
-    """The key of a check's warm container (32 hex chars): a hash of its team, the image's
-    digest, the resource key (``keys.resource_key``, an HMAC of the resolved source) and what
-    the type's settings make of the container (``container_settings``): two types of one
-    image that differ in those never share one."""
-    shape = container_settings(settings)
-    message = canonical_json(["warm-check", team, image_digest, resource_key, shape])
-    return hashlib.sha256(message).hexdigest()[:32]
-
-
-def container_settings(resource_type: ResourceType) -> dict[str, Any]:
-    """The type's settings that shape a warm container or pod (privileges, resources,
-    placement, pull secrets); not the image (keyed apart) nor the check's own budget."""
-    return {
-        "privileged": resource_type.privileged,
-        "resources": resource_type.resources,
-        "node_selector": resource_type.node_selector,
-        "tolerations": resource_type.tolerations,
-        "image_pull_secrets": resource_type.image_pull_secrets,
-    }
 
 
 @dataclass

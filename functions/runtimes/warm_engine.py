@@ -30,6 +30,7 @@ from functions.logs import fields
 from functions.model import SCRIPTS, Task
 from functions.phases import PhaseClock
 from functions.runtimes.attach import ENGINE_ERRORS, close_socket, pump
+from functions.runtimes.engine_images import EngineImages
 from functions.runtimes.labels import MANAGED, MANAGED_BY_LABEL, WARM_KEY_LABEL, WARM_OWNER_LABEL
 from functions.runtimes.warm import (
     CheckEnd,
@@ -39,6 +40,7 @@ from functions.runtimes.warm import (
     WarmSet,
     check_in_warm,
 )
+from functions.runtimes.warm_check import ImagePullFailed
 from functions.settings import WarmLimits
 from functions.steps.pod_contract import MANAGED_BY
 
@@ -74,22 +76,34 @@ def owner_alive(owner: str) -> bool:
 
 
 class WarmContainers(WarmSet):
-    """This replica's warm check containers: started, reused, expired, removed."""
+    """This replica's warm check containers: started, reused, expired, removed; the local
+    runtime's ``warm_check.WarmExecutor``."""
 
-    def __init__(self, client: Any, limits: WarmLimits, network: str | None) -> None:
+    def __init__(
+        self, client: Any, limits: WarmLimits, network: str | None, images: EngineImages
+    ) -> None:
         super().__init__(limits, self._remove)
         self._client = client
+        self._images = images
         self._network = network
         self._owner = owner_id()
         self._pause = limits.pause or default_pause()
+
+    def image(self, task: Task, clock: PhaseClock) -> str:
+        """The id of the check's image (pulled if the engine lacks it): a tag moved to
+        another image is another key. ``ImagePullFailed`` if it cannot be had."""
+        image, problem = self._images.id_of(task.resource_type.image, clock)
+        if problem:
+            raise ImagePullFailed(problem)
+        return image
 
     def check(
         self, task: Task, key: str, image: str, clock: PhaseClock, keep: int
     ) -> CheckEnd | None:
         """Run the check in ``key``'s warm container, started from ``image`` (an image id)
-        if it has none (``warm.check_in_warm``)."""
+        if it has none (``warm_check.WarmExecutor``)."""
         deadline = time.monotonic() + task.timeout_seconds
-        return check_in_warm(
+        ended = check_in_warm(
             self.pool,
             key,
             clock,
@@ -97,6 +111,9 @@ class WarmContainers(WarmSet):
             execute=lambda handle: self._exec(handle, task, keep, deadline),
             run=task.run_id,
         )
+        if ended is None:  # busy, or it could not start (the image gone?): ask next time
+            self._images.forget(task.resource_type.image)
+        return ended
 
     def sweep(self) -> int:
         """Remove the warm containers whose owner process is gone; how many."""

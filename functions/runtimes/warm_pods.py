@@ -17,6 +17,7 @@ import logging
 import os
 import socket
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from functions.errors import Conflict, KubeApiError, NotFound, QuotaExceeded, Unavailable
@@ -37,20 +38,12 @@ from functions.runtimes.warm import (
     WarmSet,
     check_in_warm,
 )
+from functions.runtimes.warm_check import ImagePullFailed
 from functions.settings import WarmLimits
 
 READY_POLL_SECONDS = 0.25
 QUOTA_TRIES = 20  # creates of a warm pod while an evicted idle one frees the quota (0.25 s apart)
 log = logging.getLogger("functions.kubernetes")
-
-
-class PodStartFailed(Exception):
-    """A warm pod cannot start for a reason that is the request's (its image cannot be
-    pulled): ``kind`` and ``message`` of the failure."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
 
 
 def replica_name() -> str:
@@ -70,7 +63,7 @@ class WarmPods(WarmSet):
         self, task: Task, plan: JobPlan, key: str, clock: PhaseClock, keep: int
     ) -> CheckEnd | None:
         """Run the check in ``key``'s warm pod, started from ``plan`` if it has none
-        (``warm.check_in_warm``). ``PodStartFailed`` if its image cannot be had."""
+        (``warm.check_in_warm``). ``ImagePullFailed`` if its image cannot be had."""
         deadline = time.monotonic() + task.timeout_seconds
         return check_in_warm(
             self.pool,
@@ -151,7 +144,7 @@ class WarmPods(WarmSet):
             verdict = pod_verdict(pod, deadline_passed=False)
             if verdict is not None:
                 if verdict.kind == "image_pull":
-                    raise PodStartFailed("image_pull", verdict.message)
+                    raise ImagePullFailed(verdict.message)
                 raise Unavailable(f"warm pod {name} did not start: {verdict.message}")
             if _resource_running(pod):
                 return
@@ -201,3 +194,22 @@ def _resource_running(pod: dict[str, Any]) -> bool:
         if container.get("name") == "resource":
             return "running" in (container.get("state") or {})
     return False
+
+
+@dataclass(frozen=True)
+class PodCheck:
+    """One check's ``warm_check.WarmExecutor`` on Kubernetes: ``pods`` run it in its key's warm
+    pod, started from the check's ``plan`` if the key has none."""
+
+    pods: WarmPods
+    plan: JobPlan
+
+    def image(self, task: Task, clock: PhaseClock) -> str:
+        """The image reference as given: a digest if the type pins one (the cluster resolves
+        a tag only when a pod starts)."""
+        return task.resource_type.image
+
+    def check(
+        self, task: Task, key: str, image: str, clock: PhaseClock, keep: int
+    ) -> CheckEnd | None:
+        return self.pods.check(task, self.plan, key, clock, keep)

@@ -11,7 +11,8 @@ import pytest
 from functions.errors import ConfigError
 from functions.model import ResourceType
 from functions.runtimes.image_ids import LIMIT, ImageIds
-from functions.runtimes.warm import Busy, WarmPool, warm_key
+from functions.runtimes.warm import Busy, WarmPool
+from functions.runtimes.warm_check import warm_key
 from functions.settings import WarmLimits, warm_limits
 
 
