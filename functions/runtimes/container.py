@@ -2,21 +2,20 @@
 
 The working directory of in/out is a host temp dir bind-mounted at Concourse's path, so the
 engine must share this machine's filesystem (a local socket, as with DOCKER_HOST=unix://…).
-stdin goes through an attach socket, so the payload never touches disk or the container spec.
-Every engine call is wrapped: trouble with the engine is ``Unavailable`` (503), never a crash.
+stdin goes through an attach socket, so the payload never touches disk or the container spec
+(``container_script``: the script from its start to its exit and output). Images are pulled
+by ``engine_images``; a check may run in a warm container instead (``warm_check``). Every
+engine call is wrapped: trouble with the engine is ``Unavailable`` (503), never a crash.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import shutil
 import tempfile
 import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +29,7 @@ from functions.logs import fields
 from functions.model import SCRIPTS, WORKDIRS, Outcome, Task
 from functions.phases import PhaseClock
 from functions.redaction import Redactor
-from functions.runtimes.attach import ENGINE_ERRORS, close_socket, pump
+from functions.runtimes.attach import ENGINE_ERRORS
 from functions.runtimes.background import (
     BackgroundRuns,
     Ended,
@@ -38,6 +37,7 @@ from functions.runtimes.background import (
     end_async_run,
     outcome_of_async,
 )
+from functions.runtimes.container_script import feed_and_wait, read_logs, remaining, wait
 from functions.runtimes.engine_images import EngineImages
 from functions.runtimes.labels import (
     MANAGED,
@@ -45,7 +45,7 @@ from functions.runtimes.labels import (
     REQUEST_DIGEST_LABEL,
     RUN_LABEL,
 )
-from functions.runtimes.output import STDERR, STDOUT, Output
+from functions.runtimes.output import Output
 from functions.runtimes.sweep import Sweeper
 from functions.runtimes.warm import WARM_OFF, WarmCounts
 from functions.runtimes.warm_check import run_warm_check, wanted
@@ -61,9 +61,6 @@ from storage.store_errors import StorageError
 if TYPE_CHECKING:
     from functions.settings import Settings
 
-STREAM_END_SECONDS = 5  # after the exit, for the attach stream to bring the last output
-EXIT_CHECK_SECONDS = 5  # how often a script whose attach stream goes on is checked for an exit
-EXIT_SETTLE_SECONDS = 1  # after the stream's end, asking for the exit code before waiting
 log = logging.getLogger("functions.container")
 
 
@@ -280,15 +277,15 @@ class ContainerRuntime:
             self._not_stopped(task, container, workdir)
             self._script_starts(task.run_id)
             with clock.phase("script"):
-                exit_code, output = self._feed_and_wait(container, task, keep)
+                exit_code, output = feed_and_wait(container, task, keep)
         else:
             self._script_starts(task.run_id)  # an adopted container's script has started
             try:
                 with clock.phase("script"):
-                    remaining = _remaining(container, task.timeout_seconds)
-                    exit_code = self._wait(container, task, remaining)
+                    left = remaining(container, task.timeout_seconds)
+                    exit_code = wait(container, left)
                 with clock.phase("output"):
-                    output = _read_logs(container, with_stdout=exit_code is not None, keep=keep)
+                    output = read_logs(container, with_stdout=exit_code is not None, keep=keep)
             except Unavailable:
                 # The process that started the container may live on (an orphaned worker):
                 # if it stored the result and removed the container, that result stands.
@@ -340,7 +337,7 @@ class ContainerRuntime:
         if output is None:
             with clock.phase("output"):
                 keep = stage_collect.stderr_bytes(redactor)
-                output = _read_logs(container, with_stdout=exit_code is not None, keep=keep)
+                output = read_logs(container, with_stdout=exit_code is not None, keep=keep)
         return stage_collect.collect_task(
             self._store,
             task,
@@ -408,63 +405,6 @@ class ContainerRuntime:
         except ENGINE_ERRORS as err:  # a name conflict included: another process runs it
             raise Unavailable(f"container engine: cannot create container: {err}") from err
 
-    def _feed_and_wait(
-        self, container: Any, task: Task, keep: int
-    ) -> tuple[int | None, Output | None]:
-        """Start with stdin, stdout and stderr attached: stdin fed from one thread (a script
-        that never reads stdin cannot block us), the output read as it comes by another;
-        wait. An exit code of None: the script timed out and was killed. The output is None
-        if the attach stream did not end whole (then the engine's logs are read instead).
-        ``keep``: the bytes of stderr's tail to keep (``stage_collect.stderr_bytes``)."""
-        try:
-            sock = container.attach_socket(
-                params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
-            )
-            container.start()
-        except ENGINE_ERRORS as err:
-            raise Unavailable(f"container engine: cannot start the container: {err}") from err
-        pumping = pump(sock, task.stdin, keep)
-        try:
-            exit_code = self._await_exit(container, task, pumping.reader)
-        finally:
-            pumping.feeder.join(5)
-            pumping.reader.join(STREAM_END_SECONDS)
-            close_socket(sock)
-        return exit_code, pumping.output if pumping.output.complete else None
-
-    def _await_exit(self, container: Any, task: Task, reader: threading.Thread) -> int | None:
-        """The exit code, asked for as soon as the attach stream ends (Podman's own wait
-        answers up to a second after the exit); the engine's wait decides when the stream
-        ends early (a script closing its stdout) or not at all. None: timed out, killed."""
-        deadline = time.monotonic() + task.timeout_seconds
-        while reader.is_alive() and time.monotonic() < deadline:
-            reader.join(min(EXIT_CHECK_SECONDS, max(0.0, deadline - time.monotonic())))
-            if reader.is_alive() and (code := _exit_code(container)) is not None:
-                return code  # exited, but the stream did not end: the engine's logs tell
-        if not reader.is_alive():
-            settle = min(deadline, time.monotonic() + EXIT_SETTLE_SECONDS)
-            while (code := _exit_code(container)) is None and time.monotonic() < settle:
-                time.sleep(0.02)  # the stream ended a moment before the engine saw the exit
-            if code is not None:
-                return code
-        return self._wait(container, task, deadline - time.monotonic())
-
-    def _wait(self, container: Any, task: Task, timeout: float) -> int | None:
-        """The exit code; None if the script overran ``timeout`` (it is killed)."""
-        started = time.monotonic()
-        try:
-            if timeout <= 0:
-                raise requests.exceptions.Timeout("the task's time is up")
-            status = container.wait(timeout=timeout)
-            return int(status.get("StatusCode", -1))
-        except (requests.exceptions.ConnectionError, requests.exceptions.Timeout) as err:
-            if time.monotonic() - started < timeout * 0.9:
-                raise Unavailable(f"container engine: lost the container: {err}") from err
-            _kill(container)
-            return None
-        except ENGINE_ERRORS as err:
-            raise Unavailable(f"container engine: {err}") from err
-
 
 def _request_of(container: Any) -> str:
     """The request digest a container was created for ("" if it predates the label)."""
@@ -475,19 +415,6 @@ def _request_of(container: Any) -> str:
 def container_name(run: str) -> str:
     """The container of a run: found again by name after a crash."""
     return f"rf-{run}"
-
-
-def _remaining(container: Any, timeout: float) -> float:
-    """What is left of the task's timeout for an adopted container (all of it when the
-    engine does not say when it started)."""
-    started = str(container.attrs.get("State", {}).get("StartedAt") or "")
-    match = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)?", started)
-    if not match or started.startswith("0001"):
-        return timeout
-    fraction = (match.group(2) or ".0")[:7]
-    zone = match.group(3) or "Z"
-    moment = datetime.fromisoformat(match.group(1) + fraction + zone.replace("Z", "+00:00"))
-    return timeout - (datetime.now(UTC) - moment).total_seconds()
 
 
 def engine_environment(env: Mapping[str, str]) -> dict[str, str]:
@@ -504,45 +431,6 @@ def engine_environment(env: Mapping[str, str]) -> dict[str, str]:
             env["DOCKER_HOST"] = f"unix://{path}"
             break
     return env
-
-
-def _exit_code(container: Any) -> int | None:
-    """The exit code if the script has exited, else None. Podman says "stopped", with the
-    exit code, for the quarter second it takes to clean up before "exited"."""
-    try:
-        container.reload()
-    except ENGINE_ERRORS as err:
-        raise Unavailable(f"container engine: {err}") from err
-    state = container.attrs.get("State") or {}
-    if state.get("Status") not in ("stopped", "exited"):
-        return None
-    return int(state.get("ExitCode", -1))
-
-
-def _read_logs(container: Any, *, with_stdout: bool, keep: int) -> Output:
-    """The output from the engine's logs (an adopted container's, or when the attach
-    stream was cut): two reads, one per stream; stdout only if it counts; the last ``keep``
-    bytes of stderr."""
-    output = Output(keep)
-    streams = (STDERR, STDOUT) if with_stdout else (STDERR,)
-    try:
-        for stream in streams:
-            is_stdout = stream == STDOUT
-            chunks = container.logs(stdout=is_stdout, stderr=not is_stdout, stream=True)
-            for chunk in chunks:
-                output.add(stream, chunk)
-                if output.stdout_full:
-                    break
-    except ENGINE_ERRORS as err:
-        raise Unavailable(f"container engine: cannot read the output: {err}") from err
-    return output
-
-
-def _kill(container: Any) -> None:
-    try:
-        container.kill()
-    except ENGINE_ERRORS as err:
-        log.warning("cannot kill a timed-out container", extra=fields(error=str(err)))
 
 
 def _remove(container: Any) -> None:

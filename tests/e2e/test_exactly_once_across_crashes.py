@@ -19,6 +19,7 @@ from functions.errors import RequestIdReused
 from functions.model import ResourceType, Task
 from functions.protocol import MAX_STDERR_BYTES, stdin_payload
 from functions.runtimes.container import ContainerConfig, ContainerRuntime
+from functions.runtimes.container_script import feed_and_wait
 from storage import open_store
 from storage.archive import ArchiveOptions, Limits
 from testbed.podman import podman_service
@@ -147,9 +148,7 @@ def test_an_exited_container_left_behind_is_adopted(docker_host, resource_image,
     task = check_task(resource_image, {"count": 1, "nonce": uuid.uuid4().hex})
     since = time.time() - 1
     leftover = runtime._create(task, tmp_path)
-    runtime._feed_and_wait(
-        leftover, task, MAX_STDERR_BYTES
-    )  # ran and exited; then "the service died"
+    feed_and_wait(leftover, task, MAX_STDERR_BYTES)  # ran and exited; then "the service died"
     outcome = runtime.run(task)
     runtime.close()  # waits for the removal, which no longer holds up the reply
     assert outcome.data == {"versions": [{"ref": "1"}]}
@@ -169,7 +168,7 @@ def test_a_container_left_by_another_request_is_never_adopted(
     )
     task = replace(check_task(resource_image, {"count": 1}), request_digest="a" * 64)
     leftover = runtime._create(task, tmp_path)
-    runtime._feed_and_wait(leftover, task, MAX_STDERR_BYTES)
+    feed_and_wait(leftover, task, MAX_STDERR_BYTES)
     try:
         with pytest.raises(RequestIdReused):
             runtime.run(replace(task, request_digest="b" * 64))
