@@ -52,6 +52,7 @@ from functions.runtimes.background import (
     end_async_run,
     outcome_of_async,
 )
+from functions.runtimes.job_plan import JobPlan, KubernetesConfig, job_name, plan_for, secret_name
 from functions.runtimes.job_status import (
     Verdict,
     is_finished,
@@ -62,7 +63,6 @@ from functions.runtimes.job_status import (
 )
 from functions.runtimes.labels import JOB_RUN_LABEL, MANAGED, REQUEST_DIGEST_ANNOTATION
 from functions.runtimes.pod_watch import Pods, PodWatch
-from functions.runtimes.podspec import JobPlan, KubernetesConfig, plan_for
 from functions.runtimes.warm import WarmCounts
 from functions.runtimes.warm_check import run_warm_check, wanted
 from functions.runtimes.warm_pods import PodCheck, WarmPods
@@ -231,9 +231,9 @@ class KubernetesRuntime:
         if this replica runs one; a follower of the Job sees it gone."""
         if self._warm is not None:
             self._warm.stop(run)
-        name = podspec.job_name(action, run)
+        name = job_name(action, run)
         self._api.delete_job(name)
-        self._api.delete_secret(podspec.secret_name(name))
+        self._api.delete_secret(secret_name(name))
 
     # --- creating ------------------------------------------------------------------------
 
@@ -504,7 +504,7 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-def reply_claims(plan: podspec.JobPlan, now: float) -> keys.ReplyClaims:
+def reply_claims(plan: JobPlan, now: float) -> keys.ReplyClaims:
     """What an asynchronous run's collect may post through the reply relay: its reply and (a
     check) its resource's discovered versions, for its request, until its Job's deadline."""
     assert plan.reply is not None

@@ -2,7 +2,7 @@
 ``functions.runtimes.warm``, as ``warm_engine`` is the local engine's.
 
 A warm pod lives in the task namespace (its NetworkPolicies, ServiceAccount, limits and quota
-apply as to a task pod: ``podspec.warm_pod_manifest``). Its resource container runs the
+apply as to a task pod: ``warm_podspec.warm_pod_manifest``). Its resource container runs the
 static pause program an init container copied from the project image; each check is a
 ``pods/exec`` of the check script with the request on the exec's stdin. Labels:
 ``warm-check`` (the key) and ``warm-owner`` (a hash of the replica's pod name): replicas never
@@ -25,10 +25,10 @@ from functions.kube.api import KubeApi
 from functions.logs import fields
 from functions.model import SCRIPTS, Task
 from functions.phases import PhaseClock
+from functions.runtimes.job_plan import JobPlan
 from functions.runtimes.job_status import pod_verdict
 from functions.runtimes.labels import MANAGED, WARM_POD_KEY_LABEL, WARM_POD_OWNER_LABEL
 from functions.runtimes.output import Output
-from functions.runtimes.podspec import JobPlan, owner_label, warm_pod_manifest
 from functions.runtimes.warm import (
     QUOTA,
     CheckEnd,
@@ -39,6 +39,7 @@ from functions.runtimes.warm import (
     check_in_warm,
 )
 from functions.runtimes.warm_check import ImagePullFailed
+from functions.runtimes.warm_podspec import owner_label, warm_pod_manifest
 from functions.settings import WarmLimits
 
 READY_POLL_SECONDS = 0.25

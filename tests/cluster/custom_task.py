@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from functions import keys
-from functions.runtimes.podspec import REQUEST_LABEL
+from functions.runtimes.labels import REQUEST_LABEL
 from functions.tekton.controller_config import EVENT_SOURCE
 from tests.cluster.conftest import NAMESPACE, KnativeDeployment
 from tests.cluster.knative import apply

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from functions.runtimes.podspec import job_name
+from functions.runtimes.job_plan import job_name
 from tests.cluster.conftest import KNATIVE_CACHE_SECRET
 from tests.cluster.test_knative_path import (
     LABEL,

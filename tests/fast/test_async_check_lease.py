@@ -11,7 +11,8 @@ import pytest
 
 from functions import cli
 from functions.model import HistoryPlan, LeaseHold, ResourceType, Task
-from functions.runtimes.podspec import KubernetesConfig, job_manifest, plan_for
+from functions.runtimes.job_plan import KubernetesConfig, plan_for
+from functions.runtimes.podspec import job_manifest
 from functions.steps.budget import async_lease_seconds
 from functions.steps.pod_contract import CollectStep
 from functions.task import in_pod

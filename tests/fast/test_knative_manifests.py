@@ -1028,7 +1028,7 @@ def test_task_budget_fits_the_request_timeout(service: dict) -> None:
     timeout, the margin for pulls/stage/collect and the runtime's slack past the Job's
     deadline (plus the wait for a completed Job's result) must end before Knative's
     timeoutSeconds, or Knative cuts the request and the Broker redelivers a running task."""
-    from functions.runtimes.podspec import KubernetesConfig
+    from functions.runtimes.job_plan import KubernetesConfig
     from functions.settings import Settings
 
     settings = Settings.from_env({**_effective_env(service), "CACHE_SECRET": "0" * 64})

@@ -21,14 +21,12 @@ import pytest
 
 from functions import protocol
 from functions.model import Build, HistoryPlan, ResourceType, TraceContext
-from functions.runtimes import podspec
+from functions.runtimes import job_plan, labels, podspec
+from functions.runtimes.job_plan import JobPlan, KubernetesConfig, plan_for
 from functions.runtimes.name_files import NameFiles
 from functions.runtimes.podspec import (
     RESOURCE_SCRIPT,
-    JobPlan,
-    KubernetesConfig,
     job_manifest,
-    plan_for,
     stdin_secret_manifest,
 )
 from functions.steps import pod_contract
@@ -119,7 +117,7 @@ def test_build_dir_is_shared_and_stdin_reaches_only_resource_and_collect(action:
     volumes = {v["name"]: v for v in job["spec"]["template"]["spec"]["volumes"]}
     assert volumes["build"] == {"name": "build", "emptyDir": {"sizeLimit": "8Gi"}}
     assert volumes["stdin"]["secret"] == {
-        "secretName": podspec.job_name(action, make_task(action).run_id) + "-stdin",
+        "secretName": job_plan.job_name(action, make_task(action).run_id) + "-stdin",
         "optional": False,
         "defaultMode": 0o400,
         "items": [
@@ -198,7 +196,7 @@ def test_names_and_labels_are_valid(action: str) -> None:
     ]
     names += [v["name"] for v in job["spec"]["template"]["spec"]["volumes"]]
     for name in names:
-        assert podspec.DNS_LABEL.match(name) and len(name) <= 63, name
+        assert job_plan.DNS_LABEL.match(name) and len(name) <= 63, name
     assert job["metadata"]["name"] == f"rf-{action}-{plan.run_id[:20]}"
     for obj_labels in (
         job["metadata"]["labels"],
@@ -216,7 +214,7 @@ def test_job_name_is_the_same_for_every_delivery_and_differs_between_requests() 
     assert make_plan(request_id="a").job_name == make_plan(request_id="a").job_name
     assert make_plan(request_id="a").job_name != make_plan(request_id="b").job_name
     with pytest.raises(ValueError):
-        podspec.job_name("get", "not-hex")
+        job_plan.job_name("get", "not-hex")
 
 
 def test_resource_script_is_the_same_text_for_every_request() -> None:
@@ -255,8 +253,8 @@ def test_the_job_and_its_pods_are_labelled_with_their_requests_source_and_id() -
 
     manifest = job_manifest(make_plan(request_id="run-uid-r1"))
     wanted = keys.request_label("//ci.example.com", "run-uid-r1")
-    assert manifest["metadata"]["labels"][podspec.REQUEST_LABEL] == wanted
-    assert manifest["spec"]["template"]["metadata"]["labels"][podspec.REQUEST_LABEL] == wanted
+    assert manifest["metadata"]["labels"][labels.REQUEST_LABEL] == wanted
+    assert manifest["spec"]["template"]["metadata"]["labels"][labels.REQUEST_LABEL] == wanted
     assert wanted != keys.request_label("//ci.example.com", "run-uid-r2")
     assert len(wanted) <= 63 and wanted.isalnum()
 

@@ -14,10 +14,10 @@ import pytest
 
 from functions.model import ResourceType
 from functions.runtimes.labels import WARM_POD_KEY_LABEL, WARM_POD_OWNER_LABEL
-from functions.runtimes.podspec import (
+from functions.runtimes.podspec import job_manifest
+from functions.runtimes.warm_podspec import (
     PAUSE_IN_TASK_IMAGE,
     PAUSE_PROGRAM,
-    job_manifest,
     owner_label,
     warm_pod_manifest,
     warm_pod_name,
