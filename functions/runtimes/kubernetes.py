@@ -1,8 +1,8 @@
 """The kubernetes runtime: one Job per task (API calls through ``functions.kube.api``).
 
-``run`` creates the Job (named from the run id, so a redelivered request finds it and waits
-on it instead of starting another), then the stdin Secret owned by the Job, then follows the
-Job's pod until a verdict (``job_status.judge``), as one watch of the task pods shared by every
+``run`` launches the Job (``job_launch``: named from the run id, so a redelivered request
+finds it and waits on it instead of starting another; then the stdin Secret owned by the
+Job), then follows the Job's pod until a verdict (``job_status.judge``), as one watch of the task pods shared by every
 run of the runtime sees it (``pod_watch``): fails fast on image-pull errors, deletes the Job on
 timeout, reads ``results/<run-id>.json`` that ``collect`` stored on completion.
 Failures that only the function sees (image pull, timeout, a failed or vanished Job) are
@@ -28,23 +28,12 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from functions import keys
-from functions.errors import (
-    Conflict,
-    KubeApiError,
-    NotFound,
-    Rejected,
-    RequestIdReused,
-    RunStopped,
-    Unavailable,
-    failure_kind,
-)
-from functions.kube.api import KubeApi, api_client_from_env, owner_uids, uid_of
-from functions.ledger import results, tombstones
+from functions.errors import KubeApiError, Rejected, Unavailable, failure_kind
+from functions.kube.api import KubeApi, api_client_from_env, uid_of
+from functions.ledger import results
 from functions.logs import fields
 from functions.model import FailureKind, Outcome, Task
 from functions.phases import PhaseClock, timed
-from functions.runtimes import podspec
 from functions.runtimes.background import (
     AsyncEnd,
     BackgroundRuns,
@@ -52,16 +41,16 @@ from functions.runtimes.background import (
     end_async_run,
     outcome_of_async,
 )
+from functions.runtimes.job_launch import JobLauncher
 from functions.runtimes.job_plan import JobPlan, KubernetesConfig, job_name, plan_for, secret_name
 from functions.runtimes.job_status import (
     Verdict,
-    is_finished,
     judge,
     pod_phases,
     pod_started,
     started_at,
 )
-from functions.runtimes.labels import JOB_RUN_LABEL, MANAGED, REQUEST_DIGEST_ANNOTATION
+from functions.runtimes.labels import MANAGED
 from functions.runtimes.pod_watch import Pods, PodWatch
 from functions.runtimes.warm import WarmCounts
 from functions.runtimes.warm_check import run_warm_check, wanted
@@ -74,8 +63,6 @@ if TYPE_CHECKING:
     from functions.settings import Settings
 
 log = logging.getLogger("functions.kubernetes")
-# A reply token outlives its Job's deadline by this: a pod may still be scheduled late.
-REPLY_GRACE_SECONDS = 600
 
 
 class TaskUnavailable(Unavailable):
@@ -103,6 +90,7 @@ class Settled:
 class KubernetesRuntime:
     def __init__(self, api_client: Any, store: Store, config: KubernetesConfig) -> None:
         self._api = KubeApi(api_client, config.namespace, config.request_timeout)
+        self._jobs = JobLauncher(self._api, store, config)
         self._store = store
         self._config = config
         self._closed = threading.Event()
@@ -157,9 +145,9 @@ class KubernetesRuntime:
         clock = PhaseClock()
         try:
             with clock.phase("launch"):
-                job = self._launch(plan, task)
+                job = self._jobs.launch(plan, task)
         except Rejected as err:
-            return self._rejected(task, plan, err)
+            return self._jobs.rejected(task, plan, err)
         return clock.attach(self._settle(task, plan, job, clock).outcome)
 
     def ready(self) -> None:
@@ -180,7 +168,7 @@ class KubernetesRuntime:
         def warm_or_job() -> Outcome:
             outcome = self._warm_check(task, plan)
             if outcome is None:
-                outcome = self._settle(task, plan, self._launch(plan, task)).outcome
+                outcome = self._settle(task, plan, self._jobs.launch(plan, task)).outcome
             return outcome
 
         outcome = outcome_of_async(task, warm_or_job)
@@ -215,9 +203,9 @@ class KubernetesRuntime:
         clock = PhaseClock()
         try:
             with clock.phase("launch"):
-                job = self._launch(plan, task)
+                job = self._jobs.launch(plan, task)
         except Rejected as err:
-            outcome = self._rejected(task, plan, err)
+            outcome = self._jobs.rejected(task, plan, err)
             end_async_run(self._store, self._config.sink, task, outcome, ended, AsyncEnd.IN_REQUEST)
             return
         with self._lock:
@@ -234,94 +222,6 @@ class KubernetesRuntime:
         name = job_name(action, run)
         self._api.delete_job(name)
         self._api.delete_secret(secret_name(name))
-
-    # --- creating ------------------------------------------------------------------------
-
-    def _launch(self, plan: JobPlan, task: Task) -> dict[str, Any]:
-        """Create the Job, or attach to the one a previous delivery created; then its Secret
-        (unless that Job has finished already: no credentials for a pod that will not run).
-        A run stopped by its sender (``Runtime.stop``) gets neither; one stopped while its Job
-        was created loses the Job before it gets the Secret its pod waits for."""
-        self._not_stopped(plan)
-        try:
-            job = self._api.create_job(podspec.job_manifest(plan))
-        except Conflict:
-            job = self._existing_job(plan)
-            if is_finished(job):
-                return job
-        except NotFound as err:
-            raise Unavailable(f"cannot create Jobs in namespace {plan.namespace!r}: {err}") from err
-        self._not_stopped(plan, created=True)
-        self._create_secret(plan, task, job)
-        return job
-
-    def _not_stopped(self, plan: JobPlan, created: bool = False) -> None:
-        if not tombstones.stopped(self._store, plan.run_id):
-            return
-        if created:
-            self._api.delete_job(plan.job_name)
-        raise RunStopped(f"run {plan.run_id} was stopped by its sender: its Job is not run")
-
-    def _rejected(self, task: Task, plan: JobPlan, err: Rejected) -> Outcome:
-        """The API refused the Job or its Secret as invalid (per-type settings, a payload
-        over the Secret size limit): a permanent failure of this request."""
-        self._api.delete_job(plan.job_name)
-        outcome = failed(task.action, "runtime", f"cannot start the task: {err}")
-        try:
-            return results.record_outcome(
-                self._store, task.run_id, outcome, request=task.request_digest
-            )
-        except StorageError as store_err:
-            return final_failure(task.action, store_err)
-
-    def _existing_job(self, plan: JobPlan) -> dict[str, Any]:
-        job = self._api.read_job(plan.job_name)
-        if job is None:
-            raise Unavailable(f"task Job {plan.job_name} vanished while attaching to it")
-        metadata = job.get("metadata") or {}
-        owner = (metadata.get("labels") or {}).get(JOB_RUN_LABEL)
-        if owner != plan.run_id:
-            raise Unavailable(f"Job {plan.job_name} exists but belongs to run {owner!r}")
-        attached = (metadata.get("annotations") or {}).get(REQUEST_DIGEST_ANNOTATION, "")
-        if attached not in ("", plan.request_digest):
-            raise RequestIdReused()
-        if metadata.get("deletionTimestamp"):  # deleted to run again (the store was down)
-            raise Unavailable(f"task Job {plan.job_name} is being deleted: try again")
-        return job
-
-    def _create_secret(self, plan: JobPlan, task: Task, job: dict[str, Any]) -> None:
-        uid = uid_of(job)
-        if not uid:
-            raise Unavailable(f"the Kubernetes API returned Job {plan.job_name} without a uid")
-        token = (
-            keys.reply_token(self._config.reply_secret, reply_claims(plan, time.time()))
-            if plan.reply
-            else ""
-        )
-        manifest = podspec.stdin_secret_manifest(
-            plan,
-            task.stdin,
-            uid,
-            task.secrets,
-            token,
-            resolved=task.resolved,
-            name_files=self._config.name_files,
-        )
-        for attempt in range(2):
-            try:
-                self._api.create_secret(manifest)
-                return
-            except Conflict:
-                existing = self._api.read_secret(plan.secret_name)
-                if existing is not None and uid in owner_uids(existing):
-                    return  # a previous delivery created it
-                if attempt:
-                    raise Unavailable(f"Secret {plan.secret_name} exists for another Job") from None
-                # Left by an earlier Job of this name (deleted to run again): the garbage
-                # collector would delete it under the new pod.
-                self._api.delete_secret(plan.secret_name)
-            except NotFound as err:
-                raise Unavailable(f"cannot create Secret {plan.secret_name}: {err}") from err
 
     # --- following -----------------------------------------------------------------------
 
@@ -502,19 +402,3 @@ def _phase(pod: dict[str, Any]) -> str:
 
 def _now() -> datetime:
     return datetime.now(UTC)
-
-
-def reply_claims(plan: JobPlan, now: float) -> keys.ReplyClaims:
-    """What an asynchronous run's collect may post through the reply relay: its reply and (a
-    check) its resource's discovered versions, for its request, until its Job's deadline."""
-    assert plan.reply is not None
-    deadline = now + plan.active_deadline_seconds + REPLY_GRACE_SECONDS
-    return keys.ReplyClaims(
-        run=plan.run_id,
-        action=plan.action,
-        request_id=plan.reply.request_id,
-        subject=plan.reply.subject or "",
-        team=plan.reply.team,
-        resource=plan.history.resource_key if plan.history else "",
-        expires=int(deadline),
-    )

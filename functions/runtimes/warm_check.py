@@ -10,7 +10,6 @@ import hashlib
 from typing import Any, Protocol
 
 from functions.keys import canonical_json
-from functions.ledger import results
 from functions.model import Outcome, ResourceType, Task
 from functions.phases import PhaseClock
 from functions.redaction import Redactor
@@ -91,7 +90,8 @@ def run_warm_check(store: Store, task: Task, executor: WarmExecutor) -> Outcome 
             )
             ended = executor.check(task, key, image, clock, stage_collect.stderr_bytes(redactor))
         except ImagePullFailed as err:
-            return clock.attach(_recorded(store, task, failed("check", "image_pull", str(err))))
+            pulled = failed("check", "image_pull", str(err))
+            return clock.attach(stage_collect.record_failure(store, task, pulled))
         if ended is None:
             return None
         code, output = ended
@@ -106,14 +106,5 @@ def run_warm_check(store: Store, task: Task, executor: WarmExecutor) -> Outcome 
             clock=clock,
         )
     except StorageError as err:  # a permanent store refusal; retryable ones raise here
-        outcome = _recorded(store, task, final_failure(task.action, err))
+        outcome = stage_collect.record_failure(store, task, final_failure(task.action, err))
     return clock.attach(outcome)
-
-
-def _recorded(store: Store, task: Task, outcome: Outcome) -> Outcome:
-    """``outcome`` as recorded (a redelivery replays it), or as it is if the store refuses it
-    for good (a refusal that may pass raises ``Unavailable``)."""
-    try:
-        return results.record_outcome(store, task.run_id, outcome, request=task.request_digest)
-    except StorageError as err:
-        return final_failure(task.action, err)

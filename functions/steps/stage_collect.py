@@ -21,12 +21,18 @@ from functions.model import Action, ArtifactRef, HistoryPlan, Outcome, Task
 from functions.phases import PhaseClock, timed
 from functions.protocol import MAX_STDERR_BYTES
 from functions.redaction import Redactor
-from functions.steps.outcome import failed, outcome_of_script, screened, script_timeout
+from functions.steps.outcome import (
+    failed,
+    final_failure,
+    outcome_of_script,
+    screened,
+    script_timeout,
+)
 from storage import Store, get_json, put_json
 from storage.archive import ArchiveOptions, Limits, suffix_for
 from storage.artifacts import download_tree, upload_tree
 from storage.base import key_for_url
-from storage.store_errors import ArchiveError, ObjectExists, ObjectNotFound
+from storage.store_errors import ArchiveError, ObjectExists, ObjectNotFound, StorageError
 
 FORMAT_NAMES = {"zstd": "tar+zstd", "gzip": "tar+gzip", "none": "tar"}
 
@@ -178,6 +184,16 @@ def collect_task(
         output_dir=output_dir,
         clock=clock,
     )
+
+
+def record_failure(store: Store, task: Task, outcome: Outcome) -> Outcome:
+    """A failure the runtime saw, not the script (an image that cannot be had, a task the API
+    refused), recorded so that a redelivery replays it; as it is if the store refuses the
+    record for good (a refusal that may pass raises ``Unavailable``)."""
+    try:
+        return results.record_outcome(store, task.run_id, outcome, request=task.request_digest)
+    except StorageError as err:
+        return final_failure(task.action, err)
 
 
 def stderr_bytes(redactor: Redactor) -> int:

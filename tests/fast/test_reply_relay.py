@@ -234,10 +234,10 @@ def test_a_runs_events_go_over_one_connection(sink: EventSink) -> None:
 
 
 def test_the_token_a_runtime_mints_binds_the_runs_request_and_expires_with_its_job() -> None:
-    """``kubernetes.reply_claims``: what the Secret's token says of an async run's Job."""
+    """``job_launch.reply_claims``: what the Secret's token says of an async run's Job."""
     import dataclasses as dc
 
-    from functions.runtimes.kubernetes import REPLY_GRACE_SECONDS, reply_claims
+    from functions.runtimes.job_launch import REPLY_GRACE_SECONDS, reply_claims
     from functions.steps.pod_contract import ReplyPlan
     from tests.support.job_plans import make_plan
 
