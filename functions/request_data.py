@@ -12,7 +12,7 @@ from functions import keys
 from functions.errors import InvalidRequest
 from functions.ledger.history import LATEST_KNOWN
 from functions.model import Action, ArtifactRef, Build, Request, ResourceType
-from functions.settings import is_seconds
+from functions.resource_types import is_seconds
 from storage.archive import FORMATS, suffix_for
 from storage.base import is_digest, key_problem
 

@@ -1,41 +1,47 @@
 """Settings, read once from the environment into a typed, immutable object.
 
 Every public variable is documented in the README's configuration table. Reading never
-writes the environment; a malformed value raises ``ConfigError`` naming the variable.
+writes the environment; a malformed value raises ``ConfigError`` naming the variable. One
+variable's value is read by ``setting_values``, RESOURCE_TYPES by ``resource_types``.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
-from functions.errors import ConfigError
 from functions.model import ResourceType
 from functions.redaction import DEFAULT_REDACT_KEYS
+from functions.resource_types import (
+    node_selector,
+    parse_resource_types,
+    task_resources,
+    tolerations,
+)
+from functions.setting_values import (
+    choice,
+    dns_name,
+    name_list,
+    number,
+    patterns,
+    quantity,
+    redact_keys,
+    sender_teams,
+    storage_setting,
+    tekton_teams,
+    text,
+    whole,
+)
 from functions.steps.pod_contract import STEP_ENV
 from functions.tracing import tracing_wanted
 from storage.archive import ArchiveOptions, Limits
-from storage.tuning import StoreOptions, env_int
+from storage.tuning import StoreOptions
 
 T = TypeVar("T")
-
-# The embedded catalogue: Concourse's core resource types, by name.
-DEFAULT_RESOURCE_TYPES = {
-    "git": "docker.io/concourse/git-resource:1.17",
-    "time": "docker.io/concourse/time-resource:1.8",
-    "registry-image": "docker.io/concourse/registry-image-resource:1.11",
-    "s3": "docker.io/concourse/s3-resource:1.3",
-    "semver": "docker.io/concourse/semver-resource:1.8",
-    "github-release": "docker.io/concourse/github-release-resource:1.9",
-    "mock": "docker.io/concourse/mock-resource:0.13",
-}
 
 # Every task container's requests and limits unless TASK_RESOURCES or a type's "resources"
 # say otherwise (a type's "requests" or "limits" replace these as a whole).
@@ -140,48 +146,40 @@ class Settings:
         secret = env.get("CACHE_SECRET", "")
         return cls(
             store_url=env.get("STORE_URL") or default_store_url(env),
-            runtime=_choice(env, "RUNTIME", RUNTIMES, "container"),
+            runtime=choice(env, "RUNTIME", RUNTIMES, "container"),
             resource_types=parse_resource_types(env.get("RESOURCE_TYPES", "")),
             cache_secret=secret.encode() if secret else secrets.token_bytes(32),
             cache_secret_generated=not secret,
-            task_timeout_seconds=_number(env, "TASK_TIMEOUT_SECONDS", 3600.0),
-            reply_mode=_choice(env, "REPLY_MODE", REPLY_MODES, "sync"),
-            history_limit=_whole(env, "HISTORY_LIMIT", 1000),
-            max_runs_per_team=_whole(env, "MAX_RUNS_PER_TEAM", 8),
-            check_lease_seconds=_number(env, "CHECK_LEASE_SECONDS", 30.0, zero=True),
-            log_level=_choice(env, "LOG_LEVEL", ("debug", "info", "warning", "error"), "info"),
+            task_timeout_seconds=number(env, "TASK_TIMEOUT_SECONDS", 3600.0),
+            reply_mode=choice(env, "REPLY_MODE", REPLY_MODES, "sync"),
+            history_limit=whole(env, "HISTORY_LIMIT", 1000),
+            max_runs_per_team=whole(env, "MAX_RUNS_PER_TEAM", 8),
+            check_lease_seconds=number(env, "CHECK_LEASE_SECONDS", 30.0, zero=True),
+            log_level=choice(env, "LOG_LEVEL", ("debug", "info", "warning", "error"), "info"),
             task_namespace=env.get("TASK_NAMESPACE") or own_namespace(),
             task_service_account=env.get("TASK_SERVICE_ACCOUNT") or "resource-task",
             task_image=env.get("TASK_IMAGE") or "resource-functions:latest",
-            task_ttl_seconds=int(_number(env, "TASK_TTL_SECONDS", 600)),
-            task_store_secret=_dns_name(env, "TASK_STORE_SECRET"),
-            task_margin_seconds=_number(env, "TASK_MARGIN_SECONDS", 300.0),
-            task_resources=task_resources(
-                env.get("TASK_RESOURCES", DEFAULT_TASK_RESOURCES), "TASK_RESOURCES"
+            task_ttl_seconds=int(number(env, "TASK_TTL_SECONDS", 600)),
+            task_store_secret=dns_name(env, "TASK_STORE_SECRET"),
+            task_margin_seconds=number(env, "TASK_MARGIN_SECONDS", 300.0),
+            task_resources=_pod_setting(
+                env, "TASK_RESOURCES", task_resources, DEFAULT_TASK_RESOURCES
             ),
-            task_node_selector=node_selector(
-                env.get("TASK_NODE_SELECTOR", ""), "TASK_NODE_SELECTOR"
-            ),
-            task_tolerations=tolerations(env.get("TASK_TOLERATIONS", ""), "TASK_TOLERATIONS"),
-            task_image_pull_secrets=_name_list(env, "TASK_IMAGE_PULL_SECRETS"),
+            task_node_selector=_pod_setting(env, "TASK_NODE_SELECTOR", node_selector),
+            task_tolerations=_pod_setting(env, "TASK_TOLERATIONS", tolerations),
+            task_image_pull_secrets=name_list(env, "TASK_IMAGE_PULL_SECRETS"),
             sink=env.get("K_SINK", ""),
-            task_reply_sink=env.get("TASK_REPLY_SINK", "").strip(),
-            task_build_size_limit=_quantity(env, "TASK_BUILD_SIZE_LIMIT", "8Gi"),
-            task_name_files=_choice(env, "TASK_NAME_FILES", ("auto", "off"), "auto"),
-            credentials_provider=_choice(
-                env,
-                "CREDENTIALS_PROVIDER",
-                CREDENTIALS_PROVIDERS,
-                "dir" if env.get("CREDENTIALS_DIR") else "none",
-            ),
+            task_reply_sink=text(env, "TASK_REPLY_SINK"),
+            task_build_size_limit=quantity(env, "TASK_BUILD_SIZE_LIMIT", "8Gi"),
+            task_name_files=choice(env, "TASK_NAME_FILES", ("auto", "off"), "auto"),
+            credentials_provider=_credentials_provider(env),
             credentials_dir=env.get("CREDENTIALS_DIR", ""),
             credentials_kubernetes_namespace_prefix=env.get(
                 "CREDENTIALS_KUBERNETES_NAMESPACE_PREFIX", "concourse-"
             ).strip(),
             allowed_images=patterns(env.get("ALLOWED_IMAGES")),
-            sender_audience=env.get("SENDER_AUDIENCE", "").strip(),
-            artifact_audience=env.get("ARTIFACT_AUDIENCE", "").strip()
-            or "resource-functions-artifacts",
+            sender_audience=text(env, "SENDER_AUDIENCE"),
+            artifact_audience=text(env, "ARTIFACT_AUDIENCE", "resource-functions-artifacts"),
             tekton_teams=tekton_teams(env.get("TEKTON_TEAMS", "")),
             allowed_senders=patterns(env.get("ALLOWED_SENDERS")),
             redact_keys=redact_keys(env.get("REDACT_KEYS")),
@@ -189,17 +187,15 @@ class Settings:
             docker_api_version=env.get("DOCKER_API_VERSION") or "1.41",
             container_network=env.get("CONTAINER_NETWORK", ""),
             work_dir=env.get("WORK_DIR", ""),
-            cache_recheck_seconds=_number(env, "CACHE_RECHECK_SECONDS", 1.0),
+            cache_recheck_seconds=number(env, "CACHE_RECHECK_SECONDS", 1.0),
             tracing=tracing_wanted(env),
-            archive=_storage_setting(ArchiveOptions.from_env, env),
-            limits=_storage_setting(Limits.from_env, env),
-            store_options=_storage_setting(StoreOptions.from_env, env),
+            archive=storage_setting(ArchiveOptions.from_env, env),
+            limits=storage_setting(Limits.from_env, env),
+            store_options=storage_setting(StoreOptions.from_env, env),
             host=env.get("HOST") or "127.0.0.1",
-            port=_whole(env, "PORT", 8080),
-            threads=_whole(env, "THREADS", 16),
-            engine_env={
-                k: v for k, v in env.items() if k.startswith("DOCKER_") or k == "XDG_RUNTIME_DIR"
-            },
+            port=whole(env, "PORT", 8080),
+            threads=whole(env, "THREADS", 16),
+            engine_env=_client_env(env),
             kubeconfig=env.get("KUBECONFIG", ""),
             step_env=tuple((name, env[name]) for name in STEP_ENV if env.get(name)),
             warm=warm_limits(env),
@@ -221,270 +217,36 @@ def open_to_the_network(settings: Settings, host: str) -> str | None:
     )
 
 
-def patterns(value: str | None) -> tuple[str, ...]:
-    """A list of glob patterns (comma or whitespace separated): ALLOWED_IMAGES, ALLOWED_SENDERS.
-    Unset: ``*`` (everything); empty or ``none``: nothing (for images: catalogue types only)."""
-    if value is None:
-        return ("*",)
-    found = tuple(p for p in re.split(r"[,\s]+", value.strip()) if p)
-    return () if found == ("none",) else found
-
-
-def redact_keys(value: str | None) -> tuple[str, ...]:
-    """REDACT_KEYS: globs (comma or whitespace separated); ``default`` stands for the
-    built-in list, so ``default,access_key_id`` adds one. Unset: the built-in list; empty or
-    ``none``: no literal value is redacted (resolved values and URL userinfo still are)."""
-    if value is None:
-        return DEFAULT_REDACT_KEYS
-    found = [p for p in re.split(r"[,\s]+", value.strip()) if p]
-    if found == ["none"]:
-        return ()
-    expanded = (DEFAULT_REDACT_KEYS if p == "default" else (p,) for p in found)
-    return tuple(dict.fromkeys(key for keys in expanded for key in keys))
-
-
-def tekton_teams(value: str) -> dict[str, str] | None:
-    """TEKTON_TEAMS: a JSON object of namespace → team; only the namespaces it names are
-    served. Empty: the namespaces an administrator labelled (functions.tekton.namespace_teams)."""
-    if not value.strip():
-        return None
-    try:
-        parsed = json.loads(value)
-    except ValueError as err:
-        raise ConfigError(f"TEKTON_TEAMS is not valid JSON: {err}") from None
-    if not isinstance(parsed, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) and k and v for k, v in parsed.items()
-    ):
-        raise ConfigError("TEKTON_TEAMS must be a JSON object of namespace to team names")
-    return parsed
-
-
-def sender_teams(value: str, audience: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    """SENDER_TEAMS: a JSON object of sender identity globs to lists of team globs."""
-    if not value.strip():
-        return ()
-    if not audience.strip():
-        raise ConfigError("SENDER_TEAMS needs SENDER_AUDIENCE: without it no sender is known")
-    try:
-        raw = json.loads(value)
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"SENDER_TEAMS is not valid JSON: {err}") from None
-    if not isinstance(raw, dict) or not all(
-        isinstance(teams, list) and all(isinstance(t, str) for t in teams) for teams in raw.values()
-    ):
-        raise ConfigError(
-            "SENDER_TEAMS must be a JSON object of sender globs to lists of team globs, e.g. "
-            '{"system:serviceaccount:ci:engine": ["main", "blue-*"]}'
-        )
-    return tuple((sender, tuple(teams)) for sender, teams in raw.items())
-
-
-def _storage_setting(read: Callable[[Mapping[str, str]], T], env: Mapping[str, str]) -> T:
-    """The storage layer's own settings; their ValueError becomes a ConfigError."""
-    try:
-        return read(env)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
-
-
-def parse_resource_types(value: str) -> dict[str, ResourceType]:
-    """RESOURCE_TYPES: a JSON object (or a path to a file holding one) mapping a type name to
-    an image, or to {"image", "privileged", "timeout_seconds", "resources", "node_selector",
-    "tolerations", "image_pull_secrets", "check_every"}. Unset: the embedded catalogue."""
-    if not value.strip():
-        raw: Any = DEFAULT_RESOURCE_TYPES
-    else:
-        raw = _load_json_or_file(value)
-    if not isinstance(raw, dict):
-        raise ConfigError("RESOURCE_TYPES must be a JSON object mapping type names to images")
-    return {name: _resource_type(name, spec) for name, spec in raw.items()}
-
-
-def _resource_type(name: str, spec: Any) -> ResourceType:
-    where = f"RESOURCE_TYPES[{name!r}]"
-    if isinstance(spec, str):
-        spec = {"image": spec}
-    if not isinstance(spec, dict) or not isinstance(spec.get("image"), str) or not spec["image"]:
-        raise ConfigError(f"{where} must be an image name or an object with an 'image'")
-    known = {f for f in ResourceType.__dataclass_fields__}
-    unknown = sorted(set(spec) - known)
-    if unknown:
-        raise ConfigError(f"{where} has unknown keys {unknown}; known: {sorted(known)}")
-    try:
-        resource_type = ResourceType(**spec)
-    except TypeError as err:
-        raise ConfigError(f"{where}: {err}") from None
-    _check_pod_settings(resource_type, where)
-    return resource_type
-
-
-def _check_pod_settings(spec: ResourceType, where: str) -> None:
-    """The per-type pod settings have the shapes the task pod spec needs."""
-    task_resources(spec.resources, f"{where}.resources")
-    node_selector(spec.node_selector, f"{where}.node_selector")
-    tolerations(spec.tolerations, f"{where}.tolerations")
-    if not isinstance(spec.privileged, bool):
-        raise ConfigError(f"{where}.privileged must be true or false")
-    timeout = spec.timeout_seconds
-    if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0
-    ):
-        raise ConfigError(f"{where}.timeout_seconds must be a positive number of seconds")
-    if not isinstance(spec.build_size_limit, str) or (
-        spec.build_size_limit and not _QUANTITY.match(spec.build_size_limit)
-    ):
-        raise ConfigError(f"{where}.build_size_limit must be a Kubernetes quantity such as 8Gi")
-    if spec.check_every is not None and not is_seconds(spec.check_every):
-        raise ConfigError(f"{where}.check_every must be a number of seconds, 0 or more")
-    pull = spec.image_pull_secrets
-    if not isinstance(pull, list) or not all(
-        isinstance(n, str) and _DNS_SUBDOMAIN.match(n) for n in pull
-    ):
-        raise ConfigError(f"{where}.image_pull_secrets must be a list of Secret names")
-
-
-def is_seconds(value: Any) -> bool:
-    """Whether ``value`` is a JSON number of seconds, 0 or more (not a bool, not NaN/inf)."""
-    return (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and 0 <= value < float("inf")
-    )
-
-
-RESOURCE_KEYS = ("requests", "limits", "claims")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
-
-
-def task_resources(value: Any, where: str) -> dict[str, Any]:
-    """Container resources, as in a pod spec: {"requests": {...}, "limits": {...}}. Quantities
-    are strings or numbers; Kubernetes checks their syntax when the Job is created."""
-    value = _json_value(value, where, dict)
-    unknown = sorted(set(value) - set(RESOURCE_KEYS))
-    if unknown:
-        raise ConfigError(f"{where} has unknown keys {unknown}; known: {list(RESOURCE_KEYS)}")
-    for key in ("requests", "limits"):
-        quantities = value.get(key, {})
-        if not isinstance(quantities, dict) or not all(
-            isinstance(q, (str, int, float)) and not isinstance(q, bool)
-            for q in quantities.values()
-        ):
-            raise ConfigError(f"{where}.{key} must map resource names to quantities")
-    return cast(dict[str, Any], value)
-
-
-def node_selector(value: Any, where: str) -> dict[str, str]:
-    """A pod nodeSelector: a JSON object of label names to string values."""
-    value = _json_value(value, where, dict)
-    if not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-        raise ConfigError(f"{where} must map label names to string values")
-    return cast(dict[str, str], value)
-
-
-def tolerations(value: Any, where: str) -> list[dict[str, Any]]:
-    """Pod tolerations: a JSON list of objects with the Kubernetes toleration fields."""
-    value = _json_value(value, where, list)
-    known = {"key", "operator", "value", "effect", "tolerationSeconds"}
-    for i, item in enumerate(value):
-        if not isinstance(item, dict) or set(item) - known:
-            raise ConfigError(f"{where}[{i}] must be an object with keys among {sorted(known)}")
-    return cast(list[dict[str, Any]], value)
-
-
-def _json_value(value: Any, where: str, kind: type) -> Any:
-    """``value`` itself if already parsed, else JSON text ('' means empty) of type ``kind``."""
-    if isinstance(value, str):
-        if not value.strip():
-            return kind()
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as err:
-            raise ConfigError(f"{where} is not valid JSON: {err}") from None
-    if not isinstance(value, kind):
-        raise ConfigError(f"{where} must be a JSON {'object' if kind is dict else 'list'}")
-    return value
-
-
-_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
-
-
-def _quantity(env: Mapping[str, str], name: str, default: str) -> str:
-    """A Kubernetes quantity (e.g. 8Gi); empty: none (no limit)."""
-    value = env.get(name, default).strip()
-    if value and not _QUANTITY.match(value):
-        raise ConfigError(f"{name}={value!r}: expected a Kubernetes quantity such as 8Gi")
-    return value
-
-
-def _dns_name(env: Mapping[str, str], name: str) -> str:
-    value = (env.get(name) or "").strip()
-    if value and not _DNS_SUBDOMAIN.match(value):
-        raise ConfigError(f"{name}={value!r}: expected a Kubernetes object name")
-    return value
-
-
-def _name_list(env: Mapping[str, str], name: str) -> list[str]:
-    """A comma-separated list of Kubernetes object names ('' means none)."""
-    names = [item.strip() for item in (env.get(name) or "").split(",") if item.strip()]
-    for item in names:
-        if not _DNS_SUBDOMAIN.match(item):
-            raise ConfigError(f"{name}: {item!r} is not a Kubernetes object name")
-    return names
-
-
-def _load_json_or_file(value: str) -> Any:
-    text = value
-    if not value.lstrip().startswith("{"):
-        try:
-            text = Path(value).read_text()
-        except OSError as err:
-            raise ConfigError(f"RESOURCE_TYPES: cannot read {value}: {err.strerror}") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"RESOURCE_TYPES is not valid JSON: {err}") from None
-
-
 def warm_limits(env: Mapping[str, str]) -> WarmLimits:
     """Warm check containers (docs/warm-checks.md): WARM_CHECKS=off turns reuse off."""
     default = WarmLimits()
     return WarmLimits(
-        enabled=_choice(env, "WARM_CHECKS", ("on", "off"), "on") == "on",
-        idle_seconds=_number(env, "WARM_CHECK_IDLE_SECONDS", default.idle_seconds),
-        max_age_seconds=_number(env, "WARM_CHECK_MAX_AGE_SECONDS", default.max_age_seconds),
-        per_replica=_whole(env, "WARM_CHECKS_PER_REPLICA", default.per_replica),
-        per_team=_whole(env, "WARM_CHECKS_PER_TEAM", default.per_team),
+        enabled=choice(env, "WARM_CHECKS", ("on", "off"), "on") == "on",
+        idle_seconds=number(env, "WARM_CHECK_IDLE_SECONDS", default.idle_seconds),
+        max_age_seconds=number(env, "WARM_CHECK_MAX_AGE_SECONDS", default.max_age_seconds),
+        per_replica=whole(env, "WARM_CHECKS_PER_REPLICA", default.per_replica),
+        per_team=whole(env, "WARM_CHECKS_PER_TEAM", default.per_team),
         pause=env.get("WARM_CHECK_PAUSE", "").strip(),
-        image_seconds=_number(env, "WARM_CHECK_IMAGE_SECONDS", default.image_seconds, zero=True),
+        image_seconds=number(env, "WARM_CHECK_IMAGE_SECONDS", default.image_seconds, zero=True),
     )
 
 
-def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...], default: str) -> str:
-    value = (env.get(name) or default).strip().lower()
-    if value not in choices:
-        raise ConfigError(f"{name}={value!r}: expected one of {', '.join(choices)}")
-    return value
+def _pod_setting(
+    env: Mapping[str, str], name: str, parse: Callable[[Any, str], T], default: str = ""
+) -> T:
+    """A deployment-wide pod setting (TASK_RESOURCES, …): JSON of the shape a type's takes."""
+    return parse(env.get(name, default), name)
 
 
-def _number(env: Mapping[str, str], name: str, default: float, *, zero: bool = False) -> float:
-    """A positive number (or zero too, when ``zero`` says it means "off")."""
-    raw = env.get(name)
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r}: expected a number") from None
-    if not (value > 0 or (value == 0 and zero)):  # NaN fails both
-        raise ConfigError(f"{name}={raw!r}: must be {'zero or ' if zero else ''}positive")
-    return value
+def _credentials_provider(env: Mapping[str, str]) -> str:
+    """CREDENTIALS_PROVIDER; unset: ``dir`` when CREDENTIALS_DIR is set, else ``none``."""
+    default = "dir" if env.get("CREDENTIALS_DIR") else "none"
+    return choice(env, "CREDENTIALS_PROVIDER", CREDENTIALS_PROVIDERS, default)
 
 
-def _whole(env: Mapping[str, str], name: str, default: int) -> int:
-    value = _storage_setting(partial(env_int, name=name, default=default), env)
-    if value < 1:
-        raise ConfigError(f"{name}={value}: expected a positive whole number")
-    return value
+def _client_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The container engine client's own variables (DOCKER_*, XDG_RUNTIME_DIR), as given."""
+    return {k: v for k, v in env.items() if k.startswith("DOCKER_") or k == "XDG_RUNTIME_DIR"}
 
 
 def own_namespace() -> str:

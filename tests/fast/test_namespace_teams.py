@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from functions.errors import ConfigError, Unavailable
-from functions.settings import Settings, tekton_teams
+from functions.setting_values import tekton_teams
+from functions.settings import Settings
 from functions.tekton.namespace_teams import REMEMBER_SECONDS, TEAM_LABEL, NamespaceTeams
 
 

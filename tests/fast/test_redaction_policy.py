@@ -12,7 +12,8 @@ import pytest
 from functions.protocol import stdin_payload
 from functions.redaction import DEFAULT_REDACT_KEYS, REDACTED, Redactor, secret_values
 from functions.redaction.forms import forms
-from functions.settings import Settings, redact_keys
+from functions.setting_values import redact_keys
+from functions.settings import Settings
 
 URL = "https://git.example.com/team/repo.git"
 READABLE = {

@@ -5,7 +5,8 @@ import json
 import pytest
 
 from functions.errors import ConfigError
-from functions.settings import DEFAULT_RESOURCE_TYPES, Settings
+from functions.resource_types import DEFAULT_RESOURCE_TYPES
+from functions.settings import Settings
 
 
 def test_defaults_are_local_and_safe():

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from functions.model import ResourceType
-from functions.settings import tekton_teams
+from functions.setting_values import tekton_teams
 from functions.tekton import status as st
 from functions.tekton.controller_config import ControllerConfig
 from functions.tekton.decide import (

@@ -65,7 +65,7 @@ def authenticated(store: Store, runtime: FakeRuntime, provider: CountingProvider
 
 
 def parse(rules: str) -> Any:
-    from functions.settings import sender_teams
+    from functions.setting_values import sender_teams
 
     return sender_teams(rules, "rf")
 
