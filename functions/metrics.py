@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -37,17 +38,19 @@ class Metrics:
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
 
     def __post_init__(self) -> None:
-        self.requests = Counter(
-            "resource_function_requests",
-            "Requests by action and HTTP status",
-            ["action", "status"],
-            registry=self.registry,
+        self._count_requests_and_runs()
+        self._count_answers_without_runs()
+        self._measure_waits_and_the_store()
+
+    def _count_requests_and_runs(self) -> None:
+        counter = partial(Counter, registry=self.registry)
+        self.requests = counter(
+            "resource_function_requests", "Requests by action and HTTP status", ["action", "status"]
         )
-        self.runs = Counter(
+        self.runs = counter(
             "resource_function_runs",
             "Resource runs by action and outcome (succeeded or a failure kind)",
             ["action", "outcome"],
-            registry=self.registry,
         )
         self.duration = Histogram(
             "resource_function_run_duration_seconds",
@@ -66,39 +69,38 @@ class Metrics:
             buckets=PHASE_BUCKETS,
             registry=self.registry,
         )
-        self.cache_hits = Counter(
-            "resource_function_cache_hits",
-            "Requests answered without a run: a get from the artifact cache, a check from "
-            "the version history within its interval",
-            ["action"],
-            registry=self.registry,
-        )
-        self.cache_misses = Counter(
-            "resource_function_cache_misses",
-            "Gets that looked in the artifact cache and did not find their artifact",
-            ["action"],
-            registry=self.registry,
-        )
-        self.joined = Counter(
-            "resource_function_joined_runs",
-            "Requests that attached to a run already under "
-            "way or finished (redelivery, identical concurrent requests)",
-            ["action"],
-            registry=self.registry,
-        )
-        self.stops = Counter(
+        self.stops = counter(
             "resource_function_stops",
             "Stop requests taken (a sender stopping one of its requests: the Tekton "
             "controller for a cancelled or timed-out CustomRun)",
             ["action"],
-            registry=self.registry,
         )
-        self.bytes = Counter(
-            "resource_function_artifact_bytes",
-            "Artifact bytes stored",
+        self.bytes = counter(
+            "resource_function_artifact_bytes", "Artifact bytes stored", ["action"]
+        )
+
+    def _count_answers_without_runs(self) -> None:
+        counter = partial(Counter, registry=self.registry)
+        self.cache_hits = counter(
+            "resource_function_cache_hits",
+            "Requests answered without a run: a get from the artifact cache, a check from "
+            "the version history within its interval",
             ["action"],
-            registry=self.registry,
         )
+        self.cache_misses = counter(
+            "resource_function_cache_misses",
+            "Gets that looked in the artifact cache and did not find their artifact",
+            ["action"],
+        )
+        self.joined = counter(
+            "resource_function_joined_runs",
+            "Requests that attached to a run already under "
+            "way or finished (redelivery, identical concurrent requests)",
+            ["action"],
+        )
+
+    def _measure_waits_and_the_store(self) -> None:
+        gauge = partial(Gauge, registry=self.registry)
         self.store_seconds = Histogram(
             "resource_function_store_seconds",
             "Duration of object store calls (open: until the stream is open; list: until "
@@ -107,22 +109,19 @@ class Metrics:
             buckets=STORE_BUCKETS,
             registry=self.registry,
         )
-        self.leases_held = Gauge(
+        self.leases_held = gauge(
             "resource_function_check_leases_held",
             "Checks this replica runs now holding their resource's lease",
-            registry=self.registry,
         )
-        self.lease_waiters = Gauge(
+        self.lease_waiters = gauge(
             "resource_function_check_lease_waiters",
             "Checks waiting now for the run that holds their resource's lease",
-            registry=self.registry,
         )
-        self.tasks_waiting = Gauge(
+        self.tasks_waiting = gauge(
             "resource_function_tasks_waiting",
             "Tasks accepted whose resource script has not started yet (queued, pulling "
             "the image, staging inputs; on Kubernetes: a Job whose pod has not started)",
             ["action"],
-            registry=self.registry,
         )
         self.check_age = Histogram(
             "resource_function_check_age_intervals",
