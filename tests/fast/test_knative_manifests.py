@@ -1620,7 +1620,13 @@ def test_pipeline_namespaces_reach_no_receiver_of_knative_eventing() -> None:
     fence = _from_tekton("NetworkPolicy", "eventing-not-from-pipelines")
     assert fence["metadata"]["namespace"] == "knative-eventing"
     (selector,) = fence["spec"]["podSelector"]["matchExpressions"]
-    assert set(selector["values"]) == {"broker-ingress", "broker-filter", "imc-dispatcher"}
+    assert set(selector["values"]) == {
+        "broker-ingress",
+        "broker-filter",
+        "imc-dispatcher",
+        "kafka-broker-receiver",
+        "kafka-channel-receiver",
+    }
     ((source,),) = [rule["from"] for rule in fence["spec"]["ingress"]]
     assert source["namespaceSelector"]["matchExpressions"] == [
         {"key": "resource-functions.dev/team", "operator": "DoesNotExist"}
