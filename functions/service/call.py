@@ -1,5 +1,6 @@
-"""One request's call, made once per request: the request, its run id, its get's cache key
-and its check's history plan; and what derives from it alone (its flight keys, its task)."""
+"""One request's call, made once per request: the request, its run id, its get's cache key,
+its check's history plan and lease, the keys of its flight; and what derives from it alone
+(its task)."""
 
 from __future__ import annotations
 
@@ -19,11 +20,8 @@ class Call:
     run: str
     cache_key: str | None  # a get's cache entry
     plan: HistoryPlan | None  # a check's version history
-
-    def with_request(self, request: Request) -> Call:
-        """The same call for a request changed by the history (``latest-known`` resolved):
-        the run, the cache key and the plan stay those of the request as sent."""
-        return replace(self, request=request)
+    lease: str | None  # a check's lease record, when it is shared across replicas
+    flight: tuple[str, ...]  # what identical requests in this process share (flight_keys)
 
     @property
     def reply_address(self) -> ReplyAddress:
@@ -37,7 +35,26 @@ def make_call(config: ServiceConfig, request: Request, run: str) -> Call:
     plan = checks.history_plan(
         request, cache_secret=config.cache_secret, limit=config.history_limit
     )
-    return Call(request=request, run=run, cache_key=cache_key(config, request), plan=plan)
+    key = cache_key(config, request)
+    lease = None  # a get or put; or CHECK_LEASE_SECONDS=0, each replica checking alone
+    if plan is not None and config.check_lease_seconds > 0:
+        lease = keys.lease_record_key(plan.resource_key)
+    return Call(
+        request=request,
+        run=run,
+        cache_key=key,
+        plan=plan,
+        lease=lease,
+        flight=flight_keys(config, request, run, key),
+    )
+
+
+def with_request(config: ServiceConfig, call: Call, request: Request) -> Call:
+    """The same call for a request changed by the history (``latest-known`` resolved): the
+    run, the cache key, the plan and the lease stay those of the request as sent; its
+    flight is the resolved request's."""
+    flight = flight_keys(config, request, call.run, call.cache_key)
+    return replace(call, request=request, flight=flight)
 
 
 def cache_key(config: ServiceConfig, request: Request) -> str | None:
@@ -52,15 +69,16 @@ def cache_key(config: ServiceConfig, request: Request) -> str | None:
     )
 
 
-def flight_keys(config: ServiceConfig, call: Call) -> list[str]:
+def flight_keys(
+    config: ServiceConfig, request: Request, run: str, cache_key: str | None
+) -> tuple[str, ...]:
     """Identical checks and gets arriving together share one run. A redelivery joins its
     run by run id and digest: another request reusing the run id never joins it (its
     runtime refuses it when it finds the run's container or Job)."""
-    request = call.request
-    flight = [f"{call.run}:{request.digest}"]
+    flight = [f"{run}:{request.digest}"]
     team = keys.canonical_json(request.build.team).decode()  # a team joins its own runs
-    if call.cache_key:
-        flight.append(f"get:{team}:{call.cache_key}")
+    if cache_key:
+        flight.append(f"get:{team}:{cache_key}")
     elif request.action == "check":
         flight.append(
             f"check:{team}:"
@@ -73,7 +91,7 @@ def flight_keys(config: ServiceConfig, call: Call) -> list[str]:
                 action="check",
             )
         )
-    return flight
+    return tuple(flight)
 
 
 def task(config: ServiceConfig, call: Call) -> Task:

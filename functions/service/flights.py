@@ -7,7 +7,7 @@ records and (on Kubernetes) by Job names derived from the request identity.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
@@ -19,7 +19,7 @@ class Flights:
         self._lock = threading.Lock()
         self._running: dict[str, Future[Any]] = {}
 
-    def run(self, keys: list[str], work: Callable[[], T]) -> tuple[T, bool]:
+    def run(self, keys: Sequence[str], work: Callable[[], T]) -> tuple[T, bool]:
         """Run ``work`` unless a run under any of ``keys`` is in flight; then wait for that.
         Returns (result, joined) where joined says the result came from another caller."""
         with self._lock:

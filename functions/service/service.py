@@ -21,7 +21,7 @@ from functions.service.answer_event import post_discoveries, reply_of
 from functions.service.answers import Answers
 from functions.service.artifact_teams import ArtifactTeams, check_inputs
 from functions.service.cache_memory import CacheMemory
-from functions.service.call import Call, cache_key, flight_keys, make_call, task
+from functions.service.call import Call, cache_key, make_call, task, with_request
 from functions.service.config import ServiceConfig
 from functions.service.flights import Flights
 from functions.service.run_report import RunReport, log_request
@@ -181,17 +181,16 @@ class Service:
             request, fresh, age = checks.from_history(
                 self.store, call.request, call.plan, time.time()
             )
-            call = call.with_request(request)
+            call = with_request(self.config, call, request)
             if age is not None:
                 self.metrics.check_age.labels(type_label(request.type_name)).observe(age)
         if call.request.reply_async:
             return self._start(call, fresh)
-        flight = flight_keys(self.config, call)
-        outcome, joined = self.flights.run(flight, lambda: self._answer(call, fresh))
+        outcome, joined = self.flights.run(call.flight, lambda: self._answer(call, fresh))
         while joined and not outcome.succeeded:
             # Another request's failure (its message, its log tail) is not this request's
             # answer: run its own (a redelivery of this request finds its run's stored one).
-            outcome, joined = self.flights.run(flight, lambda: self._answer(call, fresh))
+            outcome, joined = self.flights.run(call.flight, lambda: self._answer(call, fresh))
         if joined:
             self.metrics.joined.labels(self.action).inc()
             # The run may have been another request's: record the answer under this request's
@@ -223,8 +222,8 @@ class Service:
         if stored is not None:
             return self._reply(call, stored)
         work = task(self.config, call)
-        if call.plan is not None and self.config.check_lease_seconds > 0:
-            return self._start_once(call, work)
+        if call.lease is not None:
+            return self._start_once(call, call.lease, work)
         self._begin(work, call.request.type_name)
         return Reply(status=202)
 
@@ -244,19 +243,18 @@ class Service:
             self.team_runs.done(work.team, work.run_id)
             raise
 
-    def _start_once(self, call: Call, work: Task) -> Reply:
+    def _start_once(self, call: Call, lease: str, work: Task) -> Reply:
         """An asynchronous check shared across replicas through its resource's lease: start
         its task holding the lease (the task releases it), or wait for the run of the
         replica holding it and answer in the HTTP response. Not a 202: a waiter has no task
         of its own to post its reply later, and the replica that would post it may be
         scaled down before the holder's run ends."""
-        assert call.plan is not None
         # Nobody renews a task's lease: it lasts the task's whole budget, and a waiter may
         # wait that long for the holder's task.
         ttl = async_lease_seconds(work.timeout_seconds, self.config.task_margin_seconds)
         outcome, _ = shared_check.start_or_wait(
             self.store,
-            keys.lease_record_key(call.plan.resource_key),
+            lease,
             run=call.run,
             ttl=ttl,
             timeout=ttl,
@@ -272,15 +270,14 @@ class Service:
         if stored is not None:
             return stored
         work = task(self.config, call)
-        if call.plan is None or self.config.check_lease_seconds <= 0:
+        if call.lease is None:
             return self._run(work, call.request.type_name)
-        return self._check_once(call, work)
+        return self._check_once(call, call.lease, work)
 
-    def _check_once(self, call: Call, work: Task) -> Outcome:
+    def _check_once(self, call: Call, lease: str, work: Task) -> Outcome:
         """A check shared across replicas through its resource's lease: run it, or wait for
         the run of the replica holding the lease and answer from it. A waiter's answer is
         stored under its own run id, so its redelivery replays it."""
-        assert call.plan is not None
         holding = False
 
         def run_holding() -> Outcome:
@@ -294,7 +291,7 @@ class Service:
         try:
             outcome, holder = shared_check.run_or_wait(
                 self.store,
-                keys.lease_record_key(call.plan.resource_key),
+                lease,
                 run=call.run,
                 ttl=self.config.check_lease_seconds,
                 timeout=work.timeout_seconds,
