@@ -18,7 +18,7 @@ from functions.model import Action, Outcome, RepeatableGet, Request, Task
 from functions.runtimes import Runtime
 from functions.service import checks, intake, shared_check
 from functions.service.answer_event import post_discoveries, reply_of
-from functions.service.answers import Answers
+from functions.service.answers import Answer, Answers
 from functions.service.artifact_teams import ArtifactTeams, check_inputs
 from functions.service.cache_memory import CacheMemory
 from functions.service.call import Call, cache_key, make_call, task, with_request
@@ -162,7 +162,7 @@ class Service:
             return None
         run = self.run_id(get.sender, get.team, get.event_source, event_id)
         log_request(self.action, event_id, get.event_source, run, get, short_way=True)
-        self.metrics.cache_hits.labels(self.action).inc()
+        self.answers.count("cache")
         return run, Outcome(action=self.action, data=remembered)
 
     def _serve(self, call: Call) -> Reply:
@@ -172,8 +172,9 @@ class Service:
         if remembered is not None:
             # Ahead of this run's stored result: a hit starts nothing, and its reply has the
             # id a stored success of this run would have (only "cached" may differ).
-            self.metrics.cache_hits.labels(self.action).inc()
-            return self._reply(call, Outcome(action=self.action, data=remembered))
+            return self._answered(
+                call, Answer(Outcome(action=self.action, data=remembered), "cache")
+            )
         if self._stopped(call):
             return Reply(status=200)
         fresh = None
@@ -186,18 +187,19 @@ class Service:
                 self.metrics.check_age.labels(type_label(request.type_name)).observe(age)
         if call.request.reply_async:
             return self._start(call, fresh)
-        outcome, joined = self.flights.run(call.flight, lambda: self._answer(call, fresh))
-        while joined and not outcome.succeeded:
+        answer, joined = self.flights.run(call.flight, lambda: self._answer(call, fresh))
+        while joined and not answer.outcome.succeeded:
             # Another request's failure (its message, its log tail) is not this request's
             # answer: run its own (a redelivery of this request finds its run's stored one).
-            outcome, joined = self.flights.run(call.flight, lambda: self._answer(call, fresh))
+            answer, joined = self.flights.run(call.flight, lambda: self._answer(call, fresh))
         if joined:
-            self.metrics.joined.labels(self.action).inc()
             # The run may have been another request's: record the answer under this request's
             # run id too, so its redelivery replays it instead of running again. Its versions
             # are announced by the request whose run found them, not again by each joiner.
+            outcome = answer.outcome
             results.record_if_absent(self.store, call.run, outcome, request=call.request.digest)
-        return self._reply(call, outcome, announce=not joined)
+            answer = Answer(outcome, "joined", announce=False)
+        return self._answered(call, answer)
 
     def _stopped(self, call: Call) -> bool:
         """Whether its sender stopped the request (``stop``): then nothing runs and no reply
@@ -220,7 +222,7 @@ class Service:
         the answer at once when there is one (stored, cached, fresh, another run's check)."""
         stored = self.answers.without_run(call, fresh)
         if stored is not None:
-            return self._reply(call, stored)
+            return self._answered(call, stored)
         work = task(self.config, call)
         if call.lease is not None:
             return self._start_once(call, call.lease, work)
@@ -262,19 +264,19 @@ class Service:
         )
         if outcome is None:
             return Reply(status=202)
-        return self._reply(call, self._joined(call))
+        return self._answered(call, self.answers.joined(call))
 
-    def _answer(self, call: Call, fresh: Outcome | None) -> Outcome:
+    def _answer(self, call: Call, fresh: Outcome | None) -> Answer:
         """Inside the flight, so a redelivery arriving as a run ends sees its result."""
         stored = self.answers.without_run(call, fresh)
         if stored is not None:
             return stored
         work = task(self.config, call)
         if call.lease is None:
-            return self._run(work, call.request.type_name)
+            return Answer(self._run(work, call.request.type_name), "run")
         return self._check_once(call, call.lease, work)
 
-    def _check_once(self, call: Call, lease: str, work: Task) -> Outcome:
+    def _check_once(self, call: Call, lease: str, work: Task) -> Answer:
         """A check shared across replicas through its resource's lease: run it, or wait for
         the run of the replica holding the lease and answer from it. A waiter's answer is
         stored under its own run id, so its redelivery replays it."""
@@ -301,16 +303,8 @@ class Service:
             if not holding:
                 self.metrics.lease_waiters.dec()
         if holder == call.run:  # our run, or our own earlier delivery's on another replica
-            return outcome
-        return self._joined(call)
-
-    def _joined(self, call: Call) -> Outcome:
-        """A check's answer from another run of its resource that succeeded (the history),
-        stored under its own run id so that its redelivery replays it."""
-        assert call.plan is not None
-        self.metrics.joined.labels(self.action).inc()
-        answer = checks.joined_answer(self.store, call.request, call.plan)
-        return results.record_outcome(self.store, call.run, answer, request=call.request.digest)
+            return Answer(outcome, "run")
+        return self.answers.joined(call)
 
     def _run(self, work: Task, type_name: str | None) -> Outcome:
         with self.team_runs.held(work.team, work.run_id):  # 429 before the run starts
@@ -318,6 +312,11 @@ class Service:
             outcome = self.runtime.run(work)
             self.report.ended(work, began, outcome)
             return outcome
+
+    def _answered(self, call: Call, answer: Answer) -> Reply:
+        """The reply to a call's answer, counted (``Answers.count``) here and only here."""
+        self.answers.count(answer.how)
+        return self._reply(call, answer.outcome, announce=answer.announce)
 
     def _reply(self, call: Call, outcome: Outcome, announce: bool = True) -> Reply:
         """The reply; ``announce``: post the check's discovered versions first (the request
