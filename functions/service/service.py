@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from cloudevents.core.v1.event import CloudEvent
 
@@ -14,20 +14,19 @@ from functions.errors import InvalidRequest
 from functions.ledger import results, tombstones
 from functions.logs import fields
 from functions.metrics import Metrics, type_label
-from functions.model import Action, Outcome, RepeatableGet, Request, Task
+from functions.model import Action, Outcome, RepeatableGet, Request
 from functions.runtimes import Runtime
-from functions.service import checks, intake, shared_check
+from functions.service import checks, intake
 from functions.service.answer_event import post_discoveries, reply_of
 from functions.service.answers import Answer, Answers
 from functions.service.artifact_teams import ArtifactTeams, check_inputs
 from functions.service.cache_memory import CacheMemory
-from functions.service.call import Call, cache_key, make_call, task, with_request
+from functions.service.call import Call, cache_key, make_call, with_request
 from functions.service.config import ServiceConfig
-from functions.service.flights import Flights
+from functions.service.paths import AsyncPath, Runs, SyncPath
 from functions.service.run_report import RunReport, log_request
 from functions.service.stop_requests import Stop, is_stop, parse_stop
 from functions.service.team_runs import TeamRuns
-from functions.steps.budget import async_lease_seconds
 from functions.steps.outcome import final_failure
 from functions.tracing import RunTracer
 from storage import Store
@@ -61,12 +60,14 @@ class Service:
         self.store = store
         self.runtime = runtime
         self.metrics = metrics
-        self.flights = Flights()
         tracer = RunTracer(f"resource-functions-{action}") if config.tracing else None
-        self.report = RunReport(action, store, metrics, tracer)
         self.answers = Answers(action, store, metrics, CacheMemory(config.cache_recheck_seconds))
         self.artifact_teams = ArtifactTeams(store)
-        self.team_runs = TeamRuns(config.max_runs_per_team)
+        runs = Runs(
+            runtime, RunReport(action, store, metrics, tracer), TeamRuns(config.max_runs_per_team)
+        )
+        self.sync_path = SyncPath(config, store, metrics, self.answers, runs)
+        self.async_path = AsyncPath(config, store, self.answers, runs)
 
     @property
     def cache_memory(self) -> CacheMemory:
@@ -186,19 +187,11 @@ class Service:
             if age is not None:
                 self.metrics.check_age.labels(type_label(request.type_name)).observe(age)
         if call.request.reply_async:
-            return self._start(call, fresh)
-        answer, joined = self.flights.run(call.flight, lambda: self._answer(call, fresh))
-        while joined and not answer.outcome.succeeded:
-            # Another request's failure (its message, its log tail) is not this request's
-            # answer: run its own (a redelivery of this request finds its run's stored one).
-            answer, joined = self.flights.run(call.flight, lambda: self._answer(call, fresh))
-        if joined:
-            # The run may have been another request's: record the answer under this request's
-            # run id too, so its redelivery replays it instead of running again. Its versions
-            # are announced by the request whose run found them, not again by each joiner.
-            outcome = answer.outcome
-            results.record_if_absent(self.store, call.run, outcome, request=call.request.digest)
-            answer = Answer(outcome, "joined", announce=False)
+            answer = self.async_path.serve(call, fresh)
+        else:
+            answer = self.sync_path.serve(call, fresh)
+        if answer is None:  # its task started: the task replies
+            return Reply(status=202)
         return self._answered(call, answer)
 
     def _stopped(self, call: Call) -> bool:
@@ -216,102 +209,6 @@ class Service:
             ),
         )
         return True
-
-    def _start(self, call: Call, fresh: Outcome | None) -> Reply:
-        """Asynchronous completion: 202 once the task is started (idempotent per run id), or
-        the answer at once when there is one (stored, cached, fresh, another run's check)."""
-        stored = self.answers.without_run(call, fresh)
-        if stored is not None:
-            return self._answered(call, stored)
-        work = task(self.config, call)
-        if call.lease is not None:
-            return self._start_once(call, call.lease, work)
-        self._begin(work, call.request.type_name)
-        return Reply(status=202)
-
-    def _begin(self, work: Task, type_name: str | None) -> None:
-        """Start an asynchronous run; it is reported (and no longer counted for its team)
-        when the runtime sees it end."""
-        self.team_runs.take(work.team, work.run_id)  # 429 before the task starts
-
-        def ended(outcome: Outcome) -> None:
-            self.team_runs.done(work.team, work.run_id)
-            self.report.ended(work, began, outcome)
-
-        began = self.report.began(work, type_name)
-        try:
-            self.runtime.start(work, ended=ended)
-        except BaseException:
-            self.team_runs.done(work.team, work.run_id)
-            raise
-
-    def _start_once(self, call: Call, lease: str, work: Task) -> Reply:
-        """An asynchronous check shared across replicas through its resource's lease: start
-        its task holding the lease (the task releases it), or wait for the run of the
-        replica holding it and answer in the HTTP response. Not a 202: a waiter has no task
-        of its own to post its reply later, and the replica that would post it may be
-        scaled down before the holder's run ends."""
-        # Nobody renews a task's lease: it lasts the task's whole budget, and a waiter may
-        # wait that long for the holder's task.
-        ttl = async_lease_seconds(work.timeout_seconds, self.config.task_margin_seconds)
-        outcome, _ = shared_check.start_or_wait(
-            self.store,
-            lease,
-            run=call.run,
-            ttl=ttl,
-            timeout=ttl,
-            start=lambda held: self._begin(replace(work, lease=held), call.request.type_name),
-        )
-        if outcome is None:
-            return Reply(status=202)
-        return self._answered(call, self.answers.joined(call))
-
-    def _answer(self, call: Call, fresh: Outcome | None) -> Answer:
-        """Inside the flight, so a redelivery arriving as a run ends sees its result."""
-        stored = self.answers.without_run(call, fresh)
-        if stored is not None:
-            return stored
-        work = task(self.config, call)
-        if call.lease is None:
-            return Answer(self._run(work, call.request.type_name), "run")
-        return self._check_once(call, call.lease, work)
-
-    def _check_once(self, call: Call, lease: str, work: Task) -> Answer:
-        """A check shared across replicas through its resource's lease: run it, or wait for
-        the run of the replica holding the lease and answer from it. A waiter's answer is
-        stored under its own run id, so its redelivery replays it."""
-        holding = False
-
-        def run_holding() -> Outcome:
-            nonlocal holding
-            holding = True
-            self.metrics.lease_waiters.dec()
-            with self.metrics.leases_held.track_inprogress():
-                return self._run(work, call.request.type_name)
-
-        self.metrics.lease_waiters.inc()  # until it holds the lease, or the holder's run ends
-        try:
-            outcome, holder = shared_check.run_or_wait(
-                self.store,
-                lease,
-                run=call.run,
-                ttl=self.config.check_lease_seconds,
-                timeout=work.timeout_seconds,
-                work=run_holding,
-            )
-        finally:
-            if not holding:
-                self.metrics.lease_waiters.dec()
-        if holder == call.run:  # our run, or our own earlier delivery's on another replica
-            return Answer(outcome, "run")
-        return self.answers.joined(call)
-
-    def _run(self, work: Task, type_name: str | None) -> Outcome:
-        with self.team_runs.held(work.team, work.run_id):  # 429 before the run starts
-            began = self.report.began(work, type_name)
-            outcome = self.runtime.run(work)
-            self.report.ended(work, began, outcome)
-            return outcome
 
     def _answered(self, call: Call, answer: Answer) -> Reply:
         """The reply to a call's answer, counted (``Answers.count``) here and only here."""

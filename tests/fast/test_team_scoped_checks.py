@@ -157,7 +157,7 @@ def test_a_check_that_joined_a_failing_run_in_process_runs_its_own(store: Store)
     joined = threading.Event()
     runtime = Scripted(store, joined)
     functions = client(store, runtime)
-    functions.application.extensions["service"].flights = Watched(joined)
+    functions.application.extensions["service"].sync_path.flights = Watched(joined)
     answers: dict[str, Any] = {}
     first = threading.Thread(
         target=lambda: answers.update(first=check(functions, "a-1", "team-a", version=None))
