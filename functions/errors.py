@@ -74,7 +74,7 @@ class TeamNotAllowed(SenderNotAllowed):
 
 
 class InputNotAllowed(FunctionError):
-    """A put's input is not an artifact of the put's team (``service.artifact_teams``)."""
+    """A put's input is not an artifact of the put's team (``service.teams.ArtifactTeams``)."""
 
 
 class TooManyRuns(FunctionError):

@@ -18,7 +18,7 @@ from functions.service.call import Call, task
 from functions.service.config import ServiceConfig
 from functions.service.flights import Flights
 from functions.service.run_report import RunReport
-from functions.service.team_runs import TeamRuns
+from functions.service.teams import TeamRuns
 from functions.steps.budget import async_lease_seconds
 from storage import Store
 

@@ -19,14 +19,13 @@ from functions.runtimes import Runtime
 from functions.service import checks, intake
 from functions.service.answer_event import post_discoveries, reply_of
 from functions.service.answers import Answer, Answers
-from functions.service.artifact_teams import ArtifactTeams, check_inputs
 from functions.service.cache_memory import CacheMemory
 from functions.service.call import Call, cache_key, make_call, with_request
 from functions.service.config import ServiceConfig
 from functions.service.paths import AsyncPath, Runs, SyncPath
 from functions.service.run_report import RunReport, log_request
 from functions.service.stop_requests import Stop, is_stop, parse_stop
-from functions.service.team_runs import TeamRuns
+from functions.service.teams import ArtifactTeams, TeamRuns, check_inputs
 from functions.steps.outcome import final_failure
 from functions.tracing import RunTracer
 from storage import Store

@@ -1042,7 +1042,7 @@ def busy_scenario(d) -> tuple[list[float], int, int]:
     attempt, then takes the event. Its Trigger sets no delivery of its own, so the shipped
     Broker's retries carry the event past the busy time to it, and it is not dead-lettered.
     The attempts' offsets, the producer's status and how many deliveries the sink took."""
-    from functions.service.team_runs import RETRY_AFTER_SECONDS
+    from functions.service.teams import RETRY_AFTER_SECONDS
 
     kind = "dev.resourcefunctions.test.busy"
     with sinks.event_sink(GATEWAY) as busy:
@@ -1080,7 +1080,7 @@ def test_an_undeliverable_event_reaches_the_dead_letter_service(broker_waits):
 def test_a_request_answered_429_is_retried_until_its_team_has_room(broker_waits, capsys):
     """The attempts' times are printed: Knative 1.22 does not wait for ``Retry-After`` unless
     its alpha ``delivery-retryafter`` is on (docs/deployment.md)."""
-    from functions.service.team_runs import RETRY_AFTER_SECONDS
+    from functions.service.teams import RETRY_AFTER_SECONDS
 
     offsets, status, taken = broker_waits["429"].result(timeout=600)
     with capsys.disabled():

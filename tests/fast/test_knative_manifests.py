@@ -725,13 +725,13 @@ def test_iso_seconds_reads_knatives_durations() -> None:
 
 def test_the_brokers_retries_outlast_a_teams_retry_after() -> None:
     """A request over its team's ``MAX_RUNS_PER_TEAM`` is answered 429 with ``Retry-After``
-    (``functions/service/team_runs.py``), which the shipped Broker does not wait for (no
+    (``functions/service/teams.py``), which the shipped Broker does not wait for (no
     ``retryAfterMax``: Knative's webhook refuses it unless config-features enables the alpha
     ``delivery-retryafter``, which a user's cluster may not). So the retries alone give the
     team's runs time to end: they span ``RETRY_AFTER_PERIODS`` Retry-After periods, and at
     least three come after the first period has passed. (Before: five retries from PT1S, 31 s,
     and a burst over the limit was dead-lettered.)"""
-    from functions.service.team_runs import RETRY_AFTER_SECONDS
+    from functions.service.teams import RETRY_AFTER_SECONDS
 
     delivery = _one("Broker", "default")["spec"]["delivery"]
     assert "retryAfterMax" not in delivery
