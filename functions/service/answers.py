@@ -1,19 +1,25 @@
-"""What answers a call without a run of its own: the stored result of its run (a
-redelivery), a get's cache entry, a check's history within its interval, or the history
-after another replica's run of its resource; and ``count``, the one place where an answer
-is counted as a cache hit or a joined run."""
+"""A call's answer: what answers it without a run of its own (the stored result of its run,
+a redelivery; a get's cache entry; a check's history within its interval, or the history
+after another replica's run of its resource); ``count``, the one place where an answer is
+counted as a cache hit or a joined run; and the answer as events (``reply_of``, and first a
+check's ``version.discovered`` events, ``post_discoveries``), built by ``functions.replies``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from cloudevents.core.v1.event import CloudEvent
+
+from functions.errors import SinkRefused, Unavailable
 from functions.ledger import results
 from functions.metrics import Metrics
 from functions.model import Action, Outcome
+from functions.replies import discovered_events, reply_event
 from functions.service import checks
 from functions.service.cache_memory import CacheMemory
 from functions.service.call import Call
+from functions.sink import post_events
 from storage import Store
 
 # How an answer came: the call's own run; a get's cache entry or a check's history (a
@@ -89,3 +95,21 @@ class Answers:
         else:
             self.cache_memory.seen(key, cached)
         return cached
+
+
+def reply_of(action: Action, call: Call, outcome: Outcome) -> CloudEvent:
+    return reply_event(action, outcome, call.reply_address)
+
+
+def post_discoveries(sink: str, call: Call, outcome: Outcome) -> None:
+    """A check's ``version.discovered`` events go to K_SINK (the HTTP response holds the
+    reply alone). Without K_SINK they are not sent: the reply's ``new`` lists the same
+    versions. A sink that refuses them is a 503: the redelivery replays the stored result
+    and posts the same events (their ids derive from the resource and the version) again."""
+    found = discovered_events(outcome, call.reply_address, call.plan)
+    if not found or not sink:
+        return
+    try:
+        post_events(sink, found)
+    except SinkRefused as err:
+        raise Unavailable(f"cannot post the version.discovered events: {err}") from err

@@ -17,8 +17,7 @@ from functions.metrics import Metrics, type_label
 from functions.model import Action, Outcome, RepeatableGet, Request
 from functions.runtimes import Runtime
 from functions.service import checks, intake
-from functions.service.answer_event import post_discoveries, reply_of
-from functions.service.answers import Answer, Answers
+from functions.service.answers import Answer, Answers, post_discoveries, reply_of
 from functions.service.cache_memory import CacheMemory
 from functions.service.call import Call, cache_key, make_call, with_request
 from functions.service.config import ServiceConfig
