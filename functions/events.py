@@ -123,6 +123,22 @@ def check_type(event: CloudEvent, action: Action) -> None:
         )
 
 
+def reply_async(event: CloudEvent, *, default: str, sink: str) -> bool:
+    """Whether the request asks for its reply at K_SINK (``sink``) rather than in the HTTP
+    response: its ``replymode`` extension, else the service's ``default`` (REPLY_MODE)."""
+    asked: object = event.get_extension("replymode")
+    if asked is None:
+        # REPLY_MODE=async before the SinkBinding has injected K_SINK (the first revision
+        # of a fresh install serves for a few seconds without it): reply in the HTTP
+        # response, which a Trigger forwards to the Broker all the same.
+        return default == "async" and bool(sink)
+    if asked not in ("sync", "async"):
+        raise InvalidRequest(f"replymode must be 'sync' or 'async', got {asked!r}")
+    if asked == "async" and not sink:
+        raise InvalidRequest("replymode async needs K_SINK, which this service lacks")
+    return asked == "async"
+
+
 def reply_data_of(event: CloudEvent) -> dict[str, Any]:
     data = event.get_data()
     return data if isinstance(data, dict) else {}

@@ -24,7 +24,7 @@ def parse(
     the URL prefix a put's inputs must start with. Raises ``InvalidRequest``, or
     ``TeamNotAllowed`` for a team its sender may not name (``teams.check_team``)."""
     events.check_type(event, action)
-    reply_async = wants_async(event, config)
+    reply_async = events.reply_async(event, default=config.reply_mode, sink=config.sink)
     data = events.event_data(event)
     request = parse_request_data(
         data,
@@ -72,17 +72,3 @@ def resolve(provider: credentials.Provider, request: Request) -> Request:
         version=resolved.version,
         secrets=resolved.values,
     )
-
-
-def wants_async(event: CloudEvent, config: ServiceConfig) -> bool:
-    asked: object = event.get_extension("replymode")
-    if asked is None:
-        # REPLY_MODE=async before the SinkBinding has injected K_SINK (the first revision
-        # of a fresh install serves for a few seconds without it): reply in the HTTP
-        # response, which a Trigger forwards to the Broker all the same.
-        return config.reply_mode == "async" and bool(config.sink)
-    if asked not in ("sync", "async"):
-        raise InvalidRequest(f"replymode must be 'sync' or 'async', got {asked!r}")
-    if asked == "async" and not config.sink:
-        raise InvalidRequest("replymode async needs K_SINK, which this service lacks")
-    return asked == "async"
