@@ -33,7 +33,7 @@ import argparse
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NoReturn, cast
+from typing import Any, NoReturn, cast
 
 from functions.model import (
     ACTIONS,
@@ -233,6 +233,13 @@ class StepArgsError(ValueError):
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise StepArgsError(f"{self.prog}: {message}")
+
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
+        # argparse (before 3.13) drops a value that is exactly "--" even when given as
+        # --name=--, so a directory or an event id "--" would come back empty.
+        if action.nargs is None and arg_strings == ["--"]:
+            return self._get_value(action, "--")
+        return super()._get_values(action, arg_strings)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from functions.model import (
@@ -52,6 +52,7 @@ replies = st.builds(
     inputs=st.lists(st.tuples(names, refs), max_size=4).map(tuple),
     task_dir=st.sampled_from(["/tmp/build/.task", "/elsewhere/.task"]),
 )
+@example(directory="--", inputs=(), task_dir="/tmp/build/.task")
 def test_stage_arguments_round_trip(
     directory: str, inputs: tuple[tuple[str, ArtifactRef], ...], task_dir: str
 ) -> None:
