@@ -347,7 +347,7 @@ def pytest_runtest_makereport(item, call):
     if report.when == "call" and report.failed and "cluster" in item.fixturenames:
         instance = item.funcargs.get("cluster")
         if instance is not None:
-            if {"knative_deployment", "sender_auth"} & set(item.fixturenames):
+            if {"knative_deployment", "sender_auth", "on_kafka"} & set(item.fixturenames):
                 report.sections.append(("knative", knative_diagnostics(instance, NAMESPACE)))
             if "tekton" in item.fixturenames:
                 from tests.cluster.tekton import tekton_diagnostics
@@ -371,6 +371,9 @@ def knative_diagnostics(cluster: Cluster, namespace: str, lines: int = 30) -> st
         ("eventing.knative.dev/brokerRole=filter", "knative-eventing", ""),
         ("eventing.knative.dev/brokerRole=ingress", "knative-eventing", ""),
         ("messaging.knative.dev/role=dispatcher", "knative-eventing", ""),
+        ("app=kafka-broker-receiver", "knative-eventing", ""),
+        ("app=kafka-broker-dispatcher", "knative-eventing", ""),
+        ("app.kubernetes.io/component=reply-relay", namespace, ""),
     ]:
         args = ["-n", ns, "logs", "-l", selector, f"--tail={lines}", "--prefix"]
         shown = cluster.kubectl(*args, *(["-c", container] if container else []), check=False)
@@ -771,8 +774,15 @@ def secured(
 # A module's stage: the latest piece it needs, in the order .ci/cluster builds them. The
 # modules run by stage, so that the cluster tier can start once Kubernetes and Knative are
 # built while the later pieces build (a fixture that needs one waits for its build's lock);
-# the ``secured`` ones last, since ``authentication-oidc`` stays on after them.
-STAGES = (("secured", 4), ("tekton", 3), ("network_policies", 2), ("knative", 1))
+# the ``secured`` ones after the others, since ``authentication-oidc`` stays on after them,
+# and last the Kafka Broker's, which move the secured deployment's Broker to class Kafka.
+STAGES = (
+    ("kafka_broker", 5),
+    ("secured", 4),
+    ("tekton", 3),
+    ("network_policies", 2),
+    ("knative", 1),
+)
 
 
 def stage(item: pytest.Item) -> int:
@@ -799,3 +809,17 @@ def tekton(cluster: Cluster):
     from tests.cluster.tekton import build_tekton, install_tekton
 
     return install_tekton(cluster, build_tekton())
+
+
+# --- durable delivery: Knative's Kafka Broker -----------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(cluster: Cluster, knative):
+    """Kafka (one KRaft node on the gateway) and Knative's Kafka Broker installed from its
+    release manifests (``tests/cluster/kafka_broker.py``), only in sessions with a test that
+    asks for it (its modules run last: they move the Broker to class Kafka)."""
+    from tests.cluster.kafka_broker import install_kafka_broker
+    from tests.cluster.kafka_images import build_kafka
+
+    return install_kafka_broker(cluster, build_kafka())

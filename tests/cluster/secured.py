@@ -155,15 +155,17 @@ def get_json(cluster: Cluster, *args: str) -> dict:
     return json.loads(cluster.kubectl("-n", NAMESPACE, "get", *args, "-o", "json"))
 
 
-def oidc_gaps(cluster: Cluster) -> list[str]:
+def oidc_gaps(cluster: Cluster, channel_broker: bool = True) -> list[str]:
     """What Knative has not (yet) given the fresh objects for OIDC, each with the hop that
-    would then go without a token; empty when every identity and audience is in place."""
+    would then go without a token; empty when every identity and audience is in place.
+    ``channel_broker``: the Broker is the channel-based one (its ingress posts to a channel);
+    the Kafka Broker has no channel hop."""
     gaps = []
     status = get_json(cluster, "broker", "default").get("status", {})
     audience = (status.get("address") or {}).get("audience")
     if audience != f"eventing.knative.dev/broker/{NAMESPACE}/default":
         gaps.append(f"Broker: status.address.audience {audience!r} (senders need it)")
-    if not (status.get("annotations") or {}).get("knative.dev/channelAudience"):
+    if channel_broker and not (status.get("annotations") or {}).get("knative.dev/channelAudience"):
         gaps.append("Broker: no knative.dev/channelAudience (ingress -> channel unauthenticated)")
     applied = {p.get("name") for p in status.get("policies") or []}
     if missing := set(POLICIES) - applied:

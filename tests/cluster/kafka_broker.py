@@ -1,0 +1,280 @@
+"""Knative's Apache Kafka Broker on the test cluster, from its release sources and manifests.
+
+    install_kafka_broker(cluster, build_kafka()) -> KafkaBroker
+
+Kafka itself (Apache Kafka 3.9.1's jars from Maven Central, ``build_kafka.sh``) runs in KRaft
+mode, one node, as a process of this machine on the gateway, like the cluster DNS: the pods
+reach it there, and a test restarts it (``KafkaBroker.restart_kafka``) with its log kept, as
+a Kafka node restarts. The control plane (``kafka-controller``, ``webhook-kafka``: Go, as the
+Knative images, ``knative.component_image``) and the data plane (the receiver and the
+dispatcher: Java, on a jlink runtime, ``kafka_images.py``) are installed from the release's
+own ``config/`` with the ``ko://`` and ``${KNATIVE_KAFKA_*_IMAGE}`` references replaced.
+
+Changed for the test node (two cores, already running Knative and the functions), each a
+value the operators of a small cluster change too: the CPU requests of the data plane (the
+dispatcher asks for a whole core) and the default topic config (``kafka-broker-config``: this
+Kafka, replication factor 1 on one node). Left out: KafkaSource, KafkaSink and KafkaChannel's
+data planes (not used here) and the post-install storage migration (a fresh install).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from functions.cli.launch import free_port
+from tests.cluster.knative import apply, render, wait_deployments
+from tests.cluster.up import GATEWAY, Cluster, ClusterError, Proc
+
+VERSION = "1.22.3"
+SYSTEM = "knative-eventing"
+RECEIVER = "kafka-broker-receiver"
+DISPATCHER = "kafka-broker-dispatcher"
+INGRESS = "kafka-broker-ingress"
+PARTITIONS = "4"  # the default topic's; a Broker's own ConfigMap may say otherwise
+KAFKA_HEAP = ("-Xms64m", "-Xmx256m")
+KAFKA_START_SECONDS = 90  # about 5 on an idle machine
+# CPU requests the two-core node can give beside Knative (the release asks 1 core for the
+# dispatcher, 200m for the receiver); memory requests and limits stay the release's.
+CPU_REQUESTS = {RECEIVER: "50m", DISPATCHER: "100m"}
+# The release's config folders installed here (control plane: CRDs, controller, webhook; data
+# plane: the Broker's receiver and dispatcher).
+CONTROL_PLANE = "control-plane/eventing-kafka-broker"
+DATA_PLANE = "data-plane/broker"
+LOG4J = """\
+log4j.rootLogger=INFO, stdout
+log4j.appender.stdout=org.apache.log4j.ConsoleAppender
+log4j.appender.stdout.layout=org.apache.log4j.PatternLayout
+log4j.appender.stdout.layout.ConversionPattern=[%d] %p %m (%c)%n
+log4j.logger.kafka.request.logger=WARN
+log4j.logger.state.change.logger=WARN
+"""
+
+
+@dataclass
+class KafkaServer:
+    """One KRaft node (broker and controller, node 1) on ``host:port``, a process of the
+    cluster (torn down with it; its log with the others'), its state in ``state``:
+    ``server.properties``, ``log4j.properties`` and the log dir ``data/``."""
+
+    cluster: Cluster
+    libs: Path
+    state: Path
+    host: str
+    port: int
+    controller_port: int
+    proc: Proc | None = field(default=None, repr=False)
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def start(self, timeout: float = KAFKA_START_SECONDS) -> None:
+        """Write the configuration, format the log dir unless it is (a restart keeps it),
+        start the node and wait until it says it started and its port takes connections."""
+        self.state.mkdir(parents=True, exist_ok=True)
+        (self.state / "server.properties").write_text(self._server_properties())
+        (self.state / "log4j.properties").write_text(LOG4J)
+        if not (self.state / "data" / "meta.properties").exists():
+            self._format()
+        log = self.cluster.logs / "kafka.log"
+        offset = log.stat().st_size if log.exists() else 0
+        self.proc = self.cluster.spawn(
+            "kafka", [*self._java(), "kafka.Kafka", str(self.state / "server.properties")]
+        )
+        deadline = time.monotonic() + timeout
+        while not (_said(log, "Kafka Server started", offset) and _accepts(self.host, self.port)):
+            if not self.proc.alive() or time.monotonic() > deadline:
+                raise ClusterError(f"kafka did not start:\n{_tail(log)}")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        """SIGTERM: a controlled shutdown that flushes the log (SIGKILL if it hangs)."""
+        if self.proc is not None:
+            self.cluster.end(self.proc)
+            self.proc = None
+
+    def restart(self) -> None:
+        """Stop and start again on the same log dir and ports: its records survive."""
+        self.stop()
+        self.start()
+
+    def _java(self) -> list[str]:
+        log4j = f"-Dlog4j.configuration=file:{self.state / 'log4j.properties'}"
+        return ["java", "-XX:+UseSerialGC", *KAFKA_HEAP, log4j, "-cp", f"{self.libs}/*"]
+
+    def _format(self) -> None:
+        done = subprocess.run(
+            [
+                *self._java(),
+                "kafka.tools.StorageTool",
+                "format",
+                "--cluster-id",
+                _cluster_id(),
+                "--config",
+                str(self.state / "server.properties"),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise ClusterError(f"kafka storage format failed:\n{done.stdout}{done.stderr}")
+
+    def _server_properties(self) -> str:
+        controller = f"127.0.0.1:{self.controller_port}"
+        settings = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@{controller}",
+            "listeners": f"PLAINTEXT://{self.bootstrap},CONTROLLER://{controller}",
+            "advertised.listeners": f"PLAINTEXT://{self.bootstrap}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "log.dirs": str(self.state / "data"),
+            "num.partitions": "1",
+            "default.replication.factor": "1",
+            "min.insync.replicas": "1",
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "5",  # 50 by default: files and start-up time
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "5",
+            "auto.create.topics.enable": "false",  # as in production: the Broker makes its topics
+            "group.initial.rebalance.delay.ms": "0",
+            "num.network.threads": "2",
+            "num.io.threads": "2",
+            "num.recovery.threads.per.data.dir": "1",
+        }
+        return "".join(f"{key}={value}\n" for key, value in settings.items())
+
+
+def _cluster_id() -> str:
+    """A random cluster id as ``kafka-storage random-uuid`` prints it (16 random bytes in 22
+    characters of URL-safe base64, never a leading ``-``, which would read as an option)."""
+    while True:
+        value = base64.urlsafe_b64encode(os.urandom(16)).rstrip(b"=").decode()
+        if not value.startswith("-"):
+            return value
+
+
+def _said(log: Path, text: str, offset: int) -> bool:
+    if not log.exists():
+        return False
+    with log.open("rb") as stream:
+        stream.seek(offset)
+        return text.encode() in stream.read()
+
+
+def _tail(log: Path, lines: int = 40) -> str:
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else ""
+
+
+def _accepts(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+@dataclass
+class KafkaBroker:
+    cluster: Cluster
+    kafka: KafkaServer
+    ingress: str  # http://<cluster IP> of kafka-broker-ingress, reachable from this machine
+
+    def broker_url(self, namespace: str, broker: str = "default") -> str:
+        return f"{self.ingress}/{namespace}/{broker}"
+
+    def restart_kafka(self) -> None:
+        self.kafka.restart()
+
+    def restart_pods(
+        self, namespace: str, selector: str, wait: bool = True, timeout: int = 300
+    ) -> None:
+        """Delete the pods of ``selector`` and (``wait``) wait until their replacements are
+        Ready (new pods by uid: a StatefulSet's keeps its name); a Knative Service's pods
+        come back on demand, so those are not waited for."""
+        listing = ("-n", namespace, "get", "pods", "-l", selector, "-o", "json")
+        before = {p["metadata"]["uid"] for p in json.loads(self.cluster.kubectl(*listing))["items"]}
+        self.cluster.kubectl("-n", namespace, "delete", "pods", "-l", selector, "--wait=false")
+        if not wait:
+            return
+        deadline = time.monotonic() + timeout
+        while True:
+            pods = json.loads(self.cluster.kubectl(*listing, check=False) or '{"items": []}')
+            rows = [
+                (
+                    p["metadata"]["uid"] in before,
+                    all(s.get("ready") for s in p["status"].get("containerStatuses") or [{}]),
+                )
+                for p in pods["items"]
+            ]
+            if rows and all(not old and ready for old, ready in rows):
+                return
+            if time.monotonic() > deadline:
+                raise ClusterError(f"pods {selector} in {namespace} not back: {rows}")
+            time.sleep(1)
+
+
+def lower_cpu_requests(docs: list[dict], requests: dict[str, str] = CPU_REQUESTS) -> None:
+    """Set the CPU request of each named workload's containers (``requests``); a name that is
+    not there is an error (the release changed)."""
+    found = set()
+    for doc in docs:
+        name = doc.get("metadata", {}).get("name")
+        if doc["kind"] in ("Deployment", "StatefulSet") and name in requests:
+            for container in doc["spec"]["template"]["spec"]["containers"]:
+                container.setdefault("resources", {}).setdefault("requests", {})["cpu"] = requests[
+                    name
+                ]
+            found.add(name)
+    if missing := set(requests) - found:
+        raise ValueError(f"no workload {sorted(missing)} in the release manifests")
+
+
+def install_kafka_broker(cluster: Cluster, builds: dict[str, Path]) -> KafkaBroker:
+    from tests.cluster.kafka_images import control_plane_images, data_plane_images
+
+    started = time.monotonic()
+    kafka = KafkaServer(
+        cluster,
+        builds["kafka"] / "libs",
+        cluster.root / "kafka",
+        GATEWAY,
+        free_port(GATEWAY),
+        free_port("127.0.0.1"),
+    )
+    kafka.start()
+    home = builds["kafka-broker"]
+    images = {**control_plane_images(home), **data_plane_images(home)}
+    cluster.import_images(tuple(sorted(set(images.values()))))
+    settings = {
+        (SYSTEM, "kafka-broker-config"): {
+            "bootstrap.servers": kafka.bootstrap,
+            "default.topic.partitions": PARTITIONS,
+            "default.topic.replication.factor": "1",
+        }
+    }
+    control = render(home / "config" / CONTROL_PLANE, images, settings=settings)
+    crds = [d for d in control if d["kind"] == "CustomResourceDefinition"]
+    apply(cluster, crds)
+    cluster.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+    apply(cluster, [d for d in control if d["kind"] != "CustomResourceDefinition"])
+    data = render(home / "config" / DATA_PLANE, images)
+    lower_cpu_requests(data)
+    apply(cluster, data)
+    wait_deployments(cluster, SYSTEM)
+    ip = cluster.kubectl(
+        "-n", SYSTEM, "get", "service", INGRESS, "-o", "jsonpath={.spec.clusterIP}"
+    ).strip()
+    cluster.note(f"kafka broker installed in {time.monotonic() - started:.1f}s")
+    return KafkaBroker(cluster, kafka, f"http://{ip}")

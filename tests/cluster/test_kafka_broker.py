@@ -1,0 +1,496 @@
+"""Durable delivery (issue 42): the functions' Broker on Knative's Apache Kafka Broker, on the
+real cluster, with the production path's security on (the ``secured`` deployment:
+``authentication-oidc``, the ``sender-auth`` and ``tekton`` components, NetworkPolicies).
+
+The module adds the shipped ``knative/kafka`` component to that deployment as an operator
+does: the Broker's class cannot change, so the Broker and its Triggers are deleted and the
+deployment applied again; the component's ConfigMap names this cluster's Kafka (one node on
+the gateway: replication factor 1). Then the path (check, get, put with replies,
+``version.discovered`` to its Triggers, the senders' policy, the dead letter) and the faults:
+while requests flow, the receiver pod, the dispatcher pod, the Kafka process and the
+functions' pods restart, and every accepted request runs once and is answered once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+from cloudevents.core.bindings.http import to_binary_event
+
+from functions.cli.launch import wait_until
+from tests.cluster.conftest import (
+    KNATIVE_CACHE_SECRET,
+    NAMESPACE,
+    sink_trigger,
+    wait_functions_serve,
+    wait_ready,
+)
+from tests.cluster.kafka_broker import (
+    DISPATCHER,
+    INGRESS,
+    KAFKA_HEAP,
+    RECEIVER,
+    SYSTEM,
+    KafkaBroker,
+)
+from tests.cluster.secured import (
+    PROBE_TYPE as PROBE,
+)
+from tests.cluster.secured import (
+    READY,
+    TEAM_LABEL,
+    Secured,
+    get_json,
+    identity,
+    oidc_gaps,
+    probe_event,
+    through_the_broker,
+)
+from tests.cluster.test_knative_figures import container_memory
+from tests.cluster.test_knative_path import (
+    assert_reply,
+    attributes,
+    function_logs,
+    reply_to,
+    source,
+)
+from tests.cluster.test_tekton_custom_task import reachable_from
+from tests.cluster.timeline import percentile
+from tests.support.bench import size
+from tests.support.events import request_event
+from tests.support.runs import run_of
+
+# The first test's setup moves the deployment to the Kafka Broker (minutes; run alone, it
+# also brings up the cluster, Knative, Tekton and the secured deployment).
+pytestmark = pytest.mark.timeout(2400)
+TOPIC_PARTITIONS = "4"
+BUILD = {"id": "9", "name": "9", "job": "unit", "pipeline": "p", "team": "main"}
+FENCED = "kafka-fence"  # a pipeline team's namespace
+FUNCTIONS = "serving.knative.dev/service in (check,get,put)"
+
+
+def kafka_component(secured: Secured, kafka: KafkaBroker) -> None:
+    """Add ``kafka`` to the applied copy of knative/'s components, and patch its ConfigMap to
+    this cluster's Kafka, as an operator edits ``knative/kafka/configmap.yaml``."""
+    overlay = secured.deployment.overlay
+    base = overlay.parent / "knative" / "kustomization.yaml"
+    kustomization = yaml.safe_load(base.read_text())
+    kustomization["components"] = [*kustomization.get("components", []), "kafka"]
+    base.write_text(yaml.safe_dump(kustomization))
+    config = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "resource-functions-kafka", "namespace": NAMESPACE},
+        "data": {
+            "bootstrap.servers": kafka.kafka.bootstrap,
+            "default.topic.partitions": TOPIC_PARTITIONS,
+            "default.topic.replication.factor": "1",
+        },
+    }
+    (overlay / "kafka-config.yaml").write_text(yaml.safe_dump(config))
+    kustomization = yaml.safe_load((overlay / "kustomization.yaml").read_text())
+    kustomization["patches"].append({"path": "kafka-config.yaml"})
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+
+
+@pytest.fixture(scope="module")
+def on_kafka(secured: Secured, kafka_broker: KafkaBroker) -> Secured:
+    cluster = secured.cluster
+    kafka_component(secured, kafka_broker)
+    # A Broker's class is fixed at creation: the Triggers (their Subscriptions are the
+    # channel broker's), the Broker and the SinkBindings that name it (they do not look at
+    # the Broker again once it went: "address not set" for good) go, and come back with the
+    # deployment.
+    delete = ("--ignore-not-found", "--wait", "--timeout=300s")
+    cluster.kubectl("-n", NAMESPACE, "delete", "trigger", "--all", *delete)
+    cluster.kubectl("-n", NAMESPACE, "delete", "sinkbinding", "--all", *delete)
+    cluster.kubectl("-n", NAMESPACE, "delete", "broker", "default", *delete)
+    cluster.kubectl("apply", "-k", str(secured.deployment.overlay))
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(sink_trigger(secured.deployment.sink.url)))
+    wait_ready(cluster, NAMESPACE, list(READY))
+    deadline = time.monotonic() + 180
+    while gaps := oidc_gaps(cluster, channel_broker=False):
+        assert time.monotonic() < deadline, "\n".join(["after 180 s:", *gaps])
+        time.sleep(1)
+    wait_functions_serve(cluster, NAMESPACE)
+    # The SinkBindings name the new Broker's address: the Deployments they bind roll out with
+    # it (a reply relay still posting to the old Broker would lose replies).
+    for deployment in ("reply-relay", "tekton-controller"):
+        wait_until(
+            lambda name=deployment: INGRESS in sink_of(cluster, name),
+            f"{deployment} bound to the Kafka Broker",
+            180,
+            interval=1,
+        )
+        cluster.kubectl(
+            "-n", NAMESPACE, "rollout", "status", f"deployment/{deployment}", "--timeout=300s"
+        )
+    audience = get_json(cluster, "broker", "default")["status"]["address"]["audience"]
+    knative = dataclasses.replace(secured.deployment.knative, broker_ingress=kafka_broker.ingress)
+    deployment = dataclasses.replace(secured.deployment, knative=knative)
+    on = Secured(deployment, audience, [])
+    on.probes = through_the_broker(on)
+    return on
+
+
+def jobs_of(deployment, event) -> list[dict]:
+    """The Jobs of ``event``'s run: with sender authentication on, the run id is keyed by the
+    sender the function saw, its action's Trigger."""
+    got = attributes(event)
+    action = got["type"].split(".")[2]
+    sender = identity(f"{action}-requested")
+    run = run_of(KNATIVE_CACHE_SECRET, got["source"], got["id"], action, sender=sender, team="main")
+    return deployment.jobs(**{"resource-functions.dev/run-id": run})
+
+
+def sink_of(cluster, deployment: str) -> str:
+    """The K_SINK a SinkBinding gave the Deployment's pod template ("" while none)."""
+    spec = get_json(cluster, "deployment", deployment)["spec"]["template"]["spec"]
+    env = [e for c in spec["containers"] for e in c.get("env") or [] if e["name"] == "K_SINK"]
+    return env[0].get("value", "") if env else ""
+
+
+def team_request(action: str, data: dict):
+    return request_event(action, {"type": "test", "build": BUILD, **data}, team="main")
+
+
+def test_the_broker_is_kafka_and_check_get_put_reply_through_it(on_kafka: Secured):
+    broker = get_json(on_kafka.cluster, "broker", "default")
+    assert broker["metadata"]["annotations"]["eventing.knative.dev/broker.class"] == "Kafka"
+    assert "kafka-broker-ingress" in broker["status"]["address"]["url"]
+    d = on_kafka.deployment
+    src = source()
+    check = team_request("check", {"source": src})
+    assert on_kafka.post(check) == 202
+    versions = assert_reply(reply_to(d, check, "check"), check, "check")["versions"]
+    assert versions == [{"ref": "1"}, {"ref": "2"}, {"ref": "3"}]
+    # The check's new versions went back into the Broker to their Triggers (the sink's is one).
+    discovered = d.sink.matching(requestid=attributes(check)["id"])
+    assert any(attributes(e)["type"].endswith(".discovered") for e in discovered)
+
+    get = team_request("get", {"source": src, "version": versions[-1]})
+    assert on_kafka.post(get) == 202
+    artifact = assert_reply(reply_to(d, get, "get"), get, "get")["artifact"]
+    put = team_request(
+        "put", {"source": src, "params": {"input": "in"}, "inputs": {"in": artifact["url"]}}
+    )
+    assert on_kafka.post(put) == 202
+    assert assert_reply(reply_to(d, put, "put"), put, "put")["version"] == {"ref": "pushed-3"}
+    assert len(jobs_of(d, check)) == len(jobs_of(d, get)) == len(jobs_of(d, put)) == 1
+
+
+def test_the_kafka_receiver_holds_the_senders_policy(on_kafka: Secured):
+    """No token: 401; the engine of team main naming team blue: 403 (its EventPolicy); an
+    allowed marker posted after both reaches the sink, and neither of them does."""
+    message = to_binary_event(probe_event(team="main"))
+    tokenless = requests.post(on_kafka.broker, headers=message.headers, data=message.body)
+    assert tokenless.status_code == 401
+    blue = probe_event(team="blue")
+    assert on_kafka.post(blue) == 403
+    marker = probe_event(team="main")
+    assert on_kafka.post(marker) == 202
+    on_kafka.deployment.sink.wait(timeout=60, id=attributes(marker)["id"])
+    assert on_kafka.deployment.sink.matching(id=attributes(blue)["id"]) == []
+
+
+def test_a_request_the_function_refuses_is_dead_lettered(on_kafka: Secured):
+    d = on_kafka.deployment
+    lying = request_event(
+        "check",
+        {"type": "test", "source": source(), "build": {**BUILD, "team": "blue"}},
+        team="main",
+    )
+    assert on_kafka.post(lying) == 202
+    event_id = attributes(lying)["id"]
+    logs = wait_until(
+        lambda: event_id in (text := function_logs(d, "dead-letter")) and text,
+        "dead-lettered",
+        150,
+        interval=0.5,
+    )
+    assert "undeliverable event" in next(line for line in logs.splitlines() if event_id in line)
+
+
+def test_a_pipeline_namespace_reaches_not_the_kafka_receiver(
+    on_kafka: Secured, cluster_images: dict[str, str]
+):
+    """The tekton component's fence holds for the Kafka Broker's receiver too: a pod of a
+    team's namespace (a Task step) reaches the artifacts service (the control) and not the
+    receiver, where it could post requests, replies or discovered versions of its choosing."""
+    cluster = on_kafka.cluster
+    cluster.kubectl("create", "namespace", FENCED, check=False)
+    cluster.kubectl("label", "namespace", FENCED, f"{TEAM_LABEL}={FENCED}", "--overwrite")
+    artifacts = f"http://tekton-artifacts.{NAMESPACE}.svc.cluster.local/healthz"
+    receiver = f"http://{INGRESS}.{SYSTEM}.svc.cluster.local/{NAMESPACE}/default"
+    found, said = reachable_from(cluster, FENCED, cluster_images["task"], [artifacts, receiver])
+    assert found == {artifacts: True, receiver: False}, said
+
+
+# --- faults --------------------------------------------------------------------------------
+
+
+class Stream:
+    """Check requests posted one after another, each until the Broker accepts it (202): a
+    refused or failed post is the sender's to retry, an accepted one is the Broker's."""
+
+    def __init__(self, on: Secured) -> None:
+        self.on = on
+        self.token = on.token("pipeline-engine-main", "ci")
+        self.accepted: list = []
+        self.refusals: list[str] = []
+
+    def post_one(self, deadline: float) -> None:
+        event = team_request("check", {"source": source()})
+        message = to_binary_event(event)
+        headers = {**message.headers, "Authorization": f"Bearer {self.token}"}
+        while True:
+            try:
+                status = requests.post(
+                    self.on.broker, headers=headers, data=message.body, timeout=30
+                ).status_code
+            except requests.RequestException as error:
+                status, detail = 0, type(error).__name__
+            else:
+                detail = str(status)
+            if status == 202:
+                self.accepted.append(event)
+                return
+            self.refusals.append(detail)
+            assert time.monotonic() < deadline, f"not accepted: {self.refusals[-10:]}"
+            time.sleep(1)
+
+    def during(self, fault: Callable[[], None], before: int, meanwhile: int) -> None:
+        """``before`` requests, then ``fault`` in a thread while ``meanwhile`` more go."""
+        deadline = time.monotonic() + 300
+        for _ in range(before):
+            self.post_one(deadline)
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                fault()
+            except Exception as error:  # noqa: BLE001 - reported by the test below
+                errors.append(error)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        for _ in range(meanwhile):
+            self.post_one(deadline)
+            time.sleep(0.5)
+        thread.join(timeout=400)
+        assert not thread.is_alive() and not errors, errors
+
+
+def test_no_accepted_request_is_lost_or_run_twice_when_a_piece_restarts(
+    on_kafka: Secured, kafka_broker: KafkaBroker, secured: Secured, capsys
+):
+    stream = Stream(on_kafka)
+    faults = {
+        "receiver": lambda: kafka_broker.restart_pods(SYSTEM, f"app={RECEIVER}"),
+        "dispatcher": lambda: kafka_broker.restart_pods(SYSTEM, f"app={DISPATCHER}"),
+        "kafka": kafka_broker.restart_kafka,
+        "functions": lambda: kafka_broker.restart_pods(NAMESPACE, FUNCTIONS, wait=False),
+    }
+    for fault in faults.values():
+        stream.during(fault, before=2, meanwhile=4)
+    d = on_kafka.deployment
+    missing, repeated = [], []
+    for event in stream.accepted:
+        reply = reply_to(d, event, "check", timeout=300)
+        assert_reply(reply, event, "check")
+        if len(jobs_of(d, event)) != 1:
+            repeated.append((attributes(event)["id"], len(jobs_of(d, event))))
+    time.sleep(10)  # a second reply would come within the Broker's first retries
+    for event in stream.accepted:
+        replies = {
+            attributes(e)["id"]
+            for e in d.sink.matching(requestid=attributes(event)["id"])
+            if not attributes(e)["type"].endswith(".discovered")
+        }
+        if len(replies) != 1:
+            missing.append((attributes(event)["id"], sorted(replies)))
+    assert missing == [] and repeated == []
+    with capsys.disabled():
+        print(
+            f"\n[kafka] {len(stream.accepted)} requests through 4 restarts "
+            f"({', '.join(faults)}): all answered once; refused posts "
+            f"{len(stream.refusals)} ({sorted(set(stream.refusals))})"
+        )
+
+
+# --- figures: the Kafka Broker against the in-memory channel, in one run ---------------------
+
+IN_MEMORY = "in-memory"
+FIGURES_ACCOUNT = "broker-figures"  # of the Brokers' namespace: the in-memory one's default
+IMC_PIECES = {
+    "broker ingress": "eventing.knative.dev/brokerRole=ingress",
+    "broker filter": "eventing.knative.dev/brokerRole=filter",
+    "channel dispatcher": "messaging.knative.dev/role=dispatcher",
+}
+
+
+class Probes:
+    """Probe events (no function's Trigger takes them; the sink's takes all) posted to one
+    Broker at a steady rate, each until accepted; their latency from the accepted post to
+    the sink, and which never arrived."""
+
+    def __init__(self, sink, url: str, token: str) -> None:
+        self.sink, self.url, self.token = sink, url, token
+        self.posted: dict[str, float] = {}
+        self.refused = 0
+
+    def run(self, count: int, rate: float) -> None:
+        for _ in range(count):
+            started = time.monotonic()
+            event = probe_event(team="main")
+            message = to_binary_event(event)
+            headers = {**message.headers, "Authorization": f"Bearer {self.token}"}
+            for _attempt in range(60):  # 30 s at most, then the probe counts as refused
+                posted = time.monotonic()
+                try:
+                    status = requests.post(
+                        self.url, headers=headers, data=message.body, timeout=10
+                    ).status_code
+                except requests.RequestException:
+                    status = 0
+                if status == 202:
+                    self.posted[attributes(event)["id"]] = posted
+                    break
+                self.refused += 1
+                time.sleep(0.5)
+            time.sleep(max(0.0, 1 / rate - (time.monotonic() - started)))
+
+    def latencies(self, wait: float = 60) -> tuple[list[float], list[str]]:
+        deadline = time.monotonic() + wait
+        found: dict[str, float] = {}
+        while True:
+            for event in self.sink.matching(type=PROBE):
+                got = attributes(event)["id"]
+                if got in self.posted and got not in found:
+                    found[got] = self.sink.arrival(event) - self.posted[got]
+            if len(found) == len(self.posted) or time.monotonic() > deadline:
+                return list(found.values()), sorted(set(self.posted) - set(found))
+            time.sleep(1)
+
+
+def in_memory_broker(on: Secured, knative) -> str:
+    """A Broker of the cluster's default class (the in-memory channel) beside the Kafka one,
+    with the sink's Trigger: the same path, another data plane. Its URL from this machine
+    (``knative``: the channel broker's ingress)."""
+    cluster = on.cluster
+    broker = {
+        "apiVersion": "eventing.knative.dev/v1",
+        "kind": "Broker",
+        "metadata": {
+            "name": IN_MEMORY,
+            "namespace": NAMESPACE,
+            "annotations": {"eventing.knative.dev/broker.class": "MTChannelBasedBroker"},
+        },
+    }
+    trigger = sink_trigger(on.deployment.sink.url)
+    trigger["metadata"]["name"] = "test-sink-in-memory"
+    trigger["spec"]["broker"] = IN_MEMORY
+    cluster.kubectl("-n", NAMESPACE, "create", "serviceaccount", FIGURES_ACCOUNT, check=False)
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(broker))
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(trigger))
+    wait_ready(cluster, NAMESPACE, [f"broker/{IN_MEMORY}", "trigger/test-sink-in-memory"])
+    return knative.broker_url(NAMESPACE, IN_MEMORY)
+
+
+def broker_token(on: Secured, broker: str, account: str, namespace: str) -> str:
+    audience = get_json(on.cluster, "broker", broker)["status"]["address"]["audience"]
+    return on.cluster.kubectl(
+        "-n", namespace, "create", "token", account, "--audience", audience
+    ).strip()
+
+
+def figure_line(name: str, probes: Probes, seconds: float | None = None) -> str:
+    spent, lost = probes.latencies()
+    rate = f" in {seconds:.1f} s ({len(probes.posted) / seconds:.1f}/s)" if seconds else ""
+    return (
+        f"{name}: {len(probes.posted)} accepted{rate}, post to subscriber p50 "
+        f"{percentile(spent, 0.5) * 1000:.0f} ms, p95 {percentile(spent, 0.95) * 1000:.0f} ms; "
+        f"lost {len(lost)}; refused posts {probes.refused}"
+    )
+
+
+def with_faults(probes: Probes, count: int, rate: float, faults: list[Callable[[], None]]):
+    """``count`` probes at ``rate`` while ``faults`` run one after another beside them."""
+    sender = threading.Thread(target=probes.run, args=(count, rate))
+    sender.start()
+    for fault in faults:
+        time.sleep(count / rate / (len(faults) + 1))
+        fault()
+    sender.join()
+
+
+@pytest.mark.bench
+@pytest.mark.timeout(1800)
+def test_figures_kafka_against_the_in_memory_channel(
+    on_kafka: Secured, kafka_broker: KafkaBroker, secured: Secured, capsys
+):
+    count = size("RF_KAFKA_PROBES", 300, 30)
+    rate = float(size("RF_KAFKA_RATE", 10, 5))
+    sink = on_kafka.deployment.sink
+    in_memory_url = in_memory_broker(on_kafka, secured.deployment.knative)
+    kafka = Probes(sink, on_kafka.broker, on_kafka.token("pipeline-engine-main", "ci"))
+    memory = Probes(
+        sink, in_memory_url, broker_token(on_kafka, IN_MEMORY, FIGURES_ACCOUNT, NAMESPACE)
+    )
+    lines = []
+    for name, probes in (("in-memory channel", memory), ("Kafka Broker", kafka)):
+        started = time.monotonic()
+        probes.run(count, rate)
+        lines.append(figure_line(f"steady {rate:g}/s, {name}", probes, time.monotonic() - started))
+    restart = kafka_broker.restart_pods
+    faulty_kafka = Probes(sink, kafka.url, kafka.token)
+    with_faults(
+        faulty_kafka,
+        count,
+        rate,
+        [
+            lambda: restart(SYSTEM, f"app={RECEIVER}"),
+            lambda: restart(SYSTEM, f"app={DISPATCHER}"),
+            kafka_broker.restart_kafka,
+        ],
+    )
+    lines.append(figure_line("Kafka Broker, receiver/dispatcher/Kafka restarted", faulty_kafka))
+    faulty_memory = Probes(sink, memory.url, memory.token)
+    with_faults(
+        faulty_memory,
+        count,
+        rate,
+        [lambda selector=s: restart(SYSTEM, selector) for s in IMC_PIECES.values()],
+    )
+    lines.append(figure_line(f"in-memory channel, {'/'.join(IMC_PIECES)} restarted", faulty_memory))
+    lines += kafka_memory(kafka_broker)
+    with capsys.disabled():
+        print("\n[kafka figures]\n" + "\n".join(lines))
+    assert kafka.latencies(1)[1] == [] and faulty_kafka.latencies(1)[1] == []
+
+
+def kafka_memory(kafka: KafkaBroker) -> list[str]:
+    """Kafka's peak RSS and each Kafka Broker pod's, as the figures of test_knative_figures."""
+    proc = kafka.kafka.proc
+    status = Path(f"/proc/{proc.pid}/status").read_text() if proc else ""
+    hwm = next((line.split()[1] for line in status.splitlines() if line.startswith("VmHWM")), "0")
+    lines = [
+        f"memory: Kafka (one KRaft node, JVM {' '.join(KAFKA_HEAP)}) peak RSS {int(hwm) // 1024} MiB"
+    ]
+    pods = json.loads(kafka.cluster.kubectl("-n", SYSTEM, "get", "pods", "-o", "json"))["items"]
+    for pod in pods:
+        if not pod["metadata"]["name"].startswith(("kafka-", "webhook-kafka")):
+            continue
+        for status in pod["status"].get("containerStatuses") or []:
+            if status.get("containerID"):
+                container = status["containerID"].split("//")[-1]
+                lines.append(f"memory: {pod['metadata']['name']}: {container_memory(container)}")
+    return lines
