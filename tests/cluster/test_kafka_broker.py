@@ -237,6 +237,30 @@ def test_a_pipeline_namespace_reaches_not_the_kafka_receiver(
 # --- faults --------------------------------------------------------------------------------
 
 
+def post_until_accepted(
+    url: str, token: str, event, seconds: float, pause: float, timeout: float
+) -> tuple[float | None, list[str]]:
+    """POST ``event`` (binary mode, with ``token``) again after each refusal or failure, a
+    ``pause`` apart, until the Broker accepts it (202) or ``seconds`` pass: when the accepted
+    post started (None: never), and what each refused attempt got."""
+    message = to_binary_event(event)
+    headers = {**message.headers, "Authorization": f"Bearer {token}"}
+    deadline, refusals = time.monotonic() + seconds, []
+    while True:
+        posted = time.monotonic()
+        try:
+            status = requests.post(url, headers=headers, data=message.body, timeout=timeout)
+        except requests.RequestException as error:
+            refusals.append(type(error).__name__)
+        else:
+            if status.status_code == 202:
+                return posted, refusals
+            refusals.append(str(status.status_code))
+        if time.monotonic() >= deadline:
+            return None, refusals
+        time.sleep(pause)
+
+
 class Stream:
     """Check requests posted one after another, each until the Broker accepts it (202): a
     refused or failed post is the sender's to retry, an accepted one is the Broker's."""
@@ -249,23 +273,11 @@ class Stream:
 
     def post_one(self, deadline: float) -> None:
         event = team_request("check", {"source": source()})
-        message = to_binary_event(event)
-        headers = {**message.headers, "Authorization": f"Bearer {self.token}"}
-        while True:
-            try:
-                status = requests.post(
-                    self.on.broker, headers=headers, data=message.body, timeout=30
-                ).status_code
-            except requests.RequestException as error:
-                status, detail = 0, type(error).__name__
-            else:
-                detail = str(status)
-            if status == 202:
-                self.accepted.append(event)
-                return
-            self.refusals.append(detail)
-            assert time.monotonic() < deadline, f"not accepted: {self.refusals[-10:]}"
-            time.sleep(1)
+        seconds = deadline - time.monotonic()
+        posted, refusals = post_until_accepted(self.on.broker, self.token, event, seconds, 1, 30)
+        self.refusals += refusals
+        assert posted is not None, f"not accepted: {self.refusals[-10:]}"
+        self.accepted.append(event)
 
     def during(self, fault: Callable[[], None], before: int, meanwhile: int) -> None:
         """``before`` requests, then ``fault`` in a thread while ``meanwhile`` more go."""
@@ -351,21 +363,11 @@ class Probes:
         for _ in range(count):
             started = time.monotonic()
             event = probe_event(team="main")
-            message = to_binary_event(event)
-            headers = {**message.headers, "Authorization": f"Bearer {self.token}"}
-            for _attempt in range(60):  # 30 s at most, then the probe counts as refused
-                posted = time.monotonic()
-                try:
-                    status = requests.post(
-                        self.url, headers=headers, data=message.body, timeout=10
-                    ).status_code
-                except requests.RequestException:
-                    status = 0
-                if status == 202:
-                    self.posted[attributes(event)["id"]] = posted
-                    break
-                self.refused += 1
-                time.sleep(0.5)
+            # 30 s at most, then the probe counts as refused
+            posted, refusals = post_until_accepted(self.url, self.token, event, 30, 0.5, 10)
+            self.refused += len(refusals)
+            if posted is not None:
+                self.posted[attributes(event)["id"]] = posted
             time.sleep(max(0.0, 1 / rate - (time.monotonic() - started)))
 
     def latencies(self, wait: float = 60) -> tuple[list[float], list[str]]:
