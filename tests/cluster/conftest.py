@@ -1,4 +1,4 @@
-"""Fixtures of the end-to-end tests on a real single-node Kubernetes (``tests/cluster/up.py``).
+"""Fixtures of the end-to-end tests on a real single-node Kubernetes (``testbed/kubernetes``).
 
 Session-wide, in this order: the project image and the test resource image (built with Podman,
 imported into the cluster's containerd), the cluster itself, an S3 server (versitygw) bound to the
@@ -28,8 +28,8 @@ import yaml
 
 from testbed import event_sink as sinks
 from testbed.event_sink import EventSink
-from tests.cluster.network_policies import NetworkPolicyEnforcement, enforce_network_policies
-from tests.cluster.up import GATEWAY, Cluster, new_cluster
+from testbed.kubernetes import GATEWAY, Cluster, new_cluster
+from testbed.kubernetes.network_policies import NetworkPolicyEnforcement, enforce_network_policies
 
 KNATIVE_CACHE_SECRET = "knative-e2e-cache-secret"
 
@@ -65,7 +65,7 @@ def _interrupt(signum: int, _frame: object) -> None:
 def cluster(cluster_images: dict[str, str]) -> Iterator[Cluster]:
     """The cluster, torn down at the end of the session, also when the run is stopped with
     SIGTERM (pytest then tears fixtures down as on Ctrl-C). A run killed outright leaves a
-    stale cluster that the next ``new_cluster`` (or ``python -m tests.cluster.up --cleanup``)
+    stale cluster that the next ``new_cluster`` (or ``python -m testbed.kubernetes --cleanup``)
     tears down."""
     previous = signal.signal(signal.SIGTERM, _interrupt)
     instance = new_cluster(keep=bool(os.environ.get("RF_CLUSTER_KEEP")))
@@ -388,8 +388,8 @@ def knative_diagnostics(cluster: Cluster, namespace: str, lines: int = 30) -> st
 def knative(cluster: Cluster):
     """Knative Eventing and Serving installed from their release manifests (minutes the first
     time on a machine: component images are built once and kept by Podman)."""
-    from tests.cluster.knative import install_knative
-    from tests.cluster.up import build_knative
+    from testbed.kubernetes import build_knative
+    from testbed.kubernetes.knative import install_knative
 
     return install_knative(cluster, build_knative())
 
@@ -494,7 +494,7 @@ def deployment_overlay(
     """``knative/`` as the cluster tests apply it (``write_overlay``): the project image, the
     test catalogue, the store under ``prefix``, and the task pods' egress to this cluster's
     DNS and test servers on the gateway, but for the ports ``task_egress`` opens itself."""
-    from tests.cluster.knative import dev_local
+    from testbed.kubernetes.knative import dev_local
 
     closed = (cluster.api_port, cluster.kubelet_port, knative.kingress_port, *ports_of(task_egress))
     return write_overlay(
@@ -710,7 +710,7 @@ def _serves(ksvc: dict, sink: bool) -> bool:
 @dataclass
 class KnativeDeployment:
     cluster: Cluster
-    knative: object  # tests.cluster.knative.Knative
+    knative: object  # testbed.kubernetes.knative.Knative
     sink: EventSink
     store: object
     namespace: str

@@ -27,9 +27,9 @@ import yaml
 from functions import keys
 from functions.runtimes.labels import REQUEST_LABEL
 from functions.tekton.controller_config import EVENT_SOURCE
+from testbed.kubernetes import Cluster
+from testbed.kubernetes.knative import apply
 from tests.cluster.conftest import NAMESPACE, KnativeDeployment
-from tests.cluster.knative import apply
-from tests.cluster.up import Cluster
 
 API_VERSION = "resource-functions.dev/v1alpha1"
 TEAM_LABEL = "resource-functions.dev/team"

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from functions.cli.launch import free_port
-from tests.cluster.knative import apply, render, wait_deployments
-from tests.cluster.up import GATEWAY, Cluster, ClusterError, Proc
+from testbed.kubernetes import GATEWAY, Cluster, ClusterError, Proc
+from testbed.kubernetes.knative import apply, render, wait_deployments
 
 VERSION = "1.22.3"
 SYSTEM = "knative-eventing"

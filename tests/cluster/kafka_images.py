@@ -30,8 +30,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from tests.cluster.containerd_images import run
-from tests.cluster.knative import component_image
+from testbed.kubernetes import build_tools
+from testbed.kubernetes.containerd_images import run
+from testbed.kubernetes.knative import component_image
 from tests.support.project_image import (
     BASE_IMAGE,
     build_lock,
@@ -85,9 +86,7 @@ JVM_FLAGS = ("--enable-preview",)  # the -loom modules' jib jvmFlags
 def build_kafka() -> dict[str, Path]:
     """Directories of the Kafka Broker's build (``kafka-broker``) and of Kafka's jars
     (``kafka``), built on first use (minutes)."""
-    from tests.cluster.up import build_tools
-
-    return build_tools("build_kafka.sh")
+    return build_tools(Path(__file__).with_name("build_kafka.sh"))
 
 
 def control_plane_images(build_dir: Path) -> dict[str, str]:

@@ -27,6 +27,7 @@ from cloudevents.core.bindings.http import to_binary_event
 from cloudevents.core.v1.event import CloudEvent
 
 from functions.cli.launch import wait_until
+from testbed.kubernetes import Cluster
 from tests.cluster.conftest import (
     NAMESPACE,
     KnativeDeployment,
@@ -36,7 +37,6 @@ from tests.cluster.conftest import (
     wait_functions_serve,
     wait_ready,
 )
-from tests.cluster.up import Cluster
 
 FEATURE = "authentication-oidc"
 TEAM_LABEL = "resource-functions.dev/team"

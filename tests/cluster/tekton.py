@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from functions.cli.busybox_image import build_resource_image
-from tests.cluster.knative import apply, component_images, render, wait_deployments
-from tests.cluster.up import Cluster, ClusterError, build_tools
+from testbed.kubernetes import Cluster, ClusterError, build_tools
+from testbed.kubernetes.knative import apply, component_images, render, wait_deployments
 
 PIPELINE_VERSION = "1.15.0"
 TRIGGERS_VERSION = "0.37.0"
@@ -51,7 +51,7 @@ class Tekton:
 def build_tekton() -> dict[str, Path]:
     """Directories of the Tekton binaries and manifests (``pipeline``, ``triggers``), built on
     first use (minutes)."""
-    return build_tools("build_tekton.sh")
+    return build_tools(Path(__file__).with_name("build_tekton.sh"))
 
 
 def shell_image() -> str:

@@ -1,4 +1,4 @@
-"""check, get and put end to end on a real single-node Kubernetes (``tests/cluster/up.py``).
+"""check, get and put end to end on a real single-node Kubernetes (``testbed/kubernetes``).
 
 The three services run on this machine as processes (``python -m functions serve``) with a
 token of the ``resource-functions`` ServiceAccount, bound to the Role of ``knative/rbac.yaml``;
@@ -395,7 +395,7 @@ def test_task_pods_reach_nothing_but_this_machine(deployment):
     """The pods' network: the subnet's and the Service range's routes, no default route, and
     the only name server is this machine's bridge address (CoreDNS), which resolves cluster
     names and nothing else."""
-    from tests.cluster.up import GATEWAY
+    from testbed.kubernetes import GATEWAY
 
     logs = pod_output(deployment.cluster, deployment_image(deployment), PROBE_NETWORK)
     assert not any(line.startswith("default") for line in logs.splitlines()), logs
@@ -499,8 +499,8 @@ def test_with_a_sender_audience_only_allowed_identities_may_send(
     of an allowed identity for the audience is accepted (TokenReview), a pod posting straight
     to the function is refused, with or without its own token, and so are other identities
     and other audiences; nothing runs for a refused request."""
+    from testbed.kubernetes import GATEWAY
     from tests.cluster.conftest import NAMESPACE, REPO
-    from tests.cluster.up import GATEWAY
     from tests.support.services import start_services
 
     cluster = deployment.cluster

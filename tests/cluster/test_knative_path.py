@@ -26,9 +26,9 @@ from cloudevents.core.v1.event import CloudEvent
 
 from functions.cli.launch import NotReady, wait_until
 from testbed import event_sink as sinks
+from testbed.kubernetes import GATEWAY
+from testbed.kubernetes.knative import min_scale
 from tests.cluster.conftest import KNATIVE_CACHE_SECRET, REPO, wait_functions_serve, wait_ready
-from tests.cluster.knative import min_scale
-from tests.cluster.up import GATEWAY
 from tests.support.events import ENCODERS, request_event
 from tests.support.runs import run_of
 
@@ -222,7 +222,7 @@ def block_store(deployment, on: bool) -> None:
     """Make the S3 server refuse connections from the pods (a store outage), or undo it."""
     from urllib.parse import urlsplit
 
-    from tests.cluster.up import BRIDGE
+    from testbed.kubernetes import BRIDGE
 
     address = urlsplit(deployment.s3.endpoint)
     rule = ["INPUT", "-i", BRIDGE, "-d", str(address.hostname), "-p", "tcp"]
@@ -396,7 +396,7 @@ class Counter:
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
         from threading import Thread
 
-        from tests.cluster.up import GATEWAY
+        from testbed.kubernetes import GATEWAY
 
         self.value = value
         counter = self
@@ -708,7 +708,7 @@ def test_the_shipped_network_policies_fence_task_pods_and_the_functions(
     no function; a pod in Knative's own namespace does."""
     from urllib.parse import urlsplit
 
-    from tests.cluster.up import GATEWAY, SERVICE_IP
+    from testbed.kubernetes import GATEWAY, SERVICE_IP
 
     d = knative_deployment
     network_policies.assert_enforcing()
@@ -769,8 +769,8 @@ def store_by_name(d) -> Iterator[str]:
     collect use) pointing at it. Yields the name."""
     from urllib.parse import urlsplit
 
+    from testbed.kubernetes import GATEWAY
     from tests.cluster.conftest import STORE_SECRET
-    from tests.cluster.up import GATEWAY
 
     endpoint = urlsplit(d.s3.endpoint)
     port = int(endpoint.port or 80)
@@ -990,7 +990,7 @@ def dead_letter_scenario(d) -> None:
     """An event no subscriber can take: after the shipped Broker's retries (about two
     minutes), the dead-letter service logs it once."""
     from functions.cli.launch import free_port
-    from tests.cluster.up import GATEWAY
+    from testbed.kubernetes import GATEWAY
 
     kind = "dev.resourcefunctions.test.undeliverable"
     address = f"{GATEWAY}:{free_port(GATEWAY)}"  # nothing listens there

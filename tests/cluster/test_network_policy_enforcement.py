@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import pytest
 
 from functions.cli.launch import wait_until
-from tests.cluster.network_policies import CHAINS, NAME, QUEUE, queue_bound
-from tests.cluster.up import GATEWAY, SERVICE_IP, Cluster
+from testbed.kubernetes import GATEWAY, SERVICE_IP, Cluster
+from testbed.kubernetes.network_policies import CHAINS, NAME, QUEUE, queue_bound
 
 # The enforcer sees a new policy through its informers: a little after it is applied.
 POLICY_SEEN = "the policy enforced"
@@ -228,7 +228,7 @@ def test_turned_off_everything_flows_and_nothing_is_left(probes, network_policie
         },
     )
     wait_until(lambda: not probes.reaches("other", ip, SERVER_PORT), POLICY_SEEN, interval=0.5)
-    # What a stale cluster's cleanup (python -m tests.cluster.up --cleanup) would remove.
+    # What a stale cluster's cleanup (python -m testbed.kubernetes --cleanup) would remove.
     stale = Cluster.from_state(cluster.root)
     assert sorted(stale.iptables_chains) == sorted(["mangle", h, c] for h, c in CHAINS.items())
     assert [(p.name, p.stop_signal) for p in stale.procs if p.name == NAME] == [

@@ -26,9 +26,9 @@ from typing import Any
 
 import pytest
 
+from testbed.kubernetes import GATEWAY
 from tests.cluster.test_knative_path import assert_reply, jobs_of, post, reply_to
 from tests.cluster.test_rootfs_on_kubernetes import opened_for_collect
-from tests.cluster.up import GATEWAY
 from tests.support.bare_steps import bare, without_mtimes
 from tests.support.events import request_event
 from tests.support.fidelity_resources import manifest, mismatches, rootfs_resource, unpack_artifact

@@ -45,6 +45,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from testbed.kubernetes import Cluster
+from testbed.kubernetes.knative import apply
 from tests.cluster.conftest import NAMESPACE, wait_ready
 from tests.cluster.custom_task import (
     API_VERSION,
@@ -57,10 +59,8 @@ from tests.cluster.custom_task import (
     request_id,
     results,
 )
-from tests.cluster.knative import apply
 from tests.cluster.secured import PIPELINE_TEAMS, Secured, identity
 from tests.cluster.timeline import audit_entries
-from tests.cluster.up import Cluster
 
 REPO = Path(__file__).resolve().parents[2]
 USERS = PIPELINE_TEAMS[0]  # a Tekton user's namespace, labelled as its team "tekton-ct"

@@ -42,6 +42,8 @@ import yaml
 
 from testbed.git_daemon import git_daemon
 from testbed.git_history import make_repository
+from testbed.kubernetes import GATEWAY, Cluster
+from testbed.kubernetes.knative import apply, min_scale
 from tests.cluster.conftest import NAMESPACE, wait_functions_serve, wait_ready
 from tests.cluster.custom_task import (
     CustomTask,
@@ -50,9 +52,7 @@ from tests.cluster.custom_task import (
     condition,
     custom_task_in,
 )
-from tests.cluster.knative import apply, min_scale
 from tests.cluster.secured import PIPELINE_TEAMS, Secured
-from tests.cluster.up import GATEWAY, Cluster
 from tests.support.bench import full_size
 from tests.support.git_server import git
 

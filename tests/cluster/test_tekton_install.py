@@ -31,9 +31,9 @@ import uuid
 
 import pytest
 
+from testbed.kubernetes import Cluster
+from testbed.kubernetes.knative import apply
 from tests.cluster.conftest import wait_ready
-from tests.cluster.knative import apply
-from tests.cluster.up import Cluster
 
 NAMESPACE = "tekton-smoke"
 LISTENER = "smoke"

@@ -18,9 +18,9 @@ import pytest
 
 from testbed.git_daemon import git_daemon
 from testbed.git_history import add_commit, make_repository
+from testbed.kubernetes import GATEWAY
 from tests.cluster.conftest import resource_types
 from tests.cluster.timeline import api_requests, audit_entries, percentile
-from tests.cluster.up import GATEWAY
 from tests.support.bench import size
 from tests.support.events import request_event, send
 from tests.support.git_server import git

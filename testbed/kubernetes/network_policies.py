@@ -40,18 +40,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.cluster.up import (
-    BRIDGE,
-    GATEWAY,
-    HERE,
-    NODE_NAME,
-    POD_SUBNET,
-    Cluster,
-    ClusterError,
-    Proc,
-    _tail,
-    free_port,
-)
+from functions.cli.launch import free_port
+from testbed.kubernetes.cluster import Cluster
+from testbed.kubernetes.layout import BRIDGE, GATEWAY, NODE_NAME, POD_SUBNET
+from testbed.kubernetes.processes import ClusterError, Proc, tail
+
+HERE = Path(__file__).resolve().parent
 
 NAME = "kube-network-policies"
 NAMESPACE = "kube-system"
@@ -174,7 +168,7 @@ class NetworkPolicyEnforcement:
         )
 
     def assert_enforcing(self) -> None:
-        assert self.enforcing(), f"{NAME} is not enforcing:\n{_tail(self.log)}"
+        assert self.enforcing(), f"{NAME} is not enforcing:\n{tail(self.log)}"
 
     def stop(self) -> None:
         """Enforcement off: the queueing chains first (nothing waits on a dead queue), then
@@ -238,7 +232,7 @@ def _wait_bound(proc: Proc) -> None:
     deadline = time.monotonic() + START_TIMEOUT
     while not queue_bound(QUEUE):
         if not proc.alive() or time.monotonic() > deadline:
-            raise ClusterError(f"{NAME} did not bind nfqueue {QUEUE}:\n{_tail(proc.log)}")
+            raise ClusterError(f"{NAME} did not bind nfqueue {QUEUE}:\n{tail(proc.log)}")
         time.sleep(0.2)
 
 

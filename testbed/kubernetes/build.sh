@@ -6,8 +6,8 @@
 # of the five main packages compiles the shared packages once. The binaries are cached by version;
 # a second run is free.
 #
-#   tests/cluster/build.sh            # prints the directory holding the binaries
-#   K8S_VERSION=v1.34.4 tests/cluster/build.sh
+#   testbed/kubernetes/build.sh            # prints the directory holding the binaries
+#   K8S_VERSION=v1.34.4 testbed/kubernetes/build.sh
 set -euo pipefail
 
 version="${K8S_VERSION:-v1.34.4}"

@@ -3,11 +3,11 @@
 #   - Knative Eventing and Serving components, from the release sources with their vendor/
 #     folders in ../shared/third_party (their Go modules are not served here), as static binaries;
 #   - CoreDNS (cluster DNS), from the Go module proxy;
-#   - the test-only KIngress proxy of tests/cluster/kingress/.
+#   - the test-only KIngress proxy of testbed/kubernetes/kingress/.
 # Prints one line per piece: NAME=DIR. About 12 minutes on 2 cores the first time, then free.
 #
-#   tests/cluster/build_knative.sh
-#   RF_THIRD_PARTY=/path/to/third_party tests/cluster/build_knative.sh
+#   testbed/kubernetes/build_knative.sh
+#   RF_THIRD_PARTY=/path/to/third_party testbed/kubernetes/build_knative.sh
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 third_party="${RF_THIRD_PARTY:-$here/../../../shared/third_party}"
@@ -49,7 +49,7 @@ build_vendored eventing "$eventing_version" ./cmd/controller ./cmd/webhook ./cmd
 build_vendored serving "$serving_version" ./cmd/activator ./cmd/autoscaler ./cmd/controller \
   ./cmd/queue ./cmd/webhook
 
-# CoreDNS with the harness's plugins alone (tests/cluster/coredns/main.go): the whole
+# CoreDNS with the harness's plugins alone (testbed/kubernetes/coredns/main.go): the whole
 # release (every cloud provider's SDK) took 6 minutes; rebuilt when that source changes.
 coredns_src="$here/coredns"
 sum=$(cat "$coredns_src"/go.mod "$coredns_src"/*.go | sha256sum | cut -c1-16)

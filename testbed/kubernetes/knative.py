@@ -19,7 +19,7 @@ Serving resolves image tags to digests through a registry, except for the regist
 ``config-deployment`` ``registries-skipping-tag-resolving`` (``dev.local`` by default): the
 project image is tagged ``dev.local/…`` in containerd for the Knative Services (``dev_local``).
 
-The networking layer is ``kingress`` (``tests/cluster/kingress/``), the one non-production hop:
+The networking layer is ``kingress`` (``testbed/kubernetes/kingress/``), the one non-production hop:
 it runs on this machine, and a selector-less Service ``kingress`` in ``knative-serving`` (an
 EndpointSlice to the gateway) is the load balancer that Routes' placeholder Services name.
 """
@@ -36,8 +36,10 @@ from pathlib import Path
 import yaml
 
 from functions.cli.launch import free_port
-from tests.cluster.containerd_images import run
-from tests.cluster.up import CLUSTER_DOMAIN, GATEWAY, Cluster, ClusterError
+from testbed.kubernetes.cluster import Cluster
+from testbed.kubernetes.containerd_images import run
+from testbed.kubernetes.layout import CLUSTER_DOMAIN, GATEWAY
+from testbed.kubernetes.processes import ClusterError
 
 EVENTING_VERSION = "1.22.2"
 SERVING_VERSION = "1.22.1"

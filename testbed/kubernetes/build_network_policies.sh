@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Build kube-network-policies (sigs.k8s.io/kube-network-policies, the NetworkPolicy enforcer
 # that kind uses) from the Go module proxy, once, cached by version. The test cluster runs it
-# only for the tests that turn enforcement on (tests/cluster/network_policies.py).
+# only for the tests that turn enforcement on (testbed/kubernetes/network_policies.py).
 # Prints one line: kube-network-policies=DIR. About 6 minutes on 2 cores the first time.
 #
-#   tests/cluster/build_network_policies.sh
+#   testbed/kubernetes/build_network_policies.sh
 set -euo pipefail
 version=v0.8.0
 cache="${RF_CLUSTER_CACHE:-$HOME/.cache/resource-functions}/kube-network-policies-$version"
