@@ -26,6 +26,7 @@ from storage.archive import format_for_key, unpack
 from storage.artifacts import add_team
 from tests.support.events import request_event, send
 from tests.support.parallel import parallel
+from tests.support.round_trip import get_new_version, put_fetched
 from tests.support.runs import run_of
 from tests.support.secret_forms import HOSTILE, printed_forms, survivors
 
@@ -158,30 +159,9 @@ def test_get_stores_the_artifact_and_a_repeat_is_a_cache_hit(deployment, tmp_pat
 
 
 def test_put_stages_the_artifact_of_a_get(deployment):
-    ref = f"p-{uuid.uuid4().hex[:8]}"
-    status, got, _ = send(
-        deployment.services.urls["get"],
-        request_event("get", {"type": "test", "source": SOURCE, "version": {"ref": ref}}),
-    )
-    assert status == 200 and got.get_type().endswith("succeeded"), got.get_data()
-    artifact = got.get_data()["artifact"]
+    fetched = get_new_version(deployment.services.urls, SOURCE, "p")
     before = job_names(deployment, "put")
-    data = {
-        "type": "test",
-        "source": SOURCE,
-        "params": {"input": "repo"},
-        "inputs": {"repo": {"url": artifact["url"], "digest": artifact["digest"]}},
-        "build": {"id": "78"},
-    }
-    status, reply, _ = send(deployment.services.urls["put"], request_event("put", data))
-    assert status == 200
-    assert reply.get_type() == "dev.resourcefunctions.put.succeeded", reply.get_data()
-    assert reply.get_data()["version"] == {"ref": f"pushed-{ref}"}
-    assert reply.get_data()["metadata"][0]["value"].split() == [
-        "./sub/build.txt",
-        "./sub/run.sh",
-        "./version",
-    ]
+    put_fetched(deployment.services.urls, SOURCE, fetched)
     [job] = new_jobs(deployment, before, "put")
     [pod] = deployment.pods(job["metadata"]["name"])
     assert [c["name"] for c in pod["spec"]["initContainers"]] == ["stage", "resource"]

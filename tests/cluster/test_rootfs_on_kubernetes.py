@@ -23,7 +23,6 @@ from typing import Any
 import pytest
 
 from tests.cluster.conftest import ClusterDeployment, cluster_services
-from tests.support.events import request_event, send
 from tests.support.fidelity_resources import (
     CONTENT,
     GID,
@@ -38,6 +37,7 @@ from tests.support.fidelity_resources import (
     rootfs_resource,
     unpack_artifact,
 )
+from tests.support.round_trip import succeeded
 
 
 @pytest.fixture(scope="module")
@@ -69,18 +69,9 @@ def opened(entry: list[Any]) -> list[Any]:
     return [*entry[:MODE], format(mode | 0o444 | search, "o"), *entry[MODE + 1 :]]
 
 
-def request(deployment: ClusterDeployment, action: str, data: dict[str, Any]) -> dict[str, Any]:
-    status, reply, response = send(
-        deployment.services.urls[action], request_event(action, data), timeout=300
-    )
-    assert status == 200, response.text
-    assert reply.get_type().endswith(".succeeded"), reply.get_data()
-    return reply.get_data()
-
-
 def test_a_rootfs_get_in_a_task_pod_is_the_tree_the_resource_wrote(rootfs_deployment, tmp_path):
     data = {"type": "rootfs", "source": {}, "version": {"tree": "root"}}
-    reply = request(rootfs_deployment, "get", data)
+    reply = succeeded(rootfs_deployment.services.urls, "get", data, timeout=300)
     assert reply["cached"] is False
     assert rootfs_deployment.jobs(**{"resource-functions.dev/action": "get"}), "ran as a Job"
 

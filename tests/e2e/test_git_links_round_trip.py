@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from storage import open_store
-from tests.support.events import request_event, send
 from tests.support.fidelity_resources import git_repo_resource, unpack_artifact
 from tests.support.git_server import LINKS, git, served_repository, working_tree_links
+from tests.support.round_trip import put_input, succeeded
 from tests.support.services import Services, running_services
 
 
@@ -46,13 +46,6 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
         yield served
 
 
-def request(services: Services, action: str, data: dict[str, Any]) -> dict[str, Any]:
-    status, reply, response = send(services.urls[action], request_event(action, data))
-    assert status == 200, response.text
-    assert reply.get_type().endswith(".succeeded"), reply.get_data()
-    return reply.get_data()
-
-
 def committed_links(bare: Path, ref: str) -> dict[str, str]:
     """Path -> target of every symlink in ``ref``'s tree, as git stores it."""
     links = {}
@@ -65,7 +58,7 @@ def committed_links(bare: Path, ref: str) -> dict[str, str]:
 
 
 def get(services: Services, source: dict[str, str], version: dict[str, str]) -> dict[str, Any]:
-    reply = request(services, "get", {"type": "git", "source": source, "version": version})
+    reply = succeeded(services.urls, "get", {"type": "git", "source": source, "version": version})
     assert reply["version"] == version
     return reply
 
@@ -84,7 +77,7 @@ def test_links_committed_to_git_come_back_exactly_through_get_and_put(
 ):
     uri, bare = repository
     main = {"uri": uri, "branch": "main"}
-    (version,) = request(services, "check", {"type": "git", "source": main})["versions"]
+    (version,) = succeeded(services.urls, "check", {"type": "git", "source": main})["versions"]
     assert version == {"ref": git("rev-parse", "main", cwd=bare).strip()}
     assert committed_links(bare, "main") == LINKS
 
@@ -97,14 +90,14 @@ def test_links_committed_to_git_come_back_exactly_through_get_and_put(
     # more absolute link on top and pushes it to another branch.
     copy = {"uri": uri, "branch": "copy"}
     artifact = got["artifact"]
-    put = request(
-        services,
+    put = succeeded(
+        services.urls,
         "put",
         {
             "type": "git",
             "source": copy,
             "params": {"repository": "repo", "link": "hostname", "target": "/etc/hostname"},
-            "inputs": {"repo": {"url": artifact["url"], "digest": artifact["digest"]}},
+            "inputs": {"repo": put_input(artifact)},
         },
     )
     assert put["version"] == {"ref": git("rev-parse", "copy", cwd=bare).strip()}

@@ -27,7 +27,6 @@ import zstandard
 from storage import open_store
 from storage.archive import format_for_key
 from storage.base import key_for_url
-from tests.support.events import request_event, send
 from tests.support.fidelity_resources import (
     CONTENT,
     GID,
@@ -45,6 +44,7 @@ from tests.support.fidelity_resources import (
     rootfs_resource,
     unpack_artifact,
 )
+from tests.support.round_trip import put_input, succeeded
 from tests.support.services import Services, running_services
 
 CACHE_SECRET = "e2e-rootfs-cache-secret"
@@ -76,16 +76,9 @@ def services(
         yield services
 
 
-def request(services: Services, action: str, data: dict[str, Any]) -> dict[str, Any]:
-    status, reply, response = send(services.urls[action], request_event(action, data))
-    assert status == 200, response.text
-    assert reply.get_type().endswith(".succeeded"), reply.get_data()
-    return reply.get_data()
-
-
 @pytest.fixture(scope="module")
 def got(services: Services) -> dict[str, Any]:
-    return request(services, "get", {"type": "rootfs", "source": {}, "version": VERSION})
+    return succeeded(services.urls, "get", {"type": "rootfs", "source": {}, "version": VERSION})
 
 
 @pytest.fixture(scope="module")
@@ -158,14 +151,14 @@ def test_packing_read_nothing_through_the_links(services, got):
 
 def test_a_put_given_the_artifact_sees_the_same_tree(services, got):
     artifact = got["artifact"]
-    put = request(
-        services,
+    put = succeeded(
+        services.urls,
         "put",
         {
             "type": "rootfs",
             "source": {},
             "params": {"input": "rootfs"},
-            "inputs": {"rootfs": {"url": artifact["url"], "digest": artifact["digest"]}},
+            "inputs": {"rootfs": put_input(artifact)},
         },
     )
     assert put["version"] == {"manifest_sha256": metadata(got)["manifest_sha256"]}
