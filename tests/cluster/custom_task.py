@@ -31,7 +31,6 @@ from testbed.kubernetes import Cluster
 from testbed.kubernetes.knative import apply
 from tests.cluster.conftest import NAMESPACE, KnativeDeployment
 
-API_VERSION = "resource-functions.dev/v1alpha1"
 TEAM_LABEL = "resource-functions.dev/team"
 # What a Task declares so that its unpack and pack steps show the pod's identity.
 TOKEN_VOLUME = {

@@ -49,7 +49,6 @@ from testbed.kubernetes import Cluster
 from testbed.kubernetes.knative import apply
 from tests.cluster.conftest import NAMESPACE, wait_ready
 from tests.cluster.custom_task import (
-    API_VERSION,
     TEAM_LABEL,
     TOKEN_VOLUME,
     CustomTask,
@@ -61,6 +60,8 @@ from tests.cluster.custom_task import (
 )
 from tests.cluster.secured import PIPELINE_TEAMS, Secured, identity
 from tests.cluster.timeline import audit_entries
+from tests.support import tekton_pipelines as pipelines
+from tests.support.tekton_pipelines import custom_task_ref, task_run, tekton_object
 
 REPO = Path(__file__).resolve().parents[2]
 USERS = PIPELINE_TEAMS[0]  # a Tekton user's namespace, labelled as its team "tekton-ct"
@@ -85,18 +86,17 @@ def custom_task(cluster: Cluster, secured: Secured, tekton) -> Iterator[CustomTa
 
 
 def user_resources(shell: str) -> list[dict]:
-    meta = {"namespace": USERS}
     make = (
         'mkdir -p "$(workspaces.files.path)/out"\n'
         'printf "made-%s" "$(params.content)" > "$(workspaces.files.path)/out/version"\n'
     )
     return [
         reader_task(USERS, shell),
-        {
-            "apiVersion": "tekton.dev/v1",
-            "kind": "Task",
-            "metadata": {"name": "make-output", **meta},
-            "spec": {
+        tekton_object(
+            "Task",
+            "make-output",
+            USERS,
+            {
                 "params": [{"name": "content"}],
                 "workspaces": [{"name": "files"}],
                 "results": [{"name": "artifact", "value": "$(steps.pack.results.artifact)"}],
@@ -112,12 +112,12 @@ def user_resources(shell: str) -> list[dict]:
                     },
                 ],
             },
-        },
-        {
-            "apiVersion": "tekton.dev/v1",
-            "kind": "Pipeline",
-            "metadata": {"name": "fetch-and-read", **meta},
-            "spec": {
+        ),
+        tekton_object(
+            "Pipeline",
+            "fetch-and-read",
+            USERS,
+            {
                 "params": [
                     {"name": "uri"},
                     {"name": "ref"},
@@ -132,7 +132,7 @@ def user_resources(shell: str) -> list[dict]:
                 "tasks": [
                     {
                         "name": "fetch",
-                        "taskRef": {"apiVersion": API_VERSION, "kind": "Get"},
+                        "taskRef": custom_task_ref("Get"),
                         "params": [
                             {"name": "type", "value": "test"},
                             {"name": "source", "value": '{"uri": "$(params.uri)"}'},
@@ -159,7 +159,7 @@ def user_resources(shell: str) -> list[dict]:
                     },
                     {
                         "name": "push",
-                        "taskRef": {"apiVersion": API_VERSION, "kind": "Put"},
+                        "taskRef": custom_task_ref("Put"),
                         "params": [
                             {"name": "type", "value": "test"},
                             {"name": "source", "value": '{"uri": "$(params.uri)"}'},
@@ -172,7 +172,7 @@ def user_resources(shell: str) -> list[dict]:
                     },
                 ],
             },
-        },
+        ),
     ]
 
 
@@ -183,11 +183,11 @@ def reader_task(namespace: str, shell: str) -> dict:
         'tr -d "\\n" < "$(workspaces.files.path)/repo/sub/build.txt" > "$(results.build.path)"\n'
         '"$(workspaces.files.path)/repo/sub/run.sh" > "$(results.ran.path)"\n'
     )
-    return {
-        "apiVersion": "tekton.dev/v1",
-        "kind": "Task",
-        "metadata": {"name": "read-files", "namespace": namespace},
-        "spec": {
+    return tekton_object(
+        "Task",
+        "read-files",
+        namespace,
+        {
             "params": [{"name": "artifact"}],
             "workspaces": [{"name": "files"}],
             "results": [{"name": "version"}, {"name": "build"}, {"name": "ran"}],
@@ -204,37 +204,21 @@ def reader_task(namespace: str, shell: str) -> dict:
                 {"name": "read", "image": shell, "script": read},
             ],
         },
-    }
+    )
 
 
 def pipeline_run(name: str, ref: str, get_params: dict | None = None) -> dict:
-    return {
-        "apiVersion": "tekton.dev/v1",
-        "kind": "PipelineRun",
-        "metadata": {"name": name, "namespace": USERS},
-        "spec": {
-            "pipelineRef": {"name": "fetch-and-read"},
-            "params": [
-                {"name": "uri", "value": f"https://git.example/{name}"},
-                {"name": "ref", "value": ref},
-                {"name": "get-params", "value": json.dumps(get_params or {})},
-            ],
-            "workspaces": [{"name": "files", "emptyDir": {}}],
-        },
+    values = {
+        "uri": f"https://git.example/{name}",
+        "ref": ref,
+        "get-params": json.dumps(get_params or {}),
     }
+    files = [{"name": "files", "emptyDir": {}}]
+    return pipelines.pipeline_run(name, USERS, "fetch-and-read", values, files)
 
 
 def custom_run(name: str, params: dict[str, str], **spec: object) -> dict:
-    return {
-        "apiVersion": "tekton.dev/v1beta1",
-        "kind": "CustomRun",
-        "metadata": {"name": name, "namespace": USERS},
-        "spec": {
-            "customRef": {"apiVersion": API_VERSION, "kind": "Get"},
-            "params": [{"name": k, "value": v} for k, v in params.items()],
-            **spec,
-        },
-    }
+    return pipelines.custom_run(name, USERS, params, **spec)
 
 
 def get_params(name: str, extra: dict) -> dict[str, str]:
@@ -287,17 +271,9 @@ def test_a_task_of_another_team_gets_403_for_the_artifact_and_reads_nothing(
 ) -> None:
     artifact = fetched_artifact(custom_task, name_for("theirs"))
     name = name_for("steal")
-    task_run = {
-        "apiVersion": "tekton.dev/v1",
-        "kind": "TaskRun",
-        "metadata": {"name": name, "namespace": OTHERS},
-        "spec": {
-            "taskRef": {"name": "read-files"},
-            "params": [{"name": "artifact", "value": artifact}],
-            "workspaces": [{"name": "files", "emptyDir": {}}],
-        },
-    }
-    apply(custom_task.cluster, [task_run])
+    files = [{"name": "files", "emptyDir": {}}]
+    stealing = task_run(name, OTHERS, "read-files", {"artifact": artifact}, workspaces=files)
+    apply(custom_task.cluster, [stealing])
     others = CustomTask(custom_task.cluster, custom_task.deployment, "", OTHERS)
     run = others.finished("taskrun", name, timeout=240)
     assert condition(run)["status"] == "False"

@@ -55,6 +55,7 @@ from tests.cluster.custom_task import (
 from tests.cluster.secured import PIPELINE_TEAMS, Secured
 from tests.support.bench import full_size
 from tests.support.git_server import git
+from tests.support.tekton_pipelines import pipeline_run, tekton_object
 
 USERS = PIPELINE_TEAMS[1]  # the example's tekton-main, as a user renames it: its team
 TEKTON_NAMESPACES = (USERS,)  # shown by conftest when a test fails
@@ -281,11 +282,11 @@ def tekton_way(
                 "resources": {"requests": {"storage": "1Gi"}},
             },
         },
-        {
-            "apiVersion": "tekton.dev/v1",
-            "kind": "Task",
-            "metadata": {"name": "clone", **meta},
-            "spec": {
+        tekton_object(
+            "Task",
+            "clone",
+            USERS,
+            {
                 "params": [{"name": "repository"}, {"name": "ref"}],
                 "workspaces": [{"name": "src"}],
                 "steps": [
@@ -296,12 +297,12 @@ def tekton_way(
                     }
                 ],
             },
-        },
-        {
-            "apiVersion": "tekton.dev/v1",
-            "kind": "Task",
-            "metadata": {"name": "test-in-place", **meta},
-            "spec": {
+        ),
+        tekton_object(
+            "Task",
+            "test-in-place",
+            USERS,
+            {
                 "workspaces": [{"name": "src"}],
                 "steps": [
                     {
@@ -312,12 +313,12 @@ def tekton_way(
                     }
                 ],
             },
-        },
-        {
-            "apiVersion": "tekton.dev/v1",
-            "kind": "Pipeline",
-            "metadata": {"name": "clone-and-test", **meta},
-            "spec": {
+        ),
+        tekton_object(
+            "Pipeline",
+            "clone-and-test",
+            USERS,
+            {
                 "params": [{"name": "repository"}, {"name": "ref"}],
                 "workspaces": [{"name": "src"}],
                 "tasks": [
@@ -338,7 +339,7 @@ def tekton_way(
                     },
                 ],
             },
-        },
+        ),
     ]
 
 
@@ -347,12 +348,7 @@ def ours(example: CustomTask) -> dict:
     pipeline = example.get("pipeline", "build")
     spec = pipeline["spec"]
     spec["tasks"] = [t for t in spec["tasks"] if t["name"] != "tag"]
-    return {
-        "apiVersion": "tekton.dev/v1",
-        "kind": "Pipeline",
-        "metadata": {"name": "get-and-test", "namespace": USERS},
-        "spec": spec,
-    }
+    return tekton_object("Pipeline", "get-and-test", USERS, spec)
 
 
 def seconds(stamp: str) -> float:
@@ -366,16 +362,7 @@ class Timed:
 
 
 def timed_run(example: CustomTask, name: str, pipeline: str, params: dict, workspace: dict):
-    run = {
-        "apiVersion": "tekton.dev/v1",
-        "kind": "PipelineRun",
-        "metadata": {"name": name, "namespace": USERS},
-        "spec": {
-            "pipelineRef": {"name": pipeline},
-            "params": [{"name": k, "value": v} for k, v in params.items()],
-            "workspaces": [{"name": "src", **workspace}],
-        },
-    }
+    run = pipeline_run(name, USERS, pipeline, params, [{"name": "src", **workspace}])
     started = time.monotonic()
     apply(example.cluster, [run])
     while condition(found := example.get("pipelinerun", name)).get("status") not in (

@@ -34,6 +34,7 @@ import pytest
 from testbed.kubernetes import Cluster
 from testbed.kubernetes.knative import apply
 from tests.cluster.conftest import wait_ready
+from tests.support import tekton_pipelines as pipelines
 
 NAMESPACE = "tekton-smoke"
 LISTENER = "smoke"
@@ -49,11 +50,11 @@ def resources(shell: str) -> list[dict]:
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "listener", **meta}},
         binding("RoleBinding", "tekton-triggers-eventlistener-roles", meta),
         binding("ClusterRoleBinding", "tekton-triggers-eventlistener-clusterroles", {}),
-        {
-            "apiVersion": "tekton.dev/v1",
-            "kind": "Task",
-            "metadata": {"name": "greet", **meta},
-            "spec": {
+        pipelines.tekton_object(
+            "Task",
+            "greet",
+            NAMESPACE,
+            {
                 "params": [{"name": "who", "type": "string"}],
                 "results": [{"name": "greeting"}, {"name": "shell"}],
                 "steps": [
@@ -65,7 +66,7 @@ def resources(shell: str) -> list[dict]:
                     },
                 ],
             },
-        },
+        ),
         {
             "apiVersion": "triggers.tekton.dev/v1beta1",
             "kind": "TriggerBinding",
@@ -115,12 +116,7 @@ def binding(kind: str, role: str, meta: dict) -> dict:
 
 
 def task_run(name: str, who: str) -> dict:
-    return {
-        "apiVersion": "tekton.dev/v1",
-        "kind": "TaskRun",
-        "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": {"taskRef": {"name": "greet"}, "params": [{"name": "who", "value": who}]},
-    }
+    return pipelines.task_run(name, NAMESPACE, "greet", {"who": who})
 
 
 def succeeded(cluster: Cluster, name: str, timeout: float = 120) -> dict[str, str]:

@@ -21,9 +21,9 @@ from functions.tekton.controller_config import ControllerConfig
 from functions.tekton.decide import Reply
 from functions.tekton.leader import LeaderElection
 from functions.tekton.namespace_teams import TEAM_LABEL, NamespaceTeams
-from functions.tekton.params import API_VERSION
 from testbed.event_sink import EventSink
 from tests.support.tekton_fake_api import FakeTektonApi
+from tests.support.tekton_pipelines import custom_run
 
 IMAGE = "registry.test/git@sha256:" + "a" * 64
 
@@ -36,16 +36,7 @@ def labels_of(namespace: str) -> dict[str, str] | None:
 
 def customrun(name: str, namespace: str = "team-a", **spec: Any) -> dict[str, Any]:
     params = {"type": "git", "source": json.dumps({"uri": name}), "version": '{"ref": "1"}'}
-    return {
-        "apiVersion": "tekton.dev/v1beta1",
-        "kind": "CustomRun",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "customRef": {"apiVersion": API_VERSION, "kind": "Get"},
-            "params": [{"name": k, "value": v} for k, v in params.items()],
-            **spec,
-        },
-    }
+    return custom_run(name, namespace, params, **spec)
 
 
 class Running:

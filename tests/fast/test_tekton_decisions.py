@@ -26,8 +26,8 @@ from functions.tekton.decide import (
     parse_subject,
     subject,
 )
-from functions.tekton.params import API_VERSION
 from functions.tekton.receiver import reply_of
+from tests.support.tekton_pipelines import custom_run
 
 T0 = datetime(2026, 12, 3, 12, 0, 0, tzinfo=UTC)
 UID = "0f6a3c1e-9d1b-4d1e-a3b2-5a6c7d8e9f00"
@@ -54,34 +54,25 @@ def customrun(kind: str = "Get", *, params: dict[str, Any] | None = None, **spec
         if params is None
         else params
     )
-    return {
-        "apiVersion": "tekton.dev/v1beta1",
-        "kind": "CustomRun",
-        "metadata": {
-            "name": "pr-1-fetch",
-            "namespace": "team-a",
-            "uid": UID,
-            "ownerReferences": [
-                {
-                    "apiVersion": "tekton.dev/v1",
-                    "kind": "PipelineRun",
-                    "name": "pr-1",
-                    "uid": "1",
-                    "controller": True,
-                }
-            ],
-            "labels": {
-                "tekton.dev/pipelineRun": "pr-1",
-                "tekton.dev/pipelineTask": "fetch",
-                "tekton.dev/pipeline": "build",
-            },
-        },
-        "spec": {
-            "customRef": {"apiVersion": API_VERSION, "kind": kind},
-            "params": [{"name": k, "value": v} for k, v in given.items()],
-            **spec,
+    run = custom_run("pr-1-fetch", "team-a", given, kind, **spec)
+    run["metadata"] |= {
+        "uid": UID,
+        "ownerReferences": [
+            {
+                "apiVersion": "tekton.dev/v1",
+                "kind": "PipelineRun",
+                "name": "pr-1",
+                "uid": "1",
+                "controller": True,
+            }
+        ],
+        "labels": {
+            "tekton.dev/pipelineRun": "pr-1",
+            "tekton.dev/pipelineTask": "fetch",
+            "tekton.dev/pipeline": "build",
         },
     }
+    return run
 
 
 def with_status(run: dict, status: dict | None) -> dict:
