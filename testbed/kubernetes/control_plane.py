@@ -156,22 +156,10 @@ def start_apiserver(cluster: Cluster) -> None:
 
 
 def start_controller_manager(cluster: Cluster) -> None:
-    kubeconfig = str(cluster.root / "controller-manager.kubeconfig")
-    cluster.spawn(
-        "kube-controller-manager",
+    start_controller(
+        cluster,
+        "controller-manager",
         [
-            str(cluster.bin_dir / "kube-controller-manager"),
-            "--kubeconfig",
-            kubeconfig,
-            "--authentication-kubeconfig",
-            kubeconfig,
-            "--authorization-kubeconfig",
-            kubeconfig,
-            "--bind-address",
-            "127.0.0.1",
-            "--secure-port",
-            str(free_port()),
-            "--leader-elect=false",
             "--use-service-account-credentials=true",
             "--service-account-private-key-file",
             str(cluster.sa_keys.key),
@@ -184,19 +172,22 @@ def start_controller_manager(cluster: Cluster) -> None:
             "--allocate-node-cidrs=false",
             "--cluster-name",
             "rf-test",
-            "--cert-dir",
-            str(cluster.pki_dir / "controller-manager-generated"),
-            "--v=1",
         ],
     )
 
 
 def start_scheduler(cluster: Cluster) -> None:
-    kubeconfig = str(cluster.root / "scheduler.kubeconfig")
+    start_controller(cluster, "scheduler", [])
+
+
+def start_controller(cluster: Cluster, name: str, options: list[str]) -> None:
+    """``kube-<name>`` with its own kubeconfig, serving on loopback, the only one (no leader
+    election), with ``options``."""
+    kubeconfig = str(cluster.root / f"{name}.kubeconfig")
     cluster.spawn(
-        "kube-scheduler",
+        f"kube-{name}",
         [
-            str(cluster.bin_dir / "kube-scheduler"),
+            str(cluster.bin_dir / f"kube-{name}"),
             "--kubeconfig",
             kubeconfig,
             "--authentication-kubeconfig",
@@ -208,8 +199,9 @@ def start_scheduler(cluster: Cluster) -> None:
             "--secure-port",
             str(free_port()),
             "--leader-elect=false",
+            *options,
             "--cert-dir",
-            str(cluster.pki_dir / "scheduler-generated"),
+            str(cluster.pki_dir / f"{name}-generated"),
             "--v=1",
         ],
     )

@@ -148,16 +148,7 @@ def unmount(cluster: Cluster) -> None:
 def remove_cgroups() -> None:
     """The kubelet's cgroup tree (kubepods) in every v1 hierarchy, leaves first."""
     for hierarchy in Path("/sys/fs/cgroup").iterdir():
-        top = hierarchy / "kubepods"
-        if not top.is_dir():
-            continue
-        for path in sorted(
-            (p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True
-        ):
-            with contextlib.suppress(OSError):
-                path.rmdir()
-        with contextlib.suppress(OSError):
-            top.rmdir()
+        remove_empty_dirs(hierarchy / "kubepods")
 
 
 def remove_empty_dirs(top: Path) -> None:
