@@ -33,7 +33,8 @@ container shims killed (by pid), mounts under the cluster dir unmounted, the bri
 iptables rules removed, the kubelet's cgroups removed, the kernel settings the kubelet changed
 restored, the directory deleted.
 
-The modules, one idea each: ``cluster`` (the Cluster: start, state, clients), ``layout``
+The modules, one idea each: ``base`` (what every piece works on: the directory, the record of
+what was made, processes, clients), ``cluster`` (the Cluster: start and stop), ``layout``
 (names and addresses), ``processes`` (Proc, ClusterError), ``builds`` (the build scripts of
 this folder), ``certificates`` and ``pki``, ``network`` (bridge, FORWARD rules, iptables
 chains), ``control_plane``, ``node`` (containerd, kubelet), ``containerd_images`` (the pause

@@ -7,14 +7,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from functions.cli.launch import free_port
 from testbed.kubernetes import pki
+from testbed.kubernetes.base import ClusterBase
 from testbed.kubernetes.layout import GATEWAY, NODE_NAME, SERVICE_IP
-
-if TYPE_CHECKING:
-    from testbed.kubernetes.cluster import Cluster
 
 # The client identities that get a kubeconfig: name -> (common name, organisations).
 CLIENTS = {
@@ -27,7 +24,7 @@ CLIENTS = {
 }
 
 
-def issue(cluster: Cluster) -> None:
+def issue(cluster: ClusterBase) -> None:
     """The CA, the serving and client certificates, the service-account keys, and a
     kubeconfig for each of ``CLIENTS`` in the cluster's directory."""
     ca = pki.Authority(cluster.pki_dir)
@@ -64,7 +61,7 @@ def issue(cluster: Cluster) -> None:
         )
 
 
-def write_kubeconfig(cluster: Cluster, path: Path, user: dict[str, str]) -> None:
+def write_kubeconfig(cluster: ClusterBase, path: Path, user: dict[str, str]) -> None:
     """A kubeconfig at ``path`` for the cluster's apiserver, authenticating as ``user``."""
     # api_port is chosen here, before the apiserver starts: every kubeconfig names it.
     if not cluster.api_port:

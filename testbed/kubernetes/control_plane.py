@@ -8,17 +8,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import requests
 
 from functions.cli.launch import free_port
+from testbed.kubernetes.base import ClusterBase
 from testbed.kubernetes.layout import CLUSTER_DOMAIN, GATEWAY, NODE_NAME, POD_SUBNET, SERVICE_RANGE
 from testbed.kubernetes.network import kube_chains
 from testbed.kubernetes.processes import ClusterError, wait_ready
-
-if TYPE_CHECKING:
-    from testbed.kubernetes.cluster import Cluster
 
 # The API requests the audit log records (``Cluster.audit_log``): the functions' ServiceAccount
 # (knative/rbac.yaml), whose requests per run the load test counts. Nobody else's: the
@@ -26,7 +23,7 @@ if TYPE_CHECKING:
 AUDITED_USERS = ("system:serviceaccount:resource-functions:resource-functions",)
 
 
-def start_etcd(cluster: Cluster) -> None:
+def start_etcd(cluster: ClusterBase) -> None:
     client, peer = free_port(), free_port()
     cluster.etcd_url = f"http://127.0.0.1:{client}"
     proc = cluster.spawn(
@@ -59,7 +56,7 @@ def start_etcd(cluster: Cluster) -> None:
     wait_ready(proc, lambda: requests.get(cluster.etcd_url + "/health", timeout=1).ok, "healthy")
 
 
-def audit_policy(cluster: Cluster) -> Path:
+def audit_policy(cluster: ClusterBase) -> Path:
     policy = {
         "apiVersion": "audit.k8s.io/v1",
         "kind": "Policy",
@@ -74,7 +71,7 @@ def audit_policy(cluster: Cluster) -> Path:
     return path
 
 
-def start_apiserver(cluster: Cluster) -> None:
+def start_apiserver(cluster: ClusterBase) -> None:
     p = cluster.pki_dir
     proc = cluster.spawn(
         "kube-apiserver",
@@ -155,7 +152,7 @@ def start_apiserver(cluster: Cluster) -> None:
     )
 
 
-def start_controller_manager(cluster: Cluster) -> None:
+def start_controller_manager(cluster: ClusterBase) -> None:
     start_controller(
         cluster,
         "controller-manager",
@@ -176,11 +173,11 @@ def start_controller_manager(cluster: Cluster) -> None:
     )
 
 
-def start_scheduler(cluster: Cluster) -> None:
+def start_scheduler(cluster: ClusterBase) -> None:
     start_controller(cluster, "scheduler", [])
 
 
-def start_controller(cluster: Cluster, name: str, options: list[str]) -> None:
+def start_controller(cluster: ClusterBase, name: str, options: list[str]) -> None:
     """``kube-<name>`` with its own kubeconfig, serving on loopback, the only one (no leader
     election), with ``options``."""
     kubeconfig = str(cluster.root / f"{name}.kubeconfig")
@@ -207,7 +204,7 @@ def start_controller(cluster: Cluster, name: str, options: list[str]) -> None:
     )
 
 
-def start_kube_proxy(cluster: Cluster) -> None:
+def start_kube_proxy(cluster: ClusterBase) -> None:
     # KUBE-* chains made from here on (kube-proxy's, the kubelet's) are removed on stop.
     cluster.preexisting_chains = kube_chains()
     health = free_port()
@@ -239,7 +236,7 @@ def start_kube_proxy(cluster: Cluster) -> None:
     )
 
 
-def start_coredns(cluster: Cluster) -> None:
+def start_coredns(cluster: ClusterBase) -> None:
     """Cluster DNS on the gateway's port 53: ``cluster.local`` and reverse lookups from the
     API; any other name is REFUSED (nothing may leave this machine)."""
     if cluster.coredns_bin is None:

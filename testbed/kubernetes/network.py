@@ -10,18 +10,15 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-from typing import TYPE_CHECKING
 
+from testbed.kubernetes.base import ClusterBase
 from testbed.kubernetes.layout import BRIDGE, GATEWAY, POD_SUBNET, SERVICE_RANGE
 from testbed.kubernetes.processes import ClusterError, run
-
-if TYPE_CHECKING:
-    from testbed.kubernetes.cluster import Cluster
 
 Chain = tuple[str, str, str]  # (tool, table, chain)
 
 
-def create(cluster: Cluster) -> None:
+def create(cluster: ClusterBase) -> None:
     """The CNI bridge with the gateway address, created here so that servers can bind to
     that address before any pod exists; the bridge plugin adopts it."""
     prefix = POD_SUBNET.split("/")[1]
@@ -48,7 +45,7 @@ def create(cluster: Cluster) -> None:
     write_cni_config(cluster)
 
 
-def write_cni_config(cluster: Cluster) -> None:
+def write_cni_config(cluster: ClusterBase) -> None:
     cni_dir = cluster.root / "cni" / "net.d"
     cni_dir.mkdir(parents=True, exist_ok=True)
     conf = {
@@ -76,7 +73,9 @@ def write_cni_config(cluster: Cluster) -> None:
     (cni_dir / "10-rf-pods.conflist").write_text(json.dumps(conf, indent=1))
 
 
-def add_chain(cluster: Cluster, table: str, hook: str, chain: str, rules: list[list[str]]) -> None:
+def add_chain(
+    cluster: ClusterBase, table: str, hook: str, chain: str, rules: list[list[str]]
+) -> None:
     """A chain of ``rules`` in ``table``, jumped to at the end of the built-in ``hook``."""
     entry = [table, hook, chain]
     remove_chain(cluster, entry)  # left by a cluster whose state was lost
@@ -88,7 +87,7 @@ def add_chain(cluster: Cluster, table: str, hook: str, chain: str, rules: list[l
     run(["iptables", "-w", "-t", table, "-A", hook, "-j", chain])
 
 
-def remove_chain(cluster: Cluster, entry: list[str]) -> None:
+def remove_chain(cluster: ClusterBase, entry: list[str]) -> None:
     """The chain ``[table, hook, chain]``, its jumps from ``hook`` and its record."""
     table, hook, chain = entry
     ipt = ["iptables", "-w", "-t", table]
@@ -102,7 +101,7 @@ def remove_chain(cluster: Cluster, entry: list[str]) -> None:
         cluster.save_state()
 
 
-def remove_nft_tables(cluster: Cluster) -> None:
+def remove_nft_tables(cluster: ClusterBase) -> None:
     """The nftables tables that stopped processes may have left behind."""
     if shutil.which("nft"):
         for family, name in cluster.nft_tables:
@@ -127,7 +126,7 @@ def kube_chains() -> set[Chain]:
     return found
 
 
-def remove_kubelet_chains(cluster: Cluster) -> None:
+def remove_kubelet_chains(cluster: ClusterBase) -> None:
     """The kubelet's iptables chains (KUBE-FIREWALL and its jumps from INPUT/OUTPUT, the
     canary and hint chains) and any kube-proxy left, unless they existed before this
     cluster started them."""
@@ -147,7 +146,7 @@ def remove_kubelet_chains(cluster: Cluster) -> None:
         subprocess.run([tool, "-w", "-t", table, "-X", chain], capture_output=True, check=False)
 
 
-def remove_rules_and_bridge(cluster: Cluster) -> None:
+def remove_rules_and_bridge(cluster: ClusterBase) -> None:
     """The FORWARD rules, then the bridge, if this cluster made them."""
     for rule in reversed(cluster.iptables_rules):
         subprocess.run(["iptables", "-w", "-D", *rule], capture_output=True, check=False)

@@ -11,14 +11,11 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from functions.cli.launch import free_port
+from testbed.kubernetes.base import ClusterBase
 from testbed.kubernetes.layout import CLUSTER_DOMAIN, CNI_BIN, GATEWAY, NODE_NAME, RUN_DIR
 from testbed.kubernetes.processes import wait_ready
-
-if TYPE_CHECKING:
-    from testbed.kubernetes.cluster import Cluster
 
 # Kernel settings the kubelet sets when protectKernelDefaults is false; restored on stop.
 KUBELET_SYSCTLS = (
@@ -31,7 +28,7 @@ KUBELET_SYSCTLS = (
 )
 
 
-def start_containerd(cluster: Cluster, sandbox_image: str) -> None:
+def start_containerd(cluster: ClusterBase, sandbox_image: str) -> None:
     base = cluster.root / "containerd"
     base.mkdir(parents=True, exist_ok=True)
     cri = 'plugins."io.containerd.grpc.v1.cri"'
@@ -93,7 +90,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     wait_ready(proc, lambda: cluster.ctr("version", check=False).returncode == 0, "serving")
 
 
-def start_kubelet(cluster: Cluster) -> None:
+def start_kubelet(cluster: ClusterBase) -> None:
     kubelet_dir = cluster.root / "kubelet"
     kubelet_dir.mkdir(parents=True, exist_ok=True)
     cluster.kubelet_port = free_port(GATEWAY)
@@ -164,13 +161,13 @@ def start_kubelet(cluster: Cluster) -> None:
     )
 
 
-def save_sysctls(cluster: Cluster) -> None:
+def save_sysctls(cluster: ClusterBase) -> None:
     for name in KUBELET_SYSCTLS:
         with contextlib.suppress(OSError):
             cluster.sysctls[name] = (Path("/proc/sys") / name).read_text().strip()
 
 
-def wait_node_ready(cluster: Cluster, deadline: float) -> None:
+def wait_node_ready(cluster: ClusterBase, deadline: float) -> None:
     kubelet = next(p for p in cluster.procs if p.name == "kubelet")
 
     def ready() -> bool:
@@ -185,7 +182,7 @@ def wait_node_ready(cluster: Cluster, deadline: float) -> None:
     wait_ready(kubelet, ready, "Ready (node)", timeout=max(5.0, deadline - time.monotonic()))
 
 
-def restore_sysctls(cluster: Cluster) -> None:
+def restore_sysctls(cluster: ClusterBase) -> None:
     for name, value in cluster.sysctls.items():
         with contextlib.suppress(OSError):
             (Path("/proc/sys") / name).write_text(value)

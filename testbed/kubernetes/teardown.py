@@ -14,14 +14,11 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from testbed.kubernetes import network, node
+from testbed.kubernetes.base import ClusterBase
 from testbed.kubernetes.layout import RUN_DIR
 from testbed.kubernetes.processes import terminate
-
-if TYPE_CHECKING:
-    from testbed.kubernetes.cluster import Cluster
 
 CORE_PROCS = (
     "etcd",
@@ -35,7 +32,7 @@ CORE_PROCS = (
 )
 
 
-def tear_down(cluster: Cluster) -> None:
+def tear_down(cluster: ClusterBase) -> None:
     """Tear everything down; safe to call more than once and after a partial start."""
     by_name = {p.name: p for p in cluster.procs}
     for entry in list(cluster.iptables_chains):  # no filter may outlive the process it needs
@@ -83,7 +80,7 @@ def tear_down(cluster: Cluster) -> None:
         (cluster.root / "state.json").unlink(missing_ok=True)
 
 
-def delete_pods(cluster: Cluster) -> None:
+def delete_pods(cluster: ClusterBase) -> None:
     """Let the kubelet stop every pod (CNI DEL releases its address and veth)."""
     with contextlib.suppress(Exception):
         cluster.kubectl(
@@ -104,7 +101,7 @@ def delete_pods(cluster: Cluster) -> None:
             time.sleep(0.5)
 
 
-def kill_containers(cluster: Cluster) -> None:
+def kill_containers(cluster: ClusterBase) -> None:
     with contextlib.suppress(Exception):
         for task in cluster.ctr("tasks", "ls", "-q", check=False).stdout.split():
             cluster.ctr("tasks", "kill", "-s", "SIGKILL", task, check=False)
@@ -113,7 +110,7 @@ def kill_containers(cluster: Cluster) -> None:
             cluster.ctr("tasks", "delete", "-f", task, check=False)
 
 
-def kill_shims(cluster: Cluster) -> None:
+def kill_shims(cluster: ClusterBase) -> None:
     """containerd-shim-runc-v2 processes outlive containerd by design: kill ours (those
     whose command line names this cluster's directory), by pid."""
     marker = str(cluster.root).encode()
@@ -129,7 +126,7 @@ def kill_shims(cluster: Cluster) -> None:
                 os.kill(int(entry.name), signal.SIGKILL)
 
 
-def unmount(cluster: Cluster) -> None:
+def unmount(cluster: ClusterBase) -> None:
     """Unmount everything under the cluster directory, deepest first."""
     root = str(cluster.root)
     for _ in range(3):
