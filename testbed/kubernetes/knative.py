@@ -143,7 +143,8 @@ def render(
 ) -> list[dict]:
     """The documents of every YAML file under ``folder`` but its subfolders named in ``skip``,
     with images replaced, the ``left_out`` Deployments (namespace, name) and the
-    HorizontalPodAutoscalers dropped, and the ``settings`` ConfigMap values applied."""
+    HorizontalPodAutoscalers dropped, the ``settings`` ConfigMap values applied and the CPU
+    requests capped (``cap_cpu_requests``)."""
     docs = []
     for path in sorted(folder.rglob("*.yaml")):
         if set(path.relative_to(folder).parts[:-1]) & set(skip):
@@ -162,8 +163,31 @@ def render(
                 continue
             if doc["kind"] == "ConfigMap" and key in settings:
                 doc.setdefault("data", {}).update(settings[key])
+            if doc["kind"] in ("Deployment", "StatefulSet"):
+                cap_cpu_requests(doc)
             docs.append(doc)
     return docs
+
+
+# The releases' CPU requests (Knative's activator alone asks 300m) add up to most of the test
+# node's two cores, and with Tekton's and the Kafka Broker's the functions' own pods would
+# not be scheduled. A request only reserves; every limit stays as released.
+CPU_REQUEST_CAP_MILLICORES = 25
+
+
+def millicores(quantity: str) -> float:
+    """A Kubernetes CPU quantity ("300m", "1", "0.5") in millicores."""
+    text = str(quantity)
+    return float(text[:-1]) if text.endswith("m") else float(text) * 1000
+
+
+def cap_cpu_requests(workload: dict, cap: int = CPU_REQUEST_CAP_MILLICORES) -> None:
+    """Lower each container's CPU request of ``workload`` (a Deployment or StatefulSet) to at
+    most ``cap`` millicores, in place."""
+    for container in workload["spec"]["template"]["spec"].get("containers", []):
+        requests = (container.get("resources") or {}).get("requests") or {}
+        if "cpu" in requests and millicores(requests["cpu"]) > cap:
+            requests["cpu"] = f"{cap}m"
 
 
 def min_scale(cluster: Cluster, namespace: str, service: str, value: str | None) -> None:
