@@ -341,10 +341,10 @@ def cluster_services(
 
 @pytest.hookimpl(tryfirst=True, hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """A failing cluster test reports the tail of every component's log."""
+    """A failing cluster test (or its setup) reports the tail of every component's log."""
     outcome = yield
     report = outcome.get_result()
-    if report.when == "call" and report.failed and "cluster" in item.fixturenames:
+    if report.when in ("setup", "call") and report.failed and "cluster" in item.fixturenames:
         instance = item.funcargs.get("cluster")
         if instance is not None:
             if {"knative_deployment", "sender_auth", "on_kafka"} & set(item.fixturenames):
@@ -662,12 +662,12 @@ def _ready(item: dict) -> bool:
 
 
 def wait_functions_serve(
-    cluster: Cluster, namespace: str, timeout: float = 300, sink: bool = True
+    cluster: Cluster, namespace: str, timeout: float = 300, sink: bool = True, sink_value: str = ""
 ) -> None:
-    """Until every function serves its latest revision, Ready, with K_SINK in its environment
-    (``sink``; without it when false). The SinkBinding injects K_SINK after the Services first
-    become Ready, which rolls out a second revision; the tests exercise the shipped
-    REPLY_MODE=async, so they wait for it."""
+    """Until every function serves its latest revision, Ready and all its traffic on it, with
+    K_SINK in its environment (``sink``, holding ``sink_value``; without it when false). The
+    SinkBinding injects K_SINK after the Services first become Ready, which rolls out a second
+    revision; the tests exercise the shipped REPLY_MODE=async, so they wait for it."""
     deadline = time.monotonic() + timeout
     while True:
         listed = json.loads(
@@ -682,7 +682,7 @@ def wait_functions_serve(
                 "json",
             )
         )["items"]
-        pending = [k["metadata"]["name"] for k in listed if not _serves(k, sink)]
+        pending = [k["metadata"]["name"] for k in listed if not _serves(k, sink, sink_value)]
         if len(listed) == 3 and not pending:
             return
         if time.monotonic() > deadline:
@@ -693,17 +693,22 @@ def wait_functions_serve(
         time.sleep(1)
 
 
-def _serves(ksvc: dict, sink: bool) -> bool:
+def _serves(ksvc: dict, sink: bool, sink_value: str = "") -> bool:
     status = ksvc.get("status", {})
     ready = any(
         c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions", [])
     )
     env = ksvc["spec"]["template"]["spec"]["containers"][0].get("env", [])
+    latest = status.get("latestReadyRevisionName")
+    # Ready alone can be a Route still on the previous revision: all traffic on the latest.
+    routed = [t for t in status.get("traffic", []) if t.get("percent")]
     return (
         ready
         and status.get("observedGeneration") == ksvc["metadata"]["generation"]
-        and status.get("latestReadyRevisionName") == status.get("latestCreatedRevisionName")
-        and any(e.get("name") == "K_SINK" for e in env) == sink
+        and latest == status.get("latestCreatedRevisionName")
+        and bool(routed)
+        and all(t.get("revisionName") == latest for t in routed)
+        and any(e.get("name") == "K_SINK" and sink_value in e.get("value", "") for e in env) == sink
     )
 
 
