@@ -11,10 +11,11 @@ dispatcher: Java, on a jlink runtime, ``kafka_images.py``) are installed from th
 own ``config/`` with the ``ko://`` and ``${KNATIVE_KAFKA_*_IMAGE}`` references replaced.
 
 Changed for the test node (two cores, already running Knative and the functions), each a
-value the operators of a small cluster change too: the CPU requests of the data plane (the
-dispatcher asks for a whole core) and the default topic config (``kafka-broker-config``: this
-Kafka, replication factor 1 on one node). Left out: KafkaSource, KafkaSink and KafkaChannel's
-data planes (not used here) and the post-install storage migration (a fresh install).
+value the operators of a small cluster change too: the CPU requests (capped by ``render`` as
+every release's here: the dispatcher asks for a whole core) and the default topic config
+(``kafka-broker-config``: this Kafka, replication factor 1 on one node). Left out:
+KafkaSource, KafkaSink and KafkaChannel's data planes (not used here) and the post-install
+storage migration (a fresh install).
 """
 
 from __future__ import annotations
@@ -37,12 +38,10 @@ SYSTEM = "knative-eventing"
 RECEIVER = "kafka-broker-receiver"
 DISPATCHER = "kafka-broker-dispatcher"
 INGRESS = "kafka-broker-ingress"
+CONTRACT = "/etc/contract-resources/data"  # the dispatcher's mounted contract
 PARTITIONS = "4"  # the default topic's; a Broker's own ConfigMap may say otherwise
 KAFKA_HEAP = ("-Xms64m", "-Xmx256m")
 KAFKA_START_SECONDS = 90  # about 5 on an idle machine
-# CPU requests the two-core node can give beside Knative (the release asks 1 core for the
-# dispatcher, 200m for the receiver); memory requests and limits stay the release's.
-CPU_REQUESTS = {RECEIVER: "50m", DISPATCHER: "100m"}
 # The release's config folders installed here (control plane: CRDs, controller, webhook; data
 # plane: the Broker's receiver and dispatcher).
 CONTROL_PLANE = "control-plane/eventing-kafka-broker"
@@ -197,6 +196,26 @@ class KafkaBroker:
     def restart_kafka(self) -> None:
         self.kafka.restart()
 
+    def dispatcher_accounts(self, namespace: str) -> dict[str, str]:
+        """Trigger name -> the OIDC service account its egress names ("" when none), in the
+        contract each dispatcher pod has mounted (JSON: the release's contract format)."""
+        listing = ("-n", SYSTEM, "get", "pods", "-l", f"app={DISPATCHER}", "-o", "name")
+        accounts: dict[str, str] = {}
+        for pod in self.cluster.kubectl(*listing).split():
+            text = self.cluster.kubectl(
+                "-n", SYSTEM, "exec", pod, "--", "cat", CONTRACT, check=False
+            )
+            try:
+                contract = json.loads(text or "{}")
+            except json.JSONDecodeError:
+                continue  # being rewritten
+            for resource in contract.get("resources", []):
+                for egress in resource.get("egresses", []):
+                    reference = egress.get("reference", {})
+                    if reference.get("namespace") == namespace:
+                        accounts[reference["name"]] = egress.get("oidcServiceAccountName", "")
+        return accounts
+
     def restart_pods(
         self, namespace: str, selector: str, wait: bool = True, timeout: int = 300
     ) -> None:
@@ -223,22 +242,6 @@ class KafkaBroker:
             if time.monotonic() > deadline:
                 raise ClusterError(f"pods {selector} in {namespace} not back: {rows}")
             time.sleep(1)
-
-
-def lower_cpu_requests(docs: list[dict], requests: dict[str, str] = CPU_REQUESTS) -> None:
-    """Set the CPU request of each named workload's containers (``requests``); a name that is
-    not there is an error (the release changed)."""
-    found = set()
-    for doc in docs:
-        name = doc.get("metadata", {}).get("name")
-        if doc["kind"] in ("Deployment", "StatefulSet") and name in requests:
-            for container in doc["spec"]["template"]["spec"]["containers"]:
-                container.setdefault("resources", {}).setdefault("requests", {})["cpu"] = requests[
-                    name
-                ]
-            found.add(name)
-    if missing := set(requests) - found:
-        raise ValueError(f"no workload {sorted(missing)} in the release manifests")
 
 
 def install_kafka_broker(cluster: Cluster, builds: dict[str, Path]) -> KafkaBroker:
@@ -270,7 +273,6 @@ def install_kafka_broker(cluster: Cluster, builds: dict[str, Path]) -> KafkaBrok
     cluster.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
     apply(cluster, [d for d in control if d["kind"] != "CustomResourceDefinition"])
     data = render(home / "config" / DATA_PLANE, images)
-    lower_cpu_requests(data)
     apply(cluster, data)
     wait_deployments(cluster, SYSTEM)
     ip = cluster.kubectl(

@@ -120,9 +120,11 @@ def on_kafka(secured: Secured, kafka_broker: KafkaBroker) -> Secured:
     while gaps := oidc_gaps(cluster, channel_broker=False):
         assert time.monotonic() < deadline, "\n".join(["after 180 s:", *gaps])
         time.sleep(1)
-    wait_functions_serve(cluster, NAMESPACE)
-    # The SinkBindings name the new Broker's address: the Deployments they bind roll out with
-    # it (a reply relay still posting to the old Broker would lose replies).
+    # The SinkBindings name the new Broker's address: the functions (a new revision each, its
+    # Route moved onto it) and the Deployments they bind roll out with it (a reply relay still
+    # posting to the old Broker would lose replies; a Route still on the revision before would
+    # hold requests for a revision that is going away).
+    wait_functions_serve(cluster, NAMESPACE, sink_value=INGRESS)
     for deployment in ("reply-relay", "tekton-controller"):
         wait_until(
             lambda name=deployment: INGRESS in sink_of(cluster, name),
@@ -136,9 +138,49 @@ def on_kafka(secured: Secured, kafka_broker: KafkaBroker) -> Secured:
     audience = get_json(cluster, "broker", "default")["status"]["address"]["audience"]
     knative = dataclasses.replace(secured.deployment.knative, broker_ingress=kafka_broker.ingress)
     deployment = dataclasses.replace(secured.deployment, knative=knative)
+    dispatcher_rebuilt(cluster, kafka_broker)
     on = Secured(deployment, audience, [])
     on.probes = through_the_broker(on)
+    each_trigger_delivers(on)
     return on
+
+
+def dispatcher_rebuilt(cluster, kafka: KafkaBroker, seconds: float = 180) -> None:
+    """Once the dispatcher's contract names every Trigger's OIDC service account, restart it.
+    It builds a Trigger's senders from the contract it has when they start, and one built
+    before the account was there sends without a token, straight to the dead letter, until
+    it is rebuilt (seen: put-requested's sender of one partition failing "no OIDC service
+    account set in client yet" 6 s after another partition's delivered with its token)."""
+    triggers = cluster.kubectl("-n", NAMESPACE, "get", "triggers", "-o", "name").split()
+    names = [t.rsplit("/", 1)[1] for t in triggers]
+
+    def named() -> bool:
+        accounts = kafka.dispatcher_accounts(NAMESPACE)
+        return bool(names) and all(accounts.get(name) for name in names)
+
+    wait_until(
+        named, f"the dispatcher's contract naming the accounts of {names}", seconds, interval=2
+    )
+    kafka.restart_pods(SYSTEM, f"app={DISPATCHER}")
+
+
+def each_trigger_delivers(on: Secured, seconds: float = 180) -> None:
+    """Until each function's Trigger delivers to its function (the dispatcher just restarted:
+    its consumers join their groups again). Per action, an invalid request (no source: refused
+    400 before anything runs, the refusal posted as its reply) is posted again until a reply
+    comes back from the function."""
+    deadline = time.monotonic() + seconds
+    for action in ("check", "get", "put"):
+        posted: list[str] = []
+        while True:
+            probe = request_event(action, {"type": "test"}, subject="main/probe", team="main")
+            assert on.post(probe) == 202
+            posted.append(attributes(probe)["id"])
+            try:
+                on.deployment.sink.wait(timeout=15, requestid=posted[-1])
+                break
+            except AssertionError:
+                assert time.monotonic() < deadline, f"{action}: no reply to any of {posted}"
 
 
 def jobs_of(deployment, event) -> list[dict]:
