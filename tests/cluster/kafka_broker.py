@@ -13,9 +13,9 @@ own ``config/`` with the ``ko://`` and ``${KNATIVE_KAFKA_*_IMAGE}`` references r
 Changed for the test node (two cores, already running Knative and the functions), each a
 value the operators of a small cluster change too: the CPU requests (capped by ``render`` as
 every release's here: the dispatcher asks for a whole core) and the default topic config
-(``kafka-broker-config``: this Kafka, replication factor 1 on one node). Left out:
-KafkaSource, KafkaSink and KafkaChannel's data planes (not used here) and the post-install
-storage migration (a fresh install).
+(``kafka-broker-config``: this Kafka, replication factor 1 on one node; the KafkaChannel's
+``kafka-channel-config`` too). Left out: KafkaSource's and KafkaSink's data planes (not used
+here) and the post-install storage migration (a fresh install).
 """
 
 from __future__ import annotations
@@ -37,15 +37,16 @@ VERSION = "1.22.3"
 SYSTEM = "knative-eventing"
 RECEIVER = "kafka-broker-receiver"
 DISPATCHER = "kafka-broker-dispatcher"
+CHANNEL_DISPATCHER = "kafka-channel-dispatcher"
 INGRESS = "kafka-broker-ingress"
 CONTRACT = "/etc/contract-resources/data"  # the dispatcher's mounted contract
 PARTITIONS = "4"  # the default topic's; a Broker's own ConfigMap may say otherwise
 KAFKA_HEAP = ("-Xms64m", "-Xmx256m")
 KAFKA_START_SECONDS = 90  # about 5 on an idle machine
 # The release's config folders installed here (control plane: CRDs, controller, webhook; data
-# plane: the Broker's receiver and dispatcher).
+# plane: the receivers and dispatchers of the Broker and of the KafkaChannel).
 CONTROL_PLANE = "control-plane/eventing-kafka-broker"
-DATA_PLANE = "data-plane/broker"
+DATA_PLANES = ("data-plane/broker", "data-plane/channel")  # the Broker's, the KafkaChannel's
 LOG4J = """\
 log4j.rootLogger=INFO, stdout
 log4j.appender.stdout=org.apache.log4j.ConsoleAppender
@@ -196,10 +197,11 @@ class KafkaBroker:
     def restart_kafka(self) -> None:
         self.kafka.restart()
 
-    def dispatcher_accounts(self, namespace: str) -> dict[str, str]:
-        """Trigger name -> the OIDC service account its egress names ("" when none), in the
-        contract each dispatcher pod has mounted (JSON: the release's contract format)."""
-        listing = ("-n", SYSTEM, "get", "pods", "-l", f"app={DISPATCHER}", "-o", "name")
+    def dispatcher_accounts(self, namespace: str, app: str = DISPATCHER) -> dict[str, str]:
+        """Egress (a Trigger's, or a KafkaChannel's Subscription's) name -> the OIDC service
+        account it names ("" when none), in the contract each pod of the dispatcher ``app``
+        has mounted (JSON: the release's contract format)."""
+        listing = ("-n", SYSTEM, "get", "pods", "-l", f"app={app}", "-o", "name")
         accounts: dict[str, str] = {}
         for pod in self.cluster.kubectl(*listing).split():
             text = self.cluster.kubectl(
@@ -265,14 +267,15 @@ def install_kafka_broker(cluster: Cluster, builds: dict[str, Path]) -> KafkaBrok
             "bootstrap.servers": kafka.bootstrap,
             "default.topic.partitions": PARTITIONS,
             "default.topic.replication.factor": "1",
-        }
+        },
+        (SYSTEM, "kafka-channel-config"): {"bootstrap.servers": kafka.bootstrap},
     }
     control = render(home / "config" / CONTROL_PLANE, images, settings=settings)
     crds = [d for d in control if d["kind"] == "CustomResourceDefinition"]
     apply(cluster, crds)
     cluster.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
     apply(cluster, [d for d in control if d["kind"] != "CustomResourceDefinition"])
-    data = render(home / "config" / DATA_PLANE, images)
+    data = [doc for plane in DATA_PLANES for doc in render(home / "config" / plane, images)]
     apply(cluster, data)
     wait_deployments(cluster, SYSTEM)
     ip = cluster.kubectl(

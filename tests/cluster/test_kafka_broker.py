@@ -6,7 +6,8 @@ The module adds the shipped ``knative/kafka`` component to that deployment as an
 does: the Broker's class cannot change, so the Broker and its Triggers are deleted and the
 deployment applied again; the component's ConfigMap names this cluster's Kafka (one node on
 the gateway: replication factor 1). Then the path (check, get, put with replies,
-``version.discovered`` to its Triggers, the senders' policy, the dead letter) and the faults:
+``version.discovered`` to its Triggers, the senders' policy, the dead letter), the Tekton git
+example with its new-versions hop on a KafkaChannel, and the faults:
 while requests flow, the receiver pod, the dispatcher pod, the Kafka process and the
 functions' pods restart, and every accepted request runs once and is answered once.
 """
@@ -32,6 +33,13 @@ from tests.cluster.conftest import (
     sink_trigger,
     wait_functions_serve,
     wait_ready,
+)
+from tests.cluster.git_example import (
+    NEW_VERSIONS,
+    USERS,
+    a_commit_is_built_once,
+    applied_example,
+    served_repository,
 )
 from tests.cluster.kafka_broker import (
     DISPATCHER,
@@ -75,6 +83,7 @@ TOPIC_PARTITIONS = "4"
 BUILD = {"id": "9", "name": "9", "job": "unit", "pipeline": "p", "team": "main"}
 FENCED = "kafka-fence"  # a pipeline team's namespace
 FUNCTIONS = "serving.knative.dev/service in (check,get,put)"
+TEKTON_NAMESPACES = (USERS,)  # shown by conftest when a test fails
 
 
 def kafka_component(secured: Secured, kafka: KafkaBroker) -> None:
@@ -138,21 +147,25 @@ def on_kafka(secured: Secured, kafka_broker: KafkaBroker) -> Secured:
     audience = get_json(cluster, "broker", "default")["status"]["address"]["audience"]
     knative = dataclasses.replace(secured.deployment.knative, broker_ingress=kafka_broker.ingress)
     deployment = dataclasses.replace(secured.deployment, knative=knative)
-    dispatcher_rebuilt(cluster, kafka_broker)
+    dispatcher_rebuilt(kafka_broker, trigger_names(cluster))
     on = Secured(deployment, audience, [])
     on.probes = through_the_broker(on)
     each_trigger_delivers(on)
     return on
 
 
-def dispatcher_rebuilt(cluster, kafka: KafkaBroker, seconds: float = 180) -> None:
-    """Once the dispatcher's contract names every Trigger's OIDC service account, restart it.
-    It builds a Trigger's senders from the contract it has when they start, and one built
-    before the account was there sends without a token, straight to the dead letter, until
-    it is rebuilt (seen: put-requested's sender of one partition failing "no OIDC service
-    account set in client yet" 6 s after another partition's delivered with its token)."""
-    triggers = cluster.kubectl("-n", NAMESPACE, "get", "triggers", "-o", "name").split()
-    names = [t.rsplit("/", 1)[1] for t in triggers]
+def trigger_names(cluster) -> list[str]:
+    listed = cluster.kubectl("-n", NAMESPACE, "get", "triggers", "-o", "name").split()
+    return [name.rsplit("/", 1)[1] for name in listed]
+
+
+def dispatcher_rebuilt(kafka: KafkaBroker, names: list[str], seconds: float = 180) -> None:
+    """Once the dispatcher's contract names the OIDC service account of each Trigger of
+    ``names``, restart it. It builds a Trigger's senders from the contract it has when they
+    start, and one built before the account was there sends without a token, straight to the
+    dead letter, until it is rebuilt (seen: put-requested's sender of one partition failing
+    "no OIDC service account set in client yet" 6 s after another partition's delivered with
+    its token)."""
 
     def named() -> bool:
         accounts = kafka.dispatcher_accounts(NAMESPACE)
@@ -274,6 +287,43 @@ def test_a_pipeline_namespace_reaches_not_the_kafka_receiver(
     receiver = f"http://{INGRESS}.{SYSTEM}.svc.cluster.local/{NAMESPACE}/default"
     found, said = reachable_from(cluster, FENCED, cluster_images["task"], [artifacts, receiver])
     assert found == {artifacts: True, receiver: False}, said
+
+
+# --- the Tekton example, its channel hop a KafkaChannel ---------------------------------------
+
+KAFKA_CHANNEL = {"apiVersion": "messaging.knative.dev/v1beta1", "kind": "KafkaChannel"}
+
+
+@pytest.fixture(scope="module")
+def kafka_example(
+    on_kafka: Secured, kafka_broker: KafkaBroker, tekton, real_resource_images, tmp_path_factory
+):
+    """The Tekton git example (``git_example.py``) applied on the Kafka Broker as on the
+    in-memory one, but for its new-versions hop: a KafkaChannel, as the example says to use
+    where events must survive a restart. Its Trigger is new: the dispatcher is rebuilt once
+    its contract names the Trigger's OIDC account (the channel's Subscription posts to the
+    listener's plain URI: no token). The example's repository and CustomTask."""
+    cluster = on_kafka.cluster
+    with served_repository(tmp_path_factory.mktemp("git-example")) as repository:
+        workdir = tmp_path_factory.mktemp("examples")
+        with applied_example(
+            cluster, on_kafka, tekton, repository, workdir, KAFKA_CHANNEL
+        ) as example:
+            channel = get_json(cluster, "kafkachannel", NEW_VERSIONS)
+            assert channel["status"]["address"]["url"].startswith("http://kafka-channel-ingress")
+            dispatcher_rebuilt(kafka_broker, trigger_names(cluster))
+            yield example, repository
+
+
+def test_the_tekton_example_runs_on_the_kafka_broker_through_a_kafka_channel(
+    kafka_example, on_kafka: Secured
+):
+    """The example's whole story (git_example.a_commit_is_built_once) with every hop durable:
+    the ticks' requests and replies through the Kafka Broker, each new version through the
+    KafkaChannel to the EventListener: one PipelineRun per new commit, no volume claim, no
+    store key in the pipeline namespace."""
+    example, repository = kafka_example
+    a_commit_is_built_once(example, repository, on_kafka, ticks="kafka-tick")
 
 
 # --- faults --------------------------------------------------------------------------------

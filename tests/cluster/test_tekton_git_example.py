@@ -16,6 +16,9 @@ EventPolicy too), with Concourse's real git resource, on the ``secured`` deploym
 - no PersistentVolumeClaim exists in any namespace, and no Secret holding a store key in the
   pipeline namespace, at any time during these runs.
 
+The example's setup and story are in ``git_example.py``: ``test_kafka_broker.py`` runs the same
+on the Kafka Broker, its channel hop a KafkaChannel.
+
 Also the figures of issue 29 (printed; only correctness is asserted): the example's get and
 test against the same done Tekton's own way (a clone Task writing into a PVC workspace on a
 static hostPath PersistentVolume, then the same test step), first run and re-run of a commit,
@@ -27,9 +30,7 @@ one pod kept (min-scale 1). A benchmark (``bench``): at its smoke size unless ``
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import statistics
 import time
 from collections.abc import Iterator
@@ -38,78 +39,31 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-import yaml
 
-from testbed.git_daemon import git_daemon
-from testbed.git_history import make_repository
-from testbed.kubernetes import GATEWAY, Cluster
+from testbed.kubernetes import Cluster
 from testbed.kubernetes.knative import apply, min_scale
-from tests.cluster.conftest import NAMESPACE, wait_functions_serve, wait_ready
-from tests.cluster.custom_task import (
-    CustomTask,
-    NoClaims,
-    NoStoreKeys,
-    condition,
-    custom_task_in,
+from tests.cluster.conftest import NAMESPACE, wait_functions_serve
+from tests.cluster.custom_task import CustomTask, condition
+from tests.cluster.git_example import (
+    USERS,
+    Repository,
+    a_commit_is_built_once,
+    applied_example,
+    served_repository,
 )
-from tests.cluster.secured import PIPELINE_TEAMS, Secured
+from tests.cluster.secured import Secured
 from tests.support.bench import full_size
-from tests.support.git_server import git
 from tests.support.tekton_pipelines import pipeline_run, tekton_object
 
-USERS = PIPELINE_TEAMS[1]  # the example's tekton-main, as a user renames it: its team
 TEKTON_NAMESPACES = (USERS,)  # shown by conftest when a test fails
-EXAMPLES = Path(__file__).resolve().parents[2] / "knative" / "tekton" / "examples"
-LISTENER = "new-versions"
-CHECK = "check-app"
 # The module's setup (Knative, Tekton, the component, the example) counts in its first test.
 pytestmark = pytest.mark.timeout(1200)
-# The app's history under its two files, in MiB (bench/README.md: T2 with 50 by hand).
-REPO_MB = int(os.environ.get("RF_TEKTON_REPO_MB", "0"))
-TEST_SH = '#!/bin/sh\nset -e\ntest -s VERSION\necho "tests of version $(cat VERSION) passed"\n'
-
-
-@dataclass
-class Repository:
-    uri: str  # git://<gateway>:<port>/app.git
-    served: Path  # the bare repository the daemon serves
-    work: Path  # a clone to commit from
-
-    def commit(self, version: str) -> str:
-        """Commit VERSION=version and push it to the daemon; the new head."""
-        (self.work / "VERSION").write_text(f"{version}\n")
-        git("add", "-A", cwd=self.work)
-        git("commit", "-q", "-m", f"version {version}", cwd=self.work)
-        git("push", "-q", "origin", "main", cwd=self.work)
-        return self.head()
-
-    def head(self) -> str:
-        return git("rev-parse", "main", cwd=self.served).strip()
-
-    def tag(self, name: str) -> str:
-        found = git("tag", "--list", name, cwd=self.served).strip()
-        return git("rev-list", "-n", "1", name, cwd=self.served).strip() if found else ""
 
 
 @pytest.fixture(scope="module")
 def repository(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Repository]:
-    """The app's repository: ``test.sh`` and ``VERSION`` on top of ``RF_TEKTON_REPO_MB`` of a
-    source tree's history (testbed/git_history.py; none by default)."""
-    root = tmp_path_factory.mktemp("git-example")
-    work = root / "work"
-    make_repository(root / "app.git", REPO_MB, "source")  # 0: an empty repository
-    git("clone", "-q", str(root / "app.git"), str(work), cwd=root)
-    git("checkout", "-q", "-B", "main", cwd=work)  # an empty clone's branch is git's default
-    (work / "test.sh").write_text(TEST_SH)
-    (work / "test.sh").chmod(0o755)
-    (work / "VERSION").write_text("1\n")
-    git("add", "-A", cwd=work)
-    git("commit", "-q", "-m", "version 1", cwd=work)
-    git("push", "-q", "origin", "main", cwd=work)
-    with git_daemon(root, GATEWAY) as port:
-        uri = f"git://{GATEWAY}:{port}/app.git"
-        git("remote", "set-url", "origin", uri, cwd=work)
-        yield Repository(uri, root / "app.git", work)
+    with served_repository(tmp_path_factory.mktemp("git-example")) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
@@ -121,106 +75,15 @@ def example(
     repository: Repository,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[CustomTask]:
-    """The user namespace, and the example adapted and applied with ``kubectl apply -k``
-    (and its EventPolicy for the scheduled check, as sender authentication is on); the
-    CronJob suspended, so that only the test's ticks check."""
-    with custom_task_in(cluster, secured, USERS) as installed:
-        copy = tmp_path_factory.mktemp("examples") / "examples"
-        shutil.copytree(EXAMPLES, copy)
-        for path in copy.glob("*.yaml"):
-            text = (
-                path.read_text()
-                .replace("tekton-main", USERS)
-                .replace("git://git.example/app.git", repository.uri)
-                .replace("docker.io/library/python:3.12-slim", tekton.shell_image)
-            )
-            path.write_text(text)
-        base = secured.deployment.overlay.parent / "knative" / "kustomization.yaml"
-        kustomization = yaml.safe_load((copy / "kustomization.yaml").read_text())
-        kustomization["images"] = yaml.safe_load(base.read_text())["images"]
-        kustomization["resources"].append("scheduled-check-policy.yaml")
-        (copy / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
-        cluster.kubectl("apply", "-k", str(copy))
-        suspend = json.dumps({"spec": {"suspend": True}})
-        cluster.kubectl("-n", NAMESPACE, "patch", "cronjob", CHECK, "-p", suspend)
-        wait_ready(
-            cluster,
-            NAMESPACE,
-            [
-                f"sinkbinding/{CHECK}",
-                "trigger/new-versions-to-tekton",
-                "subscription/new-versions-to-tekton",
-            ],
-        )
-        wait_ready(cluster, USERS, [f"eventlistener/{LISTENER}"], timeout=180)
+    workdir = tmp_path_factory.mktemp("examples")
+    with applied_example(cluster, secured, tekton, repository, workdir) as installed:
         yield installed
-
-
-def tick(example: CustomTask, name: str) -> dict:
-    """One scheduled check, started from the CronJob; its reply's data once answered."""
-    example.cluster.kubectl("-n", NAMESPACE, "create", "job", name, f"--from=cronjob/{CHECK}")
-    replies = example.deployment.sink.wait(
-        requestid=name, type="dev.resourcefunctions.check.succeeded", timeout=300
-    )
-    return replies[0].get_data()
-
-
-def runs_of(example: CustomTask, ref: str) -> list[dict]:
-    """The listener's PipelineRuns whose ``ref`` param is ``ref``."""
-    selector = f"triggers.tekton.dev/eventlistener={LISTENER}"
-    return [
-        run
-        for run in example.list("pipelinerun", selector)
-        if {"name": "ref", "value": ref} in run["spec"].get("params", [])
-    ]
-
-
-def built(example: CustomTask, ref: str, timeout: float = 420) -> dict:
-    """The one PipelineRun of ``ref``, finished and succeeded."""
-    deadline = time.monotonic() + timeout
-    while not (found := runs_of(example, ref)):
-        if time.monotonic() > deadline:
-            pytest.fail(f"no PipelineRun for {ref}\n{example.controller_logs()}")
-        time.sleep(1)
-    (run,) = found
-    run = example.finished("pipelinerun", run["metadata"]["name"], timeout=timeout)
-    assert condition(run)["status"] == "True", (condition(run), example.controller_logs())
-    return run
-
-
-def printed_by_tests(example: CustomTask, run: dict) -> str:
-    """What the test step of ``run`` printed."""
-    (child,) = [c for c in run["status"]["childReferences"] if c["pipelineTaskName"] == "test"]
-    task_run = example.get("taskrun", child["name"])
-    return example.cluster.kubectl(
-        "-n", USERS, "logs", task_run["status"]["podName"], "-c", "step-test"
-    )
 
 
 def test_a_pushed_commit_is_checked_built_tested_and_tagged_with_no_volume_claim(
     example: CustomTask, repository: Repository, secured: Secured
 ) -> None:
-    store_keys = NoStoreKeys(example.cluster, secured.deployment.s3.keys, (USERS,))
-    with NoClaims(example.cluster) as claims, store_keys:
-        first = repository.head()
-        assert tick(example, "tick-1")["versions"] == [{"ref": first}]
-        run = built(example, first)
-        assert "tests of version 1 passed" in printed_by_tests(example, run)
-        assert repository.tag(f"tested-{first}") == first
-
-        second = repository.commit("2")
-        assert {"ref": second} in tick(example, "tick-2")["versions"]
-        run = built(example, second)
-        assert "tests of version 2 passed" in printed_by_tests(example, run)
-        assert repository.tag(f"tested-{second}") == second
-
-        tick(example, "tick-3")  # nothing new: no PipelineRun
-        time.sleep(5)  # what a new version would have started by now, it would have
-        assert len(runs_of(example, second)) == 1
-        listener = example.list("pipelinerun", f"triggers.tekton.dev/eventlistener={LISTENER}")
-        assert len(listener) == 2, [r["metadata"]["name"] for r in listener]
-    assert claims.polls > 10 and claims.seen == set(), claims.seen
-    assert store_keys.polls > 10 and store_keys.found == {}, store_keys.found
+    a_commit_is_built_once(example, repository, secured)
 
 
 # --- figures: ours against Tekton's own way (a clone into a PVC workspace) ----------------
