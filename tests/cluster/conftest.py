@@ -361,7 +361,9 @@ def knative_diagnostics(cluster: Cluster, namespace: str, lines: int = 30) -> st
     """What a failing production-path test needs first: the functions' objects and the tail
     of their logs and of the Broker's."""
     parts = [
-        cluster.kubectl("-n", namespace, "get", "ksvc,revision,job,pod", "-o", "wide", check=False)
+        cluster.kubectl("-n", namespace, "get", "ksvc,revision,job,pod", "-o", "wide", check=False),
+        # the runs' Jobs: whether a request that got no reply ever started one
+        cluster.kubectl("-n", TASKS_NAMESPACE, "get", "job,pod", "-o", "wide", check=False),
     ]
     for selector, ns, container in [
         ("serving.knative.dev/service=check", namespace, "function"),
@@ -374,9 +376,11 @@ def knative_diagnostics(cluster: Cluster, namespace: str, lines: int = 30) -> st
         ("app=kafka-broker-receiver", "knative-eventing", ""),
         ("app=kafka-broker-dispatcher", "knative-eventing", ""),
         ("app.kubernetes.io/component=reply-relay", namespace, ""),
+        ("resource-functions.dev/run-id", TASKS_NAMESPACE, ""),
     ]:
         args = ["-n", ns, "logs", "-l", selector, f"--tail={lines}", "--prefix"]
-        shown = cluster.kubectl(*args, *(["-c", container] if container else []), check=False)
+        which = ["-c", container] if container else ["--all-containers"]
+        shown = cluster.kubectl(*args, *which, check=False)
         parts.append(f"--- logs {ns} {selector} ---\n{shown}")
     return "\n".join(parts)
 
