@@ -25,6 +25,7 @@ import pytest
 import requests
 import yaml
 from cloudevents.core.bindings.http import to_binary_event
+from cloudevents.core.v1.event import CloudEvent
 
 from functions.cli.launch import wait_until
 from tests.cluster.conftest import (
@@ -179,14 +180,13 @@ def dispatcher_rebuilt(kafka: KafkaBroker, names: list[str], seconds: float = 18
 
 def each_trigger_delivers(on: Secured, seconds: float = 180) -> None:
     """Until each function's Trigger delivers to its function (the dispatcher just restarted:
-    its consumers join their groups again). Per action, an invalid request (no source: refused
-    400 before anything runs, the refusal posted as its reply) is posted again until a reply
-    comes back from the function."""
+    its consumers join their groups again). Per action, a ``refused_request`` is posted again
+    until a reply comes back from the function."""
     deadline = time.monotonic() + seconds
     for action in ("check", "get", "put"):
         posted: list[str] = []
         while True:
-            probe = request_event(action, {"type": "test"}, subject="main/probe", team="main")
+            probe = refused_request(action)
             assert on.post(probe) == 202
             posted.append(attributes(probe)["id"])
             try:
@@ -444,20 +444,24 @@ IMC_PIECES = {
 
 
 class Probes:
-    """Probe events (no function's Trigger takes them; the sink's takes all) posted to one
-    Broker at a steady rate, each until accepted; their latency from the accepted post to
-    the sink, and which never arrived."""
+    """Events posted to one Broker at a steady rate, each until accepted, and their latency
+    from the accepted post to the sink, and which never arrived. By default probe events (no
+    function's Trigger takes them; the sink's takes all), timed to their own arrival; with
+    ``request``, requests, timed to their reply's arrival (its ``requestid``)."""
 
-    def __init__(self, sink, url: str, token: str) -> None:
+    def __init__(
+        self, sink, url: str, token: str, request: Callable[[], CloudEvent] | None = None
+    ) -> None:
         self.sink, self.url, self.token = sink, url, token
+        self.request = request
         self.posted: dict[str, float] = {}
         self.refused = 0
 
     def run(self, count: int, rate: float) -> None:
         for _ in range(count):
             started = time.monotonic()
-            event = probe_event(team="main")
-            # 30 s at most, then the probe counts as refused
+            event = self.request() if self.request else probe_event(team="main")
+            # 30 s at most, then the event counts as refused
             posted, refusals = post_until_accepted(self.url, self.token, event, 30, 0.5, 10)
             self.refused += len(refusals)
             if posted is not None:
@@ -467,14 +471,22 @@ class Probes:
     def latencies(self, wait: float = 60) -> tuple[list[float], list[str]]:
         deadline = time.monotonic() + wait
         found: dict[str, float] = {}
+        key = "requestid" if self.request else "id"
         while True:
-            for event in self.sink.matching(type=PROBE):
-                got = attributes(event)["id"]
+            for event in self.sink.matching() if self.request else self.sink.matching(type=PROBE):
+                got = attributes(event).get(key)
                 if got in self.posted and got not in found:
                     found[got] = self.sink.arrival(event) - self.posted[got]
             if len(found) == len(self.posted) or time.monotonic() > deadline:
                 return list(found.values()), sorted(set(self.posted) - set(found))
             time.sleep(1)
+
+
+def refused_request(action: str = "check") -> CloudEvent:
+    """A request the function refuses before anything runs (no ``source``: 400, the refusal
+    posted as its ``<action>.failed`` reply): post → reply is the Broker twice and the
+    function's validation, no container."""
+    return request_event(action, {"type": "test"}, subject="main/probe", team="main")
 
 
 def in_memory_broker(on: Secured, knative) -> str:
@@ -511,8 +523,9 @@ def broker_token(on: Secured, broker: str, account: str, namespace: str) -> str:
 def figure_line(name: str, probes: Probes, seconds: float | None = None) -> str:
     spent, lost = probes.latencies()
     rate = f" in {seconds:.1f} s ({len(probes.posted) / seconds:.1f}/s)" if seconds else ""
+    arrival = "reply" if probes.request else "subscriber"
     return (
-        f"{name}: {len(probes.posted)} accepted{rate}, post to subscriber p50 "
+        f"{name}: {len(probes.posted)} accepted{rate}, post to {arrival} p50 "
         f"{percentile(spent, 0.5) * 1000:.0f} ms, p95 {percentile(spent, 0.95) * 1000:.0f} ms; "
         f"lost {len(lost)}; refused posts {probes.refused}"
     )
@@ -567,10 +580,18 @@ def test_figures_kafka_against_the_in_memory_channel(
         [lambda selector=s: restart(SYSTEM, selector) for s in IMC_PIECES.values()],
     )
     lines.append(figure_line(f"in-memory channel, {'/'.join(IMC_PIECES)} restarted", faulty_memory))
+    round_trips = Probes(sink, kafka.url, kafka.token, request=refused_request)
+    started = time.monotonic()
+    round_trips.run(count, rate)
+    lines.append(
+        figure_line(
+            f"request to reply {rate:g}/s, Kafka Broker", round_trips, time.monotonic() - started
+        )
+    )
     lines += kafka_memory(kafka_broker)
     with capsys.disabled():
         print("\n[kafka figures]\n" + "\n".join(lines))
-    assert kafka.latencies(1)[1] == [] and faulty_kafka.latencies(1)[1] == []
+    assert [p.latencies(1)[1] for p in (kafka, faulty_kafka, round_trips)] == [[], [], []]
 
 
 def kafka_memory(kafka: KafkaBroker) -> list[str]:
