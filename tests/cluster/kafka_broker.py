@@ -4,8 +4,8 @@
 
 Kafka itself (Apache Kafka 3.9.1's jars from Maven Central, ``build_kafka.sh``) runs in KRaft
 mode, one node, as a process of this machine on the gateway, like the cluster DNS: the pods
-reach it there, and a test restarts it (``KafkaBroker.restart_kafka``) with its log kept, as
-a Kafka node restarts. The control plane (``kafka-controller``, ``webhook-kafka``: Go, as the
+reach it there, and a test restarts it (``KafkaBroker.restart_kafka``) or kills it
+(``crash_kafka``, SIGKILL) with its log kept, as a Kafka node restarts or crashes. The control plane (``kafka-controller``, ``webhook-kafka``: Go, as the
 Knative images, ``knative.component_image``) and the data plane (the receiver and the
 dispatcher: Java, on a jlink runtime, ``kafka_images.py``) are installed from the release's
 own ``config/`` with the ``ko://`` and ``${KNATIVE_KAFKA_*_IMAGE}`` references replaced.
@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -103,6 +104,15 @@ class KafkaServer:
     def restart(self) -> None:
         """Stop and start again on the same log dir and ports: its records survive."""
         self.stop()
+        self.start()
+
+    def crash(self) -> None:
+        """SIGKILL, as a crash (no controlled shutdown, the log not flushed by Kafka: what
+        it acknowledged is in the page cache), and start again on the same log dir."""
+        if self.proc is not None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.cluster.end(self.proc)  # reaps it
+            self.proc = None
         self.start()
 
     def _java(self) -> list[str]:
@@ -197,6 +207,9 @@ class KafkaBroker:
     def restart_kafka(self) -> None:
         self.kafka.restart()
 
+    def crash_kafka(self) -> None:
+        self.kafka.crash()
+
     def dispatcher_accounts(self, namespace: str, app: str = DISPATCHER) -> dict[str, str]:
         """Egress (a Trigger's, or a KafkaChannel's Subscription's) name -> the OIDC service
         account it names ("" when none), in the contract each pod of the dispatcher ``app``
@@ -244,6 +257,59 @@ class KafkaBroker:
             if time.monotonic() > deadline:
                 raise ClusterError(f"pods {selector} in {namespace} not back: {rows}")
             time.sleep(1)
+
+    def crash_pods(self, namespace: str, selector: str, timeout: int = 300) -> None:
+        """SIGKILL every process of the containers of the pods of ``selector``, as a crash
+        or the OOM killer does (no SIGTERM, nothing drained), and wait until the kubelet has
+        started each container again and the pods are Ready (the same pods: restartCount)."""
+        listing = ("-n", namespace, "get", "pods", "-l", selector, "-o", "json")
+        restarts = container_restarts(json.loads(self.cluster.kubectl(*listing))["items"])
+        killed = [kill_container(ident) for ident in restarts]
+        assert all(killed), f"no process found for some containers of {selector}: {restarts}"
+        before = dict(restarts.values())
+        deadline = time.monotonic() + timeout
+        while True:
+            pods = json.loads(self.cluster.kubectl(*listing, check=False) or '{"items": []}')
+            now = {
+                (p["metadata"]["uid"], s["name"]): (s.get("restartCount", 0), s.get("ready"))
+                for p in pods["items"]
+                for s in p["status"].get("containerStatuses") or []
+            }
+            if all(
+                now.get(key, (0, False))[0] > count and now[key][1] for key, count in before.items()
+            ):
+                return
+            if time.monotonic() > deadline:
+                raise ClusterError(f"pods {selector} in {namespace} not back: {now}")
+            time.sleep(1)
+
+
+def container_restarts(pods: list[dict]) -> dict[str, tuple[tuple[str, str], int]]:
+    """containerd's id of each running container of ``pods`` -> ((pod uid, container name),
+    its restartCount)."""
+    return {
+        s["containerID"].split("//")[-1]: (
+            (p["metadata"]["uid"], s["name"]),
+            s.get("restartCount", 0),
+        )
+        for p in pods
+        for s in p["status"].get("containerStatuses") or []
+        if s.get("containerID") and "running" in (s.get("state") or {})
+    }
+
+
+def kill_container(ident: str) -> bool:
+    """SIGKILL every process of this machine in the container's cgroup (the node is this
+    machine); whether there was one."""
+    found = False
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and ident in (proc / "cgroup").read_text():
+                os.kill(int(proc.name), signal.SIGKILL)
+                found = True
+        except OSError:
+            continue
+    return found
 
 
 def install_kafka_broker(cluster: Cluster, builds: dict[str, Path]) -> KafkaBroker:
