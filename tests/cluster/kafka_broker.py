@@ -5,10 +5,11 @@
 Kafka itself (Apache Kafka 3.9.1's jars from Maven Central, ``build_kafka.sh``) runs in KRaft
 mode, one node, as a process of this machine on the gateway, like the cluster DNS: the pods
 reach it there, and a test restarts it (``KafkaBroker.restart_kafka``) or kills it
-(``crash_kafka``, SIGKILL) with its log kept, as a Kafka node restarts or crashes. The control plane (``kafka-controller``, ``webhook-kafka``: Go, as the
-Knative images, ``knative.component_image``) and the data plane (the receiver and the
-dispatcher: Java, on a jlink runtime, ``kafka_images.py``) are installed from the release's
-own ``config/`` with the ``ko://`` and ``${KNATIVE_KAFKA_*_IMAGE}`` references replaced.
+(``crash_kafka``, SIGKILL) with its log kept, as a Kafka node restarts or crashes. The
+control plane (``kafka-controller``, ``webhook-kafka``: Go, as the Knative images,
+``knative.component_image``) and the data plane (the receiver and the dispatcher: Java, on a
+jlink runtime, ``kafka_images.py``) are installed from the release's own ``config/`` with the
+``ko://`` and ``${KNATIVE_KAFKA_*_IMAGE}`` references replaced.
 
 Changed for the test node (two cores, already running Knative and the functions), each a
 value the operators of a small cluster change too: the CPU requests (capped by ``render`` as
@@ -21,6 +22,7 @@ here) and the post-install storage migration (a fresh install).
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -30,9 +32,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from functions.cli.launch import free_port
+from functions.cli.launch import free_port, wait_until
 from testbed.kubernetes import GATEWAY, Cluster, ClusterError, Proc
 from testbed.kubernetes.knative import apply, render, wait_deployments
+from tests.cluster.node_processes import container_processes
 
 VERSION = "1.22.3"
 SYSTEM = "knative-eventing"
@@ -267,21 +270,17 @@ class KafkaBroker:
         killed = [kill_container(ident) for ident in restarts]
         assert all(killed), f"no process found for some containers of {selector}: {restarts}"
         before = dict(restarts.values())
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def back() -> bool:
             pods = json.loads(self.cluster.kubectl(*listing, check=False) or '{"items": []}')
             now = {
                 (p["metadata"]["uid"], s["name"]): (s.get("restartCount", 0), s.get("ready"))
                 for p in pods["items"]
                 for s in p["status"].get("containerStatuses") or []
             }
-            if all(
-                now.get(key, (0, False))[0] > count and now[key][1] for key, count in before.items()
-            ):
-                return
-            if time.monotonic() > deadline:
-                raise ClusterError(f"pods {selector} in {namespace} not back: {now}")
-            time.sleep(1)
+            return all(now.get(key, (0, False))[0] > n and now[key][1] for key, n in before.items())
+
+        wait_until(back, f"pods {selector} in {namespace} started again", timeout, interval=1)
 
 
 def container_restarts(pods: list[dict]) -> dict[str, tuple[tuple[str, str], int]]:
@@ -299,16 +298,12 @@ def container_restarts(pods: list[dict]) -> dict[str, tuple[tuple[str, str], int
 
 
 def kill_container(ident: str) -> bool:
-    """SIGKILL every process of this machine in the container's cgroup (the node is this
-    machine); whether there was one."""
+    """SIGKILL every process of the container; whether there was one."""
     found = False
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and ident in (proc / "cgroup").read_text():
-                os.kill(int(proc.name), signal.SIGKILL)
-                found = True
-        except OSError:
-            continue
+    for proc, _ in container_processes(ident):
+        with contextlib.suppress(OSError):  # ended meanwhile
+            os.kill(int(proc.name), signal.SIGKILL)
+        found = True
     return found
 
 

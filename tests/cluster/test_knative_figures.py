@@ -37,6 +37,7 @@ import pytest
 
 from functions.runtimes.job_plan import job_name
 from tests.cluster.conftest import KNATIVE_CACHE_SECRET
+from tests.cluster.node_processes import container_processes
 from tests.cluster.test_knative_path import (
     LABEL,
     assert_reply,
@@ -409,11 +410,8 @@ def function_memory(d) -> list[str]:
 
 def container_memory(container: str) -> str:
     peaks, cgroup = [], ""
-    for proc in Path("/proc").iterdir():
+    for proc, groups in container_processes(container):
         try:
-            groups = (proc / "cgroup").read_text()
-            if container not in groups:
-                continue
             status = dict(line.split(":", 1) for line in (proc / "status").read_text().splitlines())
             peaks.append(int(status["VmHWM"].split()[0]) / 1024)
             cgroup = next(
