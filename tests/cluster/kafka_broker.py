@@ -13,7 +13,9 @@ jlink runtime, ``kafka_images.py``) are installed from the release's own ``confi
 
 Changed for the test node (two cores, already running Knative and the functions), each a
 value the operators of a small cluster change too: the CPU requests (capped by ``render`` as
-every release's here: the dispatcher asks for a whole core) and the default topic config
+every release's here: the dispatcher asks for a whole core; and the probes, as every
+release's: the dispatcher's 1 s exec liveness probe timed out, the receiver was restarted
+before its JVM listened) and the default topic config
 (``kafka-broker-config``: this Kafka, replication factor 1 on one node; the KafkaChannel's
 ``kafka-channel-config`` too). Left out: KafkaSource's and KafkaSink's data planes (not used
 here) and the post-install storage migration (a fresh install).
@@ -32,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from functions.cli.launch import free_port, wait_until
+from functions.cli.launch import NotReady, free_port, wait_until
 from testbed.kubernetes import GATEWAY, Cluster, ClusterError, Proc
 from testbed.kubernetes.knative import apply, render, wait_deployments
 from tests.cluster.node_processes import container_processes
@@ -258,7 +260,10 @@ class KafkaBroker:
             if rows and all(not old and ready for old, ready in rows):
                 return
             if time.monotonic() > deadline:
-                raise ClusterError(f"pods {selector} in {namespace} not back: {rows}")
+                raise ClusterError(
+                    f"pods {selector} in {namespace} not back after {timeout} s: {rows}\n"
+                    + self.pods_state(namespace, selector)
+                )
             time.sleep(1)
 
     def crash_pods(self, namespace: str, selector: str, timeout: int = 300) -> None:
@@ -280,7 +285,30 @@ class KafkaBroker:
             }
             return all(now.get(key, (0, False))[0] > n and now[key][1] for key, n in before.items())
 
-        wait_until(back, f"pods {selector} in {namespace} started again", timeout, interval=1)
+        try:
+            wait_until(back, f"pods {selector} in {namespace} started again", timeout, interval=1)
+        except NotReady as error:
+            raise ClusterError(f"{error}\n{self.pods_state(namespace, selector)}") from error
+
+    def pods_state(self, namespace: str, selector: str) -> str:
+        """Why pods are not Ready: each one's state, last state, restarts and events
+        (``describe``), and the log of a container's previous run (a probe or a crash)."""
+        described = self.cluster.kubectl(
+            "-n", namespace, "describe", "pods", "-l", selector, check=False
+        )
+        previous = self.cluster.kubectl(
+            "-n",
+            namespace,
+            "logs",
+            "-l",
+            selector,
+            "--previous",
+            "--tail=30",
+            "--prefix",
+            "--all-containers",
+            check=False,
+        )
+        return f"{described}\n--- previous logs ---\n{previous}"
 
 
 def container_restarts(pods: list[dict]) -> dict[str, tuple[tuple[str, str], int]]:
