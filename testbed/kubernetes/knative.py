@@ -143,8 +143,9 @@ def render(
 ) -> list[dict]:
     """The documents of every YAML file under ``folder`` but its subfolders named in ``skip``,
     with images replaced, the ``left_out`` Deployments (namespace, name) and the
-    HorizontalPodAutoscalers dropped, the ``settings`` ConfigMap values applied and the CPU
-    requests capped (``cap_cpu_requests``)."""
+    HorizontalPodAutoscalers dropped, the ``settings`` ConfigMap values applied, the CPU
+    requests capped (``cap_cpu_requests``) and the probes fitted to the loaded node
+    (``fit_probes_to_the_test_node``)."""
     docs = []
     for path in sorted(folder.rglob("*.yaml")):
         if set(path.relative_to(folder).parts[:-1]) & set(skip):
@@ -165,6 +166,7 @@ def render(
                 doc.setdefault("data", {}).update(settings[key])
             if doc["kind"] in ("Deployment", "StatefulSet"):
                 cap_cpu_requests(doc)
+                fit_probes_to_the_test_node(doc)
             docs.append(doc)
     return docs
 
@@ -188,6 +190,41 @@ def cap_cpu_requests(workload: dict, cap: int = CPU_REQUEST_CAP_MILLICORES) -> N
         requests = (container.get("resources") or {}).get("requests") or {}
         if "cpu" in requests and millicores(requests["cpu"]) > cap:
             requests["cpu"] = f"{cap}m"
+
+
+# The releases' probes suit a node with room; the test node has two loaded cores. There an
+# exec probe alone (runc starting ``ls``) took over the releases' 1 s (kubelet: "timed out
+# after 1s", the Kafka Broker dispatcher's liveness probe), and a JVM took over the 19 s that
+# a liveness probe's delay and three failures give to start listening (the Kafka Broker
+# receiver, restarted): either restarts a healthy container, again and again into
+# CrashLoopBackOff. So each probe gets PROBE_TIMEOUT_SECONDS to answer, and a container with
+# a liveness probe gets STARTUP_SECONDS to start (a startup probe of the same check: liveness
+# waits for it). Periods and thresholds stay: a started container that stops answering is
+# found as soon as released.
+PROBE_TIMEOUT_SECONDS = 5
+STARTUP_SECONDS = 120
+STARTUP_PERIOD_SECONDS = 2
+HANDLERS = ("exec", "httpGet", "tcpSocket", "grpc")
+
+
+def fit_probes_to_the_test_node(
+    workload: dict, timeout: int = PROBE_TIMEOUT_SECONDS, startup: int = STARTUP_SECONDS
+) -> None:
+    """Raise each probe's timeout of ``workload`` (a Deployment or StatefulSet) to at least
+    ``timeout`` and give each container with a liveness probe but no startup probe one that
+    checks the same for ``startup`` seconds, in place."""
+    for container in workload["spec"]["template"]["spec"].get("containers", []):
+        liveness = container.get("livenessProbe")
+        if liveness is not None and "startupProbe" not in container:
+            container["startupProbe"] = {
+                **{k: v for k, v in liveness.items() if k in HANDLERS},
+                "periodSeconds": STARTUP_PERIOD_SECONDS,
+                "failureThreshold": startup // STARTUP_PERIOD_SECONDS,
+            }
+        for kind in ("livenessProbe", "readinessProbe", "startupProbe"):
+            probe = container.get(kind)
+            if probe is not None and probe.get("timeoutSeconds", 1) < timeout:
+                probe["timeoutSeconds"] = timeout
 
 
 def min_scale(cluster: Cluster, namespace: str, service: str, value: str | None) -> None:
