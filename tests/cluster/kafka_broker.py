@@ -241,10 +241,18 @@ class KafkaBroker:
     ) -> None:
         """Delete the pods of ``selector`` and (``wait``) wait until their replacements are
         Ready (new pods by uid: a StatefulSet's keeps its name); a Knative Service's pods
-        come back on demand, so those are not waited for."""
+        come back on demand, so those are not waited for.
+
+        Their dependents are orphaned, not deleted: a dispatcher pod owns its contract
+        ConfigMap (named after the pod), and the control plane makes it again for the new pod
+        of the same name only if it sees it missing when that pod appears. The garbage
+        collector deleting it just after left the new pod in ContainerCreating ("configmap
+        kafka-broker-dispatcher-0 not found") for good (a fresh run, 2026-12-05)."""
         listing = ("-n", namespace, "get", "pods", "-l", selector, "-o", "json")
         before = {p["metadata"]["uid"] for p in json.loads(self.cluster.kubectl(*listing))["items"]}
-        self.cluster.kubectl("-n", namespace, "delete", "pods", "-l", selector, "--wait=false")
+        self.cluster.kubectl(
+            "-n", namespace, "delete", "pods", "-l", selector, "--cascade=orphan", "--wait=false"
+        )
         if not wait:
             return
         deadline = time.monotonic() + timeout
