@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +36,18 @@ class Proc:
     @property
     def returncode(self) -> int | None:
         return self.popen.poll() if self.popen is not None else None
+
+
+def processes(file: str) -> Iterator[tuple[Path, bytes]]:
+    """``/proc/<pid>`` of each process of this machine with the bytes of its ``file``
+    (``cmdline``, ``cgroup``, ...); a process that ends meanwhile is left out."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            yield proc, (proc / file).read_bytes()
+        except OSError:
+            continue
 
 
 def pid_runs(pid: int, name: str) -> bool:

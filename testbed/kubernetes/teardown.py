@@ -18,7 +18,7 @@ from pathlib import Path
 from testbed.kubernetes import network, node
 from testbed.kubernetes.base import ClusterBase
 from testbed.kubernetes.layout import RUN_DIR
-from testbed.kubernetes.processes import terminate
+from testbed.kubernetes.processes import processes, terminate
 
 CORE_PROCS = (
     "etcd",
@@ -114,13 +114,7 @@ def kill_shims(cluster: ClusterBase) -> None:
     """containerd-shim-runc-v2 processes outlive containerd by design: kill ours (those
     whose command line names this cluster's directory), by pid."""
     marker = str(cluster.root).encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
+    for entry, cmdline in processes("cmdline"):
         if b"containerd-shim" in cmdline and marker in cmdline:
             with contextlib.suppress(OSError):
                 os.kill(int(entry.name), signal.SIGKILL)

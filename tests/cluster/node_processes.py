@@ -6,16 +6,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+from testbed.kubernetes.processes import processes
+
 
 def container_processes(container: str) -> Iterator[tuple[Path, str]]:
     """``/proc/<pid>`` of each process in the cgroup of containerd's container ``container``
     (its id), with the text of its ``cgroup`` file; a process that ends meanwhile is left out."""
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            groups = (proc / "cgroup").read_text()
-        except OSError:
-            continue
-        if container in groups:
-            yield proc, groups
+    for proc, groups in processes("cgroup"):
+        if container.encode() in groups:
+            yield proc, groups.decode()
