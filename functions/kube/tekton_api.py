@@ -12,13 +12,20 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 import urllib3
-from kubernetes import client, watch
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from functions.errors import NotFound, Unavailable
+from functions.errors import Conflict, NotFound, Unavailable
+from functions.kube import objects
 from functions.kube.api import translate
+from functions.kube.objects import Bounds, Decoded, ListEnd
 
 GROUP, VERSION, PLURAL = "tekton.dev", "v1beta1", "customruns"
+PAGE = 250  # CustomRuns a LIST page holds: memory is a page's, never the cluster's
+# What says whose a CustomRun is, read even from one that cannot be decoded.
+OWNER_MARKS = ("spec.customRef.apiVersion", "spec.customSpec.apiVersion")
+BOUNDS = Bounds()  # a CustomRun of ours is far smaller and shallower (params.py)
+DONE_MARK = "status.completionTime"  # set once a CustomRun has ended
 COMPONENT = "resource-functions-tekton-controller"  # an Event's reporting controller
 
 
@@ -28,54 +35,80 @@ class TektonApi:
         api_client: Any,
         timeout: tuple[float, float] = (5.0, 30.0),
         counted: Callable[[], None] = lambda: None,
+        bounds: Bounds = BOUNDS,
+        page: int = PAGE,
     ) -> None:
         self._objects = client.CustomObjectsApi(api_client)
         self._core = client.CoreV1Api(api_client)
         self._leases = client.CoordinationV1Api(api_client)
         self._timeout = timeout
         self._counted = counted  # called once per API request (the controller's metric)
+        self._bounds = bounds
+        self._page = page
+        self.marks = (*OWNER_MARKS, DONE_MARK)
 
     # --- CustomRuns -------------------------------------------------------------------------
 
-    def list_customruns(self) -> tuple[list[dict[str, Any]], str]:
-        """Every CustomRun of the cluster, and the list's resourceVersion (to watch from)."""
-        listed = self._json(
-            "list", self._objects.list_cluster_custom_object, GROUP, VERSION, PLURAL
-        )
-        version = str((listed.get("metadata") or {}).get("resourceVersion") or "")
-        return list(listed.get("items") or []), version
-
-    def watch_customruns(
-        self, resource_version: str, seconds: int
-    ) -> Iterator[tuple[str, dict[str, Any]]]:
-        """``(type, object)`` of each change after ``resource_version`` for ``seconds``;
-        ``ERROR`` (410 Gone and friends) means: list again."""
-        self._counted()
-        stream = watch.Watch()
-        try:
-            for event in stream.stream(
+    def list_customruns(self) -> Iterator[Decoded | ListEnd]:
+        """Every CustomRun of the cluster, a page (``PAGE``) at a time, each decoded alone
+        (``objects``: one too deep or too large is ``Undecodable``); then the last page's
+        ``ListEnd`` (its resourceVersion, to watch from). An expired ``continue`` is
+        ``Gone``: list again."""
+        token = ""
+        while True:
+            response = self._stream(
+                "list",
                 self._objects.list_cluster_custom_object,
                 GROUP,
                 VERSION,
                 PLURAL,
-                resource_version=resource_version,
-                allow_watch_bookmarks=True,
-                timeout_seconds=seconds,
-                _request_timeout=(self._timeout[0], seconds + 30),
-            ):
-                kind, obj = event.get("type"), event.get("object")
-                if isinstance(kind, str) and isinstance(obj, dict):
-                    yield kind, obj
-        except ApiException as err:
-            raise translate(err, "watch", PLURAL, "") from err
+                limit=self._page,
+                _continue=token or None,
+            )
+            end = None
+            for found in self._decoded(response, objects.list_page, "list"):
+                if isinstance(found, ListEnd):
+                    end = found
+                else:
+                    yield found
+            if end is None or not end.continue_token:
+                yield end or ListEnd("", "")
+                return
+            token = end.continue_token
+
+    def watch_customruns(
+        self, resource_version: str, seconds: int
+    ) -> Iterator[tuple[str, Decoded]]:
+        """``(type, object)`` of each change after ``resource_version`` for ``seconds``, each
+        decoded alone (``objects.watch_event``); ``ERROR`` (410 Gone and friends) means:
+        list again."""
+        response = self._stream(
+            "watch",
+            self._objects.list_cluster_custom_object,
+            GROUP,
+            VERSION,
+            PLURAL,
+            watch=True,
+            resource_version=resource_version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=seconds,
+            _request_timeout=(self._timeout[0], seconds + 30),
+        )
+        try:
+            for line in _lines(response):
+                try:
+                    yield objects.watch_event(line, self._bounds, self.marks)
+                except ValueError as err:  # not an event: the stream is broken, list again
+                    raise Unavailable(f"watch {PLURAL}: {err}") from err
         except (urllib3.exceptions.HTTPError, OSError) as err:
             raise Unavailable(f"Kubernetes API unreachable (watch {PLURAL}): {err}") from err
         finally:
-            stream.stop()
+            _done(response)
 
-    def read_customrun(self, namespace: str, name: str) -> dict[str, Any] | None:
+    def read_customrun(self, namespace: str, name: str) -> Decoded | None:
+        """The CustomRun, decoded within bounds as the LIST's are; ``None`` when gone."""
         try:
-            return self._json(
+            response = self._stream(
                 "get",
                 self._objects.get_namespaced_custom_object,
                 GROUP,
@@ -87,12 +120,15 @@ class TektonApi:
             )
         except NotFound:
             return None
+        found: Decoded = next(self._decoded(response, objects.single, "get"))
+        return found
 
     def replace_status(self, run: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
         """Write ``status`` over ``run``'s, guarded by its resourceVersion (``Conflict`` when it
-        changed meanwhile, ``NotFound`` when it is gone); the object as written."""
+        changed meanwhile, or came back past the bounds: read it again; ``NotFound`` when it
+        is gone); the object as written."""
         meta = run["metadata"]
-        return self._json(
+        response = self._stream(
             "update",
             self._objects.replace_namespaced_custom_object_status,
             GROUP,
@@ -103,6 +139,27 @@ class TektonApi:
             {**run, "status": status},
             namespace_=meta["namespace"],
         )
+        written: Decoded = next(self._decoded(response, objects.single, "update"))
+        if isinstance(written, objects.Undecodable):
+            raise Conflict(f"customrun {meta['name']} came back {written.reason}")
+        return written
+
+    def patch_status(self, run: dict[str, Any], status: dict[str, Any]) -> None:
+        """Merge ``status`` into ``run``'s, guarded by its resourceVersion (``Conflict``),
+        without reading the answer (the object may be one that cannot be decoded)."""
+        meta = run["metadata"]
+        response = self._stream(
+            "patch",
+            self._objects.patch_namespaced_custom_object_status,
+            GROUP,
+            VERSION,
+            meta["namespace"],
+            PLURAL,
+            meta["name"],
+            {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": status},
+            namespace_=meta["namespace"],
+        )
+        _done(response)
 
     # --- Events -------------------------------------------------------------------------------
 
@@ -173,6 +230,31 @@ class TektonApi:
 
     # --- the one request path ------------------------------------------------------------------
 
+    def _stream(
+        self, verb: str, method: Callable[..., Any], *args: Any, namespace_: str = "", **kw: Any
+    ) -> Any:
+        """The response of ``method`` unread (the caller reads and releases it)."""
+        kw.setdefault("_request_timeout", self._timeout)
+        self._counted()
+        try:
+            return method(*args, **kw, _preload_content=False)
+        except ApiException as err:
+            raise translate(err, verb, PLURAL, namespace_) from err
+        except (urllib3.exceptions.HTTPError, OSError) as err:
+            raise Unavailable(f"Kubernetes API unreachable ({verb}): {err}") from err
+
+    def _decoded(
+        self, response: Any, decode: Callable[..., Iterator[Any]], verb: str
+    ) -> Iterator[Any]:
+        try:
+            yield from decode(response, self._bounds, self.marks)
+        except ValueError as err:  # cut short or not JSON: the API's trouble, not an object's
+            raise Unavailable(f"{verb} {PLURAL}: {err}") from err
+        except (urllib3.exceptions.HTTPError, OSError) as err:
+            raise Unavailable(f"Kubernetes API unreachable ({verb}): {err}") from err
+        finally:
+            _done(response)
+
     def _json(
         self, verb: str, method: Callable[..., Any], *args: Any, namespace_: str = "", **kw: Any
     ) -> dict[str, Any]:
@@ -184,3 +266,20 @@ class TektonApi:
         except (urllib3.exceptions.HTTPError, OSError) as err:
             raise Unavailable(f"Kubernetes API unreachable ({verb}): {err}") from err
         return cast(dict[str, Any], json.loads(response.data or b"{}"))
+
+
+def _done(response: Any) -> None:
+    """Close a response that may be unread (its connection is not reused) and free it."""
+    response.close()
+    response.release_conn()
+
+
+def _lines(response: Any) -> Iterator[bytes]:
+    """The lines of a streamed response as they arrive (a watch: one event a line)."""
+    rest = b""
+    for chunk in response.stream(None, decode_content=False):
+        rest += chunk
+        *lines, rest = rest.split(b"\n")
+        yield from (line for line in lines if line.strip())
+    if rest.strip():
+        yield rest

@@ -35,8 +35,10 @@ from typing import Any
 
 from cloudevents.core.v1.event import CloudEvent
 
+from functions.bounded_cache import BoundedCache
 from functions.errors import Conflict, NotFound, SinkRefused, Unavailable
-from functions.kube.tekton_api import TektonApi
+from functions.kube.objects import ListEnd, Undecodable
+from functions.kube.tekton_api import DONE_MARK, OWNER_MARKS, TektonApi
 from functions.sink import post_reply
 from functions.tekton import status as st
 from functions.tekton.controller_config import ControllerConfig
@@ -53,7 +55,7 @@ from functions.tekton.decide import (
 )
 from functions.tekton.leader import LeaderElection
 from functions.tekton.namespace_teams import NamespaceTeams
-from functions.tekton.params import is_ours
+from functions.tekton.params import API_VERSION, is_ours
 from functions.tekton.work_queue import KeyLocks, WorkQueue
 
 REPOST_SECONDS = 5.0  # a request the Broker did not take is posted again this soon
@@ -64,6 +66,7 @@ CONFLICT_TRIES = 5
 OVERDUE_SECONDS = 60.0
 WORKERS = 3
 POST_THREADS = 8  # posts under way at once: a slow ingress holds a poster, never a key
+REPORTED = 4096  # undecodable CustomRun versions remembered as reported
 log = logging.getLogger("functions.tekton")
 Key = tuple[str, str]
 
@@ -112,6 +115,7 @@ class Controller:
         self._reposts: dict[Key, Reposts] = {}
         self._posts = ThreadPoolExecutor(POST_THREADS, thread_name_prefix="tekton-post")
         self._posting: set[str] = set()  # request ids whose post is under way
+        self._reported: BoundedCache[tuple[str, str], bool] = BoundedCache(REPORTED)
         self._workers = workers
         self._repost_first = repost_first
         self.metrics = metrics or ControllerMetrics()
@@ -154,8 +158,15 @@ class Controller:
         self.stopped.set()
 
     def list_and_watch(self) -> None:
-        items, version = self._api.list_customruns()
-        ours = {key_of(item): item for item in items if is_ours(item)}
+        ours: dict[Key, dict[str, Any]] = {}
+        version = ""
+        for found in self._api.list_customruns():  # a page at a time, each object alone
+            if isinstance(found, ListEnd):
+                version = found.resource_version
+            elif isinstance(found, Undecodable):
+                self._undecodable(found)
+            elif is_ours(found):
+                ours[key_of(found)] = found
         with self._cache_lock:
             gone = set(self._cache) - set(ours)
             self._cache = ours
@@ -168,7 +179,12 @@ class Controller:
                 return
             if kind == "ERROR":  # 410 Gone and friends: list again
                 return
-            if kind == "BOOKMARK" or not is_ours(obj):
+            if kind == "BOOKMARK":
+                continue
+            if isinstance(obj, Undecodable):
+                self._undecodable(obj, kind == "DELETED")
+                continue
+            if not is_ours(obj):
                 continue
             key = key_of(obj)
             if kind == "DELETED":
@@ -373,12 +389,53 @@ class Controller:
 
     def _refresh(self, key: Key) -> dict[str, Any] | None:
         found = self._api.read_customrun(*key)
+        if isinstance(found, Undecodable):
+            self._undecodable(found)
+            return None
         if found is None:
             with self._cache_lock:
                 self._cache.pop(key, None)
             return None
         self._remember(found)
         return found
+
+    def _undecodable(self, found: Undecodable, deleted: bool = False) -> None:
+        """A CustomRun that cannot be decoded within the bounds: out of the cache and the
+        queue, like a deleted one; if it is ours, reported once per version (a log line,
+        the metric, an Event) and, unless done, ended failed, so that its PipelineRun goes on.
+        Every other CustomRun is untouched."""
+        key = (found.namespace, found.name)
+        with self._cache_lock:
+            self._cache.pop(key, None)
+        self._forget(key)
+        owner = {found.marks.get(mark) for mark in OWNER_MARKS}
+        seen = (found.uid, found.resource_version)
+        if deleted or API_VERSION not in owner or self._reported.get(seen):
+            return
+        self._reported.put(seen, True)
+        self.metrics.undecodable.labels(found.limit).inc()
+        message = (
+            f"the controller cannot read this CustomRun: it is {found.reason} "
+            f"(its params are bounded far below: docs/tekton.md); it is skipped"
+        )
+        log.warning("customrun %s/%s: %s", *key, message)
+        stub = {
+            "metadata": {
+                "namespace": found.namespace,
+                "name": found.name,
+                "uid": found.uid,
+                "resourceVersion": found.resource_version,
+            }
+        }
+        self._event(stub, True, st.UNDECODABLE, message)
+        if found.marks.get(DONE_MARK):
+            return
+        try:
+            self._api.patch_status(
+                stub, st.finished({}, False, st.UNDECODABLE, message, self._clock())
+            )
+        except Exception as err:  # noqa: BLE001 - changed or gone meanwhile: its next version is seen
+            log.info("customrun %s/%s: not ended: %s", *key, err)
 
     def _remember(self, obj: dict[str, Any]) -> None:
         key = key_of(obj)

@@ -14,6 +14,7 @@ RECONCILE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30
 POST_OUTCOMES = ("posted", "refused")
 REPLY_OUTCOMES = ("applied", "stale", "dropped", "not_written")
 FAILURES = ("conflict", "unavailable", "error")
+LIMITS = ("depth", "size", "shape")  # what an undecodable CustomRun was past
 
 
 @dataclass
@@ -57,6 +58,14 @@ class ControllerMetrics:
             "Requests this replica made to the Kubernetes API (watches, lists, reads, writes)",
             registry=self.registry,
         )
+        self.undecodable = Counter(
+            "resource_functions_tekton_undecodable",
+            "CustomRuns of this project skipped because they cannot be decoded within the "
+            "controller's bounds, by the limit they were past (depth, size, shape), once per "
+            "version of each",
+            ["limit"],
+            registry=self.registry,
+        )
         self.leader = Gauge(
             "resource_functions_tekton_leader",
             "1 while this replica leads (reconciles), else 0",
@@ -68,6 +77,8 @@ class ControllerMetrics:
             self.replies.labels(outcome)
         for reason in FAILURES:
             self.failures.labels(reason)
+        for limit in LIMITS:
+            self.undecodable.labels(limit)
 
     def watch(self, queue_depth: Callable[[], int], overdue: Callable[[], int]) -> None:
         """Gauges read when scraped: the work queue's depth, and the running attempts past

@@ -20,6 +20,7 @@ CANCELLED = "CustomRunCancelled"
 TIMED_OUT = "CustomRunTimedOut"
 BAD_PARAMS = "InvalidParams"
 REFUSED = "RequestRefused"  # the Broker refused the controller's post for good
+UNDECODABLE = "Undecodable"  # too deep or too large for the controller to read
 MAX_MESSAGE = 3000  # a condition message stays readable in `kubectl describe`
 
 

@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from functions.errors import Conflict, NotFound
+from functions.kube.objects import Decoded, ListEnd, Undecodable
+from functions.tekton.params import API_VERSION
 
 
 class FakeTektonApi:
@@ -26,9 +28,11 @@ class FakeTektonApi:
         self.leases: dict[tuple[str, str], dict[str, Any]] = {}
         self.fail_writes_of: dict[str, Exception] = {}  # CustomRun name -> raised on write
         self.requests = 0  # as the controller's metric counts them
+        self.undecodable: dict[tuple[str, str], Undecodable] = {}  # listed, watched, read so
+        self.status_patches: list[tuple[str, str, dict[str, Any]]] = []  # (ns, name, status)
 
         self._versions = itertools.count(1)
-        self._changes: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
+        self._changes: queue.Queue[tuple[str, Decoded]] = queue.Queue()
         self._lock = threading.Lock()
 
     # --- what the tests do --------------------------------------------------------------------
@@ -41,6 +45,28 @@ class FakeTektonApi:
             self.runs[_key(made)] = made
         self._changes.put(("ADDED", copy.deepcopy(made)))
         return made
+
+    def poison(self, namespace: str, name: str, limit: str = "depth") -> Undecodable:
+        """A CustomRun of this project that the API serves but the controller cannot decode
+        (``limit``: past which bound), as ``objects`` reports one."""
+        with self._lock:
+            version = str(next(self._versions))
+        marks = {
+            "metadata.namespace": namespace,
+            "metadata.name": name,
+            "metadata.uid": f"uid-{name}",
+            "metadata.resourceVersion": version,
+            "spec.customRef.apiVersion": API_VERSION,
+        }
+        found = Undecodable(f"past the {limit} bound", limit, marks)
+        with self._lock:
+            self.undecodable[(namespace, name)] = found
+        self._changes.put(("ADDED", found))
+        return found
+
+    def changed(self, kind: str, obj: Decoded) -> None:
+        """A watch event, as the API server sends one again after a reconnect."""
+        self._changes.put((kind, obj))
 
     def cancel(self, namespace: str, name: str) -> None:
         """As Tekton cancels a CustomRun: ``spec.status`` set to ``RunCancelled``."""
@@ -57,14 +83,17 @@ class FakeTektonApi:
 
     # --- TektonApi ----------------------------------------------------------------------------
 
-    def list_customruns(self) -> tuple[list[dict[str, Any]], str]:
+    def list_customruns(self) -> Iterator[Decoded | ListEnd]:
         self.requests += 1
         with self._lock:
-            return [copy.deepcopy(r) for r in self.runs.values()], "0"
+            listed: list[Decoded] = [copy.deepcopy(r) for r in self.runs.values()]
+            listed += self.undecodable.values()
+        yield from listed
+        yield ListEnd("0", "")
 
     def watch_customruns(
         self, resource_version: str, seconds: int
-    ) -> Iterator[tuple[str, dict[str, Any]]]:
+    ) -> Iterator[tuple[str, Decoded]]:
         self.requests += 1
         while True:
             try:
@@ -72,9 +101,11 @@ class FakeTektonApi:
             except queue.Empty:
                 yield "BOOKMARK", {}
 
-    def read_customrun(self, namespace: str, name: str) -> dict[str, Any] | None:
+    def read_customrun(self, namespace: str, name: str) -> Decoded | None:
         self.requests += 1
         with self._lock:
+            if (namespace, name) in self.undecodable:
+                return self.undecodable[(namespace, name)]
             found = self.runs.get((namespace, name))
             return copy.deepcopy(found) if found is not None else None
 
@@ -94,6 +125,11 @@ class FakeTektonApi:
             written = copy.deepcopy(live)
         self._changes.put(("MODIFIED", copy.deepcopy(written)))
         return written
+
+    def patch_status(self, run: dict[str, Any], status: dict[str, Any]) -> None:
+        self.requests += 1
+        meta = run["metadata"]
+        self.status_patches.append((meta["namespace"], meta["name"], copy.deepcopy(status)))
 
     def event(self, run: dict[str, Any], warning: bool, reason: str, message: str) -> None:
         self.requests += 1

@@ -12,6 +12,7 @@ feeds its controller and the cluster tier creates.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -69,3 +70,35 @@ def custom_run(
         "metadata": {"name": name, "namespace": namespace},
         "spec": {"customRef": custom_task_ref(kind), "params": params(values), **spec},
     }
+
+
+DEEP = "__nested__"  # where ``hostile_custom_run`` nests its value
+HOSTILE_PLACES = ("customSpec.spec", "params[].value", "customRef.params[].value")
+
+
+def nested(depth: int) -> str:
+    """JSON text of an object nested ``depth`` levels deep (``json.dumps`` would recurse)."""
+    return '{"a":' * (depth - 1) + "{}" + "}" * (depth - 1)
+
+
+def hostile_custom_run(name: str, namespace: str, place: str, depth: int = 3000) -> str:
+    """JSON text of a CustomRun of the project's that a tenant may create (neither the API
+    server nor Tekton's webhook bounds these fields) with an object nested ``depth`` levels
+    deep at ``place``, one of ``HOSTILE_PLACES``."""
+    run = custom_run(name, namespace, {"type": "git"}, kind="Check")
+    spec = run["spec"]
+    if place == "customSpec.spec":
+        spec["customSpec"] = {**spec.pop("customRef"), "spec": DEEP}
+    elif place == "params[].value":
+        spec["params"].append({"name": "source", "value": DEEP})
+    elif place == "customRef.params[].value":
+        spec["customRef"]["params"] = [{"name": "source", "value": DEEP}]
+    else:
+        raise ValueError(f"no place {place!r}: one of {HOSTILE_PLACES}")
+    return json.dumps(run).replace(json.dumps(DEEP), nested(depth))
+
+
+def large_custom_run(name: str, namespace: str, size: int) -> dict[str, Any]:
+    """A CustomRun of the project's whose params take about ``size`` bytes of JSON."""
+    values = {"type": "git", "source": json.dumps({"pad": "x" * size})}
+    return custom_run(name, namespace, values, kind="Check")
