@@ -375,6 +375,7 @@ def knative_diagnostics(cluster: Cluster, namespace: str, lines: int = 30) -> st
         ("messaging.knative.dev/role=dispatcher", "knative-eventing", ""),
         ("app=kafka-broker-receiver", "knative-eventing", ""),
         ("app=kafka-broker-dispatcher", "knative-eventing", ""),
+        ("strimzi.io/name=my-cluster-kafka", "kafka", ""),
         ("app.kubernetes.io/component=reply-relay", namespace, ""),
         ("resource-functions.dev/run-id", TASKS_NAMESPACE, ""),
     ]:
@@ -825,7 +826,7 @@ def tekton(cluster: Cluster):
 
 @pytest.fixture(scope="session")
 def kafka_broker(cluster: Cluster, knative):
-    """Kafka (one KRaft node on the gateway) and Knative's Kafka Broker installed from its
+    """Kafka (one KRaft node, a pod, SASL/SCRAM) and Knative's Kafka Broker installed from its
     release manifests (``tests/cluster/kafka_broker.py``), only in sessions with a test that
     asks for it (its modules run last: they move the Broker to class Kafka)."""
     from tests.cluster.kafka_broker import install_kafka_broker

@@ -3,9 +3,11 @@
     install_kafka_broker(cluster, build_kafka()) -> KafkaBroker
 
 Kafka itself (Apache Kafka 3.9.1's jars from Maven Central, ``build_kafka.sh``) runs in KRaft
-mode, one node, as a process of this machine on the gateway, like the cluster DNS: the pods
-reach it there, and a test restarts it (``KafkaBroker.restart_kafka``) or kills it
-(``crash_kafka``, SIGKILL) with its log kept, as a Kafka node restarts or crashes. The
+mode, one node, as a pod named as Strimzi names a Kafka "my-cluster" in namespace "kafka"
+(what the ``knative/kafka`` component names as shipped: its bootstrap servers, and the pods
+its NetworkPolicy fences), its clients authenticated with SASL/SCRAM as production's are; a
+test restarts it (``KafkaBroker.restart_kafka``) or kills it (``crash_kafka``, SIGKILL) with
+its log kept, as a Kafka node restarts or crashes. The
 control plane (``kafka-controller``, ``webhook-kafka``: Go, as the Knative images,
 ``knative.component_image``) and the data plane (the receiver and the dispatcher: Java, on a
 jlink runtime, ``kafka_images.py``) are installed from the release's own ``config/`` with the
@@ -28,14 +30,12 @@ import contextlib
 import json
 import os
 import signal
-import socket
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from functions.cli.launch import NotReady, free_port, wait_until
-from testbed.kubernetes import GATEWAY, Cluster, ClusterError, Proc
+from functions.cli.launch import NotReady, wait_until
+from testbed.kubernetes import Cluster, ClusterError
 from testbed.kubernetes.knative import apply, render, wait_deployments
 from tests.cluster.node_processes import container_processes
 
@@ -48,7 +48,8 @@ INGRESS = "kafka-broker-ingress"
 CONTRACT = "/etc/contract-resources/data"  # the dispatcher's mounted contract
 PARTITIONS = "4"  # the default topic's; a Broker's own ConfigMap may say otherwise
 KAFKA_HEAP = ("-Xms64m", "-Xmx256m")
-KAFKA_START_SECONDS = 90  # about 5 on an idle machine
+KAFKA_START_SECONDS = 180  # about 10 on an idle machine
+KAFKA_AUTH = "kafka-auth"  # the Kafka Broker's defaults' credentials, in SYSTEM
 # The release's config folders installed here (control plane: CRDs, controller, webhook; data
 # plane: the receivers and dispatchers of the Broker and of the KafkaChannel).
 CONTROL_PLANE = "control-plane/eventing-kafka-broker"
@@ -63,97 +64,168 @@ log4j.logger.state.change.logger=WARN
 """
 
 
+# Kafka as a pod named as Strimzi names a Kafka "my-cluster" in namespace "kafka": what the
+# kafka component's ConfigMap (bootstrap servers) and NetworkPolicy (pods) name as shipped.
+KAFKA_NAMESPACE = "kafka"
+KAFKA_LABELS = {
+    "strimzi.io/cluster": "my-cluster",
+    "strimzi.io/kind": "Kafka",
+    "strimzi.io/name": "my-cluster-kafka",
+}
+KAFKA_SELECTOR = "strimzi.io/name=my-cluster-kafka"
+BOOTSTRAP = "my-cluster-kafka-bootstrap"  # its Service
+PORT = 9092  # clients: SASL_PLAINTEXT with SCRAM-SHA-512 only
+KAFKA_USER = "knative-kafka"  # the one SCRAM user: the Kafka Broker's control and data planes
+SCRAM = "SCRAM-SHA-512"
+START = """\
+set -euf
+java_="java -XX:+UseSerialGC {heap} -Dlog4j.configuration=file:/config/log4j.properties -cp /app/libs/*"
+if [ ! -f /data/meta.properties ]; then
+  $java_ kafka.tools.StorageTool format --cluster-id "$(cat /auth/cluster-id)" \\
+    --config /config/server.properties \\
+    --add-scram "{scram}=[name=$(cat /auth/user),password=$(cat /auth/password)]"
+fi
+exec $java_ kafka.Kafka /config/server.properties
+"""
+
+
 @dataclass
 class KafkaServer:
-    """One KRaft node (broker and controller, node 1) on ``host:port``, a process of the
-    cluster (torn down with it; its log with the others'), its state in ``state``:
-    ``server.properties``, ``log4j.properties`` and the log dir ``data/``."""
+    """One KRaft node (broker and controller) as a pod of the test cluster, as a Kafka of
+    production runs: clients reach it through its Service, authenticated with SASL/SCRAM
+    (``credentials``); the broker's own and the controller's listeners are on the pod's
+    loopback. Its log dir is a directory of this machine (``data``, a hostPath): a pod
+    deleted or killed comes back with every record. A test restarts it or kills it as
+    any pod (``KafkaBroker.restart_kafka``, ``crash_kafka``)."""
 
     cluster: Cluster
-    libs: Path
-    state: Path
-    host: str
-    port: int
-    controller_port: int
-    proc: Proc | None = field(default=None, repr=False)
+    image: str
+    data: Path
+    password: str = field(default_factory=lambda: os.urandom(16).hex(), repr=False)
 
     @property
     def bootstrap(self) -> str:
-        return f"{self.host}:{self.port}"
+        return f"{BOOTSTRAP}.{KAFKA_NAMESPACE}:{PORT}"
+
+    def credentials(self, namespace: str, name: str) -> dict:
+        """The Secret with which Knative's Kafka Broker authenticates (its keys)."""
+        data = {"protocol": "SASL_PLAINTEXT", "sasl.mechanism": SCRAM}
+        data |= {"user": KAFKA_USER, "password": self.password}
+        return {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": name, "namespace": namespace},
+            "stringData": data,
+        }
 
     def start(self, timeout: float = KAFKA_START_SECONDS) -> None:
-        """Write the configuration, format the log dir unless it is (a restart keeps it),
-        start the node and wait until it says it started and its port takes connections."""
-        self.state.mkdir(parents=True, exist_ok=True)
-        (self.state / "server.properties").write_text(self._server_properties())
-        (self.state / "log4j.properties").write_text(LOG4J)
-        if not (self.state / "data" / "meta.properties").exists():
-            self._format()
-        log = self.cluster.logs / "kafka.log"
-        offset = log.stat().st_size if log.exists() else 0
-        self.proc = self.cluster.spawn(
-            "kafka", [*self._java(), "kafka.Kafka", str(self.state / "server.properties")]
+        """Apply the pod's objects and wait until it is Ready (its client port open)."""
+        self.data.mkdir(parents=True, exist_ok=True)
+        apply(self.cluster, self.manifests())
+        self.cluster.kubectl(
+            "-n",
+            KAFKA_NAMESPACE,
+            "rollout",
+            "status",
+            "statefulset/my-cluster-kafka",
+            f"--timeout={int(timeout)}s",
         )
-        deadline = time.monotonic() + timeout
-        while not (_said(log, "Kafka Server started", offset) and _accepts(self.host, self.port)):
-            if not self.proc.alive() or time.monotonic() > deadline:
-                raise ClusterError(f"kafka did not start:\n{_tail(log)}")
-            time.sleep(0.2)
 
-    def stop(self) -> None:
-        """SIGTERM: a controlled shutdown that flushes the log (SIGKILL if it hangs)."""
-        if self.proc is not None:
-            self.cluster.end(self.proc)
-            self.proc = None
-
-    def restart(self) -> None:
-        """Stop and start again on the same log dir and ports: its records survive."""
-        self.stop()
-        self.start()
-
-    def crash(self) -> None:
-        """SIGKILL, as a crash (no controlled shutdown, the log not flushed by Kafka: what
-        it acknowledged is in the page cache), and start again on the same log dir."""
-        if self.proc is not None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.cluster.end(self.proc)  # reaps it
-            self.proc = None
-        self.start()
-
-    def _java(self) -> list[str]:
-        log4j = f"-Dlog4j.configuration=file:{self.state / 'log4j.properties'}"
-        return ["java", "-XX:+UseSerialGC", *KAFKA_HEAP, log4j, "-cp", f"{self.libs}/*"]
-
-    def _format(self) -> None:
-        done = subprocess.run(
-            [
-                *self._java(),
-                "kafka.tools.StorageTool",
-                "format",
-                "--cluster-id",
-                _cluster_id(),
-                "--config",
-                str(self.state / "server.properties"),
+    def manifests(self) -> list[dict]:
+        meta = {"namespace": KAFKA_NAMESPACE, "labels": KAFKA_LABELS}
+        auth = {"user": KAFKA_USER, "password": self.password, "cluster-id": _cluster_id()}
+        config = {
+            "server.properties": self._server_properties(),
+            "log4j.properties": LOG4J,
+            "start.sh": START.format(heap=" ".join(KAFKA_HEAP), scram=SCRAM),
+        }
+        container = {
+            "name": "kafka",
+            "image": self.image,
+            "command": ["/bin/sh", "/config/start.sh"],
+            "ports": [{"name": "clients", "containerPort": PORT}],
+            "readinessProbe": {
+                "tcpSocket": {"port": PORT},
+                "periodSeconds": 2,
+                "timeoutSeconds": 5,
+            },
+            "resources": {"requests": {"cpu": "100m", "memory": "384Mi"}},
+            "securityContext": {"runAsUser": 0},
+            "volumeMounts": [
+                {"name": "config", "mountPath": "/config"},
+                {"name": "auth", "mountPath": "/auth"},
+                {"name": "data", "mountPath": "/data"},
+                {"name": "tmp", "mountPath": "/tmp"},
             ],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if done.returncode != 0:
-            raise ClusterError(f"kafka storage format failed:\n{done.stdout}{done.stderr}")
+        }
+        volumes = [
+            {"name": "config", "configMap": {"name": "my-cluster-kafka-config"}},
+            {"name": "auth", "secret": {"secretName": "my-cluster-kafka-scram"}},
+            {"name": "data", "hostPath": {"path": str(self.data), "type": "DirectoryOrCreate"}},
+            {"name": "tmp", "emptyDir": {}},
+        ]
+        return [
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": KAFKA_NAMESPACE}},
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": "my-cluster-kafka-config", **meta},
+                "data": config,
+            },
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": "my-cluster-kafka-scram", **meta},
+                "stringData": auth,
+            },
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": BOOTSTRAP, **meta},
+                "spec": {
+                    "selector": KAFKA_LABELS,
+                    "ports": [{"name": "clients", "port": PORT, "targetPort": PORT}],
+                },
+            },
+            {
+                "apiVersion": "apps/v1",
+                "kind": "StatefulSet",
+                "metadata": {"name": "my-cluster-kafka", **meta},
+                "spec": {
+                    "serviceName": BOOTSTRAP,
+                    "replicas": 1,
+                    "selector": {"matchLabels": KAFKA_LABELS},
+                    "template": {
+                        "metadata": {"labels": KAFKA_LABELS},
+                        "spec": {
+                            "automountServiceAccountToken": False,
+                            "terminationGracePeriodSeconds": 60,
+                            "containers": [container],
+                            "volumes": volumes,
+                        },
+                    },
+                },
+            },
+        ]
 
     def _server_properties(self) -> str:
-        controller = f"127.0.0.1:{self.controller_port}"
+        advertised = f"{BOOTSTRAP}.{KAFKA_NAMESPACE}.svc.cluster.local:{PORT}"
         settings = {
             "process.roles": "broker,controller",
             "node.id": "1",
-            "controller.quorum.voters": f"1@{controller}",
-            "listeners": f"PLAINTEXT://{self.bootstrap},CONTROLLER://{controller}",
-            "advertised.listeners": f"PLAINTEXT://{self.bootstrap}",
+            "controller.quorum.voters": "1@127.0.0.1:9093",
+            "listeners": f"SASL_PLAINTEXT://0.0.0.0:{PORT},INTERNAL://127.0.0.1:9091,"
+            "CONTROLLER://127.0.0.1:9093",
+            "advertised.listeners": f"SASL_PLAINTEXT://{advertised},INTERNAL://127.0.0.1:9091",
             "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
-            "log.dirs": str(self.state / "data"),
+            "inter.broker.listener.name": "INTERNAL",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,INTERNAL:PLAINTEXT,"
+            "SASL_PLAINTEXT:SASL_PLAINTEXT",
+            "sasl.enabled.mechanisms": SCRAM,
+            f"listener.name.sasl_plaintext.{SCRAM.lower()}.sasl.jaas.config": (
+                "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+            ),
+            "log.dirs": "/data",
             "num.partitions": "1",
             "default.replication.factor": "1",
             "min.insync.replicas": "1",
@@ -180,26 +252,6 @@ def _cluster_id() -> str:
             return value
 
 
-def _said(log: Path, text: str, offset: int) -> bool:
-    if not log.exists():
-        return False
-    with log.open("rb") as stream:
-        stream.seek(offset)
-        return text.encode() in stream.read()
-
-
-def _tail(log: Path, lines: int = 40) -> str:
-    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else ""
-
-
-def _accepts(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=1):
-            return True
-    except OSError:
-        return False
-
-
 @dataclass
 class KafkaBroker:
     cluster: Cluster
@@ -210,10 +262,13 @@ class KafkaBroker:
         return f"{self.ingress}/{namespace}/{broker}"
 
     def restart_kafka(self) -> None:
-        self.kafka.restart()
+        """Kafka's pod deleted (SIGTERM: a controlled shutdown) and back, its records kept."""
+        self.restart_pods(KAFKA_NAMESPACE, KAFKA_SELECTOR)
 
     def crash_kafka(self) -> None:
-        self.kafka.crash()
+        """Kafka killed (SIGKILL: what it acknowledged is in the page cache) and started again
+        by the kubelet, on the same log dir."""
+        self.crash_pods(KAFKA_NAMESPACE, KAFKA_SELECTOR)
 
     def dispatcher_accounts(self, namespace: str, app: str = DISPATCHER) -> dict[str, str]:
         """Egress (a Trigger's, or a KafkaChannel's Subscription's) name -> the OIDC service
@@ -344,28 +399,30 @@ def kill_container(ident: str) -> bool:
 
 
 def install_kafka_broker(cluster: Cluster, builds: dict[str, Path]) -> KafkaBroker:
-    from tests.cluster.kafka_images import control_plane_images, data_plane_images
+    from tests.cluster.kafka_images import control_plane_images, data_plane_images, kafka_image
 
     started = time.monotonic()
-    kafka = KafkaServer(
-        cluster,
-        builds["kafka"] / "libs",
-        cluster.root / "kafka",
-        GATEWAY,
-        free_port(GATEWAY),
-        free_port("127.0.0.1"),
-    )
-    kafka.start()
     home = builds["kafka-broker"]
     images = {**control_plane_images(home), **data_plane_images(home)}
-    cluster.import_images(tuple(sorted(set(images.values()))))
+    kafka = KafkaServer(cluster, kafka_image(builds["kafka"] / "libs"), cluster.root / "kafka")
+    cluster.import_images(tuple(sorted({*images.values(), kafka.image})))
+    kafka.start()
+    # The Kafka Broker's own defaults (a Broker without a config, the KafkaChannel) reach this
+    # Kafka with its credentials, as the functions' Broker does with the component's.
+    apply(cluster, [kafka.credentials(SYSTEM, KAFKA_AUTH)])
+    auth = {"auth.secret.ref.name": KAFKA_AUTH}
     settings = {
         (SYSTEM, "kafka-broker-config"): {
             "bootstrap.servers": kafka.bootstrap,
             "default.topic.partitions": PARTITIONS,
             "default.topic.replication.factor": "1",
+            **auth,
         },
-        (SYSTEM, "kafka-channel-config"): {"bootstrap.servers": kafka.bootstrap},
+        (SYSTEM, "kafka-channel-config"): {
+            "bootstrap.servers": kafka.bootstrap,
+            **auth,
+            "auth.secret.ref.namespace": SYSTEM,
+        },
     }
     control = render(home / "config" / CONTROL_PLANE, images, settings=settings)
     crds = [d for d in control if d["kind"] == "CustomResourceDefinition"]

@@ -4,6 +4,7 @@ control and data planes (``kafka_broker.py`` installs them and runs Kafka).
     tools = build_kafka()  # tests/cluster/build_kafka.sh: {"kafka-broker": DIR, "kafka": DIR}
     control_plane_images(tools["kafka-broker"])  # {"ko://…/cmd/kafka-controller": image, …}
     data_plane_images(tools["kafka-broker"])  # {"${KNATIVE_KAFKA_RECEIVER_IMAGE}": image, …}
+    kafka_image(tools["kafka"] / "libs")  # Kafka itself, on the data plane's JRE
 
 No registry serves these images, so they are built here, once per content:
 
@@ -135,6 +136,16 @@ def data_plane_images(build_dir: Path) -> dict[str, str]:
             ref = f"localhost/knative-kafka-broker-{name}-loom:{tag}"
             images[DATA_PLANE[name][0]] = _layer(ref, base, own, config)
         return images
+
+
+def kafka_image(libs: Path) -> str:
+    """Kafka's jars (``libs``, ``build_kafka.sh``) in ``/app/libs`` on the data plane's JRE:
+    ``kafka_broker.KafkaServer``'s image, tagged by a hash of its content."""
+    jars = _jars(libs)
+    with build_lock("kafka-data-plane-images"):
+        ensure_debian_base(BASE_IMAGE)
+        jre = _jre_image()
+        return _layer(f"localhost/rf-kafka:{_hash(jre, _names(jars))}", jre, jars)
 
 
 def _jre_image() -> str:

@@ -4,8 +4,9 @@ real cluster, with the production path's security on (the ``secured`` deployment
 
 The module adds the shipped ``knative/kafka`` component to that deployment as an operator
 does: the Broker's class cannot change, so the Broker and its Triggers are deleted and the
-deployment applied again; the component's ConfigMap names this cluster's Kafka (one node on
-the gateway: replication factor 1). Then the path (check, get, put with replies,
+deployment applied again; the component's ConfigMap names this cluster's Kafka (one node, a
+pod where the component's NetworkPolicy expects it: replication factor 1) and its credentials'
+Secret is created. Then Kafka's fence and authentication, the path (check, get, put with replies,
 ``version.discovered`` to its Triggers, the senders' policy, the dead letter), the Tekton git
 example with its new-versions hop on a KafkaChannel, and the faults:
 while requests flow, the receiver pod, the dispatcher pod, the Kafka process and the
@@ -19,7 +20,6 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 import requests
@@ -46,10 +46,12 @@ from tests.cluster.kafka_broker import (
     DISPATCHER,
     INGRESS,
     KAFKA_HEAP,
+    KAFKA_NAMESPACE,
     RECEIVER,
     SYSTEM,
     KafkaBroker,
 )
+from tests.cluster.probes import connects_from, reachable_from, run_pod
 from tests.cluster.secured import (
     PROBE_TYPE as PROBE,
 )
@@ -71,7 +73,6 @@ from tests.cluster.test_knative_path import (
     reply_to,
     source,
 )
-from tests.cluster.test_tekton_custom_task import reachable_from
 from tests.cluster.timeline import percentile
 from tests.support.bench import size
 from tests.support.events import request_event
@@ -83,13 +84,17 @@ pytestmark = pytest.mark.timeout(2400)
 TOPIC_PARTITIONS = "4"
 BUILD = {"id": "9", "name": "9", "job": "unit", "pipeline": "p", "team": "main"}
 FENCED = "kafka-fence"  # a pipeline team's namespace
+KAFKA_CREDENTIALS = "resource-functions-kafka-auth"  # the component's ConfigMap names it
 FUNCTIONS = "serving.knative.dev/service in (check,get,put)"
 TEKTON_NAMESPACES = (USERS,)  # shown by conftest when a test fails
 
 
 def kafka_component(secured: Secured, kafka: KafkaBroker) -> None:
-    """Add ``kafka`` to the applied copy of knative/'s components, and patch its ConfigMap to
-    this cluster's Kafka, as an operator edits ``knative/kafka/configmap.yaml``."""
+    """Add ``kafka`` to the applied copy of knative/'s components, patch its ConfigMap to this
+    cluster's Kafka (one node: replication factor 1; its bootstrap servers and the Kafka pods
+    its NetworkPolicy fences are the shipped ones), and create its credentials' Secret, as
+    an operator edits ``knative/kafka/configmap.yaml`` and fills in
+    ``knative/credentials/kafka-credentials.yaml``."""
     overlay = secured.deployment.overlay
     base = overlay.parent / "knative" / "kustomization.yaml"
     kustomization = yaml.safe_load(base.read_text())
@@ -100,12 +105,17 @@ def kafka_component(secured: Secured, kafka: KafkaBroker) -> None:
         "kind": "ConfigMap",
         "metadata": {"name": "resource-functions-kafka", "namespace": NAMESPACE},
         "data": {
-            "bootstrap.servers": kafka.kafka.bootstrap,
             "default.topic.partitions": TOPIC_PARTITIONS,
             "default.topic.replication.factor": "1",
         },
     }
     (overlay / "kafka-config.yaml").write_text(yaml.safe_dump(config))
+    secured.cluster.kubectl(
+        "apply",
+        "-f",
+        "-",
+        stdin=json.dumps(kafka.kafka.credentials(NAMESPACE, KAFKA_CREDENTIALS)),
+    )
     kustomization = yaml.safe_load((overlay / "kustomization.yaml").read_text())
     kustomization["patches"].append({"path": "kafka-config.yaml"})
     (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
@@ -287,6 +297,62 @@ def test_a_pipeline_namespace_reaches_not_the_kafka_receiver(
     receiver = f"http://{INGRESS}.{SYSTEM}.svc.cluster.local/{NAMESPACE}/default"
     found, said = reachable_from(cluster, FENCED, cluster_images["task"], [artifacts, receiver])
     assert found == {artifacts: True, receiver: False}, said
+
+
+KAFKA_CLIENT = """
+set -uf
+bootstrap={bootstrap}
+java_="java -XX:+UseSerialGC -Xmx96m -cp /app/libs/*"
+jaas="org.apache.kafka.common.security.scram.ScramLoginModule required"
+limits="request.timeout.ms=5000\ndefault.api.timeout.ms=10000\nmax.block.ms=10000\n"
+printf "security.protocol=PLAINTEXT\n$limits" > /tmp/none.properties
+for who in wrong right; do
+  password=$(cat /auth/password); [ "$who" = wrong ] && password=not-the-password
+  printf "security.protocol=SASL_PLAINTEXT\nsasl.mechanism=SCRAM-SHA-512\n$limits" > /tmp/$who.properties
+  printf 'sasl.jaas.config=%s username="%s" password="%s";\n' "$jaas" "$(cat /auth/user)" "$password" >> /tmp/$who.properties
+done
+for who in none wrong; do
+  echo "--- produce as $who"
+  echo forged | $java_ org.apache.kafka.tools.ConsoleProducer --bootstrap-server $bootstrap \
+    --topic {topic} --sync --producer.config /tmp/$who.properties 2>&1 | tail -n 5
+done
+echo "--- topics as right"
+$java_ org.apache.kafka.tools.TopicCommand --bootstrap-server $bootstrap --list \
+  --command-config /tmp/right.properties 2>&1 | tail -n 20
+"""
+
+
+def test_kafka_takes_only_knatives_kafka_pods_and_only_with_credentials(
+    on_kafka: Secured, kafka_broker: KafkaBroker, cluster_images: dict[str, str]
+):
+    """Kafka is fenced and authenticated (the kafka component's NetworkPolicy and SASL/SCRAM,
+    issue 50): a pod of a team's namespace cannot open a connection to Kafka's bootstrap port
+    (the artifacts service is the control); a pod the network does admit (in Kafka's own
+    namespace) cannot write into the Broker's topic without credentials or with wrong
+    ones, while the Kafka Broker's credentials list the topics."""
+    cluster = on_kafka.cluster
+    cluster.kubectl("create", "namespace", FENCED, check=False)
+    cluster.kubectl("label", "namespace", FENCED, f"{TEAM_LABEL}={FENCED}", "--overwrite")
+    kafka = kafka_broker.kafka.bootstrap
+    artifacts = f"tekton-artifacts.{NAMESPACE}.svc.cluster.local:80"
+    found, said = connects_from(cluster, FENCED, cluster_images["task"], [artifacts, kafka])
+    assert found == {artifacts: True, kafka: False}, said
+
+    topic = f"knative-broker-{NAMESPACE}-default"
+    script = KAFKA_CLIENT.format(bootstrap=kafka, topic=topic)
+    said = run_pod(
+        cluster,
+        KAFKA_NAMESPACE,
+        kafka_broker.kafka.image,
+        ["/bin/sh", "-c", script],
+        volumes=[{"name": "auth", "secret": {"secretName": "my-cluster-kafka-scram"}}],
+        mounts=[{"name": "auth", "mountPath": "/auth"}],
+        timeout=240,
+    )
+    parts = dict(part.split("\n", 1) for part in said.split("--- ")[1:])
+    assert "TimeoutException" in parts["produce as none"], said
+    assert "Authentication failed" in parts["produce as wrong"], said
+    assert topic in parts["topics as right"].split(), said
 
 
 # --- the Tekton example, its channel hop a KafkaChannel ---------------------------------------
@@ -612,16 +678,15 @@ def test_figures_kafka_against_the_in_memory_channel(
 
 
 def kafka_memory(kafka: KafkaBroker) -> list[str]:
-    """Kafka's peak RSS and each Kafka Broker pod's, as the figures of test_knative_figures."""
-    proc = kafka.kafka.proc
-    status = Path(f"/proc/{proc.pid}/status").read_text() if proc else ""
-    hwm = next((line.split()[1] for line in status.splitlines() if line.startswith("VmHWM")), "0")
-    lines = [
-        f"memory: Kafka (one KRaft node, JVM {' '.join(KAFKA_HEAP)}) peak RSS {int(hwm) // 1024} MiB"
-    ]
-    pods = json.loads(kafka.cluster.kubectl("-n", SYSTEM, "get", "pods", "-o", "json"))["items"]
+    """Kafka's (one KRaft node, JVM ``KAFKA_HEAP``) and each Kafka Broker pod's memory, as
+    the figures of test_knative_figures."""
+    lines = [f"memory: Kafka's JVM {' '.join(KAFKA_HEAP)}"]
+    pods = []
+    for namespace in (KAFKA_NAMESPACE, SYSTEM):
+        listed = kafka.cluster.kubectl("-n", namespace, "get", "pods", "-o", "json")
+        pods += json.loads(listed)["items"]
     for pod in pods:
-        if not pod["metadata"]["name"].startswith(("kafka-", "webhook-kafka")):
+        if not pod["metadata"]["name"].startswith(("kafka-", "webhook-kafka", "my-cluster")):
             continue
         for status in pod["status"].get("containerStatuses") or []:
             if status.get("containerID"):

@@ -58,6 +58,7 @@ from tests.cluster.custom_task import (
     request_id,
     results,
 )
+from tests.cluster.probes import reachable_from
 from tests.cluster.secured import PIPELINE_TEAMS, Secured, identity
 from tests.cluster.timeline import audit_entries
 from tests.support import tekton_pipelines as pipelines
@@ -893,61 +894,6 @@ def test_figures_many_customruns_at_once_one_poisoned(custom_task: CustomTask, c
         )
     for ns in namespaces:
         cluster.kubectl("-n", ns, "delete", "customruns", "--all", "--wait=false", check=False)
-
-
-PROBE = """
-import json, sys, time, urllib.error, urllib.request
-found = {}
-for url in sys.argv[1:]:
-    said = ""
-    for _ in range(3):
-        try:
-            urllib.request.urlopen(url, timeout=5).close()
-            said = "open"
-        except urllib.error.HTTPError:
-            said = "open"
-        except Exception as err:
-            said = repr(err)
-            time.sleep(2)
-            continue
-        break
-    found[url] = said
-print(json.dumps(found))
-"""
-
-
-def reachable_from(
-    cluster: Cluster, namespace: str, image: str, urls: list[str]
-) -> tuple[dict[str, bool], str]:
-    """Whether a pod of ``namespace`` gets an HTTP answer, any status, from each of ``urls``
-    within 5 s in one of three tries (a timeout, a refused connection or a name that does not
-    resolve: no), and what the probe said of each. Three tries: the NetworkPolicy enforcer may
-    not know a pod this new for a moment, and a shut address stays shut however often asked.
-    ``image`` has Python (the project's)."""
-    name = f"probe-{uuid.uuid4().hex[:6]}"
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "restartPolicy": "Never",
-            "automountServiceAccountToken": False,
-            "containers": [
-                {"name": "probe", "image": image, "command": ["python", "-c", PROBE, *urls]}
-            ],
-        },
-    }
-    apply(cluster, [pod])
-    deadline = time.monotonic() + 120
-    while cluster.kubectl(
-        "-n", namespace, "get", "pod", name, "-o", "jsonpath={.status.phase}", check=False
-    ) not in ("Succeeded", "Failed"):
-        assert time.monotonic() < deadline, f"probe pod {name} did not finish"
-        time.sleep(0.5)
-    said = cluster.kubectl("-n", namespace, "logs", name)
-    cluster.kubectl("-n", namespace, "delete", "pod", name, "--wait=false")
-    answers = json.loads(said.strip().splitlines()[-1])
-    return {url: answers.get(url) == "open" for url in urls}, said
 
 
 def test_a_pipeline_namespaces_pods_reach_the_artifacts_service_not_the_broker_or_listener(

@@ -61,6 +61,7 @@ NAMESPACE = "resource-functions"
 TASKS_NAMESPACE = "resource-functions-tasks"  # task Jobs, their Secrets, their fence
 # Knative Eventing's receivers are fenced from pipeline namespaces where they run.
 IN_EVENTING_NAMESPACE = {("NetworkPolicy", "eventing-not-from-pipelines")}
+IN_KAFKA_NAMESPACE = {("NetworkPolicy", "kafka-from-knative-only")}  # the kafka component's
 IN_TASKS_NAMESPACE = {  # (kind, name) of what lives beside the task Jobs
     ("Role", "resource-functions-tasks"),
     ("RoleBinding", "resource-functions-tasks"),
@@ -155,6 +156,7 @@ EXPECTED_ROLE_RULES = {  # (apiGroup, resource): verbs
 }
 # Names the ecosystem uses for credentials: never ConfigMap keys.
 SECRET_ENV_NAMES = {
+    "password",  # the Kafka Broker's
     "CACHE_SECRET",
     "AWS_ACCESS_KEY_ID",
     "AWS_SECRET_ACCESS_KEY",
@@ -359,6 +361,8 @@ def test_document_has_valid_names(path: Path, doc: dict) -> None:
             assert metadata["namespace"] in (TASKS_NAMESPACE, NAMESPACE)
         elif (doc["kind"], metadata["name"]) in IN_EVENTING_NAMESPACE:
             assert metadata["namespace"] == "knative-eventing"
+        elif (doc["kind"], metadata["name"]) in IN_KAFKA_NAMESPACE:
+            assert metadata["namespace"] == "kafka"
         else:
             assert metadata["namespace"] == NAMESPACE
     if doc["kind"] == "Service" and _group(doc) == "serving.knative.dev":
@@ -1116,6 +1120,7 @@ EXPECTED_SECRET_KEYS = {
         "AWS_ENDPOINT_URL_S3",
     },
     CACHE_SECRET: {"CACHE_SECRET"},
+    "resource-functions-kafka-auth": {"protocol", "sasl.mechanism", "user", "password", "ca.crt"},
 }
 
 
@@ -1843,8 +1848,66 @@ def test_the_kafka_component_makes_the_broker_kafka_with_the_same_delivery() -> 
         "bootstrap.servers",
         "default.topic.partitions",
         "default.topic.replication.factor",
+        "auth.secret.ref.name",
     }
     assert int(data["default.topic.partitions"]) >= 1
     assert int(data["default.topic.replication.factor"]) == 3
     errors = _crd_errors(broker)
     assert not errors, "\n".join(errors)
+
+
+# The Kafka Broker's pods that connect to Kafka (app labels of eventing-kafka-broker 1.22's
+# release manifests): the control plane makes topics, the data planes produce and consume.
+KAFKA_CLIENTS = {
+    "kafka-controller",
+    "kafka-broker-receiver",
+    "kafka-broker-dispatcher",
+    "kafka-channel-receiver",
+    "kafka-channel-dispatcher",
+}
+
+
+def test_the_kafka_component_fences_kafka_to_knatives_kafka_pods_and_its_own() -> None:
+    """Only Knative's Kafka pods and Kafka's own namespace reach Kafka's pods: the policy sits
+    in the namespace the bootstrap servers name and admits nothing else."""
+    docs = _with_component(KAFKA)
+    (config,) = [
+        d for d in docs if _kind(d) == "ConfigMap" and _name(d) == "resource-functions-kafka"
+    ]
+    host = config["data"]["bootstrap.servers"].split(",")[0].rsplit(":", 1)[0]
+    (policy,) = [
+        d for d in docs if _kind(d) == "NetworkPolicy" and _name(d) == "kafka-from-knative-only"
+    ]
+    _validate_core(policy, "1.34")
+    assert policy["metadata"]["namespace"] == host.split(".")[1]
+    spec = policy["spec"]
+    assert spec["policyTypes"] == ["Ingress"] and spec["podSelector"]["matchLabels"]
+    (rule,) = spec["ingress"]
+    assert "ports" not in rule
+    own, knative = rule["from"]
+    assert own == {"podSelector": {}}  # Kafka's namespace alone: no namespaceSelector
+    assert knative["namespaceSelector"] == {
+        "matchLabels": {"kubernetes.io/metadata.name": "knative-eventing"}
+    }
+    (expression,) = knative["podSelector"]["matchExpressions"]
+    assert (expression["key"], expression["operator"]) == ("app", "In")
+    assert set(expression["values"]) == KAFKA_CLIENTS
+
+
+def test_the_kafka_broker_authenticates_with_the_secret_its_config_names() -> None:
+    """The component's ConfigMap names the Secret, in its own namespace (where the Kafka
+    Broker looks); the credentials' example holds the keys the Kafka Broker reads, for
+    SASL/SCRAM over TLS (placeholders: test_example_secrets_hold_placeholders_only)."""
+    docs = _with_component(KAFKA)
+    (config,) = [
+        d for d in docs if _kind(d) == "ConfigMap" and _name(d) == "resource-functions-kafka"
+    ]
+    example = yaml.safe_load((KNATIVE / "credentials" / "kafka-credentials.yaml").read_text())
+    _validate_core(example, "1.34")
+    assert example["metadata"] == {
+        "name": config["data"]["auth.secret.ref.name"],
+        "namespace": config["metadata"]["namespace"],
+    }
+    data = example["stringData"]
+    assert (data["protocol"], data["sasl.mechanism"]) == ("SASL_SSL", "SCRAM-SHA-512")
+    assert data["user"] == data["password"] == "REPLACE-ME" and "REPLACE-ME" in data["ca.crt"]
