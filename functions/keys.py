@@ -142,7 +142,10 @@ def reply_token(secret: bytes, claims: ReplyClaims) -> str:
 
 
 def reply_claims(secret: bytes, token: str) -> ReplyClaims | None:
-    """The claims of a reply token made under ``secret``; None for any other string."""
+    """The claims of a reply token made under ``secret``; None for any other string (one
+    with text beyond ASCII included: ``compare_digest`` refuses such text)."""
+    if not token.isascii():
+        return None
     body, _, mac = token.rpartition(".")
     if not body or not hmac.compare_digest(mac, _token_mac(secret, body)):
         return None

@@ -6,7 +6,8 @@ matches ``ALLOWED_SENDERS``.
 Knative Serving 1.22 does not enforce EventPolicies for a Knative Service, so the function checks
 the token itself, through the API server's TokenReview (signature, expiry, audience, and that
 the ServiceAccount still exists). A decision is kept for a minute per token, so a busy Trigger
-costs one review a minute, not one per event.
+costs one review a minute, not one per event; a refusal for ``REFUSED_SECONDS``, so a sender
+repeating a bad token costs one review, not one per request.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 
 Review = Callable[[str, str], "str | None"]  # (token, audience) -> username or None
 REMEMBER_SECONDS = 60.0
+REFUSED_SECONDS = 10.0
 REMEMBER_AT_MOST = 1024
 
 
@@ -40,7 +42,7 @@ class SenderCheck:
         self.audience = audience
         self.allowed = allowed
         self._clock = clock
-        # sha256(token) -> (user, until)
+        # sha256(token) -> (user, or "" when refused; until)
         self._known: BoundedCache[str, tuple[str, float]] = BoundedCache(REMEMBER_AT_MOST)
 
     def sender(self, authorization: str | None) -> str:
@@ -64,10 +66,10 @@ class SenderCheck:
         now = self._clock()
         known = self._known.get(key)
         if known is not None and known[1] > now:
-            return known[0]
+            return known[0] or None
         user = self._review(token, self.audience)
-        if user is not None:
-            self._known.put(key, (user, now + REMEMBER_SECONDS))
+        remember = REMEMBER_SECONDS if user is not None else REFUSED_SECONDS
+        self._known.put(key, (user or "", now + remember))
         return user
 
 

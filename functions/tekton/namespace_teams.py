@@ -1,9 +1,11 @@
 """Which team a namespace serves, by an administrator's word only (Tekton's tenancy is the
 namespace): the team of a CustomRun, and of a Task that fetches or hands over artifacts.
 
-A namespace serves a team when ``TEKTON_TEAMS`` names it (a JSON object namespace → team;
-then only the namespaces it names are served), or, with ``TEKTON_TEAMS`` empty, when the
-Namespace object carries the label ``resource-functions.dev/team`` (its value: the team).
+A namespace serves a team when the Namespace object carries the label
+``resource-functions.dev/team`` (its value: the team), and, where ``TEKTON_TEAMS`` is set (a
+JSON object namespace → team), when it also names the namespace, with the same team: the label
+is always needed, since it is what the pipeline fence (the tekton component's NetworkPolicy)
+selects, so a namespace served is a namespace fenced.
 Neither is a tenant's to set: ``TEKTON_TEAMS`` is the platform's ConfigMap, and a Namespace
 is cluster-scoped (a namespace's own admins may not label it; the shipped
 ValidatingAdmissionPolicy keeps the label to the team administrators even from whoever may
@@ -47,8 +49,15 @@ class NamespaceTeams:
 
     def team_of(self, namespace: str) -> str | None:
         """The team ``namespace`` serves, or None (``refusal`` says why)."""
-        if self._teams is not None:
-            return self._teams.get(namespace)
+        if self._teams is not None and namespace not in self._teams:
+            return None
+        labelled = self._labelled(namespace)
+        if self._teams is not None and labelled != self._teams[namespace]:
+            return None
+        return labelled
+
+    def _labelled(self, namespace: str) -> str | None:
+        """The team the namespace's label names (read through the API, remembered)."""
         if self._labels_of is None:
             return None
         now = self._clock()
@@ -61,12 +70,18 @@ class NamespaceTeams:
 
     def refusal(self, namespace: str) -> str:
         """Why ``namespace`` serves no team, for a CustomRun's message or a 403."""
-        if self._teams is not None:
+        if self._teams is not None and namespace not in self._teams:
             return f"namespace {namespace!r} is not served: TEKTON_TEAMS does not name it"
+        team = self._teams[namespace] if self._teams is not None else "TEAM"
+        also = (
+            ", the team TEKTON_TEAMS names for it"
+            if self._teams is not None
+            else ", and TEKTON_TEAMS is empty"
+        )
         return (
-            f"namespace {namespace!r} is not served: it has no valid {TEAM_LABEL} label "
-            "(a team administrator sets it: kubectl label namespace "
-            f"{namespace} {TEAM_LABEL}=TEAM), and TEKTON_TEAMS is empty"
+            f"namespace {namespace!r} is not served: it has no valid {TEAM_LABEL} label{also} "
+            f"(a team administrator sets it: kubectl label namespace {namespace} "
+            f"{TEAM_LABEL}={team})"
         )
 
 

@@ -377,7 +377,8 @@ def test_the_controller_writes_the_status_of_this_projects_customruns_only(
 def test_only_a_team_administrator_labels_a_namespace_as_a_team(
     custom_task: CustomTask, tmp_path: Path
 ) -> None:
-    """Whoever may create namespaces may not make one a team: the admission policy."""
+    """Whoever may create namespaces may not make one a team: the admission policy, through
+    the namespace's status subresource too (issue 50)."""
     cluster = custom_task.cluster
     maker = "namespace-maker"
     role = {
@@ -385,7 +386,11 @@ def test_only_a_team_administrator_labels_a_namespace_as_a_team(
         "kind": "ClusterRole",
         "metadata": {"name": maker},
         "rules": [
-            {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["create", "get", "patch"]}
+            {
+                "apiGroups": [""],
+                "resources": ["namespaces", "namespaces/status"],
+                "verbs": ["create", "get", "patch"],
+            }
         ],
     }
     binding = {
@@ -414,6 +419,18 @@ def test_only_a_team_administrator_labels_a_namespace_as_a_team(
         f"--kubeconfig={kubeconfig}", "patch", "namespace", name, "-p", relabel
     )
     assert done.returncode != 0 and "only team administrators" in done.stderr, done.stderr
+    done = cluster.run_kubectl(
+        f"--kubeconfig={kubeconfig}",
+        "patch",
+        "namespace",
+        name,
+        "--subresource=status",
+        "-p",
+        relabel,
+    )
+    assert done.returncode != 0 and "only team administrators" in done.stderr, done.stderr
+    labels = cluster.kubectl("get", "namespace", name, "-o", "jsonpath={.metadata.labels}")
+    assert "resource-functions.dev/team" not in labels
     cluster.kubectl("delete", "namespace", name, "--wait=false")
 
 

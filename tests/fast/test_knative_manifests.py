@@ -1581,7 +1581,9 @@ def test_the_controller_writes_status_only_of_its_own_kinds_by_admission() -> No
     }
     label = _from_tekton("ValidatingAdmissionPolicy", "resource-functions-team-label")
     (rule,) = label["spec"]["matchConstraints"]["resourceRules"]
-    assert rule["resources"] == ["namespaces"] and set(rule["operations"]) == {"CREATE", "UPDATE"}
+    # every subresource too: an update of namespaces/status carries the labels (issue 50)
+    assert rule["resources"] == ["namespaces", "namespaces/*"]
+    assert set(rule["operations"]) == {"CREATE", "UPDATE"}
     assert "resource-functions.dev/team" in json.dumps(label["spec"]["variables"])
 
 

@@ -41,12 +41,24 @@ def test_a_label_that_is_not_a_team_name_serves_nothing(value: str) -> None:
     assert teams.team_of("ci") is None
 
 
-def test_tekton_teams_names_every_namespace_served_and_labels_then_count_for_nothing() -> None:
-    namespaces = Namespaces({"ci-web": {TEAM_LABEL: "web"}})
-    teams = NamespaceTeams({"ci": "main"}, namespaces)
-    assert (teams.team_of("ci"), teams.team_of("ci-web")) == ("main", None)
-    assert namespaces.reads == 0
+def test_tekton_teams_names_every_namespace_served_and_each_needs_its_label_too() -> None:
+    """A namespace TEKTON_TEAMS maps but no administrator labelled would not be fenced (the
+    tekton component's NetworkPolicy selects the label): it serves no team (issue 50)."""
+    namespaces = Namespaces(
+        {
+            "ci": {TEAM_LABEL: "main"},
+            "ci-web": {TEAM_LABEL: "web"},
+            "unlabelled": {},
+            "mislabelled": {TEAM_LABEL: "web"},
+        }
+    )
+    teams = NamespaceTeams({"ci": "main", "unlabelled": "ops", "mislabelled": "ops"}, namespaces)
+    found = {ns: teams.team_of(ns) for ns in ("ci", "ci-web", "unlabelled", "mislabelled")}
+    assert found == {"ci": "main", "ci-web": None, "unlabelled": None, "mislabelled": None}
     assert "TEKTON_TEAMS does not name it" in teams.refusal("ci-web")
+    said = teams.refusal("unlabelled")
+    assert "no valid resource-functions.dev/team label" in said
+    assert f"{TEAM_LABEL}=ops" in said
 
 
 def test_a_label_is_read_once_while_remembered_and_a_removal_counts_after() -> None:

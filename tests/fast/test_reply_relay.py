@@ -108,8 +108,17 @@ def test_discovered_versions_of_a_check_are_forwarded(client: Any, sink: EventSi
         token_of(claims(), b"other"),
         token_of(claims(expires=int(time.time()) - 1)),
         token_of(claims()).replace(".", "x."),
+        token_of(claims())[:-1] + "\u00e9",
     ],
-    ids=["no-token", "forged", "another-runs-token", "another-deployments", "expired", "altered"],
+    ids=[
+        "no-token",
+        "forged",
+        "another-runs-token",
+        "another-deployments",
+        "expired",
+        "altered",
+        "non-ascii-signature",
+    ],
 )
 def test_without_the_runs_token_nothing_is_forwarded(
     client: Any, sink: EventSink, token: Any

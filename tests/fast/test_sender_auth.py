@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from functions.errors import Unavailable
-from functions.http.senders import REMEMBER_SECONDS, SenderCheck
+from functions.http.senders import REFUSED_SECONDS, REMEMBER_SECONDS, SenderCheck
 from storage import Store
 from tests.support.http_helpers import FakeRuntime, event, make_client, post
 
@@ -68,3 +68,16 @@ def test_a_decision_is_kept_a_minute_and_an_unreachable_api_is_503(store: Store)
     now[0] += REMEMBER_SECONDS + 1
     down = post(app, event(id="e9"), **bearer("broker-token"))
     assert down.status_code == 503 and len(runtime.ran) == 3
+
+
+def test_a_refused_token_is_remembered_briefly_so_repeating_it_costs_one_review(
+    store: Store,
+) -> None:
+    runtime, reviewer, now = FakeRuntime(store), Reviewer(), [0.0]
+    app = client(store, runtime, reviewer, now)
+    for n in range(5):
+        assert post(app, event(id=f"e{n}"), **bearer("forged")).status_code == 401
+    assert reviewer.calls == [("forged", "resource-functions")]
+    now[0] += REFUSED_SECONDS + 1
+    assert post(app, event(id="e9"), **bearer("forged")).status_code == 401
+    assert len(reviewer.calls) == 2 and runtime.ran == []
