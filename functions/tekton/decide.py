@@ -156,12 +156,23 @@ def decide(run: Mapping[str, Any], now: datetime, ctx: Context) -> Step:
             status=st.finished(status, False, st.BAD_PARAMS, why, now),
             stop=stop_posting(run, current, ctx),
         )
+    team = request.data["build"]["team"]
     if not current or not status.get("startTime"):
         first = ctx.new_id()
         return Step(
-            status=st.started(status, first, now),
+            status=st.started(status, first, team, now),
             post=posting(run, request, first, ctx),
             wake_at=deadline_of(run, now),
+        )
+    posted_for = st.team_of_attempt(status)
+    if posted_for is not None and posted_for != team:
+        message = (
+            f"namespace {run['metadata']['namespace']!r} now serves team {team!r}, not "
+            f"{posted_for!r}, for which this run's request was posted: the run is stopped"
+        )
+        return Step(
+            status=st.finished(status, False, st.TEAM_CHANGED, message, now),
+            stop=stop_posting(run, current, ctx),
         )
     deadline = deadline_of(run, st.parse_time(status["startTime"]))
     if deadline is not None and now >= deadline:
@@ -169,7 +180,7 @@ def decide(run: Mapping[str, Any], now: datetime, ctx: Context) -> Step:
         if retries_left(run):
             following = ctx.new_id()
             return Step(
-                status=st.retried(status, st.TIMED_OUT, message, following, now),
+                status=st.retried(status, st.TIMED_OUT, message, following, team, now),
                 stop=stop_posting(run, current, ctx),
                 post=posting(run, request, following, ctx),
                 wake_at=deadline_of(run, now),
@@ -210,9 +221,11 @@ def on_reply(run: Mapping[str, Any], reply: Reply, now: datetime, ctx: Context) 
     message = st.failure_message(action, error)
     if retries_left(run):
         following = ctx.new_id()
+        request = build_request(run, ctx)
+        team = request.data["build"]["team"]
         return Step(
-            status=st.retried(status, reason, message, following, now),
-            post=posting(run, build_request(run, ctx), following, ctx),
+            status=st.retried(status, reason, message, following, team, now),
+            post=posting(run, request, following, ctx),
             wake_at=deadline_of(run, now),
         )
     return Step(status=st.finished(status, False, reason, message, now))
@@ -235,7 +248,7 @@ def not_bound(run: Mapping[str, Any], reply: Reply, action: str, ctx: Context) -
         return f"a reply of type action {reply.action!r} does not answer a {action}"
     if reply.source != REPLY_SOURCE.format(action=action):
         return f"source {reply.source!r} is not the {action} function's"
-    team = ctx.team_of(run["metadata"]["namespace"])
+    team = team_of_run(run, ctx)
     if team is None or reply.team != team:
         return f"team {reply.team!r} is not the run's team {team!r}"
     return ""
@@ -296,13 +309,20 @@ def stop_posting(run: Mapping[str, Any], request_id: str | None, ctx: Context) -
         action = action_of(run)
     except BadParams:
         return None
-    meta = run["metadata"]
-    team = ctx.team_of(meta["namespace"])
+    team = team_of_run(run, ctx)
     if team is None:
         return None
     stop_id = f"stop-{request_id}"
     attributes = {**request_attributes(run, action, stop_id, team, ctx), STOP_ATTRIBUTE: request_id}
     return Posting(stop_id, attributes, {})
+
+
+def team_of_run(run: Mapping[str, Any], ctx: Context) -> str | None:
+    """The team of the attempt under way: the one its request was posted for, or (for one
+    started before that was recorded) its namespace's now."""
+    return st.team_of_attempt(dict(run.get("status") or {})) or ctx.team_of(
+        run["metadata"]["namespace"]
+    )
 
 
 def posting(run: Mapping[str, Any], request: RunRequest, rid: str, ctx: Context) -> Posting:

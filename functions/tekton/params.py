@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from functions.errors import InvalidRequest
-from functions.events import MAX_BODY_BYTES
 from functions.model import Action, ResourceType
 from functions.request_data import (
     MAX_DEPTH,
@@ -35,9 +34,11 @@ JSON_PARAMS = {
 
 
 # A param's JSON text is judged before it is parsed: no larger than this, nested no deeper than
-# the functions take (a request must fit the functions' body bound, MAX_BODY_BYTES, in all).
+# the functions take.
 MAX_PARAM_BYTES = 256 * 1024
-MAX_PARAMS_BYTES = MAX_BODY_BYTES // 2
+# All params together: a CustomRun whose params fit stays well inside the controller's bound
+# on an object (functions/kube/tekton_api.py BOUNDS: 512 KiB), status and metadata included.
+MAX_PARAMS_BYTES = 384 * 1024
 
 
 class BadParams(ValueError):

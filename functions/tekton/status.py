@@ -21,6 +21,7 @@ TIMED_OUT = "CustomRunTimedOut"
 BAD_PARAMS = "InvalidParams"
 REFUSED = "RequestRefused"  # the Broker refused the controller's post for good
 UNDECODABLE = "Undecodable"  # too deep or too large for the controller to read
+TEAM_CHANGED = "TeamChanged"  # the namespace's team changed while an attempt ran
 MAX_MESSAGE = 3000  # a condition message stays readable in `kubectl describe`
 
 
@@ -69,23 +70,38 @@ def with_condition(
     return new
 
 
-def started(status: dict[str, Any], request_id: str, now: datetime) -> dict[str, Any]:
-    """An attempt begins: its start time (the timeout counts from it) and its request id."""
+def started(status: dict[str, Any], request_id: str, team: str, now: datetime) -> dict[str, Any]:
+    """An attempt begins: its start time (the timeout counts from it), its request id and
+    the team it runs for (its stop and its reply are that team's, whatever the namespace
+    says later)."""
     new = with_condition(status, "Unknown", RUNNING, f"request {request_id} posted", now)
     new["startTime"] = timestamp(now)
-    new["extraFields"] = {**(status.get("extraFields") or {}), "requestId": request_id}
+    extra = status.get("extraFields") or {}
+    new["extraFields"] = {**extra, "requestId": request_id, "team": team}
     return new
 
 
+def team_of_attempt(status: dict[str, Any]) -> str | None:
+    """The team the attempt under way was posted for (None for one started before the
+    controller recorded it)."""
+    team = (status.get("extraFields") or {}).get("team")
+    return team if isinstance(team, str) and team else None
+
+
 def retried(
-    status: dict[str, Any], reason: str, message: str, next_request: str, now: datetime
+    status: dict[str, Any],
+    reason: str,
+    message: str,
+    next_request: str,
+    team: str,
+    now: datetime,
 ) -> dict[str, Any]:
     """The attempt under way failed with retries left: a copy of it, failed, joins
     ``retriesStatus`` and the next attempt starts (Unknown, reason Retrying)."""
     failed = with_condition(
         {k: v for k, v in status.items() if k != "retriesStatus"}, "False", reason, message, now
     )
-    new = started(status, next_request, now)
+    new = started(status, next_request, team, now)
     new["retriesStatus"] = [*(status.get("retriesStatus") or []), failed]
     new["conditions"][0]["reason"] = RETRYING
     new["conditions"][0]["message"] = clip(f"attempt {attempt_of(status) + 1} failed: {message}")

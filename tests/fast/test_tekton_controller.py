@@ -225,7 +225,7 @@ def test_each_transition_is_an_event_on_the_customrun_and_a_dropped_reply_a_warn
 def test_an_attempt_past_its_deadline_is_counted_overdue_until_it_ends(sink: EventSink) -> None:
     running = Running(sink)
     stale = customrun("stale", timeout="1s")
-    stale["status"] = st.started({}, "r" * 32, st.parse_time("2026-01-01T00:00:00Z"))
+    stale["status"] = st.started({}, "r" * 32, "team-a", st.parse_time("2026-01-01T00:00:00Z"))
     running.api.create(stale)
     running.controller._remember(running.api.read_customrun("team-a", "stale") or {})
     assert running.controller.overdue() == 1

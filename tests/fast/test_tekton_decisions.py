@@ -4,6 +4,7 @@ to post and the Job to stop out."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import re
@@ -488,3 +489,41 @@ def test_the_controller_needs_the_broker_and_the_store_and_reads_teams() -> None
         ControllerConfig.from_env({"STORE_URL": STORE, "K_SINK": "http://b", "TEKTON_TEAMS": "[1]"})
     config = ControllerConfig.from_env({"STORE_URL": STORE, "K_SINK": "http://b"})
     assert (config.broker, config.store_url, config.teams) == ("http://b", STORE, None)
+
+
+def moved_to(team: str | None) -> Context:
+    """The controller's context once namespace team-a serves ``team`` (None: no team)."""
+    return dataclasses.replace(CTX, team_of=lambda ns: team if ns == "team-a" else None)
+
+
+@pytest.mark.parametrize("now_serves", [None, "other"], ids=["label-removed", "label-changed"])
+def test_a_run_whose_namespace_changed_team_is_stopped_as_the_team_it_was_posted_for(
+    now_serves: str | None,
+) -> None:
+    """Issue 50: the stop went out with the namespace's team of the moment (none at all once
+    the label was removed), so the request posted for "main" kept running."""
+    run = running()
+    assert run["status"]["extraFields"]["team"] == "main"
+    step = decide(run, T0 + timedelta(seconds=5), moved_to(now_serves))
+    assert step.post is None and stops(step, run)
+    assert step.stop is not None and step.stop.attributes["team"] == "main"
+    found = condition(step.status or {})
+    expected = "InvalidParams" if now_serves is None else st.TEAM_CHANGED
+    assert (found["status"], found["reason"]) == ("False", expected)
+
+
+def test_a_cancel_after_the_label_went_stops_the_request_for_its_own_team() -> None:
+    run = running()
+    run["spec"]["status"] = "RunCancelled"
+    step = decide(run, T0 + timedelta(seconds=5), moved_to(None))
+    assert stops(step, run) and step.stop is not None
+    assert step.stop.attributes["team"] == "main"
+
+
+def test_a_reply_must_be_of_the_team_the_attempt_was_posted_for() -> None:
+    run = running()
+    data = {"version": {"ref": "abc"}, "metadata": [], "artifact": ARTIFACT}
+    other = on_reply(run, answer(run, True, data, team="other"), T0, moved_to("other"))
+    assert other.status is None and "not the run's team 'main'" in other.dropped
+    own = on_reply(run, answer(run, True, data), T0, moved_to("other"))
+    assert condition(own.status or {})["status"] == "True"
