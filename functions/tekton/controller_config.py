@@ -8,7 +8,11 @@ team mapping, shared with the artifacts service (unset: the namespaces an admini
 labelled, ``functions.tekton.namespace_teams``). ``ALLOWED_IMAGES``: the functions' own, so
 that a request they would refuse is never posted. Its own: ``TEKTON_LEADER_LEASE`` (the Lease
 its replicas elect a leader on, in ``POD_NAMESPACE``; empty: no election, one replica) and
-``POD_NAME`` (this replica's identity).
+``POD_NAME`` (this replica's identity). Sender authentication is required (the
+``sender-auth`` component: ``SENDER_AUDIENCE``): without it any pod could post requests naming
+any team into the Broker, so the controller refuses to start. Replies reach it only with a
+token for ``TEKTON_REPLY_AUDIENCE`` (its reply Trigger's ``subscriber.audience``) of an
+identity of ``TEKTON_REPLY_SENDERS`` (globs; by default that Trigger's OIDC identity).
 """
 
 from __future__ import annotations
@@ -21,9 +25,12 @@ from dataclasses import dataclass, field
 from functions import keys
 from functions.errors import ConfigError
 from functions.model import ResourceType
+from functions.setting_values import patterns
 from functions.settings import Settings, own_namespace
 
 EVENT_SOURCE = "/resource-functions/tekton-controller"
+REPLY_AUDIENCE = "resource-functions-tekton-controller"  # knative/tekton/trigger.yaml
+REPLY_TRIGGER = "tekton-replies"  # Knative names its identity <trigger>-oidc-eventing...
 
 
 @dataclass(frozen=True)
@@ -40,6 +47,8 @@ class ControllerConfig:
     leader_lease: str = ""  # the Lease's name; "": no election
     namespace: str = ""  # where the Lease is: the controller's own
     identity: str = ""  # this replica's, in the Lease
+    reply_audience: str = REPLY_AUDIENCE
+    reply_senders: tuple[str, ...] = ()  # who may deliver replies (token usernames, globs)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ControllerConfig:
@@ -47,7 +56,14 @@ class ControllerConfig:
         missing = [n for n in ("K_SINK", "STORE_URL") if not env.get(n)]
         if missing:
             raise ConfigError(f"tekton-controller needs {', '.join(missing)}")
-        return cls.of(Settings.from_env(env), env)
+        settings = Settings.from_env(env)
+        if not settings.sender_audience:
+            raise ConfigError(
+                "tekton-controller needs sender authentication (SENDER_AUDIENCE is empty): "
+                "add the sender-auth component with the tekton one (knative/sender-auth/), "
+                "or any pod could post requests naming any team"
+            )
+        return cls.of(settings, env)
 
     @classmethod
     def of(cls, settings: Settings, env: Mapping[str, str]) -> ControllerConfig:
@@ -64,8 +80,17 @@ class ControllerConfig:
             leader_lease=env.get("TEKTON_LEADER_LEASE", "").strip(),
             namespace=env.get("POD_NAMESPACE") or own_namespace(),
             identity=env.get("POD_NAME") or socket.gethostname(),
+            reply_audience=env.get("TEKTON_REPLY_AUDIENCE", "").strip() or REPLY_AUDIENCE,
+            reply_senders=patterns(env.get("TEKTON_REPLY_SENDERS"))
+            if env.get("TEKTON_REPLY_SENDERS", "").strip()
+            else (trigger_identity(env.get("POD_NAMESPACE") or own_namespace(), REPLY_TRIGGER),),
         )
 
     @property
     def artifact_url_prefix(self) -> str:
         return keys.artifacts_url_prefix(self.store_url)
+
+
+def trigger_identity(namespace: str, trigger: str) -> str:
+    """The username of the OIDC identity Knative Eventing delivers a Trigger's events with."""
+    return f"system:serviceaccount:{namespace}:{trigger}-oidc-eventing.knative.dev-trigger"

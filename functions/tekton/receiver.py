@@ -3,7 +3,10 @@ CustomRun) delivers them here, and each is written into its CustomRun's status.
 
 The answer is 202 with an empty body once the status is written (or the reply is stale),
 never a CloudEvent, which the Broker would publish again; 503 when the status could not be
-written, so that Knative delivers the reply again; 400 for what is not a reply event.
+written, so that Knative delivers the reply again; 400 for what is not a reply event. A reply
+says how a run ended, so it is taken only with a token of the reply Trigger's identity
+(``senders``: reviewed by the API server): 401 without a valid one, 403 for another
+identity, both before the body is read.
 """
 
 from __future__ import annotations
@@ -13,8 +16,9 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from functions.errors import InvalidRequest
+from functions.errors import InvalidRequest, NotAuthenticated, SenderNotAllowed, Unavailable
 from functions.events import MAX_BODY_BYTES, TYPE_PREFIX, read_event, reply_data_of
+from functions.http.senders import SenderCheck
 from functions.replies import TEAM_ATTRIBUTE
 from functions.tekton.controller import Controller
 from functions.tekton.decide import Reply, parse_subject
@@ -45,7 +49,9 @@ def reply_of(attributes: dict[str, Any], data: dict[str, Any]) -> tuple[str, str
     return (*where, reply)
 
 
-def serve(controller: Controller, host: str, port: int) -> ThreadingHTTPServer:
+def serve(
+    controller: Controller, host: str, port: int, senders: SenderCheck
+) -> ThreadingHTTPServer:
     """Start the receiver in a thread; ``shutdown()`` stops it."""
 
     class Handler(BaseHTTPRequestHandler):
@@ -56,6 +62,17 @@ def serve(controller: Controller, host: str, port: int) -> ThreadingHTTPServer:
             self._answer(200 if self.path == "/healthz" else 404)
 
         def do_POST(self) -> None:
+            try:
+                senders.sender(self.headers.get("authorization"))
+            except NotAuthenticated as err:
+                self._answer(401, str(err))
+                return
+            except SenderNotAllowed as err:
+                self._answer(403, str(err))
+                return
+            except Unavailable as err:
+                self._answer(503, str(err))
+                return
             length = int(self.headers.get("content-length") or 0)
             if length > MAX_BODY_BYTES:
                 self._answer(413)
@@ -120,7 +137,9 @@ def main() -> int:
     api = TektonApi(api_client, counted=metrics.api_requests.inc)
     teams = NamespaceTeams(config.teams, KubeApi(api_client, "", (5.0, 30.0)).namespace_labels)
     controller = Controller(api, config, teams, metrics=metrics)
-    server = serve(controller, config.host, config.port)
+    reviews = KubeApi(api_client, "", (5.0, 10.0)).review_token
+    senders = SenderCheck(reviews, config.reply_audience, config.reply_senders)
+    server = serve(controller, config.host, config.port, senders)
     leader = (
         LeaderElection(api, config.namespace, config.leader_lease, config.identity)
         if config.leader_lease

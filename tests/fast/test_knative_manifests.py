@@ -1546,6 +1546,7 @@ def test_the_controller_may_read_customruns_and_write_their_status_not_touch_tas
         ("tekton.dev", "customruns/status"): ["get", "patch", "update"],
         ("", "namespaces"): ["get"],  # the team label
         ("", "events"): ["create"],  # on its CustomRuns
+        ("authentication.k8s.io", "tokenreviews"): ["create"],  # its replies' tokens
     }
     task_namespace = _config_data()["TASK_NAMESPACE"]
     assert not [
@@ -1652,7 +1653,11 @@ def test_the_controller_runs_the_subcommand_with_the_functions_config_and_no_sec
     assert container["envFrom"] == [{"configMapRef": {"name": CONFIG_MAP}}]
     assert "secret" not in json.dumps(spec).lower()
     env = {e["name"]: e.get("value", "from-the-pod") for e in container["env"]}
-    config = ControllerConfig.from_env({**_config_data(), **env, "K_SINK": "http://broker"})
+    # with the sender-auth component's settings, which the controller needs to start
+    with_auth = yaml.safe_load((KNATIVE / "sender-auth" / "config-patch.yaml").read_text())
+    config = ControllerConfig.from_env(
+        {**_config_data(), **with_auth["data"], **env, "K_SINK": "http://broker"}
+    )
     assert config.teams is None  # TEKTON_TEAMS empty: the namespaces labelled as teams
     assert config.leader_lease == "tekton-controller" and deployment["spec"]["replicas"] == 2
     downward = {
@@ -1913,3 +1918,19 @@ def test_the_kafka_broker_authenticates_with_the_secret_its_config_names() -> No
     data = example["stringData"]
     assert (data["protocol"], data["sasl.mechanism"]) == ("SASL_SSL", "SCRAM-SHA-512")
     assert data["user"] == data["password"] == "REPLACE-ME" and "REPLACE-ME" in data["ca.crt"]
+
+
+def test_the_controller_takes_replies_only_from_its_reply_triggers_identity() -> None:
+    """The reply Trigger asks Knative for a token of the audience the controller checks, and
+    the controller's default reply sender is that Trigger's OIDC identity (issue 50)."""
+    from functions.tekton.controller_config import REPLY_AUDIENCE, REPLY_TRIGGER, ControllerConfig
+
+    trigger = _from_tekton("Trigger", REPLY_TRIGGER)
+    assert trigger["spec"]["subscriber"]["audience"] == REPLY_AUDIENCE
+    env = {**_config_data(), "K_SINK": "http://broker", "POD_NAMESPACE": NAMESPACE}
+    env |= {"STORE_URL": "s3://bucket/ci", "SENDER_AUDIENCE": "resource-functions"}
+    config = ControllerConfig.from_env(env)
+    assert config.reply_audience == REPLY_AUDIENCE
+    assert config.reply_senders == (
+        f"system:serviceaccount:{NAMESPACE}:{REPLY_TRIGGER}-oidc-eventing.knative.dev-trigger",
+    )

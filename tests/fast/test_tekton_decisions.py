@@ -487,7 +487,8 @@ def test_the_controller_needs_the_broker_and_the_store_and_reads_teams() -> None
         ControllerConfig.from_env({"STORE_URL": STORE})
     with pytest.raises(ConfigError, match="TEKTON_TEAMS"):
         ControllerConfig.from_env({"STORE_URL": STORE, "K_SINK": "http://b", "TEKTON_TEAMS": "[1]"})
-    config = ControllerConfig.from_env({"STORE_URL": STORE, "K_SINK": "http://b"})
+    env = {"STORE_URL": STORE, "K_SINK": "http://b", "SENDER_AUDIENCE": "resource-functions"}
+    config = ControllerConfig.from_env(env)
     assert (config.broker, config.store_url, config.teams) == ("http://b", STORE, None)
 
 
