@@ -116,7 +116,10 @@ def serve(
             **hooks,
             "bind": f"{host}:{port}",
             "workers": 1,
-            "worker_class": "gthread",
+            # gthread, reading each request's head (and, for whole bodies, its body) in its
+            # event loop before a thread takes it: a slow client never holds a thread.
+            "worker_class": "functions.http.prefetching_worker."
+            + ("WholeRequestsWorker" if whole_bodies else "PrefetchingWorker"),
             "threads": threads,
             "timeout": 0,  # requests legitimately last as long as a resource script
             "graceful_timeout": GRACEFUL_TIMEOUT_SECONDS,

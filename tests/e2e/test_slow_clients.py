@@ -1,0 +1,95 @@
+"""Slow clients hold no thread (issue 50): the reply relay under gunicorn, as served in the
+cluster, with 4 threads and a hundred connections sending their heads a byte at a time (no
+token needed to be slow), and others sending their bodies so. Before, each held a thread for
+as long as it trickled, and /healthz and every reply waited behind them. Now the event loop
+reads heads and bodies (``functions/http/prefetching_worker.py``): the others are answered
+at once, and each slow one gets 408 at its deadline."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import requests
+
+from functions.http.prefetching_worker import HEAD_SECONDS
+from testbed.event_sink import EventSink
+from tests.support.services import Services, running_services
+
+SLOW = 100
+THREADS = 4
+
+
+@pytest.fixture
+def relay(sink: EventSink, tmp_path) -> Iterator[Services]:
+    env = {"CACHE_SECRET": "e2e", "K_SINK": sink.url, "THREADS": str(THREADS)}
+    with running_services(env, tmp_path / "relay.log", actions=("reply-relay",)) as services:
+        yield services
+
+
+class Trickle:
+    """``count`` connections each sending ``prefix`` and then one byte of ``rest`` every
+    ``gap`` seconds, for as long as the test runs."""
+
+    def __init__(self, url: str, count: int, prefix: bytes, rest: bytes, gap: float) -> None:
+        host, port = url.removeprefix("http://").split(":")
+        self.conns = [socket.create_connection((host, int(port))) for _ in range(count)]
+        for conn in self.conns:
+            conn.sendall(prefix)
+        self.rest, self.gap = rest, gap
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._drip, daemon=True)
+        self.thread.start()
+
+    def _drip(self) -> None:
+        for byte in self.rest:
+            if self.stop.wait(self.gap):
+                return
+            for conn in self.conns:
+                try:
+                    conn.send(bytes([byte]))
+                except OSError:
+                    pass  # closed by the server: its deadline
+
+    def answers(self, timeout: float) -> list[bytes]:
+        """Each connection's status line, once it is answered (b"" if it is not)."""
+        found = []
+        for conn in self.conns:
+            conn.settimeout(timeout)
+            try:
+                found.append(conn.recv(4096).split(b"\r\n", 1)[0])
+            except OSError:
+                found.append(b"")
+        return found
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        for conn in self.conns:
+            conn.close()
+
+
+@pytest.mark.parametrize("slow", ["heads", "bodies"])
+def test_slow_clients_hold_no_thread_and_get_408_at_their_deadline(
+    relay: Services, slow: str
+) -> None:
+    url = relay.urls["reply-relay"]
+    head = b"POST / HTTP/1.1\r\nHost: relay\r\nContent-Type: application/json\r\n"
+    if slow == "heads":
+        trickle = Trickle(url, SLOW, b"POST / HT", b"TP/1.1\r\nHost: relay\r\n" * 20, 0.2)
+    else:
+        prefix = head + b"Content-Length: 4000\r\n\r\n{"
+        trickle = Trickle(url, SLOW, prefix, b" " * 2000, 0.2)
+    try:
+        time.sleep(1.0)  # every slow one has started, and would hold a thread by now
+        for _ in range(3 * THREADS):  # each within 5 s, well before any slow one's deadline
+            assert requests.get(url + "/healthz", timeout=5).status_code == 200
+            refused = requests.post(url + "/", data=b"{}", timeout=5)
+            assert refused.status_code == 401  # no reply token: answered, by a thread
+        answers = trickle.answers(timeout=HEAD_SECONDS + 10)
+    finally:
+        trickle.close()
+    assert answers == [b"HTTP/1.1 408 Request Timeout"] * SLOW
