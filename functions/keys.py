@@ -10,7 +10,9 @@ import base64
 import hashlib
 import hmac
 import json
+import uuid
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 
@@ -85,6 +87,12 @@ def lease_record_key(key: str) -> str:
 
 ARTIFACTS = "artifacts/"  # every artifact, cache record and team record is under it
 INPUTS = ARTIFACTS + "inputs/"  # directories handed over from outside a get (pack, run)
+
+
+def input_key(suffix: str, now: datetime) -> str:
+    """A new input's key: under the day it was handed over (UTC; what expires it,
+    ``functions.ledger.inputs``), a random name, the format's suffix."""
+    return f"{INPUTS}{now.astimezone(UTC):%Y-%m-%d}/{uuid.uuid4().hex}{suffix}"
 
 
 def artifacts_url_prefix(store_url_prefix: str) -> str:

@@ -74,6 +74,19 @@ class WarmLimits:
 
 
 @dataclass(frozen=True)
+class UploadLimits:
+    """What the artifacts service takes in uploads (functions/tekton/uploads.py):
+    ARTIFACT_UPLOADS at once per replica, ARTIFACT_UPLOADS_PER_HOUR and
+    ARTIFACT_UPLOAD_BYTES_PER_HOUR per team; INPUTS_TTL_DAYS: how long an uploaded input is
+    kept (functions/ledger/inputs.py)."""
+
+    per_replica: int = 2
+    count_per_hour: int = 120
+    bytes_per_hour: int = 20 << 30
+    inputs_ttl_days: int = 7
+
+
+@dataclass(frozen=True)
 class Settings:
     store_url: str
     runtime: str = "container"
@@ -139,6 +152,7 @@ class Settings:
     kubeconfig: str = ""  # KUBECONFIG
     step_env: tuple[tuple[str, str], ...] = ()  # STEP_ENV: copied into task pods
     warm: WarmLimits = field(default_factory=WarmLimits)  # WARM_CHECK*: docs/warm-checks.md
+    uploads: UploadLimits = field(default_factory=UploadLimits)  # ARTIFACT_UPLOAD*, INPUTS_TTL_DAYS
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -199,6 +213,7 @@ class Settings:
             kubeconfig=env.get("KUBECONFIG", ""),
             step_env=tuple((name, env[name]) for name in STEP_ENV if env.get(name)),
             warm=warm_limits(env),
+            uploads=upload_limits(env),
         )
 
 
@@ -228,6 +243,16 @@ def warm_limits(env: Mapping[str, str]) -> WarmLimits:
         per_team=whole(env, "WARM_CHECKS_PER_TEAM", default.per_team),
         pause=env.get("WARM_CHECK_PAUSE", "").strip(),
         image_seconds=number(env, "WARM_CHECK_IMAGE_SECONDS", default.image_seconds, zero=True),
+    )
+
+
+def upload_limits(env: Mapping[str, str]) -> UploadLimits:
+    default = UploadLimits()
+    return UploadLimits(
+        per_replica=whole(env, "ARTIFACT_UPLOADS", default.per_replica),
+        count_per_hour=whole(env, "ARTIFACT_UPLOADS_PER_HOUR", default.count_per_hour),
+        bytes_per_hour=whole(env, "ARTIFACT_UPLOAD_BYTES_PER_HOUR", default.bytes_per_hour),
+        inputs_ttl_days=whole(env, "INPUTS_TTL_DAYS", default.inputs_ttl_days),
     )
 
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 import os
 import stat
-import uuid
+import sys
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -27,7 +29,7 @@ from storage.archive import unpack as unpack_stream
 from storage.artifacts import StreamWrapper, add_team, download_tree, upload_tree
 from storage.base import is_digest, key_for_url
 
-INPUTS_PREFIX = keys.INPUTS
+BUSY_WAIT_SECONDS = 900.0  # what pack waits in all for a busy service (429) before failing
 
 
 class BadArtifact(ValueError):
@@ -62,7 +64,7 @@ def pack(
     as an input, no other team's); the artifact, as a get answers with one."""
     if not directory.is_dir():
         raise BadArtifact(f"{directory} is not a directory")
-    key = f"{INPUTS_PREFIX}{uuid.uuid4().hex}{suffix_for(options.format)}"
+    key = keys.input_key(suffix_for(options.format), datetime.now(UTC))
     info = upload_tree(store, key, directory, options, wrap=wrap)
     add_team(store, key, team)
     return {
@@ -150,21 +152,47 @@ class ArtifactsService:
             )
 
     def pack(self, directory: Path, options: ArchiveOptions) -> dict[str, Any]:
-        """Hand ``directory`` over as a new artifact of the Task's team; the artifact."""
+        """Hand ``directory`` over as a new artifact of the Task's team; the artifact. A 429
+        (the replica's uploads at once, the team's quota) is waited out as its
+        ``Retry-After`` says, up to ``BUSY_WAIT_SECONDS`` in all."""
         if not directory.is_dir():
             raise BadArtifact(f"{directory} is not a directory")
-        with pack_tree(directory, options) as stream:
-            body = iter(lambda: stream.read(1 << 20), b"")
-            with _answer(
-                requests.post(
+        waited = 0.0
+        while True:
+            with pack_tree(directory, options) as stream:
+                body = iter(lambda: stream.read(1 << 20), b"")
+                response = requests.post(
                     self.url,
                     params={"format": options.format},
                     headers=self._headers(),
                     data=body,
                     timeout=60,
                 )
-            ) as response:
-                return dict(response.json())
+            pause = _retry_after(response)
+            if pause is None or waited + pause > BUSY_WAIT_SECONDS:
+                with _answer(response) as answered:
+                    return dict(answered.json())
+            response.close()
+            print(
+                f"artifacts service busy: {_message(response)}; again in {pause} s", file=sys.stderr
+            )
+            time.sleep(pause)
+            waited += pause
+
+
+def _retry_after(response: requests.Response) -> int | None:
+    """Seconds to wait before asking again, for a 429; None for any other answer."""
+    if response.status_code != 429:
+        return None
+    value = response.headers.get("Retry-After", "")
+    return max(1, min(int(value), 300)) if value.isdigit() else 10
+
+
+def _message(response: requests.Response) -> str:
+    try:
+        return str(response.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return response.text[:500]
 
 
 class _answer:
@@ -175,10 +203,7 @@ class _answer:
 
     def __enter__(self) -> requests.Response:
         if self.response.status_code >= 300:
-            try:
-                message = self.response.json()["error"]["message"]
-            except (ValueError, KeyError, TypeError):
-                message = self.response.text[:500]
+            message = _message(self.response)
             self.response.close()
             raise BadArtifact(
                 f"the artifacts service answered {self.response.status_code}: {message}"

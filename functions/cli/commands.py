@@ -283,12 +283,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from functions.tekton.artifact_service import artifacts_app_from
 
         app, whole_bodies = artifacts_app_from(settings), False
+        hooks = _inputs_sweep(app.extensions["store"], settings)
     else:
         from functions.http.app import create_app
 
         app = create_app(settings, args.action)
-        runtime = app.extensions["service"].runtime  # its threads belong in the worker
-        hooks = {"started": runtime.start_sweeps, "stopping": runtime.close}
+        service = app.extensions["service"]
+        runtime = service.runtime  # its threads belong in the worker
+        sweep = _inputs_sweep(service.store, settings) if args.action == "put" else {}
+        hooks = {
+            "started": _both(runtime.start_sweeps, sweep.get("started")),
+            "stopping": runtime.close,
+        }
     serve(
         app,
         host=host,
@@ -298,6 +304,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
         **hooks,
     )
     return 0
+
+
+def _inputs_sweep(store: Any, settings: Any) -> dict[str, Any]:
+    """The ``started`` hook of the hourly sweep of expired inputs, where the store needs one
+    (a file store: functions.ledger.inputs)."""
+    from functions.ledger.inputs import sweeper
+
+    found = sweeper(store, settings.uploads.inputs_ttl_days)
+    return {"started": found.start} if found is not None else {}
+
+
+def _both(first: Any, second: Any) -> Any:
+    return first if second is None else lambda: (first(), second())
 
 
 def cmd_run(args: argparse.Namespace) -> int:

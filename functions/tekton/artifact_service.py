@@ -13,17 +13,21 @@ takes the namespace of its ServiceAccount, and the team that namespace serves
   artifact under ``artifacts/inputs/``, recorded as the Task's team's whatever the step says;
   ``201`` with ``{"url", "digest", "size", "format"}``, digest and size as stored.
 
-Errors are JSON ``{"error": {"kind", "message"}}``: 400 (not an artifact of this store), 401
-(no valid token), 403 (namespace serving no team, another team's artifact), 404, 413 (over
-``ARCHIVE_MAX_TOTAL_BYTES``), 503 (the store or the API is away: try again).
+What a team and a replica take in uploads is bounded (``uploads.py``: uploads at once per
+replica, a team's uploads and bytes per hour, the format's first bytes checked).
+
+Errors are JSON ``{"error": {"kind", "message"}}``: 400 (not an artifact of this store, not
+the format said), 401 (no valid token), 403 (namespace serving no team, another team's
+artifact), 404, 413 (over ``ARCHIVE_MAX_TOTAL_BYTES``), 429 with ``Retry-After`` (the
+replica's uploads at once, the team's quota), 503 (the store or the API is away: try again).
 """
 
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Iterator
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any, BinaryIO, cast
 
 from flask import Flask, Response, jsonify, request
@@ -34,13 +38,13 @@ from functions.http.senders import SenderCheck
 from functions.logs import fields
 from functions.settings import Settings
 from functions.tekton.namespace_teams import NamespaceTeams
+from functions.tekton.uploads import PART_CONCURRENCY, Busy, FormatChecked, NotTheFormat, Uploads
 from storage import Store, open_store
 from storage.archive import FORMATS, format_for_key, suffix_for
 from storage.artifacts import add_team, teams_of
 from storage.base import key_for_url
 from storage.store_errors import StorageError
 
-INPUTS_PREFIX = keys.INPUTS
 CHUNK = 1 << 20
 IDLE_SECONDS = 60.0  # an upload whose client sends nothing this long is dropped
 SERVICE_ACCOUNT = "system:serviceaccount:"
@@ -50,10 +54,11 @@ log = logging.getLogger("functions.tekton.artifact_service")
 class Refused(Exception):
     """A request this service will not serve; ``status`` and ``kind`` say how."""
 
-    def __init__(self, status: int, kind: str, message: str) -> None:
+    def __init__(self, status: int, kind: str, message: str, retry_after: int = 0) -> None:
         super().__init__(message)
         self.status = status
         self.kind = kind
+        self.retry_after = retry_after
 
 
 class TooLarge(Exception):
@@ -61,18 +66,19 @@ class TooLarge(Exception):
 
 
 def create_artifacts_app(
-    store: Store, tokens: SenderCheck, teams: NamespaceTeams, max_bytes: int
+    store: Store, tokens: SenderCheck, teams: NamespaceTeams, max_bytes: int, uploads: Uploads
 ) -> Flask:
     app = Flask("resource-functions-artifacts")
     app.add_url_rule("/artifacts", "fetch", lambda: _fetch(store, tokens, teams), methods=["GET"])
     app.add_url_rule(
         "/artifacts",
         "hand_over",
-        lambda: _hand_over(store, tokens, teams, max_bytes),
+        lambda: _hand_over(store, tokens, teams, max_bytes, uploads),
         methods=["POST"],
     )
     app.add_url_rule("/healthz", "healthz", lambda: {"status": "ok", "action": "artifacts"})
     app.register_error_handler(Refused, _refused)
+    app.extensions["store"] = store
     return app
 
 
@@ -82,13 +88,13 @@ def artifacts_app_from(settings: Settings) -> Flask:
     to ``ARCHIVE_MAX_TOTAL_BYTES``."""
     from functions.kube.api import KubeApi, api_client_from_env
 
-    store = open_store(
-        settings.store_url, replace(settings.store_options, threads=settings.threads)
-    )
+    options = replace(settings.store_options, threads=settings.threads)
+    store = open_store(settings.store_url, replace(options, concurrency=PART_CONCURRENCY))
     api = KubeApi(api_client_from_env(settings.kubeconfig), "", (5.0, 10.0))
     tokens = SenderCheck(api.review_token, settings.artifact_audience, (f"{SERVICE_ACCOUNT}*",))
     teams = NamespaceTeams(settings.tekton_teams, api.namespace_labels)
-    return create_artifacts_app(store, tokens, teams, settings.limits.max_total_bytes)
+    uploads = Uploads(store, settings.uploads)
+    return create_artifacts_app(store, tokens, teams, settings.limits.max_total_bytes, uploads)
 
 
 def team_of_caller(tokens: SenderCheck, teams: NamespaceTeams) -> tuple[str, str]:
@@ -134,17 +140,24 @@ def _fetch(store: Store, tokens: SenderCheck, teams: NamespaceTeams) -> Response
 
 
 def _hand_over(
-    store: Store, tokens: SenderCheck, teams: NamespaceTeams, max_bytes: int
+    store: Store, tokens: SenderCheck, teams: NamespaceTeams, max_bytes: int, uploads: Uploads
 ) -> tuple[Response, int]:
     _, team = team_of_caller(tokens, teams)
     format = request.args.get("format", "zstd")
     if format not in FORMATS:
         raise Refused(400, "invalid_request", f"format {format!r} is not one of {FORMATS}")
-    key = f"{INPUTS_PREFIX}{uuid.uuid4().hex}{suffix_for(format)}"
-    body = Bounded(request.stream, max_bytes, request.environ)
+    now = datetime.now(UTC)
+    key = keys.input_key(suffix_for(format), now)
+    body = FormatChecked(Bounded(request.stream, max_bytes, request.environ), format)
     try:
-        info = store.put(key, cast(BinaryIO, body))
-        add_team(store, key, team)
+        with uploads.slot(team, now):
+            info = store.put(key, cast(BinaryIO, body))
+            add_team(store, key, team)
+            uploads.counted(team, info.size, now)
+    except Busy as err:
+        raise Refused(429, "busy", str(err), err.retry_after) from None
+    except NotTheFormat as err:
+        raise Refused(400, "invalid_request", str(err)) from None
     except TooLarge:
         raise Refused(413, "too_large", f"the artifact is larger than {max_bytes} bytes") from None
     except StorageError as err:
@@ -200,4 +213,7 @@ class Bounded:
 def _refused(err: Refused) -> tuple[Response, int]:
     if err.status >= 500:
         log.warning("artifacts: %s", err)
-    return jsonify({"error": {"kind": err.kind, "message": str(err)}}), err.status
+    answer = jsonify({"error": {"kind": err.kind, "message": str(err)}})
+    if err.retry_after:
+        answer.headers["Retry-After"] = str(err.retry_after)
+    return answer, err.status

@@ -8,6 +8,7 @@ teams as the controller maps them (``NamespaceTeams``, labels given as data)."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -15,20 +16,29 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
 from werkzeug.serving import make_server
 
+from functions import keys
+from functions.cli import artifact as artifact_cli
 from functions.cli.artifact import ArtifactsService
 from functions.cli.commands import main
 from functions.http.senders import SenderCheck
+from functions.ledger.inputs import sweep_inputs, sweeper
+from functions.settings import UploadLimits
+from functions.tekton import uploads as uploads_module
 from functions.tekton.artifact_service import create_artifacts_app
 from functions.tekton.namespace_teams import TEAM_LABEL, NamespaceTeams
+from functions.tekton.uploads import Busy, Uploads
 from storage import Store, open_store
 from storage.archive import ArchiveOptions, Limits
-from storage.artifacts import teams_of
+from storage.archive import pack as pack_tree
+from storage.artifacts import add_team, teams_of
 from storage.base import key_for_url
 
 AUDIENCE = "resource-functions-artifacts"
@@ -50,6 +60,7 @@ class Service:
     url: str
     store: Store
     tokens: Path  # a file per token name, as the projected volume would hold it
+    uploads: Uploads  # what the service takes in uploads
 
     def as_step(self, monkeypatch: pytest.MonkeyPatch, token: str) -> None:
         """The environment of a step of the namespace whose token is ``token``."""
@@ -61,7 +72,14 @@ class Service:
 
 
 @pytest.fixture
-def service(tmp_path: Path) -> Iterator[Service]:
+def limits() -> UploadLimits:
+    """What the service takes in uploads (a test may replace it before asking for
+    ``service``)."""
+    return UploadLimits()
+
+
+@pytest.fixture
+def service(tmp_path: Path, limits: UploadLimits) -> Iterator[Service]:
     root = tmp_path / "store"
     root.mkdir()
     store = open_store(root.as_uri())
@@ -70,16 +88,18 @@ def service(tmp_path: Path) -> Iterator[Service]:
     for name in ACCOUNTS:
         (tokens / name).write_text(name + "\n")
     (tokens / "forged").write_text("forged")
+    uploads = Uploads(store, limits)
     app = create_artifacts_app(
         store,
         SenderCheck(review, AUDIENCE, ("system:serviceaccount:*",)),
         NamespaceTeams(None, LABELS.get),
         MAX_BYTES,
+        uploads,
     )
     server = make_server("127.0.0.1", 0, app, threaded=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        yield Service(f"http://127.0.0.1:{server.server_port}", store, tokens)
+        yield Service(f"http://127.0.0.1:{server.server_port}", store, tokens, uploads)
     finally:
         server.shutdown()
 
@@ -337,3 +357,166 @@ def test_unpack_into_a_directory_it_cannot_write_says_why_and_what_to_do(
     assert f"{target} exists and this step (uid 65532) cannot write into it" in said
     assert "owner uid 0, mode 0755" in said and "workingDir" in said
     assert left == []
+
+
+# --- what a team and a replica take in uploads (issue 50) --------------------------------------
+
+
+def post_upload(service: Service, token: str, body: bytes, format: str = "zstd") -> Any:
+    headers = {"Authorization": f"Bearer {token}"}
+    url = service.url + "/artifacts"
+    return requests.post(url, params={"format": format}, headers=headers, data=body, timeout=10)
+
+
+def inputs_of(store: Store) -> list[str]:
+    return [k for k in store.list("artifacts/inputs/") if not k.endswith(".teams.json")]
+
+
+@pytest.mark.parametrize(
+    ("format", "body"),
+    [
+        ("zstd", b"#!/bin/sh\necho any file at all\n"),
+        ("gzip", b"\x28\xb5\x2f\xfd" + b"zstd, said to be gzip"),
+        ("none", b"not a tar" * 100),
+        ("none", b"short"),
+    ],
+    ids=["script-as-zstd", "zstd-as-gzip", "text-as-tar", "too-short-for-tar"],
+)
+def test_an_upload_that_is_not_its_format_is_400_and_stores_nothing(
+    service: Service, format: str, body: bytes
+) -> None:
+    answer = post_upload(service, "token-a", body, format)
+    assert answer.status_code == 400, answer.text
+    assert "does not start as a" in answer.json()["error"]["message"]
+    assert inputs_of(service.store) == []
+
+
+def test_an_empty_directory_is_an_upload_of_its_format(
+    service: Service, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch
+) -> None:
+    (tmp_path / "empty").mkdir()
+    service.as_step(monkeypatch, "token-a")
+    for format in ("zstd", "gzip", "none"):
+        result = tmp_path / f"{format}.json"
+        monkeypatch.setenv("ARCHIVE_FORMAT", format)
+        args = ["artifact", "pack", str(tmp_path / "empty"), "--result", str(result)]
+        assert main(args) == 0
+        assert json.loads(result.read_text())["format"] == format
+    assert len(inputs_of(service.store)) == 3
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [UploadLimits(count_per_hour=2), UploadLimits(bytes_per_hour=1)],
+    ids=["count", "bytes"],
+)
+def test_a_team_past_its_hourly_quota_gets_429_until_the_hour_ends_and_others_go_on(
+    service: Service, limits: UploadLimits, tmp_path: Path, capsys, monkeypatch
+) -> None:
+    source = source_tree(tmp_path)
+    service.as_step(monkeypatch, "token-a")
+    allowed = limits.count_per_hour if limits.count_per_hour < 100 else 1
+    for _ in range(allowed):
+        pack(source, tmp_path, capsys)
+    with pack_tree(source, ArchiveOptions()) as stream:
+        refused = post_upload(service, "token-a", stream.read())
+    assert refused.status_code == 429, refused.text
+    assert "team 'a' is at its upload quota" in refused.json()["error"]["message"]
+    assert 1 <= int(refused.headers["Retry-After"]) <= 3600
+    monkeypatch.setattr(artifact_cli, "BUSY_WAIT_SECONDS", 0)  # the step would wait the hour
+    assert main(["artifact", "pack", str(source)]) == 2
+    assert "upload quota" in capsys.readouterr().err
+    service.as_step(monkeypatch, "token-b")  # another team's quota is its own
+    assert pack(source, tmp_path, capsys)["url"]
+    assert len(inputs_of(service.store)) == allowed + 1
+
+
+@pytest.mark.parametrize("limits", [UploadLimits(per_replica=1)], ids=["one-at-once"])
+def test_a_replica_at_its_uploads_at_once_answers_429_and_the_step_waits_its_turn(
+    service: Service, limits: UploadLimits, tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """One upload holds the replica's only slot; the pack step is told 429 with
+    ``Retry-After``, waits, and goes in once the slot is free."""
+    monkeypatch.setattr(uploads_module, "BUSY_RETRY_SECONDS", 1)
+    gate, taken = threading.Event(), threading.Event()
+
+    def hold() -> None:  # another upload, in the replica's only slot
+        with service.uploads.slot("b", datetime.now(UTC)):
+            taken.set()
+            gate.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert taken.wait(5)
+    with pack_tree(source_tree(tmp_path), ArchiveOptions()) as stream:
+        busy = post_upload(service, "token-a", stream.read())
+    assert busy.status_code == 429 and busy.headers["Retry-After"] == "1"
+    assert "uploads at once" in busy.json()["error"]["message"]
+    threading.Timer(1.5, gate.set).start()
+    service.as_step(monkeypatch, "token-a")
+    assert main(["artifact", "pack", str(source_tree(tmp_path / "again"))]) == 0
+    holder.join(10)
+    said = capsys.readouterr()
+    assert json.loads(said.out)["url"] and "artifacts service busy" in said.err
+
+
+def test_every_replica_counts_a_teams_uploads_in_the_store(tmp_path: Path) -> None:
+    (tmp_path / "store").mkdir()
+    store = open_store((tmp_path / "store").as_uri())
+    limits = UploadLimits(count_per_hour=3)
+    replicas = [Uploads(store, limits), Uploads(store, limits)]
+    now = datetime(2026, 12, 5, 10, 59, 30, tzinfo=UTC)
+    for n in range(3):
+        with replicas[n % 2].slot("a", now):
+            pass
+    with pytest.raises(Busy) as over, replicas[1].slot("a", now):
+        pass
+    assert over.value.retry_after == 30
+    with replicas[0].slot("a", now.replace(hour=11, minute=0)):  # a new hour, a new count
+        pass
+
+
+def test_inputs_from_before_their_days_are_swept_with_their_team_records(tmp_path: Path) -> None:
+    (tmp_path / "store").mkdir()
+    store = open_store((tmp_path / "store").as_uri())
+    now = datetime(2026, 12, 10, 9, 0, tzinfo=UTC)
+    made = {}
+    for age in (0, 7, 8, 30):
+        key = keys.input_key(".tar.zst", now - timedelta(days=age))
+        store.put(key, io.BytesIO(b"\x28\xb5\x2f\xfd"))
+        add_team(store, key, "a")
+        made[age] = key
+    store.put("artifacts/inputs/0123abcd.tar.zst", io.BytesIO(b"an older layout"))
+    assert sweep_inputs(store, 7, now) == 4  # the objects of days 8 and 30, and their records
+    left = set(store.list("artifacts/inputs/"))
+    assert left == {
+        made[0],
+        made[0].replace(".tar.zst", ".teams.json"),
+        made[7],
+        made[7].replace(".tar.zst", ".teams.json"),
+        "artifacts/inputs/0123abcd.tar.zst",
+    }, left
+    assert sweeper(store, 7) is not None
+    assert sweeper(open_store("s3://bucket/ci"), 7) is None  # its lifecycle rule's job
+
+
+def test_the_shipped_lifecycle_rules_expire_inputs_after_the_sweeps_days() -> None:
+    """The S3 rule is a valid PutBucketLifecycleConfiguration (botocore's own validation),
+    the GCS rule what google-cloud-storage writes for the same; both expire
+    ``artifacts/inputs/`` after INPUTS_TTL_DAYS' default."""
+    import boto3
+    from botocore.validate import validate_parameters
+    from google.cloud.storage.bucket import LifecycleRuleDelete
+
+    folder = Path(__file__).resolve().parents[2] / "knative" / "store-lifecycle"
+    days = UploadLimits().inputs_ttl_days
+    s3 = json.loads((folder / "s3-lifecycle.json").read_text())
+    client = boto3.client(
+        "s3", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x"
+    )
+    shape = client.meta.service_model.operation_model("PutBucketLifecycleConfiguration").input_shape
+    validate_parameters({"Bucket": "b", "LifecycleConfiguration": s3}, shape)
+    (rule,) = s3["Rules"]
+    assert (rule["Filter"]["Prefix"], rule["Expiration"]["Days"]) == (keys.INPUTS, days)
+    gcs = json.loads((folder / "gcs-lifecycle.json").read_text())
+    assert gcs["rule"] == [dict(LifecycleRuleDelete(age=days, matches_prefix=[keys.INPUTS]))]
