@@ -32,6 +32,9 @@ namespace at any time (polled each second while the module runs).
 - A failing get with ``retries: 1``: two attempts (two Jobs, each with its own request id),
   the first in ``retriesStatus``, then ``False``.
 - A get past its ``spec.timeout``: ``CustomRunTimedOut``, and its Job is deleted.
+- The artifacts service under a hundred slow clients (heads a byte at a time): the Pipeline's
+  unpack and pack are served, each slow one gets 408; a team's 121st upload of the hour is 429,
+  another team's next one 201 (issue 50).
 """
 
 from __future__ import annotations
@@ -58,10 +61,11 @@ from tests.cluster.custom_task import (
     request_id,
     results,
 )
-from tests.cluster.probes import reachable_from
+from tests.cluster.probes import reachable_from, run_pod
 from tests.cluster.secured import PIPELINE_TEAMS, Secured, identity
 from tests.cluster.timeline import audit_entries
 from tests.support import tekton_pipelines as pipelines
+from tests.support.slow_clients import Trickle
 from tests.support.tekton_pipelines import custom_task_ref, task_run, tekton_object
 
 REPO = Path(__file__).resolve().parents[2]
@@ -926,3 +930,89 @@ def test_a_pipeline_namespaces_pods_reach_the_artifacts_service_not_the_broker_o
         custom_task.cluster, USERS, cluster_images["task"], [artifacts, ingress, listener]
     )
     assert found == {artifacts: True, ingress: False, listener: False}, said
+
+
+def artifacts_address(cluster: Cluster) -> str:
+    """``http://<cluster IP>`` of the artifacts service, as this machine reaches it."""
+    ip = cluster.kubectl(
+        "-n", NAMESPACE, "get", "service", "tekton-artifacts", "-o", "jsonpath={.spec.clusterIP}"
+    ).strip()
+    return f"http://{ip}:80"
+
+
+def test_a_pipeline_unpacks_and_packs_while_a_hundred_slow_clients_trickle(
+    custom_task: CustomTask, capsys
+) -> None:
+    """Issue 50: a hundred connections sending their heads a byte at a time (no token needed
+    to be slow) held every thread of the artifacts service; now its event loop holds them,
+    the Pipeline's unpack and pack steps are served meanwhile, and each slow one gets 408."""
+    trickle = Trickle(
+        artifacts_address(custom_task.cluster),
+        100,
+        b"GET /artifacts?url=",
+        b"x" * 200,
+        0.2,
+    )
+    try:
+        name = name_for("slow")
+        started = time.monotonic()
+        apply(custom_task.cluster, [pipeline_run(name, "5l0w")])
+        run = custom_task.finished("pipelinerun", name, timeout=300)
+        took = time.monotonic() - started
+        answers = trickle.answers(timeout=30)
+    finally:
+        trickle.close()
+    assert condition(run)["status"] == "True", condition(run)
+    assert answers == [b"HTTP/1.1 408 Request Timeout"] * 100, set(answers)
+    with capsys.disabled():
+        print(f"\n[tekton] the Pipeline (unpack, pack) beside 100 slow clients: {took:.1f} s")
+
+
+UPLOADS = """
+import json, sys, urllib.error, urllib.request
+token = open("/token/token").read().strip()
+found = []
+for _ in range(int(sys.argv[2])):
+    request = urllib.request.Request(
+        sys.argv[1] + "/artifacts?format=none", data=b"\\0" * 1024, method="POST",
+        headers={"Authorization": "Bearer " + token},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            found.append([answer.status, ""])
+    except urllib.error.HTTPError as err:
+        found.append([err.code, err.headers.get("Retry-After", "")])
+print(json.dumps(found))
+"""
+
+
+def uploads_from(cluster: Cluster, namespace: str, image: str, count: int) -> list[list]:
+    """``count`` empty uploads (a tar's end) from a pod of ``namespace`` with its projected
+    token: each one's status and Retry-After."""
+    url = f"http://tekton-artifacts.{NAMESPACE}.svc.cluster.local"
+    said = run_pod(
+        cluster,
+        namespace,
+        image,
+        ["python", "-c", UPLOADS, url, str(count)],
+        volumes=[TOKEN_VOLUME],
+        mounts=[{"name": TOKEN_VOLUME["name"], "mountPath": "/token"}],
+    )
+    return json.loads(said.strip().splitlines()[-1])
+
+
+def test_a_team_past_its_upload_quota_gets_429_and_another_team_does_not(
+    custom_task: CustomTask, secured: Secured, cluster_images: dict[str, str]
+) -> None:
+    """Issue 50: uploads had no quota. A team's 121st upload of the hour (the shipped
+    ARTIFACT_UPLOADS_PER_HOUR: 120) is 429 with the seconds left of the hour, counted in the
+    store; another team's next upload is 201."""
+    from tests.cluster.secured import LOAD_TEAMS
+
+    cluster = custom_task.cluster
+    with custom_task_in(cluster, secured, LOAD_TEAMS[-3]):
+        found = uploads_from(cluster, LOAD_TEAMS[-3], cluster_images["task"], 122)
+    assert [status for status, _ in found[:120]] == [201] * 120, found[:120]
+    assert [status for status, _ in found[120:]] == [429, 429], found[120:]
+    assert 1 <= int(found[-1][1]) <= 3600
+    assert uploads_from(cluster, USERS, cluster_images["task"], 1) == [[201, ""]]
