@@ -313,7 +313,7 @@ for who in wrong right; do
 done
 for who in none wrong; do
   echo "--- produce as $who"
-  echo forged | $java_ org.apache.kafka.tools.ConsoleProducer --bootstrap-server $bootstrap \
+  echo forged | $java_ kafka.tools.ConsoleProducer --bootstrap-server $bootstrap \
     --topic {topic} --sync --producer.config /tmp/$who.properties 2>&1 | tail -n 5
 done
 echo "--- topics as right"
