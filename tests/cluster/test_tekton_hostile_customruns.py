@@ -103,6 +103,9 @@ def test_hostile_customruns_fail_alone_and_another_teams_check_succeeds(
 ) -> None:
     hostile, other = teams
     cluster = hostile.cluster
+    cluster.kubectl(
+        "-n", NAMESPACE, "rollout", "status", "deployment/tekton-controller", "--timeout=300s"
+    )
     before = restarts(cluster)
     names = []
     for n, place in enumerate(pipelines.HOSTILE_PLACES):
@@ -136,7 +139,8 @@ def test_hostile_customruns_fail_alone_and_another_teams_check_succeeds(
         "jsonpath={.items[*].involvedObject.name}",
     ).split()
     assert set(warned) == set(undecodable), warned
-    assert restarts(cluster) == before
+    after = restarts(cluster)  # no container of a controller pod started again
+    assert {pod: after[pod] for pod in after} == {pod: before.get(pod, 0) for pod in after}
     with capsys.disabled():
         print(
             f"\n[tekton] controller peak memory with {len(names)} hostile CustomRuns "
