@@ -6,6 +6,14 @@
 # (python3 + python3-venv from debootstrap), as its machine reaches no registry. The venv is
 # copied between two stages of the SAME base, so its interpreter link stays valid.
 ARG BASE=docker.io/library/python:3.11-slim-bookworm
+# rf-agent (agent/): the static program of warm check pods, built with Go. A build without a
+# registry gives the binary instead: --build-context agent=<a folder holding rf-agent>
+# (tests/support/project_image.py builds it with agent/build.sh).
+ARG GO_IMAGE=docker.io/library/golang:1.26-bookworm
+
+FROM ${GO_IMAGE} AS agent
+COPY agent /src
+RUN cd /src && CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /rf-agent .
 
 FROM ${BASE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -30,7 +38,7 @@ RUN python3 -m compileall -q --invalidation-mode unchecked-hash /app \
  && chmod -R a+rX,go-w /app
 
 FROM ${BASE}
-# catatonit: the static pause program a warm check pod's init container copies for the
+# catatonit and rf-agent: the static programs a warm check pod's init container copies for the
 # resource container to run (docs/warm-checks.md).
 RUN apt-get update -qq \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends catatonit >/dev/null \
@@ -39,6 +47,7 @@ RUN apt-get update -qq \
 RUN groupadd --gid 65532 nonroot \
  && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
       --shell /usr/sbin/nologin nonroot
+COPY --from=agent /rf-agent /usr/bin/rf-agent
 COPY --from=build /opt/venv /opt/venv
 COPY --from=build /app /app
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PYTHONPATH=/app PATH=/opt/venv/bin:$PATH

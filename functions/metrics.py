@@ -146,10 +146,13 @@ class Metrics:
 
 
 class WarmFigures(Protocol):
-    """The warm check containers' counts a runtime reports (``runtimes.warm.WarmCounts``)."""
+    """The warm check containers' counts a runtime reports (``runtimes.warm.pool.WarmCounts``)."""
 
     @property
     def alive(self) -> int: ...
+
+    @property
+    def sources(self) -> int: ...
 
     @property
     def reuses(self) -> int: ...
@@ -175,6 +178,11 @@ class WarmCollector(Collector):
             "Warm check containers (or pods) this replica keeps now",
             value=now.alive,
         )
+        yield GaugeMetricFamily(
+            "resource_function_warm_sources",
+            "Sources whose directory (HOME, TMPDIR) this replica's warm containers keep now",
+            value=now.sources,
+        )
         yield CounterMetricFamily(
             "resource_function_warm_reuses",
             "Checks run in a warm container that had served a check before",
@@ -188,7 +196,7 @@ class WarmCollector(Collector):
         evictions = CounterMetricFamily(
             "resource_function_warm_evictions",
             "Warm check containers removed, by reason (idle, age, replica_cap, team_cap, "
-            "budget, dead, drain)",
+            "dead, drain, quota)",
             labels=["reason"],
         )
         for reason in self._reasons:

@@ -61,15 +61,20 @@ def default_store_url(environ: Mapping[str, str]) -> str:
 @dataclass(frozen=True)
 class WarmLimits:
     """WARM_CHECKS, WARM_CHECK_IDLE_SECONDS, WARM_CHECK_MAX_AGE_SECONDS, WARM_CHECKS_PER_REPLICA,
-    WARM_CHECKS_PER_TEAM, WARM_CHECK_PAUSE, WARM_CHECK_IMAGE_SECONDS (see the README's
-    configuration table)."""
+    WARM_CHECKS_PER_TEAM, WARM_CHECKS_AT_ONCE, WARM_CHECK_WAIT_SECONDS, WARM_CHECK_PAUSE,
+    WARM_CHECK_AGENT, WARM_CHECK_PRIORITY_CLASS, WARM_CHECK_IMAGE_SECONDS
+    (docs/warm-checks.md)."""
 
     enabled: bool = True
     idle_seconds: float = 300.0
     max_age_seconds: float = 3600.0
-    per_replica: int = 64
-    per_team: int = 16
+    per_replica: int = 64  # warm containers (pods) of a replica
+    per_team: int = 16  # ... of one team
+    checks_at_once: int = 8  # in one warm container (its sources' checks)
+    wait_seconds: float = 30.0  # for a warm container with room, before running without reuse
     pause: str = ""  # a static pause program on the engine's host, run as ``<pause> -P``
+    agent: str = ""  # the static rf-agent on the engine's host (agent/), bind-mounted
+    priority_class: str = ""  # warm pods' PriorityClass: their own quota scope (task-limits)
     image_seconds: float = 60.0  # an image reference's id is asked again after this (engine)
 
 
@@ -241,7 +246,11 @@ def warm_limits(env: Mapping[str, str]) -> WarmLimits:
         max_age_seconds=number(env, "WARM_CHECK_MAX_AGE_SECONDS", default.max_age_seconds),
         per_replica=whole(env, "WARM_CHECKS_PER_REPLICA", default.per_replica),
         per_team=whole(env, "WARM_CHECKS_PER_TEAM", default.per_team),
+        checks_at_once=whole(env, "WARM_CHECKS_AT_ONCE", default.checks_at_once),
+        wait_seconds=number(env, "WARM_CHECK_WAIT_SECONDS", default.wait_seconds, zero=True),
         pause=env.get("WARM_CHECK_PAUSE", "").strip(),
+        agent=env.get("WARM_CHECK_AGENT", "").strip(),
+        priority_class=env.get("WARM_CHECK_PRIORITY_CLASS", "").strip(),
         image_seconds=number(env, "WARM_CHECK_IMAGE_SECONDS", default.image_seconds, zero=True),
     )
 

@@ -13,7 +13,7 @@ from functions.errors import Unavailable
 from functions.model import Outcome, Task
 from functions.redaction import Redactor
 from functions.runtimes.background import end_async_run
-from functions.runtimes.warm import WarmCounts
+from functions.runtimes.warm.pool import WarmCounts
 from functions.steps import stage_collect
 from storage import Store
 from storage.archive import ArchiveOptions

@@ -40,7 +40,7 @@ from functions.logs import fields
 from functions.metrics import Metrics
 from functions.model import Action
 from functions.runtimes import Runtime, make_runtime
-from functions.runtimes.warm import REASONS
+from functions.runtimes.warm.pool import REASONS
 from functions.service.config import ServiceConfig
 from functions.service.service import Service
 from functions.settings import Settings

@@ -10,15 +10,12 @@ events until the watch expires; ``belongs`` tells a Job's pods from others of th
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Generator
 from typing import Any, cast
 
 import urllib3
-from kubernetes import client, config, stream
+from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
-from kubernetes.stream import ws_client
-from websocket import WebSocketException
 
 from functions.errors import (
     ConfigError,
@@ -42,18 +39,12 @@ class KubeApi:
     def __init__(self, api_client: Any, namespace: str, timeout: tuple[float, float]) -> None:
         self._batch = client.BatchV1Api(api_client)
         self._core = client.CoreV1Api(api_client)
-        # pods/exec on a client of its own: the library's stream() swaps its client's request
-        # method for a websocket one while it connects, so any call another thread made on a
-        # shared client then failed ("Handshake status 200 OK": a warm pod's delete during
-        # another check's exec). This client only ever makes websocket calls.
-        self._exec = client.CoreV1Api(client.ApiClient(api_client.configuration))
         self._auth = client.AuthenticationV1Api(api_client)
         self._client = api_client
         self.namespace = namespace
         self._timeout = timeout
 
     def close(self) -> None:
-        self._exec.api_client.close()
         self._client.close()
 
     def create_job(self, manifest: dict[str, Any]) -> dict[str, Any]:
@@ -176,67 +167,6 @@ class KubeApi:
         except NotFound:
             pass
 
-    def exec_in_pod(
-        self,
-        pod: str,
-        container: str,
-        command: list[str],
-        stdin: bytes,
-        on_output: Callable[[int, bytes], None],
-        deadline: float,
-    ) -> int | None:
-        """Run ``command`` in a pod's container (``pods/exec``, the websocket stream) with
-        ``stdin`` then its end (the v5 protocol's close), handing each piece of output to
-        ``on_output(stream, data)`` (1: stdout, 2: stderr) as it comes, so nothing piles
-        up here. Its exit code; None if it runs past ``deadline`` (``time.monotonic``).
-        ``NotFound`` if the pod is gone; ``Conflict`` if its container does not run."""
-        try:
-            ws = stream.stream(
-                self._exec.connect_get_namespaced_pod_exec,
-                pod,
-                self.namespace,
-                container=container,
-                command=command,
-                stdin=True,
-                stdout=True,
-                stderr=True,
-                tty=False,
-                binary=True,
-                _preload_content=False,
-                _request_timeout=self._timeout,
-            )
-        except ApiException as err:
-            # The client reports a refused websocket handshake as status 0 with its words.
-            if err.status == 0 and "Handshake status 404" in str(err.reason):
-                raise NotFound(f"pod {pod}: {err.reason}") from err
-            raise translate(err, "create", "pods/exec", self.namespace) from err
-        except (urllib3.exceptions.HTTPError, OSError, WebSocketException) as err:
-            raise Unavailable(f"Kubernetes API unreachable (pods/exec): {err}") from err
-        # The client also keeps a copy of all output for read_all(), which stream() gives
-        # no way to turn off: drop it, so a flooding check costs no memory here.
-        ws._all = ws_client._IgnoredIO()
-        try:
-            if ws.subprotocol != ws_client.V5_CHANNEL_PROTOCOL:
-                raise Unavailable("the API server does not speak the v5 exec protocol (1.30+)")
-            ws.write_stdin(stdin)
-            ws.close_channel(ws_client.STDIN_CHANNEL)
-            while ws.is_open():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return None
-                ws.update(timeout=min(1.0, left))
-                for channel in (ws_client.STDOUT_CHANNEL, ws_client.STDERR_CHANNEL):
-                    if data := ws.read_channel(channel):
-                        on_output(channel, data)
-            for channel in (ws_client.STDOUT_CHANNEL, ws_client.STDERR_CHANNEL):
-                if data := ws.read_channel(channel):
-                    on_output(channel, data)
-            return _exit_code(ws.read_channel(ws_client.ERROR_CHANNEL))
-        except (WebSocketException, OSError) as err:
-            raise Unavailable(f"Kubernetes API: pods/exec cut: {err}") from err
-        finally:
-            ws.close()
-
     def list_pods(self, selector: str) -> tuple[list[dict[str, Any]], str]:
         """The pods of the namespace with labels ``selector``, and the list's
         resourceVersion to watch from."""
@@ -342,24 +272,6 @@ def translate(err: ApiException, verb: str, resource: str, namespace: str) -> Ex
     if retryable_status(status):
         return Unavailable(f"Kubernetes API: {verb} {resource}: {status or ''} {message}")
     return Rejected(f"Kubernetes rejected '{verb} {resource}' ({status}): {message}")
-
-
-def _exit_code(status: bytes | str) -> int:
-    """The exit code in an exec's closing status (its error channel): Success is 0; a
-    NonZeroExitCode names it among its causes."""
-    try:
-        body = json.loads(status or b"{}")
-    except ValueError:
-        return -1
-    if body.get("status") == "Success":
-        return 0
-    for cause in (body.get("details") or {}).get("causes") or []:
-        if cause.get("reason") == "ExitCode":
-            try:
-                return int(cause.get("message"))
-            except (TypeError, ValueError):
-                return -1
-    return -1
 
 
 def _api_message(err: ApiException) -> str:

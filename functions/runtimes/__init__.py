@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from functions.model import Outcome, Task
 from functions.runtimes.background import Ended
-from functions.runtimes.warm import WarmCounts
+from functions.runtimes.warm.pool import WarmCounts
 
 if TYPE_CHECKING:
     from functions.settings import Settings

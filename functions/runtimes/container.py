@@ -4,7 +4,7 @@ The working directory of in/out is a host temp dir bind-mounted at Concourse's p
 engine must share this machine's filesystem (a local socket, as with DOCKER_HOST=unix://…).
 stdin goes through an attach socket, so the payload never touches disk or the container spec
 (``container_script``: the script from its start to its exit and output). Images are pulled
-by ``engine_images``; a check may run in a warm container instead (``warm_check``). Every
+by ``engine_images``; a check may run in a warm container instead (``warm.check``). Every
 engine call is wrapped: trouble with the engine is ``Unavailable`` (503), never a crash.
 """
 
@@ -47,9 +47,9 @@ from functions.runtimes.labels import (
 )
 from functions.runtimes.output import Output
 from functions.runtimes.sweep import Sweeper
-from functions.runtimes.warm import WARM_OFF, WarmCounts
-from functions.runtimes.warm_check import run_warm_check, wanted
-from functions.runtimes.warm_engine import WarmContainers
+from functions.runtimes.warm.check import run_warm_check, wanted
+from functions.runtimes.warm.engine import WarmContainers
+from functions.runtimes.warm.pool import WARM_OFF, WarmCounts
 from functions.settings import WarmLimits
 from functions.steps import stage_collect
 from functions.steps.outcome import failed, final_failure
@@ -117,7 +117,7 @@ class ContainerRuntime:
 
     def start_sweeps(self) -> None:
         """Sweep leftover containers now and every few minutes (functions.runtimes.sweep),
-        and warm check containers of owners gone (functions.runtimes.warm_engine)."""
+        and warm check containers of owners gone (functions.runtimes.warm.engine)."""
         self._sweeper.start()
         if self._warm is not None:
             self._warm.start()
@@ -194,7 +194,7 @@ class ContainerRuntime:
             return self._run(task)
 
     def _warm_check(self, task: Task) -> Outcome | None:
-        """The check as an exec in its warm container (``warm_check``); None if that one is
+        """The check as an exec in its warm container (``warm.check``); None if that one is
         busy or none could be started (then it runs in a new one)."""
         assert self._warm is not None
         with self._lock:

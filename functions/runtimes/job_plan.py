@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from functions import keys
 from functions.model import Action, ArtifactRef, HistoryPlan, LeaseHold, Task
-from functions.runtimes.warm import WARM_OFF
+from functions.runtimes.warm.pool import WARM_OFF
 from functions.settings import WarmLimits
 from functions.steps.budget import DEADLINE_SLACK_SECONDS, RESULT_WAIT_SECONDS, deadline_seconds
 from functions.steps.pod_contract import ReplyPlan

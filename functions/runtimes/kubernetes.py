@@ -52,9 +52,9 @@ from functions.runtimes.job_status import (
 )
 from functions.runtimes.labels import MANAGED
 from functions.runtimes.pod_watch import Pods, PodWatch
-from functions.runtimes.warm import WarmCounts
-from functions.runtimes.warm_check import run_warm_check, wanted
-from functions.runtimes.warm_pods import PodCheck, WarmPods
+from functions.runtimes.warm.check import run_warm_check, wanted
+from functions.runtimes.warm.pods import PodCheck, WarmPods
+from functions.runtimes.warm.pool import WarmCounts
 from functions.steps.outcome import failed, final_failure, task_deadline
 from storage import Store
 from storage.store_errors import StorageError
@@ -99,7 +99,9 @@ class KubernetesRuntime:
         self._waiting: set[str] = set()  # run ids whose Job's pod has not started
         self._background = BackgroundRuns("follow")
         self._pods = PodWatch(self._api, MANAGED, config.watch_seconds)
-        self._warm = WarmPods(self._api, config.warm) if config.warm.enabled else None
+        self._warm = (
+            WarmPods(self._api, config.warm, config.reply_secret) if config.warm.enabled else None
+        )
 
     @classmethod
     def from_settings(cls, settings: Settings, store: Store) -> KubernetesRuntime:
@@ -115,7 +117,7 @@ class KubernetesRuntime:
 
     def start_sweeps(self) -> None:
         """Finished Jobs go by their ``ttlSecondsAfterFinished``; warm check pods that ended
-        or were this replica's are deleted (``warm_pods``)."""
+        or were this replica's are deleted (``warm.pods``)."""
         if self._warm is not None:
             self._warm.start()
 

@@ -1,6 +1,8 @@
 """Warm check pods on a real single-node Kubernetes (docs/warm-checks.md): the check service
-on this machine with ``WARM_CHECKS=on`` and the shipped Role (pods/exec in the task namespace
-only); the warm resource counts the checks run in its container in $TMPDIR."""
+on this machine with ``WARM_CHECKS=on`` and the shipped Role; a warm pod per team, image and
+settings runs rf-agent, which runs each source's checks in a directory of its own; checks go
+to it over the pod network, no API request per check. The warm resource counts its source's
+checks in $TMPDIR and what it left in $HOME."""
 
 from __future__ import annotations
 
@@ -71,20 +73,57 @@ def new_source() -> dict[str, str]:
     return {"nonce": uuid.uuid4().hex, "password": PASSWORD}
 
 
-def test_the_second_check_runs_in_the_same_pod_and_another_team_never(warm_deployment):
-    source = new_source()
+def test_sources_share_a_pod_never_a_directory_and_another_team_never_the_pod(
+    warm_deployment,
+):
+    source, other = new_source(), new_source()
     first = check(warm_deployment, source, team="a")
     second = check(warm_deployment, source, team="a")
+    beside = check(warm_deployment, other, team="a")
     theirs = check(warm_deployment, source, team="b")
-    assert first["count"] == "1"
-    assert second == {"count": "2", "container": first["container"]}  # $TMPDIR remembered
+    assert (first["count"], first["seen"]) == ("1", "1")
+    assert (second["count"], second["seen"]) == ("2", "2")  # its $TMPDIR and $HOME kept
+    assert second["container"] == beside["container"] == first["container"]
+    assert (beside["count"], beside["seen"]) == ("1", "1")  # in the same pod, its own
+    assert beside["home"] != first["home"] and beside["tmp"] != first["tmp"]
+    assert first["home"].startswith("/rf/sources/")
     assert theirs["count"] == "1" and theirs["container"] != first["container"]
     kept = names(warm_deployment)
     assert first["container"] in kept and theirs["container"] in kept
     text = json.dumps(warm_pods(warm_deployment))
     assert PASSWORD not in text and source["nonce"] not in text
     assert PASSWORD not in Path(warm_deployment.services.log_path).read_text()
-    assert warm_deployment.services.metric("check", "resource_function_warm_reuses_total") == 1
+    assert warm_deployment.services.metric("check", "resource_function_warm_reuses_total") == 2
+
+
+def test_a_steady_check_makes_no_api_request(warm_deployment):
+    """Once its pod runs, a check goes to the agent over the pod network: the audit log
+    shows no request of the functions' account while ten checks run."""
+    source = new_source()
+    check(warm_deployment, source)
+    cluster = warm_deployment.cluster
+    offset = cluster.audit_log.stat().st_size
+    for _ in range(10):
+        assert "count" in check(warm_deployment, source)
+    requests = api_requests(audit_entries(cluster.audit_log, offset))[0]
+    assert sum(requests.values()) == 0, requests
+
+
+def test_the_agent_runs_nothing_without_its_pods_token(warm_deployment):
+    """Its port answers 401 to a call without the pod's token, or with another pod's."""
+    import requests as http
+
+    from functions.runtimes.warm.agent import PORT, pod_token
+
+    first = check(warm_deployment, new_source(), team="a")
+    other = check(warm_deployment, new_source(), team="b")
+    pod = next(p for p in warm_pods(warm_deployment) if p["metadata"]["name"] == first["container"])
+    url = f"http://{pod['status']['podIP']}:{PORT}/check"
+    headers = {"X-RF-Source": "a" * 32, "X-RF-Timeout": "5"}
+    secret = warm_deployment.services.env["CACHE_SECRET"].encode()
+    for token in ("", "forged" * 4, pod_token(secret, other["container"])):
+        answer = http.post(url, headers={**headers, "Authorization": f"Bearer {token}"}, data=b"{}")
+        assert answer.status_code == 401, answer.text
 
 
 def uid_of(deployment, pod: str) -> str:
@@ -101,7 +140,8 @@ def test_a_deleted_warm_pod_is_replaced_without_a_failure(warm_deployment):
         "-n", warm_deployment.namespace, "delete", "pod", first["container"], "--wait=true"
     )
     second = check(warm_deployment, source)
-    assert second["count"] == "1"  # a new pod (of the same name: its key's and replica's)
+    assert second["count"] == "1"  # a new pod
+    assert second["container"] != first["container"]
     assert uid_of(warm_deployment, second["container"]) not in ("", deleted)
     dead = warm_deployment.services.metric(
         "check", "resource_function_warm_evictions_total", reason="dead"
@@ -155,15 +195,15 @@ def test_a_full_task_quota_evicts_an_idle_warm_pod_and_the_other_teams_check_run
     assert after == before + 1
 
 
-def test_a_check_over_its_budget_ends_with_its_pod(warm_deployment):
-    before = names(warm_deployment)
-    failure = check(warm_deployment, {**new_source(), "mode": "hang"}, kind="slow")
+def test_a_check_over_its_budget_ends_alone(warm_deployment):
+    """The agent kills that check's processes; its pod, and another source's directory in
+    it, stay."""
+    other = new_source()
+    kept = check(warm_deployment, other, team="budget")
+    failure = check(warm_deployment, {**new_source(), "mode": "hang"}, team="budget", kind="slow")
     assert failure["kind"] == "timeout"
-    assert names(warm_deployment) == before  # its pod, with every process in it, is gone
-    budget = warm_deployment.services.metric(
-        "check", "resource_function_warm_evictions_total", reason="budget"
-    )
-    assert budget == 1
+    after = check(warm_deployment, other, team="budget")
+    assert (after["count"], after["container"]) == ("2", kept["container"])
 
 
 @pytest.mark.bench

@@ -21,7 +21,7 @@ from cloudevents.core.bindings.http import to_binary_event
 
 from functions.cli.launch import free_port
 from functions.model import ACTIONS, FAILURE_KINDS
-from functions.runtimes.warm import REASONS
+from functions.runtimes.warm.pool import REASONS
 from storage import open_store
 from storage.artifacts import add_team
 from testbed.process import ServerError

@@ -1,10 +1,13 @@
-"""Warm check containers (docs/warm-checks.md): a repeated check is an exec in the container
-that served its resource before. Real check service under gunicorn, real Podman; the warm
-resource counts the checks run in its container in $TMPDIR."""
+"""Warm check containers (docs/warm-checks.md): one container per team, image and container
+settings serves many sources, each in a directory of its own (its HOME and TMPDIR, made by
+rf-agent), one check at a time per source. Real check service under gunicorn, real Podman;
+the warm resource counts its source's checks in $TMPDIR and what it left in $HOME."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -37,10 +40,14 @@ def check_service(docker_host, warm_image, tmp_path):
 
 
 def check(
-    services: Services, source: dict[str, Any], team: str = "", version: Any = None
+    services: Services,
+    source: dict[str, Any],
+    team: str = "",
+    version: Any = None,
+    type: str = "test",
 ) -> dict[str, Any]:
-    """One check; its only version (count, container) or its failure."""
-    data: dict[str, Any] = {"type": "test", "source": source}
+    """One check; its only version (count, seen, container, home, tmp) or its failure."""
+    data: dict[str, Any] = {"type": type, "source": source}
     if team:
         data["build"] = {"team": team}
     if version is not None:
@@ -60,12 +67,13 @@ def new_source(**more: Any) -> dict[str, Any]:
     return {"nonce": uuid.uuid4().hex, "password": PASSWORD, **more}
 
 
-def test_the_second_check_runs_in_the_same_container(check_service, docker_host):
+def test_the_second_check_of_a_source_finds_what_its_first_left(check_service, docker_host):
     source = new_source()
     first = check(check_service, source)
     second = check(check_service, source)
-    assert first["count"] == "1"
-    assert second == {"count": "2", "container": first["container"]}  # $TMPDIR remembered
+    assert (first["count"], first["seen"]) == ("1", "1")
+    assert (second["count"], second["seen"]) == ("2", "2")  # its $TMPDIR and $HOME kept
+    assert second["container"] == first["container"]
     assert check_service.metric("check", "resource_function_warm_reuses_total") == 1
     assert check_service.metric("check", "resource_function_warm_starts_total") == 1
     assert check_service.metric("check", "resource_function_warm_containers") == 1
@@ -74,15 +82,45 @@ def test_the_second_check_runs_in_the_same_container(check_service, docker_host)
     assert PASSWORD not in str(labels) and source["nonce"] not in str(labels)
 
 
-def test_another_team_or_source_never_shares_it(check_service):
-    source = new_source()
-    mine = check(check_service, source, team="a")
-    theirs = check(check_service, source, team="b")
-    other = check(check_service, new_source(), team="a")
-    again = check(check_service, source, team="a")
-    assert theirs["count"] == "1" and theirs["container"] != mine["container"]
-    assert other["count"] == "1" and other["container"] != mine["container"]
-    assert again == {"count": "2", "container": mine["container"]}
+def test_sources_of_a_team_and_image_share_a_container_never_a_directory(check_service):
+    sources = [new_source() for _ in range(3)]
+    answers = [check(check_service, s) for s in sources] + [check(check_service, sources[0])]
+    assert len({a["container"] for a in answers}) == 1  # one container for the three
+    assert [(a["count"], a["seen"]) for a in answers] == [("1", "1")] * 3 + [("2", "2")]
+    homes = {a["home"] for a in answers[:3]}
+    tmps = {a["tmp"] for a in answers[:3]}
+    assert len(homes) == len(tmps) == 3  # each source its own
+    for answer in answers:
+        assert re.fullmatch(r"/tmp/rf-sources/[0-9a-f]{32}/home", answer["home"])
+        assert answer["tmp"] == answer["home"].replace("/home", "/tmp")
+        assert PASSWORD not in answer["home"]
+    assert check_service.metric("check", "resource_function_warm_starts_total") == 1
+    assert check_service.metric("check", "resource_function_warm_sources") == 3
+
+
+def test_two_teams_or_two_container_settings_never_share_a_container(
+    docker_host, warm_image, tmp_path
+):
+    """Another team's check of the same source, and a type of the same image whose container
+    settings differ (privileged), get containers of their own (two images: the moved tag's
+    test below)."""
+    env = {**service_env(docker_host, warm_image, tmp_path), "WARM_CHECKS": "on"}
+    types = json.loads(env["RESOURCE_TYPES"])
+    types["privileged"] = {"image": warm_image, "privileged": True}
+    env["RESOURCE_TYPES"] = json.dumps(types)
+    services = start_services(env, tmp_path / "services.log", actions=("check",))
+    try:
+        source = new_source()
+        mine = check(services, source, team="a")
+        theirs = check(services, source, team="b")
+        privileged = check(services, source, team="a", type="privileged")
+        again = check(services, source, team="a")
+        containers = {mine["container"], theirs["container"], privileged["container"]}
+        assert len(containers) == 3
+        assert theirs["count"] == privileged["count"] == "1"
+        assert (again["count"], again["container"]) == ("2", mine["container"])
+    finally:
+        services.stop()
 
 
 def test_a_removed_warm_container_is_replaced_without_a_failure(check_service, docker_host):
@@ -96,7 +134,7 @@ def test_a_removed_warm_container_is_replaced_without_a_failure(check_service, d
     assert dead == 1
 
 
-def test_a_busy_warm_container_is_not_waited_for(docker_host, warm_image, tmp_path):
+def test_a_second_check_of_a_busy_source_runs_in_a_new_container(docker_host, warm_image, tmp_path):
     env = {
         **service_env(docker_host, warm_image, tmp_path),
         "WARM_CHECKS": "on",
@@ -106,7 +144,7 @@ def test_a_busy_warm_container_is_not_waited_for(docker_host, warm_image, tmp_pa
     try:
         source = new_source(delay=2)
         warm = check(services, source)["container"]
-        # Two versions: two flights, one warm key.
+        # Two versions: two flights of one source.
         both = parallel(lambda i: check(services, source, version={"count": str(i)}), 2)
         assert sorted(answer["count"] for answer in both) == ["1", "2"]
         reused = next(answer for answer in both if answer["count"] == "2")
@@ -117,28 +155,30 @@ def test_a_busy_warm_container_is_not_waited_for(docker_host, warm_image, tmp_pa
         services.stop()
 
 
-def test_a_check_over_its_budget_leaves_no_process(check_service, docker_host):
-    assert check(check_service, new_source())["count"] == "1"  # another resource's, kept
+def test_a_check_over_its_budget_ends_alone(check_service, docker_host):
+    """Its processes go (the child it left too); the container stays, with another source's
+    directory, which its next check finds."""
+    other = new_source()
+    assert check(check_service, other)["count"] == "1"
     status, reply, response = send(
         check_service.urls["check"],
         request_event("check", {"type": "slow", "source": new_source(mode="hang")}),
     )
     assert status == 200, response.text
     assert reply.get_data()["error"]["kind"] == "timeout"
-    assert not sleeping_checks()  # the check's child went with its container
-    assert len(warm_containers(docker_host)) == 1  # the other resource's stays warm
-    budget = check_service.metric(
-        "check", "resource_function_warm_evictions_total", reason="budget"
-    )
-    assert budget == 1
+    assert not sleeping_checks()  # the check's child went with it
+    after = check(check_service, other)
+    assert after["count"] == "2"  # the same container, its directory kept
+    assert len(warm_containers(docker_host)) == 1
+    assert check_service.metric("check", "resource_function_warm_starts_total") == 1
 
 
 def test_sigterm_leaves_no_warm_container(docker_host, warm_image, tmp_path):
     env = {**service_env(docker_host, warm_image, tmp_path), "WARM_CHECKS": "on"}
     services = start_services(env, tmp_path / "services.log", actions=("check",))
     try:
-        check(services, new_source())
-        check(services, new_source())
+        check(services, new_source(), team="a")
+        check(services, new_source(), team="b")
         assert len(warm_containers(docker_host)) == 2
     finally:
         services.stop()  # SIGTERM: the drain removes them

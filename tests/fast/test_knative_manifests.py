@@ -67,8 +67,10 @@ IN_TASKS_NAMESPACE = {  # (kind, name) of what lives beside the task Jobs
     ("RoleBinding", "resource-functions-tasks"),
     ("ServiceAccount", "resource-task"),
     ("NetworkPolicy", "task-pods"),
+    ("NetworkPolicy", "warm-pods-from-check"),
     ("Secret", "resource-functions-store"),  # one copy: the tasks' store credentials
     ("ResourceQuota", "task-pods"),
+    ("ResourceQuota", "warm-check-pods"),
     ("LimitRange", "task-containers"),
     # The Tekton Custom Task's controller stops the Job of a cancelled CustomRun.
     ("Role", "resource-functions-tekton-controller"),
@@ -88,6 +90,7 @@ CLUSTER_SCOPED = {
     "ClusterRoleBinding",
     "ValidatingAdmissionPolicy",
     "ValidatingAdmissionPolicyBinding",
+    "PriorityClass",
 }
 # Prometheus Operator kinds (knative/monitoring/): checked by tests/fast/test_alert_rules.py.
 OPERATOR_GROUPS = {"monitoring.coreos.com"}
@@ -152,7 +155,6 @@ EXPECTED_ROLE_RULES = {  # (apiGroup, resource): verbs
     ("batch", "jobs"): {"create", "get", "list", "watch", "delete"},
     ("", "secrets"): {"create", "get", "delete"},
     ("", "pods"): {"get", "list", "watch", "create", "delete"},  # warm check pods
-    ("", "pods/exec"): {"create", "get"},  # a check in a warm pod, in the task namespace only
 }
 # Names the ecosystem uses for credentials: never ConfigMap keys.
 SECRET_ENV_NAMES = {
@@ -1465,6 +1467,28 @@ def test_only_knative_reaches_the_functions_and_only_tasks_reach_the_relay() -> 
         for c in _one("Deployment", "reply-relay")["spec"]["template"]["spec"]["containers"]
     }
     assert {p["port"] for p in rule["ports"]} == served
+
+
+def test_a_warm_pods_agent_takes_checks_from_the_check_functions_pods_alone() -> None:
+    """The agent's port, from the pods of the check Service (their component label), of the
+    functions' namespace; the label the policy selects is the one warm pods carry."""
+    from functions.runtimes.labels import WARM_POD_KEY_LABEL
+    from functions.runtimes.warm.agent import PORT
+
+    policy = _one("NetworkPolicy", "warm-pods-from-check")
+    assert policy["metadata"]["namespace"] == TASKS_NAMESPACE
+    spec = policy["spec"]
+    assert spec["podSelector"] == {
+        "matchExpressions": [{"key": WARM_POD_KEY_LABEL, "operator": "Exists"}]
+    }
+    (rule,) = spec["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": PORT}]
+    (peer,) = rule["from"]
+    assert peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}}
+    component = peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"]
+    check = _one("Service", "check", "serving.knative.dev")
+    labels = check["spec"]["template"]["metadata"]["labels"]
+    assert labels["app.kubernetes.io/component"] == component == "check"
 
 
 def test_the_functions_may_touch_secrets_only_in_the_task_namespace() -> None:

@@ -12,7 +12,8 @@ from functions.errors import RunStopped
 from functions.ledger import tombstones
 from functions.phases import PhaseClock
 from functions.runtimes.output import Output
-from functions.runtimes.warm import STOPPED, Gone, Warm, WarmPool, check_in_warm
+from functions.runtimes.warm.check import check_in_warm
+from functions.runtimes.warm.pool import Slot, WarmPool
 from functions.settings import WarmLimits
 from storage import Store
 from tests.support.http_helpers import FakeRuntime, event, make_client, post, reply_of
@@ -101,36 +102,39 @@ def test_a_stop_counts_in_the_metrics(store: Store) -> None:
 # --- the warm check under way -----------------------------------------------------------------
 
 
-def test_stopping_a_warm_check_under_way_evicts_its_container_and_never_runs_it_again() -> None:
+def test_stopping_a_warm_check_under_way_ends_it_alone_and_never_runs_it_again() -> None:
+    """The stop ends that check (its slot's ``cancel``: the agent kills its processes); the
+    warm container stays, with its other sources' checks."""
     removed: list[str] = []
-    pool = WarmPool(WarmLimits(), removed.append)
-    started = Warm(key="k", team="t", handle="c-1", started=0.0, used=0.0)
+    pool = WarmPool(WarmLimits(), lambda w: removed.append(w.handle))
+    other = pool.take("k", "t", "other-source", run="run-0")
+    container = pool.admit(other, "c-1")
+    ended: list[str] = []
 
-    def execute(handle: str) -> tuple[int | None, Output]:
+    def execute(slot: Slot) -> tuple[int | None, Output]:
+        slot.cancel = lambda: ended.append(slot.source)
         assert pool.stop_run("run-1")  # the stop arrives while the check runs
-        raise Gone(handle)  # its container went with the eviction
+        return None, Output()
 
     with pytest.raises(RunStopped, match="stopped by its sender"):
         check_in_warm(
             pool,
-            "k",
+            lambda: pool.take("k", "t", "source-1", run="run-1"),
             PhaseClock(),
-            start=lambda: pool.admit("k", "t", "c-1") or started,
+            start=lambda slot: pool.admit(slot, "c-2"),
             execute=execute,
-            run="run-1",
         )
-    assert removed == ["c-1"] and pool.counts().evictions == {STOPPED: 1}
+    assert ended == ["source-1"] and removed == []
+    assert list(container.checks) == ["other-source"]  # the other check goes on
     assert not pool.stop_run("run-1")
 
 
 def test_a_stop_of_a_run_without_a_warm_check_here_changes_nothing() -> None:
     removed: list[str] = []
-    pool = WarmPool(WarmLimits(), removed.append)
-    assert pool.take("k") is None
-    warm = pool.admit("k", "t", "c-1")
-    assert warm is not None
-    warm.run = "run-1"
+    pool = WarmPool(WarmLimits(), lambda w: removed.append(w.handle))
+    slot = pool.take("k", "t", "s", run="run-1")
+    pool.admit(slot, "c-1")
     assert not pool.stop_run("run-2")
-    pool.back(warm)
+    pool.back(slot)
     assert not pool.stop_run("run-1")  # idle: no check of it under way
     assert removed == []

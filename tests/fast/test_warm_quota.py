@@ -15,9 +15,9 @@ from kubernetes.client.exceptions import ApiException
 
 from functions.errors import QuotaExceeded, Unavailable
 from functions.kube.api import translate
-from functions.runtimes import warm_pods
-from functions.runtimes.warm import QUOTA, NotWarm, WarmPool
-from functions.runtimes.warm_pods import WarmPods
+from functions.runtimes.warm import pods as warm_pods
+from functions.runtimes.warm.pods import WarmPods
+from functions.runtimes.warm.pool import QUOTA, NotWarm, Slot, WarmPool
 from functions.settings import Settings, WarmLimits
 
 KNATIVE = Path(__file__).resolve().parents[2] / "knative"
@@ -46,15 +46,16 @@ def test_a_full_quota_is_quota_exceeded_not_a_missing_right() -> None:
 
 def test_the_least_recently_used_idle_one_goes_whatever_its_team() -> None:
     removed: list[str] = []
-    pool = WarmPool(WarmLimits(), removed.append)
-    held = {}
+    pool = WarmPool(WarmLimits(), lambda w: removed.append(w.handle))
+    held: dict[str, Slot] = {}
     for key, team in (("a", "red"), ("b", "blue"), ("c", "red")):
-        assert pool.take(key) is None
-        held[key] = pool.admit(key, team, f"pod-{key}")
+        held[key] = pool.take(key, team, "s")
+        pool.admit(held[key], f"pod-{key}")
     pool.back(held["a"])
     pool.back(held["b"])
-    assert pool.take("a") is held["a"]  # a used again: b is the least recently used
-    pool.back(held["a"])
+    again = pool.take("a", "red", "s")  # a used again: b is the least recently used
+    assert again.warm is held["a"].warm
+    pool.back(again)
     assert pool.evict_idle(QUOTA) and removed == ["pod-b"]
     assert pool.evict_idle(QUOTA) and removed == ["pod-b", "pod-a"]
     assert not pool.evict_idle(QUOTA)  # c is busy
@@ -81,11 +82,10 @@ class FullApi:
 
 
 def pods_with_one_idle(api: FullApi) -> WarmPods:
-    pods = WarmPods(api, WarmLimits(), owner="replica-1")  # type: ignore[arg-type]
-    assert pods.pool.take("other-teams") is None
-    warm = pods.pool.admit("other-teams", "blue", "rf-warm-idle")
-    assert warm is not None
-    pods.pool.back(warm)
+    pods = WarmPods(api, WarmLimits(), b"secret", owner="replica-1")  # type: ignore[arg-type]
+    slot = pods.pool.take("other-teams", "blue", "s")
+    pods.pool.admit(slot, "rf-warm-idle")
+    pods.pool.back(slot)
     return pods
 
 
@@ -104,7 +104,7 @@ def test_with_nothing_idle_to_evict_the_check_runs_in_a_job(
 ) -> None:
     monkeypatch.setattr(warm_pods, "READY_POLL_SECONDS", 0.0)
     api = FullApi(full=100)
-    pods = WarmPods(api, WarmLimits(), owner="replica-1")  # type: ignore[arg-type]
+    pods = WarmPods(api, WarmLimits(), b"secret", owner="replica-1")  # type: ignore[arg-type]
     with pytest.raises(NotWarm, match="no room for a warm pod"):
         pods._create({"metadata": {"name": "rf-warm-new"}})
     still_full = FullApi(full=100)
@@ -113,16 +113,25 @@ def test_with_nothing_idle_to_evict_the_check_runs_in_a_job(
     assert still_full.deleted == ["rf-warm-idle"]  # one eviction per check, not a purge
 
 
-def test_the_shipped_warm_caps_leave_the_task_quota_room_for_jobs() -> None:
-    """Two check replicas keeping their whole cap of warm pods take at most half the shipped
-    quota's pods; the rest is the Jobs'."""
+def test_warm_pods_have_a_quota_of_their_own_and_never_take_the_jobs_room() -> None:
+    """Issue 49: as shipped, 4 warm pods per team times 20 check replicas could take 80
+    pods of a 40-pod quota shared with the Jobs. Now the warm pods' PriorityClass sets them
+    apart: the Jobs' quota does not count them, theirs counts them alone, the class yields
+    to Jobs under a node's pressure, and the pods the shipped config makes carry it."""
     config = yaml.safe_load((KNATIVE / "config.yaml").read_text())["data"]
-    quota = next(
-        d
-        for d in yaml.safe_load_all((KNATIVE / "task-limits.yaml").read_text())
-        if d and d["kind"] == "ResourceQuota"
-    )
-    pods = int(quota["spec"]["hard"]["pods"])
+    docs = [d for d in yaml.safe_load_all((KNATIVE / "task-limits.yaml").read_text()) if d]
+    quotas = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "ResourceQuota"}
+    (priority,) = [d for d in docs if d["kind"] == "PriorityClass"]
     limits = Settings.from_env({**config, "CACHE_SECRET": "x" * 32}).warm
-    assert 2 * limits.per_replica <= pods // 2
+    assert limits.enabled and limits.priority_class == priority["metadata"]["name"]
+    assert priority["value"] < 0 and priority["preemptionPolicy"] == "Never"
+    assert not priority["globalDefault"]
+    scope = {"scopeName": "PriorityClass", "values": [limits.priority_class]}
+    assert quotas["task-pods"]["scopeSelector"]["matchExpressions"] == [
+        {**scope, "operator": "NotIn"}
+    ]
+    assert quotas["warm-check-pods"]["scopeSelector"]["matchExpressions"] == [
+        {**scope, "operator": "In"}
+    ]
+    assert int(quotas["warm-check-pods"]["hard"]["pods"]) >= 2 * limits.per_replica
     assert limits.per_team <= limits.per_replica

@@ -13,7 +13,7 @@ from functions.errors import Unavailable
 from functions.http.app import create_app
 from functions.ledger import results
 from functions.model import Outcome, ResourceType, Task
-from functions.runtimes.warm import WarmCounts
+from functions.runtimes.warm.pool import WarmCounts
 from functions.settings import Settings
 from storage import Store, put_json
 

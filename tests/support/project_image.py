@@ -38,6 +38,7 @@ BUILD_INPUTS = (
     "constraints.txt",
     "functions",
     "storage",
+    "agent",
 )
 HOST_CA_DIR = Path("/usr/local/share/ca-certificates")  # CAs this machine adds to Debian's
 CA_BUNDLE = "etc/ssl/certs/ca-certificates.crt"
@@ -61,6 +62,7 @@ def build_project_image(repo: Path = REPO, base: str = BASE_IMAGE) -> str:
         ensure_debian_base(base)
         ref = f"{IMAGE}:{build_hash(repo, image_id(base))}"
         if not image_exists(ref):
+            agent = build_agent(repo)
             _run(
                 [
                     "podman",
@@ -68,6 +70,8 @@ def build_project_image(repo: Path = REPO, base: str = BASE_IMAGE) -> str:
                     "--network=host",
                     "--pull=never",
                     "--layers",
+                    "--build-context",  # no registry for a Go image: the agent built here
+                    f"agent={agent}",
                     "--build-arg",
                     f"BASE={base}",
                     "--tag",
@@ -78,6 +82,14 @@ def build_project_image(repo: Path = REPO, base: str = BASE_IMAGE) -> str:
                 ]
             )
         return ref
+
+
+def build_agent(repo: Path = REPO) -> Path:
+    """A folder holding rf-agent alone (``agent/build.sh``), the image build's ``agent``."""
+    folder = Path.home() / ".cache" / "resource-functions" / "agent-image"
+    env = {**os.environ, "RF_BIN": str(folder)}
+    built = _run(["bash", str(repo / "agent" / "build.sh")], env=env)
+    return Path(built.strip().splitlines()[-1]).parent
 
 
 def ensure_debian_base(ref: str = BASE_IMAGE) -> None:

@@ -6,8 +6,12 @@ read-only and run as ``<pause> -P``: Podman's ``catatonit`` (its pause mode: PID
 reaps orphans and does nothing else) unless WARM_CHECK_PAUSE names another (the cluster's
 ``pause.go`` ignores the flag). Supplied by us, not taken from the image, so a resource
 image needs no shell or ``sleep``; as PID 1 it takes every process of the container with it
-when the container is removed. Each check is an exec of ``/opt/resource/check`` with the
-request on the exec's stdin (never in its spec), read like a task container's attach.
+when the container is removed. Beside it, read-only too, the static ``rf-agent``
+(``agent/``, WARM_CHECK_AGENT or on PATH). Each check is an exec of ``rf-agent run`` for the
+check's source (its directory, HOME and TMPDIR, under ``SOURCES_ROOT``), with the request on
+the exec's stdin (never in its spec), read like a task container's attach. A check past its
+budget, or whose sender stops it, is ended alone by an exec of ``rf-agent kill``: the other
+sources' checks and directories stay.
 
 Labels: ``warm-check`` (the key, a hash) and ``warm-owner`` (this process: its pid and start
 time). Replicas never share warm containers: each keeps its own, and the sweep at start
@@ -27,26 +31,23 @@ import docker.errors
 
 from functions.errors import Unavailable
 from functions.logs import fields
-from functions.model import SCRIPTS, Task
+from functions.model import Task
 from functions.phases import PhaseClock
 from functions.runtimes.attach import ENGINE_ERRORS, close_socket, pump
 from functions.runtimes.engine_images import EngineImages
 from functions.runtimes.labels import MANAGED, MANAGED_BY_LABEL, WARM_KEY_LABEL, WARM_OWNER_LABEL
-from functions.runtimes.warm import (
-    CheckEnd,
-    Gone,
-    NotWarm,
-    Warm,
-    WarmSet,
-    check_in_warm,
-)
-from functions.runtimes.warm_check import ImagePullFailed
+from functions.runtimes.warm.check import CheckEnd, ImagePullFailed, check_in_warm
+from functions.runtimes.warm.lifecycle import WarmSet
+from functions.runtimes.warm.pool import Gone, NotWarm, Slot, Warm
 from functions.settings import WarmLimits
 from functions.steps.pod_contract import MANAGED_BY
 
 PAUSE_TARGET = "/.rf-pause"  # where the pause program is mounted in a warm container
+AGENT_TARGET = "/.rf-agent"  # and rf-agent
+SOURCES_ROOT = "/tmp/rf-sources"  # the sources' directories in a warm container
 PAUSE_CANDIDATES = ("/usr/libexec/podman/catatonit", "/usr/bin/catatonit")
 EXIT_SETTLE_SECONDS = 1  # after the stream's end, for the engine to see the exec's exit
+KILL_SECONDS = 10  # for a check's stream to end once rf-agent kill has ended its processes
 log = logging.getLogger("functions.container")
 
 
@@ -56,6 +57,12 @@ def default_pause() -> str:
         if Path(path).is_file():
             return path
     return shutil.which("catatonit") or ""
+
+
+def default_agent() -> str:
+    """rf-agent on PATH, or where ``agent/build.sh`` puts it; "" if none is found."""
+    built = Path.home() / ".cache" / "resource-functions" / "bin" / "rf-agent"
+    return shutil.which("rf-agent") or (str(built) if built.is_file() else "")
 
 
 def owner_id(pid: int | None = None) -> str:
@@ -88,6 +95,7 @@ class WarmContainers(WarmSet):
         self._network = network
         self._owner = owner_id()
         self._pause = limits.pause or default_pause()
+        self._agent = limits.agent or default_agent()
 
     def image(self, task: Task, clock: PhaseClock) -> str:
         """The id of the check's image (pulled if the engine lacks it): a tag moved to
@@ -98,20 +106,20 @@ class WarmContainers(WarmSet):
         return image
 
     def check(
-        self, task: Task, key: str, image: str, clock: PhaseClock, keep: int
+        self, task: Task, key: str, source: str, image: str, clock: PhaseClock, keep: int
     ) -> CheckEnd | None:
-        """Run the check in ``key``'s warm container, started from ``image`` (an image id)
-        if it has none (``warm_check.WarmExecutor``)."""
+        """Run the check of ``source`` in one of ``key``'s warm containers, one started from
+        ``image`` (an image id) if none has room (``warm.check.WarmExecutor``)."""
         deadline = time.monotonic() + task.timeout_seconds
+        limits = self.pool.limits
         ended = check_in_warm(
             self.pool,
-            key,
+            lambda: self.pool.take(key, task.team, source, task.run_id, limits.wait_seconds),
             clock,
-            start=lambda: self._start(task, key, image),
-            execute=lambda handle: self._exec(handle, task, keep, deadline),
-            run=task.run_id,
+            start=lambda slot: self._start(task, slot, image),
+            execute=lambda slot: self._exec(slot, task, keep, deadline),
         )
-        if ended is None:  # busy, or it could not start (the image gone?): ask next time
+        if ended is None:  # it could not go warm (the image gone?): ask next time
             self._images.forget(task.resource_type.image)
         return ended
 
@@ -127,84 +135,99 @@ class WarmContainers(WarmSet):
         for summary in listed:
             owner = str((summary.get("Labels") or {}).get(WARM_OWNER_LABEL, ""))
             if owner != self._owner and not owner_alive(owner):
-                self._remove(str(summary["Id"]))
+                self._remove_handle(str(summary["Id"]))
                 removed += 1
         if removed:
             log.info("swept warm check containers of owners gone", extra=fields(removed=removed))
         return removed
 
-    def _start(self, task: Task, key: str, image: str) -> Warm:
-        """Create and start a warm container for ``key`` and admit it (a pool without room
-        gives a ``Warm`` it does not keep: removed after this check)."""
-        if not self._pause:
-            self.pool.not_started(key)
+    def _start(self, task: Task, slot: Slot, image: str) -> Warm:
+        """Create and start a warm container for ``slot``'s key and admit it."""
+        if not self._pause or not self._agent:
             raise NotWarm(
-                "no pause program for warm checks (install catatonit or set WARM_CHECK_PAUSE)"
+                "no pause program or rf-agent for warm checks (install catatonit, build "
+                "agent/ with agent/build.sh; or set WARM_CHECK_PAUSE and WARM_CHECK_AGENT)"
             )
         try:
             container = self._client.containers.create(
                 image=image,
                 entrypoint=[PAUSE_TARGET, "-P"],
                 command=[],
-                volumes={self._pause: {"bind": PAUSE_TARGET, "mode": "ro"}},
+                volumes={
+                    self._pause: {"bind": PAUSE_TARGET, "mode": "ro"},
+                    self._agent: {"bind": AGENT_TARGET, "mode": "ro"},
+                },
                 labels={
                     MANAGED_BY_LABEL: MANAGED_BY,
-                    WARM_KEY_LABEL: key,
+                    WARM_KEY_LABEL: slot.key,
                     WARM_OWNER_LABEL: self._owner,
                 },
                 privileged=task.resource_type.privileged,
                 network=self._network,
             )
         except ENGINE_ERRORS as err:
-            self.pool.not_started(key)
             raise NotWarm(f"container engine: cannot create a warm container: {err}") from err
         try:
             container.start()
         except ENGINE_ERRORS as err:
-            self.pool.not_started(key)
-            self._remove(container.id)
+            self._remove_handle(container.id)
             raise NotWarm(f"container engine: cannot start a warm container: {err}") from err
-        team = task.team
-        warm = self.pool.admit(key, team, container.id)
-        if warm is None:  # no room: this check only
-            now = time.monotonic()
-            warm = Warm(key=key, team=team, handle=container.id, started=now, used=now)
-        return warm
+        return self.pool.admit(slot, container.id)
 
-    def _exec(self, handle: str, task: Task, keep: int, deadline: float) -> CheckEnd:
-        """Exec the check with the request on stdin; its exit code (None: past ``deadline``)
-        and output. ``Gone`` if the container is not running (found so, or dying under it)."""
+    def _exec(self, slot: Slot, task: Task, keep: int, deadline: float) -> CheckEnd:
+        """Run the check through ``rf-agent run``, the request on stdin; its exit code (None:
+        past ``deadline``, its processes killed) and output. ``Gone`` if the container is
+        not running (found so, or dying under it)."""
+        assert slot.warm is not None
+        handle = slot.warm.handle
+        idle = str(int(self.pool.limits.idle_seconds))
+        command = [AGENT_TARGET, "run", "--root", SOURCES_ROOT, "--source", slot.source]
+        exec_id, sock = self._exec_start(handle, [*command, "--idle-seconds", idle], task.env)
+        slot.cancel = lambda: self._kill(handle, slot.source)
+        pumping = pump(sock, task.stdin, keep)
+        output = pumping.output
+        try:
+            pumping.reader.join(max(0.0, deadline - time.monotonic()))
+            if pumping.reader.is_alive():  # over its budget: that check alone ends
+                self._kill(handle, slot.source)
+                pumping.reader.join(KILL_SECONDS)
+                code = None
+            else:
+                code = self._exit_code(exec_id, deadline + KILL_SECONDS)
+        finally:
+            slot.cancel = None
+            close_socket(sock)
+            pumping.feeder.join(5)
+            pumping.reader.join(5)
+        if (code != 0 or not output.complete) and not self._running(handle):
+            raise Gone()  # killed under the check: not the check's own failure
+        if code is not None and not output.complete and not slot.stopped:
+            raise Unavailable("container engine: the check's output stream was cut")
+        return code, output
+
+    def _exec_start(self, handle: str, command: list[str], env: dict[str, str]) -> tuple[str, Any]:
+        """An exec of ``command`` in the container, started, with its socket."""
         api = self._client.api
         try:
             exec_id = api.exec_create(
-                handle,
-                [SCRIPTS["check"]],
-                stdin=True,
-                stdout=True,
-                stderr=True,
-                environment=task.env,
+                handle, command, stdin=True, stdout=True, stderr=True, environment=env
             )["Id"]
-            sock = api.exec_start(exec_id, socket=True)
+            return exec_id, api.exec_start(exec_id, socket=True)
         except docker.errors.APIError as err:
             if err.status_code in (404, 409) or not self._running(handle):
                 raise Gone() from err
             raise Unavailable(f"container engine: cannot exec the check: {err}") from err
         except ENGINE_ERRORS as err:
             raise Unavailable(f"container engine: cannot exec the check: {err}") from err
-        pumping = pump(sock, task.stdin, keep)
-        output = pumping.output
+
+    def _kill(self, handle: str, source: str) -> None:
+        """End the check of ``source`` under way, with every process it started (logged,
+        never raised: at worst the container goes with the check)."""
+        command = [AGENT_TARGET, "kill", "--root", SOURCES_ROOT, "--source", source]
         try:
-            pumping.reader.join(max(0.0, deadline - time.monotonic()))
-            code = None if pumping.reader.is_alive() else self._exit_code(exec_id, deadline)
-        finally:
-            close_socket(sock)
-            pumping.feeder.join(5)
-            pumping.reader.join(5)
-        if (code != 0 or not output.complete) and not self._running(handle):
-            raise Gone()  # killed under the check: not the check's own failure
-        if code is not None and not output.complete:
-            raise Unavailable("container engine: the check's output stream was cut")
-        return code, output
+            self._client.api.exec_start(self._client.api.exec_create(handle, command)["Id"])
+        except ENGINE_ERRORS as err:
+            log.warning("cannot end a warm check", extra=fields(error=str(err)))
 
     def _exit_code(self, exec_id: str, deadline: float) -> int | None:
         """The exec's exit code once the engine has seen it (asked often for a second after
@@ -231,7 +254,10 @@ class WarmContainers(WarmSet):
             raise Unavailable(f"container engine: {err}") from err
         return bool(state.get("Running"))
 
-    def _remove(self, handle: str) -> None:
+    def _remove(self, warm: Warm) -> None:
+        self._remove_handle(warm.handle)
+
+    def _remove_handle(self, handle: str) -> None:
         """Remove a warm container with every process in it (logged, never raised)."""
         try:
             self._client.api.remove_container(handle, force=True)

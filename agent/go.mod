@@ -1,0 +1,3 @@
+module resource-functions.dev/agent
+
+go 1.19
