@@ -3,7 +3,7 @@
 // image, each in a directory of its own, and nothing else.
 //
 //	rf-agent serve --listen :7777 --token-file F --root /rf/sources [--max-checks 8] [--idle-seconds 300]
-//	rf-agent run --root /tmp/rf-sources --source NAME [--idle-seconds 300]
+//	rf-agent run --root /tmp/rf-sources --source NAME [--timeout SECONDS] [--idle-seconds 300]
 //	rf-agent kill --root /tmp/rf-sources --source NAME
 //
 // (--script names another program than /opt/resource/check, for tests.)
@@ -17,9 +17,9 @@
 // while the source's previous check runs, 429 when --max-checks run. GET /healthz: 200.
 //
 // run (a warm container on a local engine, one exec per check): the same directories and
-// environment, the check's stdio the exec's, its exit code the exec's (137 when killed);
-// kill (another exec) ends the check of a source under way, with every process it started:
-// what the function does at the end of the check's budget, or when its sender stops it.
+// environment, the check's output the exec's, its exit code the exec's (137 when killed,
+// by its --timeout or by kill); kill (another exec) ends the check of a source under way,
+// with every process it started: what the function does when its sender stops it.
 //
 // Each source's directory holds home/ and tmp/ (created 0700 on its first check): the check
 // runs there with HOME and TMPDIR pointing at them, the image's other environment kept, in
@@ -35,6 +35,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"os"
 	"os/exec"
@@ -43,12 +44,14 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 )
 
-const maxRequest = 4 << 20 // a check's request: the functions send at most 2 MiB
+const (
+	maxRequest = 4 << 20         // a check's request: the functions send at most 2 MiB
+	drainTime  = 2 * time.Second // output read after a check exited, at most
+)
 
 // script: what a check runs (a flag, for tests; the request never names it).
 var script = "/opt/resource/check"
@@ -108,23 +111,23 @@ func (s *sources) give(name string) {
 	s.used[name] = time.Now()
 }
 
-// expire removes the directories unused for idle.
+// expire removes the directories unused for idle: each is renamed away under the lock (a
+// check that comes meanwhile makes a fresh one) and deleted after.
 func (s *sources) expire(idle time.Duration) {
 	s.mu.Lock()
 	var gone []string
 	for name, at := range s.used {
 		if !s.busy[name] && time.Since(at) >= idle {
-			gone = append(gone, name)
+			trash := filepath.Join(s.root, fmt.Sprintf(".gone-%s-%d", name, time.Now().UnixNano()))
+			if os.Rename(filepath.Join(s.root, name), trash) == nil {
+				gone = append(gone, trash)
+			}
 			delete(s.used, name)
-			s.busy[name] = true // nobody takes it while it goes
 		}
 	}
 	s.mu.Unlock()
-	for _, name := range gone {
-		os.RemoveAll(filepath.Join(s.root, name))
-		s.mu.Lock()
-		delete(s.busy, name)
-		s.mu.Unlock()
+	for _, trash := range gone {
+		os.RemoveAll(trash)
 	}
 }
 
@@ -215,14 +218,15 @@ func (s *server) check(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "POST only", http.StatusMethodNotAllowed)
 		return
 	}
-	given := []byte(strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer "))
-	if subtle.ConstantTimeCompare(given, s.token) != 1 {
+	auth := r.Header.Get("Authorization")
+	given := []byte(strings.TrimPrefix(auth, "Bearer "))
+	if !strings.HasPrefix(auth, "Bearer ") || subtle.ConstantTimeCompare(given, s.token) != 1 {
 		http.Error(w, "no valid token for this pod", http.StatusUnauthorized)
 		return
 	}
 	name := r.Header.Get("X-RF-Source")
 	budget, err := strconv.ParseFloat(r.Header.Get("X-RF-Timeout"), 64)
-	if !sourceName.MatchString(name) || err != nil || budget <= 0 || budget > 86400 {
+	if !sourceName.MatchString(name) || err != nil || math.IsNaN(budget) || budget <= 0 || budget > 86400 {
 		http.Error(w, "X-RF-Source (hex) and X-RF-Timeout (seconds) are needed", http.StatusBadRequest)
 		return
 	}
@@ -262,20 +266,6 @@ func (f *frames) write(kind byte, payload []byte) error {
 	return nil
 }
 
-// stream copies one of the check's outputs into frames of kind; a client gone ends the check.
-func stream(out *frames, kind byte, from io.Reader, gone func()) {
-	buffer := make([]byte, 32<<10)
-	for {
-		n, err := from.Read(buffer)
-		if n > 0 && out.write(kind, buffer[:n]) != nil {
-			gone()
-		}
-		if err != nil {
-			return
-		}
-	}
-}
-
 func (s *server) run(w http.ResponseWriter, r *http.Request, name string, budget time.Duration) {
 	cmd, err := command(s.sources.root, name)
 	if err != nil {
@@ -287,55 +277,144 @@ func (s *server) run(w http.ResponseWriter, r *http.Request, name string, budget
 		http.Error(w, "the request must arrive whole, at most 4 MiB", http.StatusBadRequest)
 		return
 	}
-	cmd.Stdin = bytes.NewReader(request)
-	stdout, _ := cmd.StdoutPipe()
-	stderr, _ := cmd.StderrPipe()
-	if err := cmd.Start(); err != nil {
-		http.Error(w, "cannot start the check: "+err.Error(), http.StatusInternalServerError)
+	out := &frames{w: w}
+	started := false
+	begin := func() {
+		w.Header().Set("Content-Type", "application/x-rf-frames")
+		w.WriteHeader(http.StatusOK)
+		started = true
+	}
+	code, timedOut, err := supervise(cmd, bytes.NewReader(request), budget, r.Context().Done(), begin,
+		func(data []byte) error { return out.write('o', data) },
+		func(data []byte) error { return out.write('e', data) })
+	if !started {
+		http.Error(w, "cannot start the check: "+fmt.Sprint(err), http.StatusInternalServerError)
 		return
 	}
-	w.Header().Set("Content-Type", "application/x-rf-frames")
-	w.WriteHeader(http.StatusOK)
-	out := &frames{w: w}
-	var once sync.Once
-	var timedOut atomic.Bool
-	end := func() { once.Do(func() { killGroup(cmd) }) }
-	timer := time.AfterFunc(budget, func() { timedOut.Store(true); end() })
-	go func() { <-r.Context().Done(); end() }() // the function gave up on it
-	var streams sync.WaitGroup
-	streams.Add(2)
-	go func() { defer streams.Done(); stream(out, 'o', stdout, end) }()
-	go func() { defer streams.Done(); stream(out, 'e', stderr, end) }()
-	streams.Wait()
-	waited := cmd.Wait()
-	timer.Stop()
-	killGroup(cmd) // what it left running in its group goes with it
-	if timedOut.Load() {
+	if timedOut {
 		out.write('t', nil)
 		return
 	}
-	code := int32(0)
-	var exited *exec.ExitError
-	if errors.As(waited, &exited) {
-		code = int32(exited.ExitCode())
-	} else if waited != nil {
-		code = -1
-	}
 	payload := make([]byte, 4)
-	binary.BigEndian.PutUint32(payload, uint32(code))
+	binary.BigEndian.PutUint32(payload, uint32(int32(code)))
 	out.write('x', payload)
+}
+
+// supervise runs cmd (begin is called once it started) with stdin, handing what it writes
+// to stdout and stderr on as it comes (a write that fails, the client gone, ends it). The
+// check's process group is killed when stop is closed, when budget passes (0: none), and
+// once the check has exited (what it left running goes with it); its output is then read
+// for drainTime at most (a child that left the group does not hold the check by keeping
+// the pipes open). The exit code (-1 for a signal), and whether the budget killed it.
+func supervise(cmd *exec.Cmd, stdin io.Reader, budget time.Duration, stop <-chan struct{},
+	begin func(), stdout, stderr func([]byte) error) (int, bool, error) {
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return -1, false, err
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		outR.Close()
+		outW.Close()
+		return -1, false, err
+	}
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, outW, errW
+	err = cmd.Start()
+	outW.Close()
+	errW.Close()
+	if err != nil {
+		outR.Close()
+		errR.Close()
+		return -1, false, err
+	}
+	begin()
+	var mu sync.Mutex
+	exited, budgetRanOut := false, false
+	end := func(byBudget bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !exited {
+			budgetRanOut = budgetRanOut || byBudget
+			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		}
+	}
+	if budget > 0 {
+		timer := time.AfterFunc(budget, func() { end(true) })
+		defer timer.Stop()
+	}
+	waitedFor := make(chan struct{})
+	go func() {
+		select {
+		case <-stop:
+			end(false)
+		case <-waitedFor:
+		}
+	}()
+	var streams sync.WaitGroup
+	streams.Add(2)
+	go copyOut(&streams, outR, stdout, func() { end(false) })
+	go copyOut(&streams, errR, stderr, func() { end(false) })
+	waited := cmd.Wait()
+	mu.Lock()
+	exited = true
+	mu.Unlock()
+	close(waitedFor)
+	syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // what it left running in its group
+	drained := make(chan struct{})
+	go func() { streams.Wait(); close(drained) }()
+	select {
+	case <-drained:
+	case <-time.After(drainTime):
+		outR.Close()
+		errR.Close()
+		<-drained
+	}
+	outR.Close()
+	errR.Close()
+	var status *exec.ExitError
+	if errors.As(waited, &status) {
+		if status.ExitCode() < 0 {
+			return -1, budgetRanOut, nil // killed: by its budget, or its sender's stop
+		}
+		return status.ExitCode(), false, nil
+	}
+	if waited != nil {
+		return -1, false, nil
+	}
+	return 0, false, nil
+}
+
+// copyOut hands what from gives to to, until its end; a failed hand-over calls gone once
+// and the rest is read and dropped (so the check never blocks on a full pipe).
+func copyOut(done *sync.WaitGroup, from io.Reader, to func([]byte) error, gone func()) {
+	defer done.Done()
+	buffer := make([]byte, 32<<10)
+	failed := false
+	for {
+		n, err := from.Read(buffer)
+		if n > 0 && !failed && to(buffer[:n]) != nil {
+			failed = true
+			gone()
+		}
+		if err != nil {
+			return
+		}
+	}
 }
 
 // --- run and kill (a local engine's execs) ------------------------------------------------
 
 // runOne runs one check of --source, as serve would, with the exec's stdio: under an
-// exclusive lock of the source's directory (a second check of it waits), its process group
-// written to .pgid (for kill), and first removing the sources unused for --idle-seconds.
+// exclusive lock of the source (waited for up to --timeout), its process group written to
+// <root>/<source>.pgid (for kill), ended with every process it started when --timeout
+// passes (exit 137, and a line on stderr); first removing the sources unused for
+// --idle-seconds.
 func runOne(args []string) {
 	flags := flag.NewFlagSet("run", flag.ExitOnError)
 	root := flags.String("root", "/tmp/rf-sources", "where the sources' directories go")
 	name := flags.String("source", "", "the source's directory name (hex)")
 	idle := flags.Float64("idle-seconds", 300, "a source's directory unused this long goes")
+	timeout := flags.Float64("timeout", 0, "seconds before the check is killed (0: none)")
 	flags.StringVar(&script, "script", script, "the check script")
 	flags.Parse(args)
 	if !sourceName.MatchString(*name) {
@@ -344,36 +423,41 @@ func runOne(args []string) {
 	if err := os.MkdirAll(*root, 0o700); err != nil {
 		fail("rf-agent run: cannot make " + *root + ": " + err.Error())
 	}
+	budget := time.Duration(*timeout * float64(time.Second))
 	sweepIdle(*root, *name, time.Duration(*idle*float64(time.Second)))
-	lock, err := lockSource(*root, *name, true)
+	lock, err := lockSource(*root, *name, budget)
 	if err != nil {
-		fail("rf-agent run: cannot lock the source's directory: " + err.Error())
+		fail("rf-agent run: the source's previous check still runs: " + err.Error())
 	}
 	defer lock.Close()
 	cmd, err := command(*root, *name)
 	if err != nil {
 		fail("rf-agent run: cannot make the source's directory: " + err.Error())
 	}
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	if err := cmd.Start(); err != nil {
-		fail("rf-agent run: cannot start the check: " + err.Error())
+	pgid := filepath.Join(*root, *name+".pgid")
+	begin := func() { writeAtomically(pgid, strconv.Itoa(cmd.Process.Pid)) }
+	write := func(to *os.File) func([]byte) error {
+		return func(data []byte) error { _, err := to.Write(data); return err }
 	}
-	pgid := filepath.Join(*root, *name, ".pgid")
-	os.WriteFile(pgid, []byte(strconv.Itoa(cmd.Process.Pid)), 0o600)
-	waited := cmd.Wait()
-	killGroup(cmd)
+	code, timedOut, err := supervise(cmd, os.Stdin, budget, nil, begin, write(os.Stdout), write(os.Stderr))
 	os.Remove(pgid)
 	os.Chtimes(filepath.Join(*root, *name), time.Now(), time.Now())
-	var exited *exec.ExitError
-	if errors.As(waited, &exited) {
-		code := exited.ExitCode()
-		if code < 0 {
-			code = 137 // killed by a signal (kill, the budget)
-		}
-		os.Exit(code)
+	switch {
+	case err != nil:
+		fail("rf-agent run: cannot start the check: " + err.Error())
+	case timedOut:
+		fmt.Fprintf(os.Stderr, "rf-agent: the check ran over its budget of %g s: its processes were killed\n", *timeout)
+		os.Exit(137)
+	case code < 0:
+		os.Exit(137)
 	}
-	if waited != nil {
-		os.Exit(1)
+	os.Exit(code)
+}
+
+func writeAtomically(path, text string) {
+	temp := path + ".new"
+	if os.WriteFile(temp, []byte(text), 0o600) == nil {
+		os.Rename(temp, path)
 	}
 }
 
@@ -386,7 +470,7 @@ func killOne(args []string) {
 	if !sourceName.MatchString(*name) {
 		fail("rf-agent kill: --source must be 16 to 64 hex digits")
 	}
-	text, err := os.ReadFile(filepath.Join(*root, *name, ".pgid"))
+	text, err := os.ReadFile(filepath.Join(*root, *name+".pgid"))
 	if err != nil {
 		return // no check under way
 	}
@@ -395,22 +479,25 @@ func killOne(args []string) {
 	}
 }
 
-// lockSource: the source's lock file (beside its directory), held exclusively while a check
-// runs; wait: block until free, else fail at once when taken.
-func lockSource(root, name string, wait bool) (*os.File, error) {
+// lockSource: the source's lock file (beside its directory, never removed), held
+// exclusively while a check runs; waited for up to wait (0: not at all).
+func lockSource(root, name string, wait time.Duration) (*os.File, error) {
 	file, err := os.OpenFile(filepath.Join(root, name+".lock"), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, err
 	}
-	how := syscall.LOCK_EX
-	if !wait {
-		how |= syscall.LOCK_NB
+	deadline := time.Now().Add(wait)
+	for {
+		err := syscall.Flock(int(file.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return file, nil
+		}
+		if time.Now().After(deadline) {
+			file.Close()
+			return nil, err
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
-	if err := syscall.Flock(int(file.Fd()), how); err != nil {
-		file.Close()
-		return nil, err
-	}
-	return file, nil
 }
 
 // sweepIdle removes the directories (but keep's) unused for idle and not locked by a check.
@@ -428,9 +515,8 @@ func sweepIdle(root, keep string, idle time.Duration) {
 		if err != nil || time.Since(info.ModTime()) < idle {
 			continue
 		}
-		if lock, err := lockSource(root, name, false); err == nil {
+		if lock, err := lockSource(root, name, 0); err == nil {
 			os.RemoveAll(filepath.Join(root, name))
-			os.Remove(filepath.Join(root, name+".lock"))
 			lock.Close()
 		}
 	}

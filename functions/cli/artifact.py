@@ -30,6 +30,7 @@ from storage.artifacts import StreamWrapper, add_team, download_tree, upload_tre
 from storage.base import is_digest, key_for_url
 
 BUSY_WAIT_SECONDS = 900.0  # what pack waits in all for a busy service (429) before failing
+RESET_WAIT_SECONDS = 5.0  # before packing again after the service cut the connection
 
 
 class BadArtifact(ValueError):
@@ -161,13 +162,21 @@ class ArtifactsService:
         while True:
             with pack_tree(directory, options) as stream:
                 body = iter(lambda: stream.read(1 << 20), b"")
-                response = requests.post(
-                    self.url,
-                    params={"format": options.format},
-                    headers=self._headers(),
-                    data=body,
-                    timeout=60,
-                )
+                try:
+                    response = requests.post(
+                        self.url,
+                        params={"format": options.format},
+                        headers=self._headers(),
+                        data=body,
+                        timeout=60,
+                    )
+                except requests.ConnectionError:
+                    # A 429 sent before the body was read may reach us as a reset instead.
+                    if waited + RESET_WAIT_SECONDS > BUSY_WAIT_SECONDS:
+                        raise
+                    time.sleep(RESET_WAIT_SECONDS)
+                    waited += RESET_WAIT_SECONDS
+                    continue
             pause = _retry_after(response)
             if pause is None or waited + pause > BUSY_WAIT_SECONDS:
                 with _answer(response) as answered:

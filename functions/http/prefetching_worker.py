@@ -6,7 +6,8 @@ long as it likes, and a hundred such clients hold every thread of a replica (no 
 needed to be slow). Here the event loop reads each request's head, without blocking, within
 ``HEAD_SECONDS`` and ``HEAD_BYTES``, and for a service that takes whole bodies
 (``WholeRequestsWorker``, the reply relay) its body too, up to ``MAX_BODY_BYTES`` within
-``BODY_SECONDS`` while the bodies held stay under ``BODY_BUDGET``. A client not done by then
+``BODY_SECONDS``, while the bodies it holds (counted by their Content-Length when the head
+arrives) stay under ``BODY_BUDGET``; a body past it is the thread's to read. A client not done by then
 is answered 408 (431 for a head too large) and closed. Only then does a thread take the connection, its bytes given back to the parser:
 a slow client costs a socket and a buffer, never a thread.
 """
@@ -17,6 +18,7 @@ import errno
 import selectors
 import time
 from collections import deque
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -27,7 +29,7 @@ from functions.events import MAX_BODY_BYTES
 HEAD_SECONDS = 10.0  # from the first byte the loop waits for to the end of the head
 HEAD_BYTES = 64 * 1024  # gunicorn's own limits on a head are below this
 BODY_SECONDS = 10.0  # the head and a whole body together
-BODY_BUDGET = 64 * 1024 * 1024  # bodies held by the loop at once, all connections together
+BODY_BUDGET = 16 * 1024 * 1024  # bodies the loop holds at once (by Content-Length), in all
 CHUNK = 65536
 
 
@@ -45,13 +47,16 @@ TOO_LARGE = _answer("431 Request Header Fields Too Large")
 
 
 class Prefetch:
-    """What the loop has read of a connection's next request, and until when it may."""
+    """What the loop has read of a connection's next request, and until when it may.
+    ``reserve(length)``: whether the loop may hold a body of ``length`` bytes (the worker's
+    budget); a body it may not hold is the thread's to read."""
 
-    def __init__(self, whole_body: bool) -> None:
-        self.data = bytearray()
+    def __init__(self, reserve: Callable[[int], bool], data: bytes = b"") -> None:
+        self.data = bytearray(data)
         self.deadline = time.monotonic() + HEAD_SECONDS
-        self.whole_body = whole_body
+        self.reserve = reserve
         self.wanted: int | None = None  # head and body, once the head said how long
+        self.reserved = 0  # body bytes held against the worker's budget
 
     def complete(self) -> bool | None:
         """True once what the thread needs is here; None when it never will be (too large)."""
@@ -59,23 +64,26 @@ class Prefetch:
             end = self.data.find(b"\r\n\r\n")
             if end < 0:
                 return None if len(self.data) > HEAD_BYTES else False
-            self.wanted = end + 4 + (body_length(bytes(self.data[:end])) if self.whole_body else 0)
-            if self.wanted > end + 4:
+            length = body_length(bytes(self.data[:end]))
+            if length and self.reserve(length):
+                self.reserved = length
                 self.deadline += BODY_SECONDS - HEAD_SECONDS
+            self.wanted = end + 4 + self.reserved
         return len(self.data) >= self.wanted
 
 
 def body_length(head: bytes) -> int:
     """The Content-Length a head names, if the loop should read that body: 0 for none, a
-    chunked one or one over ``MAX_BODY_BYTES`` (the thread reads or refuses those)."""
+    chunked one, one over ``MAX_BODY_BYTES`` or one that is no number (the thread reads or
+    refuses those)."""
     length = 0
     for line in head.split(b"\r\n")[1:]:
         name, _, value = line.partition(b":")
-        name = name.strip().lower()
+        name, value = name.strip().lower(), value.strip()
         if name == b"transfer-encoding":
             return 0
-        if name == b"content-length" and value.strip().isdigit():
-            length = int(value.strip())
+        if name == b"content-length":
+            length = int(value) if value.isdigit() and len(value) <= 12 else 0
     return length if length <= MAX_BODY_BYTES else 0
 
 
@@ -87,19 +95,30 @@ class PrefetchingWorker(ThreadWorker):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.reading: deque[Any] = deque()  # connections whose head the loop is reading
-        self.held = 0  # body bytes the loop holds
+        self.held = 0  # body bytes the loop holds, or has room kept for
 
     def enqueue_req(self, conn: Any) -> None:
-        if getattr(conn, "prefetched", None) is not None or self.cfg.is_ssl or _buffered(conn):
+        if getattr(conn, "prefetched", None) is not None or self.cfg.is_ssl:
             super().enqueue_req(conn)  # its request is here (or beyond the loop's reach)
             return
-        conn.prefetch = Prefetch(self.whole_bodies and self.held < BODY_BUDGET)
+        # Bytes a body's drain read ahead (a pipelined request) are read on from, not trusted
+        # to hold a whole head.
+        ahead = conn.parser.unreader.take_buffered() if _buffered(conn) else b""
+        conn.prefetch = Prefetch(self._reserve, ahead)
+        if ahead and conn.prefetch.complete():
+            self._hand_over(conn)
+            return
         conn.sock.setblocking(False)
         self.reading.append(conn)
         self.poller.register(conn.sock, selectors.EVENT_READ, partial(self._readable, conn))
 
+    def _reserve(self, length: int) -> bool:
+        if not self.whole_bodies or self.held + length > BODY_BUDGET:
+            return False
+        self.held += length
+        return True
+
     def _readable(self, conn: Any, _sock: Any) -> None:
-        prefetch: Prefetch = conn.prefetch
         try:
             chunk = conn.sock.recv(CHUNK)
         except OSError as err:
@@ -109,17 +128,24 @@ class PrefetchingWorker(ThreadWorker):  # type: ignore[misc]
         if not chunk:
             self._drop(conn)
             return
-        prefetch.data += chunk
-        if prefetch.whole_body:
-            self.held += len(chunk)
-        done = prefetch.complete()
+        conn.prefetch.data += chunk
+        try:
+            done = conn.prefetch.complete()
+        except Exception:  # a head the loop cannot judge: the client's fault, never the loop's
+            self.log.exception("prefetch: a request head could not be read")
+            done = None
         if done is None:
             self._drop(conn, TOO_LARGE)
         elif done:
             self._unwatch(conn)
-            conn.prefetched = bytes(prefetch.data)
-            conn.data_ready = True
-            super().enqueue_req(conn)
+            self._hand_over(conn)
+
+    def _hand_over(self, conn: Any) -> None:
+        """A thread takes the connection, with the bytes the loop read."""
+        self._release(conn)
+        conn.prefetched = bytes(conn.prefetch.data)
+        conn.data_ready = True
+        super().enqueue_req(conn)
 
     def handle(self, conn: Any) -> Any:
         """In a thread: the parser first gets the bytes the loop read."""
@@ -143,13 +169,17 @@ class PrefetchingWorker(ThreadWorker):  # type: ignore[misc]
             self.poller.unregister(conn.sock)
         except (OSError, KeyError, ValueError):
             pass  # closed meanwhile
-        if conn.prefetch.whole_body:
-            self.held -= len(conn.prefetch.data)
+
+    def _release(self, conn: Any) -> None:
+        """The body room kept for the connection goes back to the budget."""
+        self.held -= conn.prefetch.reserved
+        conn.prefetch.reserved = 0
 
     def _drop(self, conn: Any, answer: bytes = b"") -> None:
         """Close a connection that is too slow, too large or gone, before any thread saw it,
         with ``answer`` if its socket takes it at once."""
         self._unwatch(conn)
+        self._release(conn)
         if answer:
             try:
                 conn.sock.send(answer)

@@ -42,8 +42,10 @@ class SenderCheck:
         self.audience = audience
         self.allowed = allowed
         self._clock = clock
-        # sha256(token) -> (user, or "" when refused; until)
+        # sha256(token) -> (user, until); refusals apart, so a flood of bad tokens never
+        # pushes a sender's good one out
         self._known: BoundedCache[str, tuple[str, float]] = BoundedCache(REMEMBER_AT_MOST)
+        self._refused: BoundedCache[str, float] = BoundedCache(REMEMBER_AT_MOST)
 
     def sender(self, authorization: str | None) -> str:
         """The identity behind an ``Authorization`` header. Raises ``NotAuthenticated`` (no
@@ -66,10 +68,15 @@ class SenderCheck:
         now = self._clock()
         known = self._known.get(key)
         if known is not None and known[1] > now:
-            return known[0] or None
+            return known[0]
+        refused = self._refused.get(key)
+        if refused is not None and refused > now:
+            return None
         user = self._review(token, self.audience)
-        remember = REMEMBER_SECONDS if user is not None else REFUSED_SECONDS
-        self._known.put(key, (user or "", now + remember))
+        if user is None:
+            self._refused.put(key, now + REFUSED_SECONDS)
+        else:
+            self._known.put(key, (user, now + REMEMBER_SECONDS))
         return user
 
 

@@ -164,6 +164,9 @@ class _Builder:
     def __init__(self, bounds: Bounds, marks: frozenset[str]) -> None:
         self.bounds = bounds
         self.marks = marks
+        # A mark is a string this many containers deep at most: deeper ones are never looked up
+        # (the path's join would cost as much as the nesting, a tenant's choice).
+        self.mark_depth = max((m.count(".") + 1 for m in marks), default=0)
         self.found: dict[str, str] = {}
         self.path: list[str] = []  # the key of each open container ("*": an array's member)
         self.arrays: list[bool] = []  # whether each open container is an array
@@ -198,7 +201,9 @@ class _Builder:
         outer = self.dropping or self.reason
         self.path.append(key)
         self.arrays.append(is_array)
-        if self.dropping or tuple(self.path[1:]) == DROPPED:
+        if self.dropping or (
+            len(self.path) == len(DROPPED) + 1 and tuple(self.path[1:]) == DROPPED
+        ):
             self.dropping += 1
             return
         deep = len(self.path) > self.bounds.depth
@@ -227,9 +232,10 @@ class _Builder:
             return
         if isinstance(value, str):
             self.size += len(value) + 2
-            dotted = ".".join([*self.path[1:], key])
-            if dotted in self.marks:
-                self.found[dotted] = value
+            if len(self.path) <= self.mark_depth:
+                dotted = ".".join([*self.path[1:], key])
+                if dotted in self.marks:
+                    self.found[dotted] = value
         else:
             value = float(value) if isinstance(value, Decimal) else value
             self.size += 8

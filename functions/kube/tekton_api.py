@@ -275,11 +275,17 @@ def _done(response: Any) -> None:
 
 
 def _lines(response: Any) -> Iterator[bytes]:
-    """The lines of a streamed response as they arrive (a watch: one event a line)."""
-    rest = b""
+    """The lines of a streamed response as they arrive (a watch: one event a line); a long
+    line is searched once, never again from its start for each chunk."""
+    pending = bytearray()
     for chunk in response.stream(None, decode_content=False):
-        rest += chunk
-        *lines, rest = rest.split(b"\n")
-        yield from (line for line in lines if line.strip())
-    if rest.strip():
-        yield rest
+        searched = len(pending)
+        pending += chunk
+        while (end := pending.find(b"\n", searched)) >= 0:
+            line = bytes(pending[:end])
+            del pending[: end + 1]
+            searched = 0
+            if line.strip():
+                yield line
+    if pending.strip():
+        yield bytes(pending)

@@ -157,8 +157,8 @@ class KubernetesRuntime:
         self._api.answers()
 
     def _warm_check(self, task: Task, plan: JobPlan) -> Outcome | None:
-        """The check as a ``pods/exec`` in its warm pod (``warm_check``); None if that pod is
-        busy or none could be started (then a Job runs it)."""
+        """The check through a warm pod's agent (``warm.check``); None if it cannot go warm
+        now (then a Job runs it)."""
         assert self._warm is not None
         return run_warm_check(self._store, task, PodCheck(self._warm, plan))
 

@@ -25,6 +25,7 @@ replica's uploads at once, the team's quota), 503 (the store or the API is away:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -47,6 +48,8 @@ from storage.store_errors import StorageError
 
 CHUNK = 1 << 20
 IDLE_SECONDS = 60.0  # an upload whose client sends nothing this long is dropped
+MIN_RATE = 64 * 1024  # bytes a second an upload's body must keep up on average ...
+RATE_GRACE_SECONDS = 30.0  # ... after this long (a pack starts slowly: it compresses first)
 SERVICE_ACCOUNT = "system:serviceaccount:"
 log = logging.getLogger("functions.tekton.artifact_service")
 
@@ -63,6 +66,10 @@ class Refused(Exception):
 
 class TooLarge(Exception):
     """An upload over the size bound."""
+
+
+class TooSlow(Exception):
+    """An upload whose body comes slower than ``MIN_RATE`` (after ``RATE_GRACE_SECONDS``)."""
 
 
 def create_artifacts_app(
@@ -160,6 +167,9 @@ def _hand_over(
         raise Refused(400, "invalid_request", str(err)) from None
     except TooLarge:
         raise Refused(413, "too_large", f"the artifact is larger than {max_bytes} bytes") from None
+    except TooSlow:
+        problem = f"the upload came slower than {MIN_RATE} bytes a second"
+        raise Refused(408, "invalid_request", problem) from None
     except StorageError as err:
         raise Refused(503, "unavailable", f"the store: {err}") from None
     log.info("artifact handed over", extra=fields(team=team, key=key, size=info.size))
@@ -196,6 +206,7 @@ class Bounded:
         self._limit = limit
         self._seen = 0
         self._socket = environ.get("gunicorn.socket")
+        self._started = time.monotonic()
 
     def read(self, size: int = -1) -> bytes:
         if self._socket is not None:
@@ -204,6 +215,9 @@ class Bounded:
         self._seen += len(chunk)
         if self._seen > self._limit:
             raise TooLarge()
+        took = time.monotonic() - self._started
+        if chunk and took > RATE_GRACE_SECONDS and self._seen < MIN_RATE * took:
+            raise TooSlow()
         return chunk
 
     def readable(self) -> bool:

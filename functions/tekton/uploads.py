@@ -4,13 +4,15 @@
 - **A replica's memory.** An S3 upload holds ``(concurrency + 1) * part_size`` bytes (8 MiB
   parts: about 49 MiB at the library's 4 parts in flight, so five uploads at once crashed a
   256Mi replica). The service uploads 2 parts at a time (about 25 MiB each) and takes
-  ``ARTIFACT_UPLOADS`` (default 2) at once per replica: one more is 429 with ``Retry-After``
-  (the pack step waits and tries again).
+  ``ARTIFACT_UPLOADS`` (default 2) at once per replica, all but one of them at most for one
+  team (so no team holds every slot): one more is 429 with ``Retry-After`` (the pack step
+  waits and tries again). An upload's body must keep coming (``MIN_RATE`` on average after
+  its first ``RATE_GRACE_SECONDS``), or it is dropped (408): a slot is not held by a drip.
 - **A team's share of the store.** ``ARTIFACT_UPLOADS_PER_HOUR`` uploads (default 120) and
   ``ARTIFACT_UPLOAD_BYTES_PER_HOUR`` bytes (default 20 GiB) per team and clock hour, counted
   in the store (``quotas/uploads/<team>.json``, compare-and-swap: every replica counts
-  alike); past either, 429 until the hour ends. Bytes are counted as each upload ends, so an
-  hour's last upload may go past the byte quota by one artifact at most.
+  alike); past either, 429 until the hour ends. Bytes are counted as each upload ends, so
+  the uploads under way when the quota is reached (a few per replica) may go past it.
 - **The format said.** The first bytes must be the format's own (zstd's or gzip's magic
   number; for a plain tar, a header block, ``ustar`` at its offset 257, or the end of an
   empty archive): anything else is 400 before it is stored.
@@ -51,21 +53,36 @@ class Uploads:
         self.store = store
         self.limits = limits
         self._slots = threading.BoundedSemaphore(limits.per_replica)
+        self._teams: dict[str, int] = {}  # team -> its uploads under way here
+        self._lock = threading.Lock()
+        self._per_team = max(1, limits.per_replica - 1)  # one team never takes every slot
 
     @contextmanager
     def slot(self, team: str, now: datetime) -> Iterator[None]:
         """Room for one upload of ``team``: a replica's slot and the team's quota (``Busy``
         otherwise); the upload's size is counted with ``counted``."""
-        if not self._slots.acquire(blocking=False):
-            raise Busy(
-                f"this replica takes {self.limits.per_replica} uploads at once "
-                "(ARTIFACT_UPLOADS): try again shortly",
-                BUSY_RETRY_SECONDS,
-            )
+        with self._lock:
+            if self._teams.get(team, 0) >= self._per_team:
+                raise Busy(
+                    f"team {team!r} has {self._per_team} upload(s) under way on this replica, "
+                    "as many as one team may: try again shortly",
+                    BUSY_RETRY_SECONDS,
+                )
+            if not self._slots.acquire(blocking=False):
+                raise Busy(
+                    f"this replica takes {self.limits.per_replica} uploads at once "
+                    "(ARTIFACT_UPLOADS): try again shortly",
+                    BUSY_RETRY_SECONDS,
+                )
+            self._teams[team] = self._teams.get(team, 0) + 1
         try:
             self._reserve(team, now)
             yield
         finally:
+            with self._lock:
+                self._teams[team] -= 1
+                if not self._teams[team]:
+                    del self._teams[team]
             self._slots.release()
 
     def counted(self, team: str, size: int, now: datetime) -> None:

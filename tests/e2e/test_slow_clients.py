@@ -7,6 +7,7 @@ at once, and each slow one gets 408 at its deadline."""
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Iterator
 
@@ -50,3 +51,29 @@ def test_slow_clients_hold_no_thread_and_get_408_at_their_deadline(
     finally:
         trickle.close()
     assert answers == [b"HTTP/1.1 408 Request Timeout"] * SLOW
+
+
+def test_a_second_request_begun_behind_a_first_is_read_by_the_loop_too(relay: Services) -> None:
+    """A connection sends a whole request and the first bytes of a second in one packet, then
+    the rest a byte at a time: gunicorn's drain had read those bytes ahead, and a thread took
+    the connection and waited on the rest. Now the loop reads on from them."""
+    url = relay.urls["reply-relay"]
+    first = b"GET /healthz HTTP/1.1\r\nHost: relay\r\n\r\n"
+    trickle = Trickle(url, SLOW, first + b"GET /heal", b"thz HTTP/1.1\r\nHost: r\r\n" * 20, 0.2)
+    try:
+        time.sleep(1.0)
+        for _ in range(3 * THREADS):
+            assert requests.get(url + "/healthz", timeout=5).status_code == 200
+    finally:
+        trickle.close()
+
+
+def test_a_content_length_of_thousands_of_digits_is_refused_and_the_service_stays(
+    relay: Services,
+) -> None:
+    host, port = relay.urls["reply-relay"].removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(b"POST / HTTP/1.1\r\nHost: r\r\nContent-Length: " + b"9" * 5000 + b"\r\n\r\n")
+        status = conn.recv(4096).split(b"\r\n", 1)[0]
+    assert status.split()[1][:1] == b"4", status  # refused as the client's fault
+    assert requests.get(relay.urls["reply-relay"] + "/healthz", timeout=5).status_code == 200

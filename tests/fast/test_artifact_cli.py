@@ -14,6 +14,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -520,3 +521,50 @@ def test_the_shipped_lifecycle_rules_expire_inputs_after_the_sweeps_days() -> No
     assert (rule["Filter"]["Prefix"], rule["Expiration"]["Days"]) == (keys.INPUTS, days)
     gcs = json.loads((folder / "gcs-lifecycle.json").read_text())
     assert gcs["rule"] == [dict(LifecycleRuleDelete(age=days, matches_prefix=[keys.INPUTS]))]
+
+
+@pytest.mark.parametrize("limits", [UploadLimits(per_replica=2)], ids=["two-at-once"])
+def test_one_team_never_holds_every_upload_slot(service: Service, limits: UploadLimits) -> None:
+    gate, taken = threading.Event(), threading.Event()
+
+    def hold() -> None:  # team a's upload under way
+        with service.uploads.slot("a", datetime.now(UTC)):
+            taken.set()
+            gate.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert taken.wait(5)
+    empty = b"\0" * 1024  # an empty tar
+    try:
+        mine = post_upload(service, "token-a", empty, "none")
+        theirs = post_upload(service, "token-b", empty, "none")
+    finally:
+        gate.set()
+        holder.join(10)
+    assert mine.status_code == 429 and "as many as one team may" in mine.text
+    assert theirs.status_code == 201, theirs.text
+
+
+def test_an_upload_that_drips_is_dropped_and_frees_its_slot(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from functions.tekton import artifact_service
+
+    monkeypatch.setattr(artifact_service, "RATE_GRACE_SECONDS", 0.3)
+
+    def drip() -> Iterator[bytes]:
+        yield b"\0" * 512  # a tar header block: the format's first bytes
+        for _ in range(20):
+            time.sleep(0.1)
+            yield b"\0"
+
+    answer = requests.post(
+        service.url + "/artifacts",
+        params={"format": "none"},
+        headers={"Authorization": "Bearer token-a"},
+        data=drip(),
+        timeout=30,
+    )
+    assert answer.status_code == 408 and "slower than" in answer.json()["error"]["message"]
+    assert inputs_of(service.store) == []

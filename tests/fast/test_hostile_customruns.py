@@ -118,6 +118,16 @@ def test_a_page_of_hostile_customruns_yields_every_other_and_names_each_hostile_
     assert found[-1] == ListEnd("42", "next")
 
 
+def test_an_object_deep_and_wide_past_the_bound_is_read_to_its_end_at_little_cost() -> None:
+    """Past the depth bound, what identifies the object is still read, but never by joining
+    a path as long as the nesting (a tenant's 10,000 levels with 300,000 strings at the
+    bottom took 29 s of CPU that way)."""
+    deep = '{"metadata":{"name":"wide","namespace":"team-b"},"spec":'
+    deep += "[" * 10000 + ",".join(['""'] * 300000) + "]" * 10000 + "}"
+    _, found = objects.watch_event(f'{{"type":"ADDED","object":{deep}}}'.encode(), Bounds())
+    assert isinstance(found, Undecodable) and (found.name, found.limit) == ("wide", "depth")
+
+
 def test_an_object_deep_only_in_its_managed_fields_is_read_without_them() -> None:
     """The API server's managedFields repeat an object's shape; the controller never reads
     them, so their depth counts for nothing."""

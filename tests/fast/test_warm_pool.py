@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 
-from functions.errors import ConfigError
+from functions.errors import ConfigError, RunStopped
 from functions.model import ResourceType
 from functions.runtimes.image_ids import LIMIT, ImageIds
 from functions.runtimes.warm.check import pool_key, source_dir
@@ -227,3 +227,31 @@ def test_image_seconds_is_read_and_checked():
     assert warm_limits({"WARM_CHECK_IMAGE_SECONDS": "0"}).image_seconds == 0
     with pytest.raises(ConfigError, match="WARM_CHECK_IMAGE_SECONDS"):
         warm_limits({"WARM_CHECK_IMAGE_SECONDS": "-1"})
+
+
+def test_another_teams_start_counts_against_its_own_cap_only():
+    warm, _, _ = pool(per_team=1, per_replica=8)
+    starting_b = warm.take("kb", "b", "s")
+    assert starting_b.warm is None  # team b starts a container
+    starting_a = warm.take("ka", "a", "s")
+    assert starting_a.warm is None  # team a's cap is its own
+
+
+def test_a_stop_reaches_a_check_waiting_for_room_or_for_its_container():
+    warm, _, _ = pool(checks_at_once=1, per_replica=1)
+    starting = warm.take("k", "t", "a", run="run-a")
+    assert starting.warm is None and warm.stop_run("run-a") and starting.stopped
+    waiting: list[BaseException] = []
+
+    def wait_for_room() -> None:
+        try:
+            warm.take("k", "t", "b", run="run-b", wait=10)
+        except BaseException as err:  # noqa: BLE001 - what it ended with is the point
+            waiting.append(err)
+
+    thread = threading.Thread(target=wait_for_room)
+    thread.start()
+    time.sleep(0.2)
+    assert warm.stop_run("run-b")
+    thread.join(5)
+    assert [type(e) for e in waiting] == [RunStopped]

@@ -25,6 +25,7 @@ from functions.runtimes.warm.pool import Busy, Gone, NoRoom
 PORT = 7777
 GRACE_SECONDS = 10.0  # past the budget, for the agent to say it ran out
 STREAMS = {b"o": STDOUT, b"e": STDERR}
+MAX_FRAME = 64 * 1024  # the agent sends at most 32 KiB a frame: more is not the agent
 
 
 def pod_token(secret: bytes, pod: str) -> str:
@@ -88,10 +89,15 @@ class AgentCall:
                 self._response.close()
 
     def _frames(self, raw: Any, output: Output, deadline: float) -> int | None:
+        """The answer's frames, each checked as the agent writes them: whatever else answers on
+        the pod's port (the check runs as the agent's user, and may kill it) gets no more than
+        a malformed stream's ``Unavailable`` (the pod is then replaced)."""
         try:
             while True:
                 head = _read(raw, 5)
                 kind, size = head[:1], struct.unpack(">I", head[1:])[0]
+                if size > MAX_FRAME or (kind == b"x" and size != 4) or (kind == b"t" and size):
+                    raise ValueError(f"a frame {kind!r} of {size} bytes")
                 payload = _read(raw, size)
                 if kind in STREAMS:
                     output.add(STREAMS[kind], payload)
@@ -101,8 +107,12 @@ class AgentCall:
                 elif kind == b"t":
                     output.complete = True
                     return None
+                else:
+                    raise ValueError(f"a frame of unknown kind {kind!r}")
                 if time.monotonic() > deadline:
                     return None
+        except ValueError as err:
+            raise Unavailable(f"warm pod agent: not the agent's answer: {err}") from err
         except (OSError, requests.RequestException, EOFError) as err:
             if self._cancelled:
                 return None  # ended by its sender's stop: the caller raises RunStopped

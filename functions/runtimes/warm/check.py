@@ -129,9 +129,16 @@ def check_in_warm(
                 raise
         warm = slot.warm
         assert warm is not None
+        if slot.stopped:  # stopped while it waited for room or for its container to start
+            pool.back(slot)
+            raise RunStopped(f"run {slot.run} was stopped by its sender")
         try:
             with clock.phase("script"):
                 ended = execute(slot)
+        except (Busy, NoRoom) as err:  # the agent turned it away for now: elsewhere, whole
+            pool.back(slot)
+            log.info("the check runs without reuse: %s", err)
+            return None
         except Gone:
             pool.evict(warm, DEAD)
             pool.back(slot)

@@ -47,7 +47,8 @@ AGENT_TARGET = "/.rf-agent"  # and rf-agent
 SOURCES_ROOT = "/tmp/rf-sources"  # the sources' directories in a warm container
 PAUSE_CANDIDATES = ("/usr/libexec/podman/catatonit", "/usr/bin/catatonit")
 EXIT_SETTLE_SECONDS = 1  # after the stream's end, for the engine to see the exec's exit
-KILL_SECONDS = 10  # for a check's stream to end once rf-agent kill has ended its processes
+KILL_SECONDS = 10  # past the budget, for the agent to end a check and its stream to end
+KILLED = 137  # rf-agent run's exit code for a check it killed (its budget, or kill)
 log = logging.getLogger("functions.container")
 
 
@@ -176,29 +177,34 @@ class WarmContainers(WarmSet):
 
     def _exec(self, slot: Slot, task: Task, keep: int, deadline: float) -> CheckEnd:
         """Run the check through ``rf-agent run``, the request on stdin; its exit code (None:
-        past ``deadline``, its processes killed) and output. ``Gone`` if the container is
-        not running (found so, or dying under it)."""
+        past its budget, when the agent killed its processes) and output. ``Gone`` if the
+        container is not running (found so, or dying under it)."""
         assert slot.warm is not None
         handle = slot.warm.handle
-        idle = str(int(self.pool.limits.idle_seconds))
+        budget = max(deadline - time.monotonic(), 1.0)
         command = [AGENT_TARGET, "run", "--root", SOURCES_ROOT, "--source", slot.source]
-        exec_id, sock = self._exec_start(handle, [*command, "--idle-seconds", idle], task.env)
+        command += ["--timeout", f"{budget:.3f}"]
+        command += ["--idle-seconds", str(int(self.pool.limits.idle_seconds))]
+        started = time.monotonic()
+        exec_id, sock = self._exec_start(handle, command, task.env)
         slot.cancel = lambda: self._kill(handle, slot.source)
         pumping = pump(sock, task.stdin, keep)
         output = pumping.output
         try:
-            pumping.reader.join(max(0.0, deadline - time.monotonic()))
-            if pumping.reader.is_alive():  # over its budget: that check alone ends
+            pumping.reader.join(budget + KILL_SECONDS)
+            if pumping.reader.is_alive():  # the agent did not end it: end it from here
                 self._kill(handle, slot.source)
                 pumping.reader.join(KILL_SECONDS)
                 code = None
             else:
-                code = self._exit_code(exec_id, deadline + KILL_SECONDS)
+                code = self._exit_code(exec_id, time.monotonic() + KILL_SECONDS)
         finally:
             slot.cancel = None
             close_socket(sock)
             pumping.feeder.join(5)
             pumping.reader.join(5)
+        if code == KILLED and time.monotonic() - started >= budget:
+            code = None  # over its budget: the agent killed its processes
         if (code != 0 or not output.complete) and not self._running(handle):
             raise Gone()  # killed under the check: not the check's own failure
         if code is not None and not output.complete and not slot.stopped:

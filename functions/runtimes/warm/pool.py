@@ -26,6 +26,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from functions.errors import RunStopped
 from functions.settings import WarmLimits
 
 # Why a warm container went (the ``reason`` label of resource_function_warm_evictions). A
@@ -125,7 +126,8 @@ class WarmPool:
         self._clock = clock
         self._changed = threading.Condition()
         self._warm: list[Warm] = []  # least recently used first
-        self._starting: set[str] = set()  # keys whose next container is being started
+        self._starting: dict[str, str] = {}  # key whose next container starts -> its team
+        self._pending: list[Slot] = []  # slots waiting for room or for their container
         self._closed = False  # drained: nothing is kept any more
         self._reuses = 0
         self._starts = 0
@@ -137,26 +139,35 @@ class WarmPool:
         """A slot for ``source``'s check in one of ``key``'s warm containers. Its ``warm`` is
         None when the caller is to start one (and ``admit`` it, or ``not_started``).
         ``Busy`` if the source's previous check still runs; ``NoRoom`` if none had room
-        within ``wait`` seconds."""
+        within ``wait`` seconds; ``RunStopped`` if its sender stopped it meanwhile."""
         deadline = time.monotonic() + wait  # real time, whatever clock ages the containers
         gone: list[Warm] = []
+        slot = Slot(key, team, source, run)
+        starting = False
         try:
             with self._changed:
-                while True:
-                    if self._source_busy(key, source):
-                        raise Busy(source)
-                    slot = Slot(key, team, source, run)
-                    warm = self._room_for(key, source, gone)
-                    if warm is not None:
-                        self._occupy(warm, slot, reused=warm.served > 0)
-                        return slot
-                    if key not in self._starting and self._can_start(team, gone):
-                        self._starting.add(key)
-                        return slot
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise NoRoom(f"no warm container of this key had room within {wait:g} s")
-                    self._changed.wait(min(left, 1.0))
+                self._pending.append(slot)  # a stop finds it while it waits or starts
+                try:
+                    while True:
+                        if slot.stopped:
+                            raise RunStopped(f"run {run} was stopped by its sender")
+                        if self._source_busy(key, source):
+                            raise Busy(source)
+                        warm = self._room_for(key, source, gone)
+                        if warm is not None:
+                            self._occupy(warm, slot, reused=warm.served > 0)
+                            return slot
+                        if key not in self._starting and self._can_start(team, gone):
+                            self._starting[key] = team
+                            starting = True
+                            return slot
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            raise NoRoom(f"no warm container had room within {wait:g} s")
+                        self._changed.wait(min(left, 1.0))
+                finally:
+                    if not starting:
+                        self._pending.remove(slot)
         finally:
             self._remove_all(gone)
 
@@ -164,7 +175,8 @@ class WarmPool:
         """Keep the container just started for ``slot`` (which it now serves). One the pool
         has no room for (drained meanwhile) serves this check only: ``back`` removes it."""
         with self._changed:
-            self._starting.discard(slot.key)
+            self._starting.pop(slot.key, None)
+            self._pending.remove(slot)
             now = self._clock()
             warm = Warm(slot.key, slot.team, handle, now, now, address)
             if not self._closed:
@@ -177,7 +189,9 @@ class WarmPool:
     def not_started(self, slot: Slot) -> None:
         """The container ``take`` let the caller start for ``slot`` could not be started."""
         with self._changed:
-            self._starting.discard(slot.key)
+            self._starting.pop(slot.key, None)
+            if slot in self._pending:
+                self._pending.remove(slot)
             self._changed.notify_all()
 
     def back(self, slot: Slot) -> None:
@@ -207,14 +221,13 @@ class WarmPool:
         """End the check that serves ``run`` (its sender stopped it), alone; whether one
         was under way here."""
         with self._changed:
-            found = next(
-                (s for w in self._warm for s in w.checks.values() if s.run == run and run),
-                None,
-            )
+            slots = [*self._pending, *(s for w in self._warm for s in w.checks.values())]
+            found = next((s for s in slots if s.run == run and run), None)
             if found is None:
                 return False
             found.stopped = True
             cancel = found.cancel
+            self._changed.notify_all()  # one waiting for room gives up
         if cancel is not None:
             cancel()
         return True
@@ -307,12 +320,13 @@ class WarmPool:
         if self._closed:
             return True  # it serves its check only (admit keeps nothing)
         for reason, cap, counts in (
-            (TEAM_CAP, self.limits.per_team, lambda w: w.team == team),
-            (REPLICA_CAP, self.limits.per_replica, lambda w: True),
+            (TEAM_CAP, self.limits.per_team, lambda t: t == team),
+            (REPLICA_CAP, self.limits.per_replica, lambda t: True),
         ):
-            members = [w for w in self._warm if counts(w)]
+            members = [w for w in self._warm if counts(w.team)]
             idle = [w for w in members if not w.checks]  # least recently used first
-            while len(members) + len(self._starting) >= cap:
+            starting = sum(1 for t in self._starting.values() if counts(t))
+            while len(members) + starting >= cap:
                 if not idle:
                     return False
                 victim = idle.pop(0)
