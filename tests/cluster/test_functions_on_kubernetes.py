@@ -347,10 +347,12 @@ def test_the_functions_token_has_only_the_shipped_role(deployment):
         assert not can(verb, "secrets", "-n", "resource-functions"), verb
     # Warm check pods (docs/warm-checks.md): created and deleted in the task namespace
     # alone, never changed; their checks go to their agents, never through pods/exec.
-    assert can("create", "pods", *ns) and not can("create", "pods/exec", *ns)
+    # (kubectl reads "pods/exec" as a pod named exec: a subresource is asked for so.)
+    assert can("create", "pods", *ns)
+    assert not can("create", "pods", "--subresource=exec", *ns)
     assert not can("update", "pods", *ns) and not can("patch", "pods", *ns)
     assert not can("create", "pods", "-n", "default")
-    assert not can("create", "pods/exec", "-n", "resource-functions")
+    assert not can("create", "pods", "--subresource=exec", "-n", "resource-functions")
     assert not can("update", "jobs.batch", *ns)
     assert not can("create", "jobs.batch", "-n", "default")
     denied = deployment.cluster.run_kubectl(

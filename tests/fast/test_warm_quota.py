@@ -117,12 +117,13 @@ def test_warm_pods_have_a_quota_of_their_own_and_never_take_the_jobs_room() -> N
     """Issue 49: as shipped, 4 warm pods per team times 20 check replicas could take 80
     pods of a 40-pod quota shared with the Jobs. Now the warm pods' PriorityClass sets them
     apart: the Jobs' quota does not count them, theirs counts them alone, the class yields
-    to Jobs under a node's pressure, and the pods the shipped config makes carry it."""
+    to Jobs under a node's pressure, and the pods the shipped config makes (once warm
+    checks are on) carry it."""
     config = yaml.safe_load((KNATIVE / "config.yaml").read_text())["data"]
     docs = [d for d in yaml.safe_load_all((KNATIVE / "task-limits.yaml").read_text()) if d]
     quotas = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "ResourceQuota"}
     (priority,) = [d for d in docs if d["kind"] == "PriorityClass"]
-    limits = Settings.from_env({**config, "CACHE_SECRET": "x" * 32}).warm
+    limits = Settings.from_env({**config, "WARM_CHECKS": "on", "CACHE_SECRET": "x" * 32}).warm
     assert limits.enabled and limits.priority_class == priority["metadata"]["name"]
     assert priority["value"] < 0 and priority["preemptionPolicy"] == "Never"
     assert not priority["globalDefault"]
