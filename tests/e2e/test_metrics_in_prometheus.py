@@ -193,10 +193,12 @@ EXPECTED = {  # what the scenario's requests imply
     'resource_function_check_lease_waiters{job="check"}': 0,
     'resource_function_tasks_waiting{action="check"}': 0,
     'resource_function_tasks_waiting{action="get"}': 0,
-    # Warm checks: three resources checked (test, paced, the failing one), paced twice.
-    'resource_function_warm_containers{job="check"}': 3,
-    'resource_function_warm_starts_total{job="check"}': 3,
-    'resource_function_warm_reuses_total{job="check"}': 1,
+    # Warm checks: three resources checked (test, paced, the failing one), paced twice: one
+    # team and one image, so one warm container, each resource in a directory of its own.
+    'resource_function_warm_containers{job="check"}': 1,
+    'resource_function_warm_sources{job="check"}': 3,
+    'resource_function_warm_starts_total{job="check"}': 1,
+    'resource_function_warm_reuses_total{job="check"}': 3,
     'resource_function_warm_evictions_total{job="check"}': 0,
 }
 
