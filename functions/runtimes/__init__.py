@@ -23,8 +23,9 @@ runtime reads the mark just before it creates a Job or container and once more a
 stop that crosses a start still finds what it started (``RunStopped``). ``tasks_waiting`` counts the tasks queued or starting (``resource_function_tasks_waiting``).
 ``make_runtime`` is the one place that picks a runtime,
 so only ``container.py`` (and the modules it uses: ``attach.py``, ``engine_images.py``,
-``warm_engine.py``) imports docker; Kubernetes is reached through ``functions.kube``. A check
-goes to a warm container or pod by one rule in both runtimes (``warm_check``).
+``warm/engine.py``) imports docker; Kubernetes is reached through ``functions.kube``. A check
+goes to a warm container or pod by one rule in both runtimes (``warm.check.wanted``);
+an asynchronous one runs in its request (``background.InRequest``).
 """
 
 from __future__ import annotations

@@ -78,6 +78,42 @@ class RunsInFlight:
             self._changed.wait_for(lambda: self._count == 0)
 
 
+class InRequest:
+    """Asynchronous runs that end within their request (a warm check: tens of milliseconds)
+    run where the request is answered, and post their reply before its 202: a process that
+    dies before then leaves a delivery its sender retries, never a reply that nobody owes
+    (docs/warm-checks.md). One at a time per run id: a redelivery that comes meanwhile is a
+    503, and its retry finds the recorded answer."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._runs: set[str] = set()
+
+    def run(
+        self,
+        store: Store,
+        sink: str,
+        task: Task,
+        ended: Ended | None,
+        run: Callable[[], Outcome | None],
+    ) -> bool:
+        """``run()`` here, its end as ``end_async_run`` makes it (``IN_REQUEST``): True; False
+        if ``run`` returned None (it could not run this way: start the task as any other)."""
+        with self._lock:
+            if task.run_id in self._runs:
+                raise Unavailable(f"run {task.run_id} is under way here; retry for its answer")
+            self._runs.add(task.run_id)
+        try:
+            outcome = run()
+            if outcome is None:
+                return False
+            end_async_run(store, sink, task, outcome, ended, AsyncEnd.IN_REQUEST)
+            return True
+        finally:
+            with self._lock:
+                self._runs.discard(task.run_id)
+
+
 def outcome_of_async(task: Task, run: Callable[[], Outcome]) -> Outcome:
     """``run()``'s outcome; after a 202 nobody redelivers, so an exception is the requester's
     failure reply (logged here), never lost."""

@@ -33,6 +33,7 @@ from functions.runtimes.attach import ENGINE_ERRORS
 from functions.runtimes.background import (
     BackgroundRuns,
     Ended,
+    InRequest,
     RunsInFlight,
     end_async_run,
     outcome_of_async,
@@ -83,6 +84,7 @@ class ContainerRuntime:
         self._started: dict[str, str] = {}  # run id -> request digest, while it runs
         self._waiting: set[str] = set()  # run ids accepted whose script has not started
         self._background = BackgroundRuns("container-run")
+        self._in_request = InRequest()
         self._cleanup = BackgroundRuns("container-remove", limit=2)
         self._runs = RunsInFlight()
         self._sweeper = Sweeper(store, self._list_exited, self._remove_swept)
@@ -139,7 +141,13 @@ class ContainerRuntime:
         self._client.close()
 
     def start(self, task: Task, ended: Ended | None = None) -> None:
-        """Run in the background and post the reply to K_SINK (once per run id)."""
+        """Run in the background and post the reply to K_SINK (once per run id). A check
+        that goes warm runs in its request and posts its reply before the 202
+        (``InRequest``), as on Kubernetes."""
+        if wanted(self._warm, task) and self._in_request.run(
+            self._store, self._config.sink, task, ended, lambda: self._admitted_warm_check(task)
+        ):
+            return
         with self._lock:
             if task.run_id in self._started:
                 if self._started[task.run_id] != task.request_digest:
@@ -192,6 +200,10 @@ class ContainerRuntime:
                 if outcome is not None:
                     return outcome
             return self._run(task)
+
+    def _admitted_warm_check(self, task: Task) -> Outcome | None:
+        with self._runs.admitted():
+            return self._warm_check(task)
 
     def _warm_check(self, task: Task) -> Outcome | None:
         """The check as an exec in its warm container (``warm.check``); None if that one is

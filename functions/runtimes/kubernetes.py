@@ -38,8 +38,8 @@ from functions.runtimes.background import (
     AsyncEnd,
     BackgroundRuns,
     Ended,
+    InRequest,
     end_async_run,
-    outcome_of_async,
 )
 from functions.runtimes.job_launch import JobLauncher
 from functions.runtimes.job_plan import JobPlan, KubernetesConfig, job_name, plan_for, secret_name
@@ -98,6 +98,7 @@ class KubernetesRuntime:
         self._following: set[str] = set()
         self._waiting: set[str] = set()  # run ids whose Job's pod has not started
         self._background = BackgroundRuns("follow")
+        self._in_request = InRequest()
         self._pods = PodWatch(self._api, MANAGED, config.watch_seconds)
         self._warm = (
             WarmPods(self._api, config.warm, config.reply_secret) if config.warm.enabled else None
@@ -162,24 +163,6 @@ class KubernetesRuntime:
         assert self._warm is not None
         return run_warm_check(self._store, task, PodCheck(self._warm, plan))
 
-    def _warm_and_reply(self, task: Task, plan: JobPlan, ended: Ended | None) -> None:
-        """An asynchronous check in its warm pod: recorded, its lease released, its end
-        reported and its reply posted here (no collect step posts it); a busy warm pod: a
-        Job, as ``start`` would have made."""
-
-        def warm_or_job() -> Outcome:
-            outcome = self._warm_check(task, plan)
-            if outcome is None:
-                outcome = self._settle(task, plan, self._jobs.launch(plan, task)).outcome
-            return outcome
-
-        outcome = outcome_of_async(task, warm_or_job)
-        try:
-            end_async_run(self._store, self._config.sink, task, outcome, ended)
-        finally:
-            with self._lock:
-                self._following.discard(task.run_id)
-
     def tasks_waiting(self) -> int:
         """Followed Jobs whose pod has not started (not created, not scheduled, pulling
         its first image). Asynchronous Jobs count while this replica follows them."""
@@ -192,15 +175,16 @@ class KubernetesRuntime:
 
     def start(self, task: Task, ended: Ended | None = None) -> None:
         """Create the Job (idempotent) and return; the task posts its own reply. A check
-        with a warm pod runs there in the background, which posts its reply."""
+        that goes warm runs in its request and posts its reply before the 202
+        (``InRequest``: nothing else would owe it after a crash of this replica); one whose
+        warm pod is busy gets its Job."""
         if wanted(self._warm, task):
-            with self._lock:
-                if task.run_id in self._following:
-                    return
-                self._following.add(task.run_id)
             plan = plan_for(task, self._config, self._store.url, reply=False)
-            self._background.submit(self._warm_and_reply, task, plan, ended)
-            return
+            sink = self._config.sink
+            if self._in_request.run(
+                self._store, sink, task, ended, lambda: self._warm_check(task, plan)
+            ):
+                return
         plan = plan_for(task, self._config, self._store.url, reply=True)
         clock = PhaseClock()
         try:

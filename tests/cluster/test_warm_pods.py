@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import statistics
 import threading
 import time
@@ -18,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from testbed.event_sink import event_sink
 from testbed.git_daemon import git_daemon
 from testbed.git_history import add_commit, make_repository
 from testbed.kubernetes import GATEWAY
@@ -383,6 +385,43 @@ def timed(call) -> float:
     started = time.perf_counter()
     call()
     return time.perf_counter() - started
+
+
+def test_an_async_warm_checks_reply_outlives_its_service(
+    warm_deployment, services_in_cluster, cluster_images, tmp_path
+):
+    """A Knative replica scaled down or killed right after its 202 leaves no reply owed:
+    a warm check runs in its request and posts its reply before the 202 (docs/warm-checks.md).
+    The service is killed (SIGKILL, workers first) the moment the 202 comes; the sink has the
+    reply. Its pod's first start takes seconds: a reply left to the background was lost."""
+    before = names(warm_deployment)
+    types = resource_types(cluster_images["warm"])
+    with event_sink() as sink:
+        extra = {"WARM_CHECKS": "on", "TASK_RESOURCES": SMALL_CHECKS, "K_SINK": sink.url}
+        extra["HOSTNAME"] = "async-replica"  # a replica of its own: its pods apart
+        with services_in_cluster(types, tmp_path, extra=extra) as deployed:
+            data = {"type": "test", "source": new_source(), "build": {"team": "async"}}
+            event = request_event("check", data, replymode="async")
+            status, _, response = send(deployed.services.urls["check"], event, timeout=180)
+            for proc in deployed.services.procs:
+                for pid in [*children(proc.pid), proc.pid]:
+                    os.kill(pid, signal.SIGKILL)
+                proc.wait(10)
+            replies = sink.drain()
+    left = names(warm_deployment) - before
+    if left:
+        warm_deployment.cluster.kubectl(
+            "-n", warm_deployment.namespace, "delete", "pod", "--wait=false", *left
+        )
+    assert status == 202, response.text
+    ends = [e for e in replies if e.get_type() == "dev.resourcefunctions.check.succeeded"]
+    assert [e.get_extension("requestid") for e in ends] == [event.get_id()]
+    assert ends[0].get_data()["versions"][-1]["count"] == "1"
+    assert left, "the killed service's warm pod should have been left behind"
+
+
+def children(pid: int) -> list[int]:
+    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
 def test_sigterm_leaves_no_warm_pod(warm_deployment):

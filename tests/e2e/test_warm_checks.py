@@ -17,6 +17,7 @@ from typing import Any
 import docker
 import pytest
 
+from testbed.event_sink import event_sink
 from tests.support.engine import service_env
 from tests.support.events import request_event, send
 from tests.support.images import build_warm_resource
@@ -202,6 +203,33 @@ def test_the_next_start_sweeps_a_killed_service_warm_containers(docker_host, war
         assert warm_containers(docker_host) == []  # swept before it serves
     finally:
         second.stop()
+
+
+def test_an_async_warm_checks_reply_is_posted_before_its_202(docker_host, warm_image, tmp_path):
+    """A warm check runs in its request even with an asynchronous reply: the service killed
+    the moment it answers 202 has posted the reply already (nothing would post it later:
+    no redelivery comes after a 202). Its first check starts the container, seconds in which
+    a reply left to the background would be lost."""
+    with event_sink() as sink:
+        env = {**service_env(docker_host, warm_image, tmp_path), "WARM_CHECKS": "on"}
+        services = start_services({**env, "K_SINK": sink.url}, tmp_path / "s.log", ("check",))
+        try:
+            data = {"type": "test", "source": new_source()}
+            event = request_event("check", data, replymode="async")
+            status, _, response = send(services.urls["check"], event)
+            for proc in services.procs:
+                for pid in [*children(proc.pid), proc.pid]:
+                    os.kill(pid, signal.SIGKILL)
+                proc.wait(10)
+            replies = sink.drain()
+        finally:
+            services.stop()
+            for container in warm_containers(docker_host):
+                container.remove(force=True)
+    assert status == 202, response.text
+    ends = [e for e in replies if e.get_type() == "dev.resourcefunctions.check.succeeded"]
+    assert [e.get_extension("requestid") for e in ends] == [event.get_id()]
+    assert ends[0].get_data()["versions"][-1]["count"] == "1"
 
 
 def test_the_switch_turns_reuse_off(docker_host, warm_image, tmp_path):
