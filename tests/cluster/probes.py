@@ -88,10 +88,17 @@ def run_pod(
     volumes: list[dict] | None = None,
     mounts: list[dict] | None = None,
     timeout: float = 120,
+    token: bool = False,
 ) -> str:
-    """Run ``command`` in a pod of ``namespace`` (no API token) until it ends; its log."""
+    """Run ``command`` in a pod of ``namespace`` until it ends; its log. ``token``: with the
+    namespace's default ServiceAccount token mounted."""
     name = f"probe-{uuid.uuid4().hex[:6]}"
-    container: dict = {"name": "probe", "image": image, "command": command}
+    container: dict = {
+        "name": "probe",
+        "image": image,
+        "command": command,
+        "securityContext": {"allowPrivilegeEscalation": False},
+    }
     if mounts:
         container["volumeMounts"] = mounts
     pod = {
@@ -100,7 +107,7 @@ def run_pod(
         "metadata": {"name": name, "namespace": namespace},
         "spec": {
             "restartPolicy": "Never",
-            "automountServiceAccountToken": False,
+            "automountServiceAccountToken": token,
             "containers": [container],
             "volumes": volumes or [],
         },

@@ -24,6 +24,7 @@ from cloudevents.core.v1.event import CloudEvent
 from functions.cli.launch import wait_until
 from storage.archive import format_for_key, unpack
 from storage.artifacts import add_team
+from tests.cluster.probes import run_pod
 from tests.support.events import request_event, send
 from tests.support.parallel import parallel
 from tests.support.round_trip import get_new_version, put_fetched
@@ -400,36 +401,7 @@ def pod_output(cluster, image: str, script: str, token: bool = False) -> str:
     default ServiceAccount token mounted."""
     from tests.cluster.conftest import NAMESPACE
 
-    name = f"probe-{uuid.uuid4().hex[:6]}"
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": {
-            "restartPolicy": "Never",
-            "automountServiceAccountToken": token,
-            "containers": [
-                {
-                    "name": "probe",
-                    "image": image,
-                    "command": ["sh", "-c", script],
-                    "securityContext": {"allowPrivilegeEscalation": False},
-                }
-            ],
-        },
-    }
-    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        phase = cluster.kubectl(
-            "-n", NAMESPACE, "get", "pod", name, "-o", "jsonpath={.status.phase}", check=False
-        )
-        if phase in ("Succeeded", "Failed"):
-            break
-        time.sleep(0.5)
-    logs = cluster.kubectl("-n", NAMESPACE, "logs", name)
-    cluster.kubectl("-n", NAMESPACE, "delete", "pod", name, "--wait=false")
-    return logs
+    return run_pod(cluster, NAMESPACE, image, ["sh", "-c", script], timeout=60, token=token)
 
 
 # Not the name of Knative's identity for the check Trigger: with authentication-oidc on,

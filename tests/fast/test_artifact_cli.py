@@ -432,6 +432,21 @@ def test_a_team_past_its_hourly_quota_gets_429_until_the_hour_ends_and_others_go
     assert len(inputs_of(service.store)) == allowed + 1
 
 
+def slot_held(service: Service, team: str) -> tuple[threading.Event, threading.Thread]:
+    """An upload of ``team`` holding one of the replica's slots until ``gate`` is set."""
+    gate, taken = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with service.uploads.slot(team, datetime.now(UTC)):
+            taken.set()
+            gate.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert taken.wait(5)
+    return gate, holder
+
+
 @pytest.mark.parametrize("limits", [UploadLimits(per_replica=1)], ids=["one-at-once"])
 def test_a_replica_at_its_uploads_at_once_answers_429_and_the_step_waits_its_turn(
     service: Service, limits: UploadLimits, tmp_path: Path, capsys, monkeypatch
@@ -439,16 +454,7 @@ def test_a_replica_at_its_uploads_at_once_answers_429_and_the_step_waits_its_tur
     """One upload holds the replica's only slot; the pack step is told 429 with
     ``Retry-After``, waits, and goes in once the slot is free."""
     monkeypatch.setattr(uploads_module, "BUSY_RETRY_SECONDS", 1)
-    gate, taken = threading.Event(), threading.Event()
-
-    def hold() -> None:  # another upload, in the replica's only slot
-        with service.uploads.slot("b", datetime.now(UTC)):
-            taken.set()
-            gate.wait(10)
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    assert taken.wait(5)
+    gate, holder = slot_held(service, "b")  # another upload, in the replica's only slot
     with pack_tree(source_tree(tmp_path), ArchiveOptions()) as stream:
         busy = post_upload(service, "token-a", stream.read())
     assert busy.status_code == 429 and busy.headers["Retry-After"] == "1"
@@ -525,16 +531,7 @@ def test_the_shipped_lifecycle_rules_expire_inputs_after_the_sweeps_days() -> No
 
 @pytest.mark.parametrize("limits", [UploadLimits(per_replica=2)], ids=["two-at-once"])
 def test_one_team_never_holds_every_upload_slot(service: Service, limits: UploadLimits) -> None:
-    gate, taken = threading.Event(), threading.Event()
-
-    def hold() -> None:  # team a's upload under way
-        with service.uploads.slot("a", datetime.now(UTC)):
-            taken.set()
-            gate.wait(10)
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    assert taken.wait(5)
+    gate, holder = slot_held(service, "a")  # team a's upload under way
     empty = b"\0" * 1024  # an empty tar
     try:
         mine = post_upload(service, "token-a", empty, "none")

@@ -260,15 +260,7 @@ def test_hostile_customruns_are_reported_once_and_ended_while_every_other_team_r
     running.thread.start()
     try:
         watched = running.api.poison("team-b", "watched", "depth")  # through the watch
-        for n in range(3):
-            running.api.create(customrun(f"fine-{n}", f"team-{n}"))
-        running.wait(
-            "the others Running",
-            lambda: all(
-                running.condition(f"team-{n}", f"fine-{n}").get("reason") == st.RUNNING
-                for n in range(3)
-            ),
-        )
+        running.ordinary_ones_run("the others Running")
         running.wait("three ended", lambda: len(running.api.status_patches) == 3)
         running.api.changed("MODIFIED", watched)  # the same version again: not reported again
         running.api.poison("team-b", "listed-depth", "depth")  # a new version: reported

@@ -67,6 +67,18 @@ class Running:
             assert time.monotonic() < deadline, f"not within {timeout}s: {what}"
             time.sleep(0.05)
 
+    def ordinary_ones_run(self, what: str, count: int = 3) -> None:
+        """``fine-N`` in namespace ``team-N`` for each N below ``count``, each then Running."""
+        for n in range(count):
+            self.api.create(customrun(f"fine-{n}", f"team-{n}"))
+        self.wait(
+            what,
+            lambda: all(
+                self.condition(f"team-{n}", f"fine-{n}").get("reason") == st.RUNNING
+                for n in range(count)
+            ),
+        )
+
 
 @pytest.fixture
 def running(sink: EventSink) -> Iterator[Running]:
@@ -93,15 +105,7 @@ def test_a_customrun_whose_team_cannot_be_read_holds_no_other(
     running.api.create(customrun("stuck", "poisoned"))
     running.api.fail_writes_of["broken"] = RuntimeError("a bug writing this one")
     running.api.create(customrun("broken", "team-a"))
-    for n in range(3):
-        running.api.create(customrun(f"fine-{n}", f"team-{n}"))
-    running.wait(
-        "the healthy ones Running",
-        lambda: all(
-            running.condition(f"team-{n}", f"fine-{n}").get("reason") == st.RUNNING
-            for n in range(3)
-        ),
-    )
+    running.ordinary_ones_run("the healthy ones Running")
     running.wait("their requests posted", lambda: len({e.get_id() for e in sink.events}) == 3)
     assert running.api.status_of("poisoned", "stuck") == {}
     metrics = running.controller.metrics
