@@ -167,6 +167,11 @@ func killGroup(cmd *exec.Cmd) {
 	}
 }
 
+// seconds as a Duration (the flags' and the request's figures).
+func seconds(figure float64) time.Duration {
+	return time.Duration(figure * float64(time.Second))
+}
+
 // --- serve -------------------------------------------------------------------------------
 
 type server struct {
@@ -196,11 +201,11 @@ func serve(args []string) {
 		sources: newSources(*root),
 		slots:   make(chan struct{}, *maxChecks),
 	}
-	go func() {
+	go func(idle time.Duration) {
 		for range time.Tick(30 * time.Second) {
-			s.sources.expire(time.Duration(*idle * float64(time.Second)))
+			s.sources.expire(idle)
 		}
-	}()
+	}(seconds(*idle))
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(200) })
 	mux.HandleFunc("/check", s.check)
@@ -242,7 +247,7 @@ func (s *server) check(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer s.sources.give(name)
-	s.run(w, r, name, time.Duration(budget*float64(time.Second)))
+	s.run(w, r, name, seconds(budget))
 }
 
 // frames: what the answer streams, one writer at a time, flushed as it comes.
@@ -278,17 +283,15 @@ func (s *server) run(w http.ResponseWriter, r *http.Request, name string, budget
 		return
 	}
 	out := &frames{w: w}
-	started := false
 	begin := func() {
 		w.Header().Set("Content-Type", "application/x-rf-frames")
 		w.WriteHeader(http.StatusOK)
-		started = true
 	}
 	code, timedOut, err := supervise(cmd, bytes.NewReader(request), budget, r.Context().Done(), begin,
 		func(data []byte) error { return out.write('o', data) },
 		func(data []byte) error { return out.write('e', data) })
-	if !started {
-		http.Error(w, "cannot start the check: "+fmt.Sprint(err), http.StatusInternalServerError)
+	if err != nil { // it did not start: supervise errs only then
+		http.Error(w, "cannot start the check: "+err.Error(), http.StatusInternalServerError)
 		return
 	}
 	if timedOut {
@@ -312,19 +315,18 @@ func supervise(cmd *exec.Cmd, stdin io.Reader, budget time.Duration, stop <-chan
 	if err != nil {
 		return -1, false, err
 	}
+	defer outR.Close()
 	errR, errW, err := os.Pipe()
 	if err != nil {
-		outR.Close()
 		outW.Close()
 		return -1, false, err
 	}
+	defer errR.Close()
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, outW, errW
 	err = cmd.Start()
 	outW.Close()
 	errW.Close()
 	if err != nil {
-		outR.Close()
-		errR.Close()
 		return -1, false, err
 	}
 	begin()
@@ -335,7 +337,7 @@ func supervise(cmd *exec.Cmd, stdin io.Reader, budget time.Duration, stop <-chan
 		defer mu.Unlock()
 		if !exited {
 			budgetRanOut = budgetRanOut || byBudget
-			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			killGroup(cmd)
 		}
 	}
 	if budget > 0 {
@@ -359,18 +361,16 @@ func supervise(cmd *exec.Cmd, stdin io.Reader, budget time.Duration, stop <-chan
 	exited = true
 	mu.Unlock()
 	close(waitedFor)
-	syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // what it left running in its group
+	killGroup(cmd) // what it left running in its group
 	drained := make(chan struct{})
 	go func() { streams.Wait(); close(drained) }()
 	select {
 	case <-drained:
 	case <-time.After(drainTime):
-		outR.Close()
+		outR.Close() // unblocks the readers (the deferred closes then do nothing)
 		errR.Close()
 		<-drained
 	}
-	outR.Close()
-	errR.Close()
 	var status *exec.ExitError
 	if errors.As(waited, &status) {
 		if status.ExitCode() < 0 {
@@ -423,8 +423,8 @@ func runOne(args []string) {
 	if err := os.MkdirAll(*root, 0o700); err != nil {
 		fail("rf-agent run: cannot make " + *root + ": " + err.Error())
 	}
-	budget := time.Duration(*timeout * float64(time.Second))
-	sweepIdle(*root, *name, time.Duration(*idle*float64(time.Second)))
+	budget := seconds(*timeout)
+	sweepIdle(*root, *name, seconds(*idle))
 	lock, err := lockSource(*root, *name, budget)
 	if err != nil {
 		fail("rf-agent run: the source's previous check still runs: " + err.Error())
