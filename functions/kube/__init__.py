@@ -2,8 +2,8 @@
 authentication, the Tekton controller and artifacts service): the only package that imports
 ``kubernetes``.
 
-- ``api``: the core objects as plain dicts in one namespace (Jobs, Pods, Secrets, their watches
-  and exec; Namespaces, TokenReviews), with errors translated (``KubeApi``, ``translate``).
+- ``api``: the core objects as plain dicts in one namespace (Jobs, Pods, Secrets and their
+  watches; Namespaces, TokenReviews), with errors translated (``KubeApi``, ``translate``).
 - ``tekton_api``: the Tekton controller's calls (CustomRuns and their watch, Events, Leases),
   each counted, errors translated as ``api`` does.
 """

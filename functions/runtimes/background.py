@@ -130,7 +130,7 @@ class AsyncEnd(Enum):
     ENDED = "ended"  # the task ended: the lease goes, the function posts the reply
     COLLECT_REPLIED = "collect_replied"  # ended, and its collect step posted the reply
     MAY_STILL_RUN = "may_still_run"  # following it failed: the task keeps its lease
-    IN_REQUEST = "in_request"  # refused at its start, its request still being answered
+    IN_REQUEST = "in_request"  # ended (or refused at its start) while its request is answered
 
 
 def end_async_run(
@@ -149,8 +149,9 @@ def end_async_run(
     2. the end is reported (``ended``: metrics, the log line, spans);
     3. the reply is posted to K_SINK, unless ``COLLECT_REPLIED`` (``collect`` in a task pod
        posted it). After a 202 nobody redelivers, so a failed post is logged; ``IN_REQUEST``
-       (a start refused while its request is still answered) makes a refused post a 503, so
-       that the redelivery replays the record and posts again."""
+       (a run that ended, or a start refused, while its request is still answered: before
+       any 202) makes a refused post a 503, so that the redelivery replays the record and
+       posts again."""
     if how is not AsyncEnd.MAY_STILL_RUN:
         lease.release_held(store, task.lease)
     report_end(ended, task, outcome)

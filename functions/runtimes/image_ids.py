@@ -1,6 +1,6 @@
 """Image references resolved to the engine's image ids, remembered for a while.
 
-A warm check's key holds its image's id (``warm_check.warm_key``), so that a tag moved to a new
+A warm check's key holds its image's id (``warm.check.pool_key``), so that a tag moved to a new
 image gets a new warm container. Asking the engine on every check is one more API request
 per check than the exec itself needs; remembered for ``WARM_CHECK_IMAGE_SECONDS`` (60), a
 moved tag is seen within that time, as Concourse sees a resource type's new version on its

@@ -132,7 +132,7 @@ class KubernetesRuntime:
         self._pods.close()
         self._background.close()
         if self._warm is not None:
-            self._warm.close()  # after the warm checks under way (the background's)
+            self._warm.close()  # after the background's Jobs; a warm check in its request is cut (503)
         self._api.close()
 
     def run(self, task: Task) -> Outcome:

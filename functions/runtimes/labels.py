@@ -26,7 +26,7 @@ REQUEST_LABEL = f"{PREFIX}request-key"  # keys.request_label of the request's (s
 REQUEST_DIGEST_ANNOTATION = f"{PREFIX}request"  # keys.request_digest: checked on attaching
 REQUEST_SOURCE_ANNOTATION = f"{PREFIX}request-source"  # for operators
 
-# A warm check container (Docker/Podman) or pod: its key (``warm_check.warm_key``) and the
+# A warm check container (Docker/Podman) or pod: its key (``warm.check.pool_key``) and the
 # owner that keeps it (a container: this process's pid and start time; a pod: a hash of the
 # replica's pod name).
 WARM_KEY_LABEL = "warm-check"

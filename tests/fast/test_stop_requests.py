@@ -106,7 +106,7 @@ def test_stopping_a_warm_check_under_way_ends_it_alone_and_never_runs_it_again()
     """The stop ends that check (its slot's ``cancel``: the agent kills its processes); the
     warm container stays, with its other sources' checks."""
     removed: list[str] = []
-    pool = WarmPool(WarmLimits(), lambda w: removed.append(w.handle))
+    pool = WarmPool(WarmLimits(), removed.append)
     other = pool.take("k", "t", "other-source", run="run-0")
     container = pool.admit(other, "c-1")
     ended: list[str] = []
@@ -131,7 +131,7 @@ def test_stopping_a_warm_check_under_way_ends_it_alone_and_never_runs_it_again()
 
 def test_a_stop_of_a_run_without_a_warm_check_here_changes_nothing() -> None:
     removed: list[str] = []
-    pool = WarmPool(WarmLimits(), lambda w: removed.append(w.handle))
+    pool = WarmPool(WarmLimits(), removed.append)
     slot = pool.take("k", "t", "s", run="run-1")
     pool.admit(slot, "c-1")
     assert not pool.stop_run("run-2")

@@ -115,7 +115,7 @@ def test_names_and_labels_are_valid_and_hide_the_owner() -> None:
     assert labels["app.kubernetes.io/managed-by"] == "resource-functions"
     for value in labels.values():
         assert len(value) <= 63 and LABEL_VALUE.match(value)
-    names = {pod["metadata"]["name"], *(warm_pod_name(KEY, OWNER) for _ in range(20))}
+    names = {pod["metadata"]["name"], *(warm_pod_name() for _ in range(20))}
     assert len(names) == 21  # a key may have several pods: each its own name
     assert all(re.fullmatch(r"rf-warm-[0-9a-f]{20}", name) for name in names)
 

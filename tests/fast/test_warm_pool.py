@@ -31,7 +31,7 @@ class Clock:
 def pool(**limits: object) -> tuple[WarmPool, list[str], Clock]:
     removed: list[str] = []
     clock = Clock()
-    made = WarmPool(WarmLimits(**limits), lambda w: removed.append(w.handle), clock)  # type: ignore[arg-type]
+    made = WarmPool(WarmLimits(**limits), removed.append, clock)  # type: ignore[arg-type]
     return made, removed, clock
 
 

@@ -46,7 +46,7 @@ def test_a_full_quota_is_quota_exceeded_not_a_missing_right() -> None:
 
 def test_the_least_recently_used_idle_one_goes_whatever_its_team() -> None:
     removed: list[str] = []
-    pool = WarmPool(WarmLimits(), lambda w: removed.append(w.handle))
+    pool = WarmPool(WarmLimits(), removed.append)
     held: dict[str, Slot] = {}
     for key, team in (("a", "red"), ("b", "blue"), ("c", "red")):
         held[key] = pool.take(key, team, "s")

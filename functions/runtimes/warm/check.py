@@ -132,30 +132,30 @@ def check_in_warm(
         if slot.stopped:  # stopped while it waited for room or for its container to start
             pool.back(slot)
             raise RunStopped(f"run {slot.run} was stopped by its sender")
+        gone = False
         try:
             with clock.phase("script"):
                 ended = execute(slot)
         except (Busy, NoRoom) as err:  # the agent turned it away for now: elsewhere, whole
-            pool.back(slot)
             log.info("the check runs without reuse: %s", err)
             return None
         except Gone:
-            pool.evict(warm, DEAD)
-            pool.back(slot)
-            if slot.stopped:
-                raise RunStopped(f"run {slot.run} was stopped by its sender") from None
-            if slot.reused:
-                log.info("a warm check container was gone: replaced")
-                continue
-            raise Unavailable("a new warm check container died under its check") from None
+            pool.evict(warm, DEAD)  # before it goes back: never handed out again
+            gone = True
         except BaseException:
             pool.evict(warm, DEAD)  # in a state unknown: not reused
-            pool.back(slot)
             raise
-        pool.back(slot)
+        finally:
+            pool.back(slot)
         if slot.stopped:
-            raise RunStopped(f"run {slot.run} was stopped by its sender during its check")
-        return ended
+            during = "" if gone else " during its check"
+            raise RunStopped(f"run {slot.run} was stopped by its sender{during}")
+        if not gone:
+            return ended
+        if slot.reused:
+            log.info("a warm check container was gone: replaced")
+            continue
+        raise Unavailable("a new warm check container died under its check")
     raise Unavailable("warm check containers keep dying")  # pragma: no cover
 
 

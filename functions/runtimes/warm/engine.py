@@ -85,12 +85,12 @@ def owner_alive(owner: str) -> bool:
 
 class WarmContainers(WarmSet):
     """This replica's warm check containers: started, reused, expired, removed; the local
-    runtime's ``warm_check.WarmExecutor``."""
+    runtime's ``check.WarmExecutor``."""
 
     def __init__(
         self, client: Any, limits: WarmLimits, network: str | None, images: EngineImages
     ) -> None:
-        super().__init__(limits, self._remove)
+        super().__init__(limits, self._remove_handle)
         self._client = client
         self._images = images
         self._network = network
@@ -259,9 +259,6 @@ class WarmContainers(WarmSet):
         except ENGINE_ERRORS as err:
             raise Unavailable(f"container engine: {err}") from err
         return bool(state.get("Running"))
-
-    def _remove(self, warm: Warm) -> None:
-        self._remove_handle(warm.handle)
 
     def _remove_handle(self, handle: str) -> None:
         """Remove a warm container with every process in it (logged, never raised)."""

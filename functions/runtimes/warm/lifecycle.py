@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from functions.periodic import Periodic
-from functions.runtimes.warm.pool import Warm, WarmCounts, WarmPool
+from functions.runtimes.warm.pool import WarmCounts, WarmPool
 from functions.settings import WarmLimits
 
 REAP_SECONDS = 30.0  # how often expired warm containers are looked for (at most)
@@ -15,7 +15,7 @@ REAP_SECONDS = 30.0  # how often expired warm containers are looked for (at most
 class WarmSet:
     """A subclass says how to ``sweep`` (the leftovers of owners gone) and gives ``remove``."""
 
-    def __init__(self, limits: WarmLimits, remove: Callable[[Warm], None]) -> None:
+    def __init__(self, limits: WarmLimits, remove: Callable[[str], None]) -> None:
         self.pool = WarmPool(limits, remove)
         period = min(REAP_SECONDS, limits.idle_seconds / 2)
         self._reaper = Periodic("warm-reap", period, self.pool.expire)

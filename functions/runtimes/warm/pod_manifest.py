@@ -35,11 +35,10 @@ TOKEN_DIR = "/rf/agent"
 PAUSE_IN_TASK_IMAGE, AGENT_IN_TASK_IMAGE = "/usr/bin/catatonit", "/usr/bin/rf-agent"
 
 
-def warm_pod_name(key: str, owner: str) -> str:
-    """``rf-warm-<20 hex>``: a new name each time (a key may have several pods), none
-    another replica's."""
-    digest = _hex(f"{key}/{owner}/{os.urandom(8).hex()}")
-    return f"rf-warm-{digest[:20]}"
+def warm_pod_name() -> str:
+    """``rf-warm-<20 hex>``, random: a new name each time (a key may have several pods),
+    none another replica's."""
+    return f"rf-warm-{os.urandom(10).hex()}"
 
 
 def owner_label(owner: str) -> str:
@@ -51,9 +50,7 @@ def _hex(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def warm_pod_manifest(
-    plan: JobPlan, key: str, owner: str, limits: WarmLimits, name: str = ""
-) -> dict[str, Any]:
+def warm_pod_manifest(plan: JobPlan, key: str, owner: str, limits: WarmLimits) -> dict[str, Any]:
     """The Pod of one warm check container: the task pod's account, security context,
     resources and placement; ``rf-agent serve`` under the pause program as the resource
     container's main processes, Ready once the agent answers; ``activeDeadlineSeconds`` ends
@@ -67,7 +64,7 @@ def warm_pod_manifest(
         WARM_POD_KEY_LABEL: key,
         WARM_POD_OWNER_LABEL: owner_label(owner),
     }
-    name = name or warm_pod_name(key, owner)
+    name = warm_pod_name()
     copy = step_container(plan, "tools", [], stdin=False)
     copy["command"] = ["cp", PAUSE_IN_TASK_IMAGE, AGENT_IN_TASK_IMAGE, f"{TOOLS_DIR}/"]
     copy["volumeMounts"] = [{"name": TOOLS_VOLUME, "mountPath": TOOLS_DIR}]

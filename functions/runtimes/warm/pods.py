@@ -58,7 +58,7 @@ class WarmPods(WarmSet):
     def __init__(
         self, api: KubeApi, limits: WarmLimits, secret: bytes, owner: str | None = None
     ) -> None:
-        super().__init__(limits, self._delete)
+        super().__init__(limits, self._delete_pod)
         self._api = api
         self._secret = secret
         self._owner = owner or replica_name()
@@ -167,9 +167,6 @@ class WarmPods(WarmSet):
         finally:
             slot.cancel = None
         return code, output
-
-    def _delete(self, warm: Warm) -> None:
-        self._delete_pod(warm.handle)
 
     def _delete_pod(self, name: str) -> None:
         """Delete a warm pod (its token's Secret goes with it: the pod owns it)."""

@@ -1,9 +1,9 @@
 """Which warm container (a pod on Kubernetes) serves a check, and how long it lives: the
 bookkeeping, engine-free (docs/warm-checks.md).
 
-A warm container serves one pool key (``keys.pool_key``: the team, the image digest and the
+A warm container serves one pool key (``check.pool_key``: the team, the image digest and the
 type's container settings) and many sources of it, each in a directory of its own
-(``keys.source_dir``), at most ``checks_at_once`` checks at once and one check at a time per
+(``check.source_dir``), at most ``checks_at_once`` checks at once and one check at a time per
 source. A source goes back to the container that holds its directory while that one has
 room; else to the key's container with the fewest sources; with none free, a new one starts
 (one start at a time per key: the checks that find none free meanwhile wait for it), as the
@@ -118,7 +118,7 @@ class WarmPool:
     def __init__(
         self,
         limits: WarmLimits,
-        remove: Callable[[Warm], None],
+        remove: Callable[[str], None],  # a removed container's handle
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.limits = limits
@@ -345,4 +345,4 @@ class WarmPool:
                 if warm.removed:
                     continue
                 warm.removed = True
-            self._remove(warm)
+            self._remove(warm.handle)
