@@ -401,16 +401,18 @@ class Controller:
 
     def _undecodable(self, found: Undecodable, deleted: bool = False) -> None:
         """A CustomRun that cannot be decoded within the bounds: out of the cache and the
-        queue, like a deleted one; if it is ours, reported once per version (a log line,
-        the metric, an Event) and, unless done, ended failed, so that its PipelineRun goes on.
-        Every other CustomRun is untouched."""
+        queue, like a deleted one; if it is ours and not done, reported once per version (a
+        log line, the metric, an Event) and ended failed, so that its PipelineRun goes on. A
+        done one is left unreported: so the version our own patch makes, and a re-LIST after
+        a restart, are not reported twice. Every other CustomRun is untouched."""
         key = (found.namespace, found.name)
         with self._cache_lock:
             self._cache.pop(key, None)
         self._forget(key)
         owner = {found.marks.get(mark) for mark in OWNER_MARKS}
         seen = (found.uid, found.resource_version)
-        if deleted or API_VERSION not in owner or self._reported.get(seen):
+        done = found.marks.get(DONE_MARK)
+        if deleted or done or API_VERSION not in owner or self._reported.get(seen):
             return
         self._reported.put(seen, True)
         self.metrics.undecodable.labels(found.limit).inc()
@@ -428,8 +430,6 @@ class Controller:
             }
         }
         self._event(stub, True, st.UNDECODABLE, message)
-        if found.marks.get(DONE_MARK):
-            return
         try:
             self._api.patch_status(
                 stub, st.finished({}, False, st.UNDECODABLE, message, self._clock())
