@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -283,18 +284,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from functions.tekton.artifact_service import artifacts_app_from
 
         app, whole_bodies = artifacts_app_from(settings), False
-        hooks = _inputs_sweep(app.extensions["store"], settings)
+        hooks = {"started": _inputs_sweep(app.extensions["store"], settings)}
     else:
         from functions.http.app import create_app
 
         app = create_app(settings, args.action)
         service = app.extensions["service"]
         runtime = service.runtime  # its threads belong in the worker
-        sweep = _inputs_sweep(service.store, settings) if args.action == "put" else {}
-        hooks = {
-            "started": _both(runtime.start_sweeps, sweep.get("started")),
-            "stopping": runtime.close,
-        }
+        sweep = _inputs_sweep(service.store, settings) if args.action == "put" else _nothing
+        hooks = {"started": lambda: (runtime.start_sweeps(), sweep()), "stopping": runtime.close}
     serve(
         app,
         host=host,
@@ -306,17 +304,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _inputs_sweep(store: Any, settings: Any) -> dict[str, Any]:
-    """The ``started`` hook of the hourly sweep of expired inputs, where the store needs one
-    (a file store: functions.ledger.inputs)."""
+def _inputs_sweep(store: Any, settings: Any) -> Callable[[], object]:
+    """What starts the hourly sweep of expired inputs, where the store needs one (a file
+    store: functions.ledger.inputs); else nothing."""
     from functions.ledger.inputs import sweeper
 
     found = sweeper(store, settings.uploads.inputs_ttl_days)
-    return {"started": found.start} if found is not None else {}
+    return found.start if found is not None else _nothing
 
 
-def _both(first: Any, second: Any) -> Any:
-    return first if second is None else lambda: (first(), second())
+def _nothing() -> None:
+    pass
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -197,8 +197,6 @@ class _Builder:
             kind, value = next(events)
 
     def _open(self, is_array: bool, key: str) -> None:
-        key = key if self.path else ""
-        outer = self.dropping or self.reason
         self.path.append(key)
         self.arrays.append(is_array)
         if self.dropping or (
@@ -211,7 +209,7 @@ class _Builder:
         if self.reason:
             return
         made: Any = [] if is_array else {}
-        if self.built and not outer:
+        if self.built:
             self._put(made, key)
         self.built.append(made)
 

@@ -26,6 +26,7 @@ PAGE = 250  # CustomRuns a LIST page holds: memory is a page's, never the cluste
 OWNER_MARKS = ("spec.customRef.apiVersion", "spec.customSpec.apiVersion")
 BOUNDS = Bounds()  # a CustomRun of ours is far smaller and shallower (params.py)
 DONE_MARK = "status.completionTime"  # set once a CustomRun has ended
+MARKS = (*OWNER_MARKS, DONE_MARK)  # what an undecodable one still tells (objects.Undecodable)
 COMPONENT = "resource-functions-tekton-controller"  # an Event's reporting controller
 
 
@@ -35,7 +36,6 @@ class TektonApi:
         api_client: Any,
         timeout: tuple[float, float] = (5.0, 30.0),
         counted: Callable[[], None] = lambda: None,
-        bounds: Bounds = BOUNDS,
         page: int = PAGE,
     ) -> None:
         self._objects = client.CustomObjectsApi(api_client)
@@ -43,9 +43,7 @@ class TektonApi:
         self._leases = client.CoordinationV1Api(api_client)
         self._timeout = timeout
         self._counted = counted  # called once per API request (the controller's metric)
-        self._bounds = bounds
         self._page = page
-        self.marks = (*OWNER_MARKS, DONE_MARK)
 
     # --- CustomRuns -------------------------------------------------------------------------
 
@@ -94,16 +92,7 @@ class TektonApi:
             timeout_seconds=seconds,
             _request_timeout=(self._timeout[0], seconds + 30),
         )
-        try:
-            for line in _lines(response):
-                try:
-                    yield objects.watch_event(line, self._bounds, self.marks)
-                except ValueError as err:  # not an event: the stream is broken, list again
-                    raise Unavailable(f"watch {PLURAL}: {err}") from err
-        except (urllib3.exceptions.HTTPError, OSError) as err:
-            raise Unavailable(f"Kubernetes API unreachable (watch {PLURAL}): {err}") from err
-        finally:
-            _done(response)
+        yield from self._decoded(response, _watch_events, "watch")
 
     def read_customrun(self, namespace: str, name: str) -> Decoded | None:
         """The CustomRun, decoded within bounds as the LIST's are; ``None`` when gone."""
@@ -231,7 +220,13 @@ class TektonApi:
     # --- the one request path ------------------------------------------------------------------
 
     def _stream(
-        self, verb: str, method: Callable[..., Any], *args: Any, namespace_: str = "", **kw: Any
+        self,
+        verb: str,
+        method: Callable[..., Any],
+        *args: Any,
+        namespace_: str = "",
+        resource: str = PLURAL,
+        **kw: Any,
     ) -> Any:
         """The response of ``method`` unread (the caller reads and releases it)."""
         kw.setdefault("_request_timeout", self._timeout)
@@ -239,7 +234,7 @@ class TektonApi:
         try:
             return method(*args, **kw, _preload_content=False)
         except ApiException as err:
-            raise translate(err, verb, PLURAL, namespace_) from err
+            raise translate(err, verb, resource, namespace_) from err
         except (urllib3.exceptions.HTTPError, OSError) as err:
             raise Unavailable(f"Kubernetes API unreachable ({verb}): {err}") from err
 
@@ -247,7 +242,7 @@ class TektonApi:
         self, response: Any, decode: Callable[..., Iterator[Any]], verb: str
     ) -> Iterator[Any]:
         try:
-            yield from decode(response, self._bounds, self.marks)
+            yield from decode(response, BOUNDS, MARKS)
         except ValueError as err:  # cut short or not JSON: the API's trouble, not an object's
             raise Unavailable(f"{verb} {PLURAL}: {err}") from err
         except (urllib3.exceptions.HTTPError, OSError) as err:
@@ -258,13 +253,9 @@ class TektonApi:
     def _json(
         self, verb: str, method: Callable[..., Any], *args: Any, namespace_: str = "", **kw: Any
     ) -> dict[str, Any]:
-        self._counted()
-        try:
-            response = method(*args, **kw, _preload_content=False, _request_timeout=self._timeout)
-        except ApiException as err:
-            raise translate(err, verb, method.__name__, namespace_) from err
-        except (urllib3.exceptions.HTTPError, OSError) as err:
-            raise Unavailable(f"Kubernetes API unreachable ({verb}): {err}") from err
+        response = self._stream(
+            verb, method, *args, namespace_=namespace_, resource=method.__name__, **kw
+        )
         return cast(dict[str, Any], json.loads(response.data or b"{}"))
 
 
@@ -272,6 +263,15 @@ def _done(response: Any) -> None:
     """Close a response that may be unread (its connection is not reused) and free it."""
     response.close()
     response.release_conn()
+
+
+def _watch_events(
+    response: Any, bounds: Bounds, marks: tuple[str, ...]
+) -> Iterator[tuple[str, Decoded]]:
+    """Each line of a watch decoded alone (``ValueError``: not an event, the stream broken:
+    list again)."""
+    for line in _lines(response):
+        yield objects.watch_event(line, bounds, marks)
 
 
 def _lines(response: Any) -> Iterator[bytes]:

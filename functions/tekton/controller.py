@@ -188,9 +188,7 @@ class Controller:
                 continue
             key = key_of(obj)
             if kind == "DELETED":
-                with self._cache_lock:
-                    self._cache.pop(key, None)
-                self._forget(key)
+                self._drop(key)
                 continue
             self._remember(obj)
             self.queue.add(key)
@@ -406,9 +404,7 @@ class Controller:
         done one is left unreported: so the version our own patch makes, and a re-LIST after
         a restart, are not reported twice. Every other CustomRun is untouched."""
         key = (found.namespace, found.name)
-        with self._cache_lock:
-            self._cache.pop(key, None)
-        self._forget(key)
+        self._drop(key)
         owner = {found.marks.get(mark) for mark in OWNER_MARKS}
         seen = (found.uid, found.resource_version)
         done = found.marks.get(DONE_MARK)
@@ -443,6 +439,12 @@ class Controller:
             known = self._cache.get(key)
             if known is None or newer(obj, known):
                 self._cache[key] = obj
+
+    def _drop(self, key: Key) -> None:
+        """Out of the cache and the queue: gone, or not to be reconciled."""
+        with self._cache_lock:
+            self._cache.pop(key, None)
+        self._forget(key)
 
     def _forget(self, key: Key) -> None:
         self.queue.forget(key)

@@ -69,6 +69,7 @@ class ControllerConfig:
     def of(cls, settings: Settings, env: Mapping[str, str]) -> ControllerConfig:
         """The functions' settings (read from the same ConfigMap, so parsed and judged as
         they parse them) and the controller's own environment."""
+        namespace = env.get("POD_NAMESPACE") or own_namespace()
         return cls(
             broker=settings.sink,
             store_url=settings.store_url,
@@ -78,12 +79,12 @@ class ControllerConfig:
             port=settings.port,
             allowed_images=settings.allowed_images,
             leader_lease=env.get("TEKTON_LEADER_LEASE", "").strip(),
-            namespace=env.get("POD_NAMESPACE") or own_namespace(),
+            namespace=namespace,
             identity=env.get("POD_NAME") or socket.gethostname(),
             reply_audience=env.get("TEKTON_REPLY_AUDIENCE", "").strip() or REPLY_AUDIENCE,
             reply_senders=patterns(env.get("TEKTON_REPLY_SENDERS"))
             if env.get("TEKTON_REPLY_SENDERS", "").strip()
-            else (trigger_identity(env.get("POD_NAMESPACE") or own_namespace(), REPLY_TRIGGER),),
+            else (trigger_identity(namespace, REPLY_TRIGGER),),
         )
 
     @property

@@ -52,8 +52,7 @@ class Uploads:
     def __init__(self, store: Store, limits: UploadLimits) -> None:
         self.store = store
         self.limits = limits
-        self._slots = threading.BoundedSemaphore(limits.per_replica)
-        self._teams: dict[str, int] = {}  # team -> its uploads under way here
+        self._teams: dict[str, int] = {}  # team -> its uploads under way here (all: the slots')
         self._lock = threading.Lock()
         self._per_team = max(1, limits.per_replica - 1)  # one team never takes every slot
 
@@ -68,7 +67,7 @@ class Uploads:
                     "as many as one team may: try again shortly",
                     BUSY_RETRY_SECONDS,
                 )
-            if not self._slots.acquire(blocking=False):
+            if sum(self._teams.values()) >= self.limits.per_replica:
                 raise Busy(
                     f"this replica takes {self.limits.per_replica} uploads at once "
                     "(ARTIFACT_UPLOADS): try again shortly",
@@ -83,7 +82,6 @@ class Uploads:
                 self._teams[team] -= 1
                 if not self._teams[team]:
                     del self._teams[team]
-            self._slots.release()
 
     def counted(self, team: str, size: int, now: datetime) -> None:
         """Add an upload's ``size`` to its team's bytes of the hour."""
@@ -96,7 +94,8 @@ class Uploads:
                 return None, f"{used['count']} uploads this hour (ARTIFACT_UPLOADS_PER_HOUR)"
             if used["bytes"] >= self.limits.bytes_per_hour:
                 return None, f"{used['bytes']} bytes this hour (ARTIFACT_UPLOAD_BYTES_PER_HOUR)"
-            return _add(data, now, 1, 0)[0], ""
+            used["count"] += 1
+            return json.dumps(used).encode(), ""
 
         over = update_record(self.store, quota_key(team), change)
         if over:
