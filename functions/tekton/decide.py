@@ -164,16 +164,9 @@ def decide(run: Mapping[str, Any], now: datetime, ctx: Context) -> Step:
             post=posting(run, request, first, ctx),
             wake_at=deadline_of(run, now),
         )
-    posted_for = st.team_of_attempt(status)
-    if posted_for is not None and posted_for != team:
-        message = (
-            f"namespace {run['metadata']['namespace']!r} now serves team {team!r}, not "
-            f"{posted_for!r}, for which this run's request was posted: the run is stopped"
-        )
-        return Step(
-            status=st.finished(status, False, st.TEAM_CHANGED, message, now),
-            stop=stop_posting(run, current, ctx),
-        )
+    changed = team_changed(run, status, team, now)
+    if changed is not None:
+        return Step(status=changed, stop=stop_posting(run, current, ctx))
     deadline = deadline_of(run, st.parse_time(status["startTime"]))
     if deadline is not None and now >= deadline:
         message = f"attempt {st.attempt_of(status) + 1} timed out after {timeout_of(run)}"
@@ -223,12 +216,30 @@ def on_reply(run: Mapping[str, Any], reply: Reply, now: datetime, ctx: Context) 
         following = ctx.new_id()
         request = build_request(run, ctx)
         team = request.data["build"]["team"]
+        changed = team_changed(run, status, team, now)
+        if changed is not None:  # no next attempt for another team
+            return Step(status=changed)
         return Step(
             status=st.retried(status, reason, message, following, team, now),
             post=posting(run, request, following, ctx),
             wake_at=deadline_of(run, now),
         )
     return Step(status=st.finished(status, False, reason, message, now))
+
+
+def team_changed(
+    run: Mapping[str, Any], status: dict[str, Any], team: str, now: datetime
+) -> dict[str, Any] | None:
+    """The run's status ended ``TeamChanged`` if its namespace now serves ``team`` and not
+    the team its attempt was posted for; None if it serves the same."""
+    posted_for = st.team_of_attempt(status)
+    if posted_for is None or posted_for == team:
+        return None
+    message = (
+        f"namespace {run['metadata']['namespace']!r} now serves team {team!r}, not "
+        f"{posted_for!r}, for which this run's request was posted: the run is stopped"
+    )
+    return st.finished(status, False, st.TEAM_CHANGED, message, now)
 
 
 def refused(run: Mapping[str, Any], request_id: str, why: str, now: datetime) -> Step:

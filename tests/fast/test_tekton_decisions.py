@@ -528,3 +528,15 @@ def test_a_reply_must_be_of_the_team_the_attempt_was_posted_for() -> None:
     assert other.status is None and "not the run's team 'main'" in other.dropped
     own = on_reply(run, answer(run, True, data), T0, moved_to("other"))
     assert condition(own.status or {})["status"] == "True"
+
+
+def test_a_failed_attempt_is_not_retried_for_the_namespaces_new_team() -> None:
+    """The retry read the namespace's team of the moment: an attempt posted for "main" was
+    followed by one for the team the namespace was moved to."""
+    run = running(customrun(retries=2))
+    error = {"kind": "resource_failed", "message": "boom"}
+    step = on_reply(run, answer(run, False, {"error": error}), T0, moved_to("other"))
+    assert step.post is None
+    found = condition(step.status or {})
+    assert (found["status"], found["reason"]) == ("False", st.TEAM_CHANGED)
+    assert "'other'" in found["message"] and "'main'" in found["message"]
