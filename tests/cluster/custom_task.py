@@ -31,6 +31,8 @@ from testbed.kubernetes import Cluster
 from testbed.kubernetes.knative import apply
 from tests.cluster.conftest import NAMESPACE, KnativeDeployment
 
+CONTROLLER = "app.kubernetes.io/component=tekton-controller"  # its replicas' selector
+
 TEAM_LABEL = "resource-functions.dev/team"
 # What a Task declares so that its unpack and pack steps show the pod's identity.
 TOKEN_VOLUME = {
@@ -56,9 +58,11 @@ class CustomTask:
     store_url: str
     namespace: str  # the Tekton user's: its team
 
-    def controller_logs(self) -> str:
+    def controller_logs(self, tail: int = 60) -> str:
+        """The last ``tail`` lines (-1: all) of every controller replica, each line prefixed
+        with its pod: only the leader posts and writes statuses, whichever it is now."""
         return self.cluster.kubectl(
-            "-n", NAMESPACE, "logs", "deployment/tekton-controller", "--tail=60", check=False
+            "-n", NAMESPACE, "logs", "-l", CONTROLLER, f"--tail={tail}", "--prefix", check=False
         )
 
     def get(self, kind: str, name: str) -> dict:
