@@ -30,6 +30,7 @@ from testbed import event_sink as sinks
 from testbed.event_sink import EventSink
 from testbed.kubernetes import GATEWAY, Cluster, new_cluster
 from testbed.kubernetes.network_policies import NetworkPolicyEnforcement, enforce_network_policies
+from tests.cluster.counter import Counter
 
 KNATIVE_CACHE_SECRET = "knative-e2e-cache-secret"
 
@@ -472,6 +473,15 @@ def knative_deployment(
             gateway_s3,
             overlay,
         )
+
+
+@pytest.fixture(scope="module")
+def counted() -> Iterator[Counter]:
+    """Three versions for the test resource's checks, served on the gateway; each check that
+    names one of its ``url_for``s is counted there (``reads``): its script's runs."""
+    served = Counter(3)
+    yield served
+    served.close()
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ import dataclasses
 import json
 import threading
 import time
+import uuid
 from collections.abc import Callable
 
 import pytest
@@ -35,6 +36,7 @@ from tests.cluster.conftest import (
     wait_functions_serve,
     wait_ready,
 )
+from tests.cluster.counter import Counter
 from tests.cluster.git_example import (
     NEW_VERSIONS,
     USERS,
@@ -70,6 +72,7 @@ from tests.cluster.test_knative_path import (
     assert_reply,
     attributes,
     function_logs,
+    ran_warm,
     reply_to,
     source,
 )
@@ -206,14 +209,19 @@ def each_trigger_delivers(on: Secured, seconds: float = 180) -> None:
                 assert time.monotonic() < deadline, f"{action}: no reply to any of {posted}"
 
 
-def jobs_of(deployment, event) -> list[dict]:
-    """The Jobs of ``event``'s run: with sender authentication on, the run id is keyed by the
-    sender the function saw, its action's Trigger."""
+def run_id(event) -> str:
+    """``event``'s run id: with sender authentication on, keyed by the sender the function
+    saw, its action's Trigger."""
     got = attributes(event)
     action = got["type"].split(".")[2]
     sender = identity(f"{action}-requested")
-    run = run_of(KNATIVE_CACHE_SECRET, got["source"], got["id"], action, sender=sender, team="main")
-    return deployment.jobs(**{"resource-functions.dev/run-id": run})
+    return run_of(
+        KNATIVE_CACHE_SECRET, got["source"], got["id"], action, sender=sender, team="main"
+    )
+
+
+def jobs_of(deployment, event) -> list[dict]:
+    return deployment.jobs(**{"resource-functions.dev/run-id": run_id(event)})
 
 
 def sink_of(cluster, deployment: str) -> str:
@@ -249,7 +257,8 @@ def test_the_broker_is_kafka_and_check_get_put_reply_through_it(on_kafka: Secure
     )
     assert on_kafka.post(put) == 202
     assert assert_reply(reply_to(d, put, "put"), put, "put")["version"] == {"ref": "pushed-3"}
-    assert len(jobs_of(d, check)) == len(jobs_of(d, get)) == len(jobs_of(d, put)) == 1
+    assert ran_warm(d, run_id(check))  # as shipped: WARM_CHECKS=on
+    assert len(jobs_of(d, get)) == len(jobs_of(d, put)) == 1
 
 
 def test_the_kafka_receiver_holds_the_senders_policy(on_kafka: Secured):
@@ -423,21 +432,27 @@ def post_until_accepted(
 
 class Stream:
     """Check requests posted one after another, each until the Broker accepts it (202): a
-    refused or failed post is the sender's to retry, an accepted one is the Broker's."""
+    refused or failed post is the sender's to retry, an accepted one is the Broker's. Each
+    check's script reads its own URL of ``repository`` once a run: its runs, counted there
+    whether a warm pod or a Job ran it."""
 
-    def __init__(self, on: Secured) -> None:
+    def __init__(self, on: Secured, repository: Counter) -> None:
         self.on = on
+        self.repository = repository
+        self.urls: dict[str, str] = {}  # the count_url of each accepted request, by its id
         self.token = on.token("pipeline-engine-main", "ci")
         self.accepted: list = []
         self.refusals: list[str] = []
 
     def post_one(self, deadline: float) -> None:
-        event = team_request("check", {"source": source()})
+        url = self.repository.url_for(uuid.uuid4().hex)
+        event = team_request("check", {"source": source(count_url=url)})
         seconds = deadline - time.monotonic()
         posted, refusals = post_until_accepted(self.on.broker, self.token, event, seconds, 1, 30)
         self.refusals += refusals
         assert posted is not None, f"not accepted: {self.refusals[-10:]}"
         self.accepted.append(event)
+        self.urls[attributes(event)["id"]] = url
 
     def during(self, fault: Callable[[], None], before: int, meanwhile: int) -> None:
         """``before`` requests, then ``fault`` in a thread while ``meanwhile`` more go."""
@@ -462,9 +477,9 @@ class Stream:
 
 
 def test_no_accepted_request_is_lost_or_run_twice_when_a_piece_restarts(
-    on_kafka: Secured, kafka_broker: KafkaBroker, secured: Secured, capsys
+    on_kafka: Secured, kafka_broker: KafkaBroker, secured: Secured, counted, capsys
 ):
-    stream = Stream(on_kafka)
+    stream = Stream(on_kafka, counted)
     faults = {
         "receiver": lambda: kafka_broker.restart_pods(SYSTEM, f"app={RECEIVER}"),
         "dispatcher": lambda: kafka_broker.restart_pods(SYSTEM, f"app={DISPATCHER}"),
@@ -478,8 +493,9 @@ def test_no_accepted_request_is_lost_or_run_twice_when_a_piece_restarts(
     for event in stream.accepted:
         reply = reply_to(d, event, "check", timeout=300)
         assert_reply(reply, event, "check")
-        if len(jobs_of(d, event)) != 1:
-            repeated.append((attributes(event)["id"], len(jobs_of(d, event))))
+        runs = counted.reads(stream.urls[attributes(event)["id"]])
+        if runs != 1:
+            repeated.append((attributes(event)["id"], runs))
     time.sleep(10)  # a second reply would come within the Broker's first retries
     for event in stream.accepted:
         replies = {

@@ -25,14 +25,17 @@ import yaml
 from cloudevents.core.v1.event import CloudEvent
 
 from functions.cli.launch import NotReady, wait_until
+from functions.runtimes.labels import WARM_POD_KEY_LABEL
 from testbed import event_sink as sinks
 from testbed.kubernetes import GATEWAY
 from testbed.kubernetes.knative import min_scale
 from tests.cluster.conftest import KNATIVE_CACHE_SECRET, REPO, wait_functions_serve, wait_ready
+from tests.cluster.counter import Counter
 from tests.support.events import ENCODERS, request_event
 from tests.support.runs import run_of
 
 LABEL = "resource-functions.dev/"
+WARM_POD = WARM_POD_KEY_LABEL  # a selector: every warm check pod
 REPLY_SOURCE = "/resource-functions/{action}"
 
 
@@ -57,15 +60,29 @@ def source(**extra: object) -> dict:
     return {"uri": "https://git.example.com/repo.git", "nonce": uuid.uuid4().hex, **extra}
 
 
-def jobs_of(deployment, event) -> list[dict]:
-    """The Jobs started for this request (labelled with its run id: the team it names, its
-    source, id and action)."""
+def run_of_request(event) -> str:
+    """The run id of a request as the functions name it (no sender authentication): the team
+    it names, its source, id and action."""
     action = attributes(event)["type"].split(".")[2]
     data = event.get_data() if isinstance(event.get_data(), dict) else json.loads(event.get_data())
     team = (data.get("build") or {}).get("team", "")
     got = attributes(event)
-    run = run_of(KNATIVE_CACHE_SECRET, got["source"], got["id"], action, team=team)
-    return deployment.jobs(**{f"{LABEL}run-id": run})
+    return run_of(KNATIVE_CACHE_SECRET, got["source"], got["id"], action, team=team)
+
+
+def jobs_of(deployment, event) -> list[dict]:
+    """The Jobs started for this request (labelled with its run id)."""
+    return deployment.jobs(**{f"{LABEL}run-id": run_of_request(event)})
+
+
+def ran_warm(deployment, run: str) -> bool:
+    """The run ``run`` (a check, as shipped: WARM_CHECKS=on) ran in a warm pod: its result is
+    recorded under its run id and no Job of that run exists (a Job is the other way a run
+    records one; a warm check leaves no object of its own)."""
+    from functions.ledger import results
+
+    recorded = results.read_outcome(deployment.store, run, request=None) is not None
+    return recorded and deployment.jobs(**{f"{LABEL}run-id": run}) == []
 
 
 def attributes(event) -> dict:
@@ -112,9 +129,11 @@ def function_logs(deployment, service: str) -> str:
     )
 
 
-def test_check_get_put_travel_the_broker_and_reply_through_a_trigger(knative_deployment):
+def test_check_get_put_travel_the_broker_and_reply_through_a_trigger(knative_deployment, counted):
+    """A check, then a get and a put of its version. As shipped (WARM_CHECKS=on) the check
+    runs in a warm pod, its script once; the get and the put run as a Job each."""
     d = knative_deployment
-    src = source()
+    src = source(count_url=counted.url_for(uuid.uuid4().hex))
     check = request_event("check", {"type": "test", "source": src}, subject="main/repo")
     assert post(d.broker, check)[0] == 202
     versions = assert_reply(reply_to(d, check, "check"), check, "check")["versions"]
@@ -158,7 +177,8 @@ def test_check_get_put_travel_the_broker_and_reply_through_a_trigger(knative_dep
     data = assert_reply(reply_to(d, put, "put"), put, "put")
     assert data["version"] == {"ref": "pushed-3"}
     assert set(data) == {"version", "metadata"}
-    assert len(jobs_of(d, check)) == len(jobs_of(d, get)) == len(jobs_of(d, put)) == 1
+    assert ran_warm(d, run_of_request(check)) and counted.reads(src["count_url"]) == 1
+    assert len(jobs_of(d, get)) == len(jobs_of(d, put)) == 1
 
 
 def test_a_repeated_get_is_a_cache_hit_without_a_job(knative_deployment):
@@ -309,15 +329,20 @@ def test_a_store_outage_answers_503_and_the_broker_retry_runs_once(knative_deplo
 
 
 def test_async_reply_is_posted_by_the_task_through_the_reply_relay(knative_deployment):
+    """A get's Job posts its reply itself (its collect step, through the relay). An async
+    warm check posts its own before its 202 (tests/cluster/test_warm_pods.py)."""
     d = knative_deployment
-    check = request_event(
-        "check", {"type": "test", "source": source()}, replymode="async", subject="async/repo"
+    get = request_event(
+        "get",
+        {"type": "test", "source": source(), "version": {"ref": "2"}},
+        replymode="async",
+        subject="async/repo",
     )
-    assert post(d.broker, check)[0] == 202
-    reply = reply_to(d, check, "check")
-    data = assert_reply(reply, check, "check")
-    assert data["versions"][-1] == {"ref": "3"}
-    (job,) = jobs_of(d, check)
+    assert post(d.broker, get)[0] == 202
+    reply = reply_to(d, get, "get")
+    data = assert_reply(reply, get, "get")
+    assert data["version"] == {"ref": "2"}
+    (job,) = jobs_of(d, get)
     collect = next(
         c for c in job["spec"]["template"]["spec"]["containers"] if c["name"] == "collect"
     )
@@ -334,7 +359,8 @@ TEAM_REPLIES = REPO / "knative" / "examples" / "team-replies.yaml"
 
 def team_check(team: str):
     """An async check of team ``team`` from the version history: it announces each version
-    it finds (``version.discovered``) before its reply, both posted by the task's collect."""
+    it finds (``version.discovered``) before its reply, both posted by its warm check's
+    function (by a Job's collect, through the relay, when WARM_CHECKS=off)."""
     data = {"type": "test", "source": source(), "version": "latest-known", "build": {"team": team}}
     return request_event("check", data, replymode="async")
 
@@ -353,9 +379,9 @@ def answers(deployment, request, discovered: int) -> list:
 def test_a_teams_trigger_takes_its_teams_replies_and_discoveries_alone(knative_deployment):
     """The shipped example's team Trigger (``knative/examples/team-replies.yaml``, its
     filters as shipped; its subscriber, standing in for team main's engine, a sink on this
-    machine). An async check of team other, then one of team main: each task's collect posts
-    its versions (three ``version.discovered``) and its reply through the reply relay, each
-    event with its request's ``team`` attribute (``build.team``). Team main's Trigger takes
+    machine). An async check of team other, then one of team main: each posts its versions
+    (three ``version.discovered``) and its reply, each event with its request's ``team``
+    attribute (``build.team``). Team main's Trigger takes
     team main's four events and nothing of team other's, which had reached the Broker (the
     catch-all sink) before team main's check was sent."""
     d = knative_deployment
@@ -382,43 +408,8 @@ def test_a_teams_trigger_takes_its_teams_replies_and_discoveries_alone(knative_d
     assert sorted(e.get_id() for e in taken) == sorted(e.get_id() for e in of_main)
     assert engine.matching(requestid=attributes(other)["id"]) == []
     assert {e.get_extension("team") for e in engine.events} == {"main"}
-    relayed = d.cluster.kubectl(
-        "-n", d.namespace, "logs", "-l", "app.kubernetes.io/component=reply-relay", "--tail=-1"
-    )
-    assert all(e.get_id() in relayed for e in of_main)  # collect posted them, through the relay
-
-
-class Counter:
-    """A number served over HTTP on the gateway: the test resource's "repository" (its check
-    reads the number of versions from ``count_url``), which gets a commit when it grows."""
-
-    def __init__(self, value: int) -> None:
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-        from threading import Thread
-
-        from testbed.kubernetes import GATEWAY
-
-        self.value = value
-        counter = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                body = str(counter.value).encode()
-                self.send_response(200)
-                self.send_header("content-length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer((GATEWAY, 0), Handler)
-        self.url = f"http://{GATEWAY}:{self.server.server_address[1]}/count"
-        Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    # As shipped both ran in warm pods: their functions posted these events, before the 202.
+    assert ran_warm(d, run_of_request(main)) and ran_warm(d, run_of_request(other))
 
 
 PING = "dev.knative.sources.ping"
@@ -571,18 +562,18 @@ def test_credentials_by_reference_come_from_team_secrets_and_appear_nowhere(knat
     assert data["error"]["kind"] == "resource_failed" and data["error"]["exit_code"] == 3
     assert "mode=[redacted] password=[redacted]" in data["error"]["log_tail"]
 
-    (job,) = jobs_of(d, check)
-    name = job["metadata"]["name"]
+    assert ran_warm(d, run_of_request(check))  # as shipped; its pod serves team main's checks
+    warm = ("-n", d.tasks_namespace, "-l", WARM_POD)
     readable = {
         "events at the sink": "\n".join(json.dumps(e.get_data()) for e in d.sink.events),
         "function logs": function_logs(d, "check"),
-        "task logs": d.cluster.kubectl(
-            "-n", d.tasks_namespace, "logs", f"job/{name}", "--all-containers", check=False
+        "warm pods' logs": d.cluster.kubectl(
+            "logs", *warm, "--all-containers", "--tail=-1", "--prefix", check=False
         ),
-        "Job": d.cluster.kubectl("-n", d.tasks_namespace, "get", "job", name, "-o", "json"),
-        "pods": d.cluster.kubectl(
-            "-n", d.tasks_namespace, "get", "pods", "-l", f"job-name={name}", "-o", "json"
+        "task namespace's pods": d.cluster.kubectl(
+            "-n", d.tasks_namespace, "get", "pods", "-o", "json"
         ),
+        "Jobs": d.cluster.kubectl("-n", d.tasks_namespace, "get", "jobs", "-o", "json"),
         "Kubernetes events": d.cluster.kubectl("get", "events", "-A", "-o", "json", check=False),
         "store": "\n".join(
             d.store.open(key).read().decode(errors="replace") for key in d.store.list("")
@@ -834,6 +825,16 @@ def store_by_name(d) -> Iterator[str]:
         d.cluster.kubectl("delete", "-f", "-", stdin=listed, check=False)
 
 
+@contextmanager
+def function_env_set(d, service: str, name: str, value: str) -> Iterator[None]:
+    """``name=value`` on a function for the block (a revision each way)."""
+    function_env(d, service, name, value)
+    try:
+        yield
+    finally:
+        function_env(d, service, name, None)
+
+
 def function_env(d, service: str, name: str, value: str | None) -> None:
     """Set (None: remove) one env var of a function: a new revision, waited for."""
     ksvc = json.loads(d.cluster.kubectl("-n", d.namespace, "get", "ksvc", service, "-o", "json"))
@@ -916,7 +917,8 @@ def test_collect_reaches_the_store_and_the_relay_whatever_the_resource_did_to_na
     can redirect; so for this test the task pods reach it by a Service name
     (``store_by_name``), as an in-cluster store would be reached. Also printed: a plain
     check's task pod, from its start to collect's end, pinned and not (no container is added;
-    whole seconds, three runs each)."""
+    whole seconds, three runs each). Its checks run as Jobs (``WARM_CHECKS=off`` on the
+    check function: a warm check has no collect step, its function collects it)."""
     from functions import keys
     from functions.ledger import results
 
@@ -924,7 +926,7 @@ def test_collect_reaches_the_store_and_the_relay_whatever_the_resource_did_to_na
     relay = f"reply-relay.{d.namespace}.svc.cluster.local"
     seconds: dict[str, list[float]] = {}
     phases: dict[str, list[float]] = {}
-    with store_by_name(d) as store:
+    with function_env_set(d, "check", "WARM_CHECKS", "off"), store_by_name(d) as store:
         names = f"{store} {relay}"
         seconds["pinned"], phases["pinned"] = [], []
         for _ in range(3):
@@ -950,8 +952,7 @@ def test_collect_reaches_the_store_and_the_relay_whatever_the_resource_did_to_na
             "resource": set(),
         }
 
-        function_env(d, "check", "TASK_NAME_FILES", "off")
-        try:
+        with function_env_set(d, "check", "TASK_NAME_FILES", "off"):
             seconds["not pinned"], phases["not pinned"] = [], []
             for _ in range(3):
                 plain = checked(d)
@@ -965,8 +966,6 @@ def test_collect_reaches_the_store_and_the_relay_whatever_the_resource_did_to_na
             check = checked(d, mode="hijack_names", names=names, resolv="only")
             data = assert_reply(reply_to(d, check, "check"), check, "check", "failed")
             assert data["error"]["kind"] == "storage", data
-        finally:
-            function_env(d, "check", "TASK_NAME_FILES", None)
     with capsys.disabled():
         print(
             f"\n[knative] task pod, start to collect's end (kubelet, s): {seconds}; "

@@ -27,7 +27,14 @@ from typing import Any
 import pytest
 
 from testbed.kubernetes import GATEWAY
-from tests.cluster.test_knative_path import assert_reply, jobs_of, post, reply_to
+from tests.cluster.test_knative_path import (
+    assert_reply,
+    jobs_of,
+    post,
+    ran_warm,
+    reply_to,
+    run_of_request,
+)
 from tests.cluster.test_rootfs_on_kubernetes import opened_for_collect
 from tests.support.bare_steps import bare, without_mtimes
 from tests.support.events import request_event
@@ -77,11 +84,15 @@ def deployed(knative_deployment, real_resource_images):
 
 
 def through_the_broker(deployment, action: str, data: dict[str, Any]) -> dict[str, Any]:
-    """The reply's data to a request posted to the Broker, which ran as one Job."""
+    """The reply's data to a request posted to the Broker, which ran as one Job (a get or a
+    put) or in a warm pod (a check, as shipped)."""
     event = request_event(action, data)
     assert post(deployment.broker, event)[0] == 202
     reply = assert_reply(reply_to(deployment, event, action, timeout=300), event, action)
-    assert len(jobs_of(deployment, event)) == 1
+    if action == "check":
+        assert ran_warm(deployment, run_of_request(event))
+    else:
+        assert len(jobs_of(deployment, event)) == 1
     return reply
 
 

@@ -34,6 +34,7 @@ from tests.cluster.test_knative_path import (
     assert_reply,
     attributes,
     function_logs,
+    ran_warm,
     reply_to,
     source,
 )
@@ -160,11 +161,11 @@ def check_for(team: str, attribute: str | None = None):
     )
 
 
-def run_jobs(auth: SenderAuth, event, team: str) -> list[dict]:
-    """The Jobs of ``event``'s run as the check function names it when the check Trigger
-    relays it for ``team``: the run id is keyed by the sender the function saw."""
+def check_run(event, team: str) -> str:
+    """``event``'s run id as the check function names it when the check Trigger relays it
+    for ``team``: keyed by the sender the function saw."""
     got = attributes(event)
-    run = run_of(
+    return run_of(
         KNATIVE_CACHE_SECRET,
         got["source"],
         got["id"],
@@ -172,7 +173,6 @@ def run_jobs(auth: SenderAuth, event, team: str) -> list[dict]:
         sender=identity("check-requested"),
         team=team,
     )
-    return auth.deployment.jobs(**{"resource-functions.dev/run-id": run})
 
 
 def assert_never_entered(auth: SenderAuth, event, jobs_before: set[str]) -> None:
@@ -196,7 +196,7 @@ def test_a_teams_sender_is_answered_and_the_function_sees_the_trigger(sender_aut
     assert auth.engine.post(auth.broker, check) == 202
     data = assert_reply(reply_to(auth.deployment, check, "check"), check, "check")
     assert data["versions"] == [{"ref": "1"}, {"ref": "2"}, {"ref": "3"}]
-    assert len(run_jobs(auth, check, "main")) == 1
+    assert ran_warm(auth.deployment, check_run(check, "main"))  # under the Trigger's identity
     with capsys.disabled():
         print(f"\n[sender-auth] probes until the path took up the feature: {auth.probes}")
 

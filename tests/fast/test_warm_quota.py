@@ -117,14 +117,20 @@ def test_warm_pods_have_a_quota_of_their_own_and_never_take_the_jobs_room() -> N
     """Issue 49: as shipped, 4 warm pods per team times 20 check replicas could take 80
     pods of a 40-pod quota shared with the Jobs. Now the warm pods' PriorityClass sets them
     apart: the Jobs' quota does not count them, theirs counts them alone, the class yields
-    to Jobs under a node's pressure, and the pods the shipped config makes (once warm
-    checks are on) carry it."""
+    to Jobs under a node's pressure, the pods the shipped config makes (warm checks on)
+    carry it, and the check Service's replicas at their max-scale, each at its cap, fit
+    the warm quota."""
     config = yaml.safe_load((KNATIVE / "config.yaml").read_text())["data"]
     docs = [d for d in yaml.safe_load_all((KNATIVE / "task-limits.yaml").read_text()) if d]
     quotas = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "ResourceQuota"}
     (priority,) = [d for d in docs if d["kind"] == "PriorityClass"]
-    limits = Settings.from_env({**config, "WARM_CHECKS": "on", "CACHE_SECRET": "x" * 32}).warm
+    limits = Settings.from_env({**config, "CACHE_SECRET": "x" * 32}).warm
     assert limits.enabled and limits.priority_class == priority["metadata"]["name"]
+    services = yaml.safe_load_all((KNATIVE / "services.yaml").read_text())
+    (check,) = [d for d in services if d and d["metadata"]["name"] == "check"]
+    annotations = check["spec"]["template"]["metadata"]["annotations"]
+    replicas = int(annotations["autoscaling.knative.dev/max-scale"])
+    assert replicas * limits.per_replica <= int(quotas["warm-check-pods"]["hard"]["pods"])
     assert priority["value"] < 0 and priority["preemptionPolicy"] == "Never"
     assert not priority["globalDefault"]
     scope = {"scopeName": "PriorityClass", "values": [limits.priority_class]}
