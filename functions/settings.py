@@ -123,7 +123,7 @@ class Settings:
     task_reply_sink: str = ""  # TASK_REPLY_SINK: where task pods post them (the reply relay)
     task_build_size_limit: str = "8Gi"  # TASK_BUILD_SIZE_LIMIT: the build emptyDir's sizeLimit
     # TASK_NAME_FILES: auto (stage/collect resolve with the function's own name files when it
-    # runs in the cluster) or off (functions.runtimes.name_files)
+    # runs in the cluster) or off (functions.runtimes.kube.name_files)
     task_name_files: str = "auto"
     credentials_provider: str = "none"  # CREDENTIALS_PROVIDER: resolves ((var)) references
     credentials_dir: str = ""  # CREDENTIALS_DIR

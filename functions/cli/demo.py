@@ -23,7 +23,7 @@ from cloudevents.core.v1.event import CloudEvent
 from functions.cli.busybox_image import build_resource_image, scripts_hash
 from functions.cli.launch import NotReady, launch, wait_until
 from functions.model import ACTIONS
-from functions.runtimes.container import engine_environment
+from functions.runtimes.local.container import engine_environment
 from functions.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]

@@ -21,11 +21,14 @@ it). ``stop`` ends what runs for a run its sender stopped (``functions.ledger.to
 marked it first): its Job, its container, the warm check under way on this replica; and each
 runtime reads the mark just before it creates a Job or container and once more after, so a
 stop that crosses a start still finds what it started (``RunStopped``). ``tasks_waiting`` counts the tasks queued or starting (``resource_function_tasks_waiting``).
-``make_runtime`` is the one place that picks a runtime,
-so only ``container.py`` (and the modules it uses: ``attach.py``, ``engine_images.py``,
-``warm/engine.py``) imports docker; Kubernetes is reached through ``functions.kube``. A check
-goes to a warm container or pod by one rule in both runtimes (``warm.check.wanted``);
-an asynchronous one runs in its request (``background.InRequest``).
+``make_runtime`` is the one place that picks a runtime.
+
+Packages: ``local/`` (Docker or Podman: only it and ``warm/engine.py`` import docker),
+``kube/`` (Jobs; Kubernetes is reached through ``functions.kube``) and ``warm/`` (warm
+checks, one path for both: the pool, the rule that sends a check there, ``warm.check.wanted``,
+and each runtime's side, ``engine.py`` and ``pods.py``). Here, what both share: the async
+runs (``background``: an asynchronous warm check runs in its request, ``InRequest``), the
+labels and the bounded output.
 """
 
 from __future__ import annotations
@@ -61,9 +64,9 @@ class Runtime(Protocol):
 
 def make_runtime(settings: Settings, store: Store) -> Runtime:
     if settings.runtime == "kubernetes":
-        from functions.runtimes.kubernetes import KubernetesRuntime
+        from functions.runtimes.kube.kubernetes import KubernetesRuntime
 
         return KubernetesRuntime.from_settings(settings, store)
-    from functions.runtimes.container import ContainerRuntime
+    from functions.runtimes.local.container import ContainerRuntime
 
     return ContainerRuntime.from_settings(settings, store)

@@ -24,7 +24,7 @@ Layout of the shared build volume (``BUILD_DIR``)::
     /etc/hosts, /etc/resolv.conf
                                 in stage and collect: read-only copies of the function's
                                 own (keys of the stdin Secret), when it pins them
-                                (``functions.runtimes.name_files``); never in resource
+                                (``functions.runtimes.kube.name_files``); never in resource
 """
 
 from __future__ import annotations

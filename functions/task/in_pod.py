@@ -1,5 +1,5 @@
 """The steps that run inside a task pod: ``python -m functions stage|collect`` (see
-``functions.runtimes.podspec`` for the pod layout). Thin: the work is ``functions.steps.stage_collect``.
+``functions.runtimes.kube.podspec`` for the pod layout). Thin: the work is ``functions.steps.stage_collect``.
 
 stage: unpack a put's inputs into its working directory. A missing or unsafe input fails the
 request, not the pod: its message goes to ``.task/stage-error`` (the resource step then does

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import pytest
 
-from functions.runtimes.job_plan import job_name
+from functions.runtimes.kube.job_plan import job_name
 from tests.cluster.conftest import KNATIVE_CACHE_SECRET
 from tests.cluster.node_processes import container_processes
 from tests.cluster.test_knative_path import (

@@ -18,8 +18,8 @@ import requests
 from functions.errors import RequestIdReused
 from functions.model import ResourceType, Task
 from functions.protocol import MAX_STDERR_BYTES, stdin_payload
-from functions.runtimes.container import ContainerConfig, ContainerRuntime
-from functions.runtimes.container_script import feed_and_wait
+from functions.runtimes.local.container import ContainerConfig, ContainerRuntime
+from functions.runtimes.local.container_script import feed_and_wait
 from storage import open_store
 from storage.archive import ArchiveOptions, Limits
 from testbed.podman import podman_service

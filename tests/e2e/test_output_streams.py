@@ -12,7 +12,7 @@ import pytest
 
 from functions.model import Action, ResourceType, Task
 from functions.protocol import MAX_STDERR_BYTES, MAX_STDOUT_BYTES, stdin_payload
-from functions.runtimes.container import ContainerConfig, ContainerRuntime
+from functions.runtimes.local.container import ContainerConfig, ContainerRuntime
 from storage import open_store
 from storage.archive import ArchiveOptions, Limits
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from functions.cli.launch import free_port
 from functions.http.readiness import Readiness
-from functions.runtimes.container import ContainerRuntime
+from functions.runtimes.local.container import ContainerRuntime
 from functions.settings import Settings
 from storage import Store, open_store
 

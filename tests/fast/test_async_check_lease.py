@@ -11,8 +11,8 @@ import pytest
 
 from functions import cli
 from functions.model import HistoryPlan, LeaseHold, ResourceType, Task
-from functions.runtimes.job_plan import KubernetesConfig, plan_for
-from functions.runtimes.podspec import job_manifest
+from functions.runtimes.kube.job_plan import KubernetesConfig, plan_for
+from functions.runtimes.kube.podspec import job_manifest
 from functions.steps.budget import async_lease_seconds
 from functions.steps.pod_contract import CollectStep
 from functions.task import in_pod

@@ -15,7 +15,7 @@ from functions.errors import (
     pull_is_transient,
 )
 from functions.model import FAILURE_KINDS
-from functions.runtimes.job_status import judge
+from functions.runtimes.kube.job_status import judge
 from functions.sink import RETRYABLE
 from storage.store_errors import ArchiveRejected, ObjectNotFound, StoreUnavailable, retryable_status
 

@@ -770,7 +770,7 @@ def _selects(binding: dict, labels: dict[str, str]) -> bool:
 def test_no_sinkbinding_reaches_task_pods() -> None:
     """A SinkBinding on Jobs would give K_SINK to every container of a task pod, the
     resource's included: the pod spec gives it to collect alone (test_pod_spec)."""
-    from functions.runtimes.podspec import labels
+    from functions.runtimes.kube.podspec import labels
 
     task_labels = labels(make_plan())
     for binding in _all("SinkBinding"):
@@ -1034,7 +1034,7 @@ def test_task_budget_fits_the_request_timeout(service: dict) -> None:
     timeout, the margin for pulls/stage/collect and the runtime's slack past the Job's
     deadline (plus the wait for a completed Job's result) must end before Knative's
     timeoutSeconds, or Knative cuts the request and the Broker redelivers a running task."""
-    from functions.runtimes.job_plan import KubernetesConfig
+    from functions.runtimes.kube.job_plan import KubernetesConfig
     from functions.settings import Settings
 
     settings = Settings.from_env({**_effective_env(service), "CACHE_SECRET": "0" * 64})

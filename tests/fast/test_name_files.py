@@ -1,4 +1,4 @@
-"""The name files stage and collect resolve with (``functions.runtimes.name_files``): rendered
+"""The name files stage and collect resolve with (``functions.runtimes.kube.name_files``): rendered
 from the function's own, resolver data only, and pinned only when the function runs in the
 cluster its tasks run in."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from functions.errors import ConfigError
-from functions.runtimes import name_files
-from functions.runtimes.name_files import NameFiles, render, render_hosts, render_resolv_conf
+from functions.runtimes.kube import name_files
+from functions.runtimes.kube.name_files import NameFiles, render, render_hosts, render_resolv_conf
 
 # What the kubelet writes for a Knative function's pod (one hostAliases entry added).
 KUBELET_HOSTS = """\

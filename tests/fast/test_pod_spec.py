@@ -21,10 +21,11 @@ import pytest
 
 from functions import protocol
 from functions.model import Build, HistoryPlan, ResourceType, TraceContext
-from functions.runtimes import job_plan, labels, podspec
-from functions.runtimes.job_plan import JobPlan, KubernetesConfig, plan_for
-from functions.runtimes.name_files import NameFiles
-from functions.runtimes.podspec import (
+from functions.runtimes import labels
+from functions.runtimes.kube import job_plan, podspec
+from functions.runtimes.kube.job_plan import JobPlan, KubernetesConfig, plan_for
+from functions.runtimes.kube.name_files import NameFiles
+from functions.runtimes.kube.podspec import (
     RESOURCE_SCRIPT,
     job_manifest,
     stdin_secret_manifest,

@@ -1,4 +1,4 @@
-"""The shared pod watch when the API half works (``functions/runtimes/pod_watch.py``): lists
+"""The shared pod watch when the API half works (``functions/runtimes/kube/pod_watch.py``): lists
 answer but watches fail, 410 Gone again and again, or nothing answers for long. kmock's
 emulator answers a list and a watch of the same path alike, so these use a stand-in of the two
 ``KubeApi`` calls the watch makes, scripted per call."""
@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from functions.errors import Gone, Unavailable
-from functions.runtimes import pod_watch
-from functions.runtimes.pod_watch import PodWatch
+from functions.runtimes.kube import pod_watch
+from functions.runtimes.kube.pod_watch import PodWatch
 
 JOB = "rf-job-1"
 

@@ -246,7 +246,7 @@ def test_the_token_a_runtime_mints_binds_the_runs_request_and_expires_with_its_j
     """``job_launch.reply_claims``: what the Secret's token says of an async run's Job."""
     import dataclasses as dc
 
-    from functions.runtimes.job_launch import REPLY_GRACE_SECONDS, reply_claims
+    from functions.runtimes.kube.job_launch import REPLY_GRACE_SECONDS, reply_claims
     from functions.steps.pod_contract import ReplyPlan
     from tests.support.job_plans import make_plan
 

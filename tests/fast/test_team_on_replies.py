@@ -14,8 +14,8 @@ from cloudevents.core.v1.event import CloudEvent
 
 from functions.model import Outcome, ReplyAddress, ResourceType, Task
 from functions.replies import reply_events
-from functions.runtimes.job_plan import KubernetesConfig, plan_for
-from functions.runtimes.podspec import job_manifest
+from functions.runtimes.kube.job_plan import KubernetesConfig, plan_for
+from functions.runtimes.kube.podspec import job_manifest
 from functions.sink import post_outcome
 from functions.steps.pod_contract import CollectStep
 from storage import Store, open_store

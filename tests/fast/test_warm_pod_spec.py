@@ -13,8 +13,8 @@ import kubernetes_validate
 import pytest
 
 from functions.model import ResourceType
+from functions.runtimes.kube.podspec import job_manifest
 from functions.runtimes.labels import WARM_POD_KEY_LABEL, WARM_POD_OWNER_LABEL
-from functions.runtimes.podspec import job_manifest
 from functions.runtimes.warm.agent import PORT
 from functions.runtimes.warm.pod_manifest import (
     AGENT_IN_TASK_IMAGE,

@@ -2,7 +2,7 @@
 team, image and settings serving many sources, one check at a time per source, a second
 container when one is full, waiting for one that starts, expiry, the caps with the least
 recently used going first, a stop ending one check alone; image ids remembered for a while
-(functions.runtimes.image_ids)."""
+(functions.runtimes.local.image_ids)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 from functions.errors import ConfigError, RunStopped
 from functions.model import ResourceType
-from functions.runtimes.image_ids import LIMIT, ImageIds
+from functions.runtimes.local.image_ids import LIMIT, ImageIds
 from functions.runtimes.warm.check import pool_key, source_dir
 from functions.runtimes.warm.pool import Busy, NoRoom, Slot, WarmPool
 from functions.settings import WarmLimits, warm_limits

@@ -32,8 +32,8 @@ from functions.errors import RequestIdReused, RunStopped, Unavailable
 from functions.kube.api import Rejected, belongs, translate
 from functions.ledger import lease, results, tombstones
 from functions.model import LeaseHold, Task
-from functions.runtimes.job_status import judge
-from functions.runtimes.kubernetes import KubernetesRuntime
+from functions.runtimes.kube.job_status import judge
+from functions.runtimes.kube.kubernetes import KubernetesRuntime
 from functions.settings import Settings
 from functions.steps.pod_contract import CollectStep, StepFailure
 from storage import get_json

@@ -26,8 +26,13 @@ from functions import keys
 from functions.model import Action, ArtifactRef, Build, ResourceType, Task
 from functions.protocol import build_env, stdin_payload
 from functions.redaction import secret_values
-from functions.runtimes.job_plan import KubernetesConfig, plan_for
-from functions.runtimes.podspec import BUILD_VOLUME, STEP_UID, job_manifest, stdin_secret_manifest
+from functions.runtimes.kube.job_plan import KubernetesConfig, plan_for
+from functions.runtimes.kube.podspec import (
+    BUILD_VOLUME,
+    STEP_UID,
+    job_manifest,
+    stdin_secret_manifest,
+)
 from functions.steps.pod_contract import STEP_ENV, StepFailure
 from storage import Store, StoreOptions, get_json, open_store
 from storage.artifacts import download_tree, upload_tree

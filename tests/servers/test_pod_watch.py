@@ -1,4 +1,4 @@
-"""The kubernetes runtime's shared pod watch (``functions/runtimes/pod_watch.py``), against
+"""The kubernetes runtime's shared pod watch (``functions/runtimes/kube/pod_watch.py``), against
 kmock's emulator over HTTP as in ``test_kubernetes_runtime.py`` (whose fixtures and node
 scripts these tests use): one list and one watch for many runs, lists again after 410 Gone,
 after each watch's expiry and after an API error, reads the Job when no pod event comes, and

@@ -7,7 +7,7 @@ from typing import Any
 
 from functions import protocol
 from functions.model import ArtifactRef, Build, ResourceType, Task
-from functions.runtimes.job_plan import JobPlan, KubernetesConfig, plan_for
+from functions.runtimes.kube.job_plan import JobPlan, KubernetesConfig, plan_for
 from tests.support.runs import run_of
 
 CANARY = "canary-7d3f9b2e-do-not-leak"

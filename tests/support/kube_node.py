@@ -25,8 +25,8 @@ from kubernetes.client.exceptions import ApiException
 from functions import cli, protocol
 from functions.model import Build, ResourceType, Task
 from functions.redaction import secret_values
-from functions.runtimes.job_plan import KubernetesConfig
-from functions.runtimes.kubernetes import KubernetesRuntime
+from functions.runtimes.kube.job_plan import KubernetesConfig
+from functions.runtimes.kube.kubernetes import KubernetesRuntime
 from functions.steps.pod_contract import CollectStep, StageStep
 from storage import StoreOptions, open_store
 from tests.support.kube_emulator import api, cluster

@@ -1,4 +1,4 @@
-"""Run a pod spec (a dict, as ``functions.runtimes.podspec.pod_spec`` builds it) with Podman,
+"""Run a pod spec (a dict, as ``functions.runtimes.kube.podspec.pod_spec`` builds it) with Podman,
 the way the kubelet would run it, so tests exercise the real containers in the real layout.
 
 - init containers one after the other, then the main containers; a failing init container

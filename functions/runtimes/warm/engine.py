@@ -33,9 +33,9 @@ from functions.errors import Unavailable
 from functions.logs import fields
 from functions.model import Task
 from functions.phases import PhaseClock
-from functions.runtimes.attach import ENGINE_ERRORS, close_socket, pump
-from functions.runtimes.engine_images import EngineImages
 from functions.runtimes.labels import MANAGED, MANAGED_BY_LABEL, WARM_KEY_LABEL, WARM_OWNER_LABEL
+from functions.runtimes.local.attach import ENGINE_ERRORS, close_socket, pump
+from functions.runtimes.local.engine_images import EngineImages
 from functions.runtimes.warm.check import CheckEnd, ImagePullFailed, check_in_warm
 from functions.runtimes.warm.lifecycle import WarmSet
 from functions.runtimes.warm.pool import Gone, NotWarm, Slot, Warm

@@ -13,7 +13,8 @@ import math
 import os
 from typing import Any
 
-from functions.runtimes.job_plan import JobPlan
+from functions.runtimes.kube.job_plan import JobPlan
+from functions.runtimes.kube.podspec import pod_spec, resource_container, step_container
 from functions.runtimes.labels import (
     ACTION_LABEL,
     MANAGED_BY_LABEL,
@@ -21,7 +22,6 @@ from functions.runtimes.labels import (
     WARM_POD_KEY_LABEL,
     WARM_POD_OWNER_LABEL,
 )
-from functions.runtimes.podspec import pod_spec, resource_container, step_container
 from functions.runtimes.warm.agent import PORT
 from functions.settings import WarmLimits
 from functions.steps.pod_contract import MANAGED_BY

@@ -31,8 +31,8 @@ from functions.kube.api import KubeApi
 from functions.logs import fields
 from functions.model import Task
 from functions.phases import PhaseClock
-from functions.runtimes.job_plan import JobPlan
-from functions.runtimes.job_status import pod_verdict
+from functions.runtimes.kube.job_plan import JobPlan
+from functions.runtimes.kube.job_status import pod_verdict
 from functions.runtimes.labels import MANAGED, WARM_POD_KEY_LABEL, WARM_POD_OWNER_LABEL
 from functions.runtimes.output import Output
 from functions.runtimes.warm.agent import AgentCall, pod_token

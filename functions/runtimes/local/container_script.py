@@ -19,7 +19,7 @@ import requests.exceptions
 from functions.errors import Unavailable
 from functions.logs import fields
 from functions.model import Task
-from functions.runtimes.attach import ENGINE_ERRORS, close_socket, pump
+from functions.runtimes.local.attach import ENGINE_ERRORS, close_socket, pump
 from functions.runtimes.output import STDERR, STDOUT, Output
 
 STREAM_END_SECONDS = 5  # after the exit, for the attach stream to bring the last output

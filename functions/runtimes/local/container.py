@@ -29,7 +29,6 @@ from functions.logs import fields
 from functions.model import SCRIPTS, WORKDIRS, Outcome, Task
 from functions.phases import PhaseClock
 from functions.redaction import Redactor
-from functions.runtimes.attach import ENGINE_ERRORS
 from functions.runtimes.background import (
     BackgroundRuns,
     Ended,
@@ -38,16 +37,17 @@ from functions.runtimes.background import (
     end_async_run,
     outcome_of_async,
 )
-from functions.runtimes.container_script import feed_and_wait, read_logs, remaining, wait
-from functions.runtimes.engine_images import EngineImages
 from functions.runtimes.labels import (
     MANAGED,
     MANAGED_BY_LABEL,
     REQUEST_DIGEST_LABEL,
     RUN_LABEL,
 )
+from functions.runtimes.local.attach import ENGINE_ERRORS
+from functions.runtimes.local.container_script import feed_and_wait, read_logs, remaining, wait
+from functions.runtimes.local.engine_images import EngineImages
+from functions.runtimes.local.sweep import Sweeper
 from functions.runtimes.output import Output
-from functions.runtimes.sweep import Sweeper
 from functions.runtimes.warm.check import run_warm_check, wanted
 from functions.runtimes.warm.engine import WarmContainers
 from functions.runtimes.warm.pool import WARM_OFF, WarmCounts
@@ -118,7 +118,7 @@ class ContainerRuntime:
         return cls(client, store, config)
 
     def start_sweeps(self) -> None:
-        """Sweep leftover containers now and every few minutes (functions.runtimes.sweep),
+        """Sweep leftover containers now and every few minutes (functions.runtimes.local.sweep),
         and warm check containers of owners gone (functions.runtimes.warm.engine)."""
         self._sweeper.start()
         if self._warm is not None:

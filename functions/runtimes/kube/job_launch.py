@@ -14,9 +14,9 @@ from functions.errors import Conflict, NotFound, Rejected, RequestIdReused, RunS
 from functions.kube.api import KubeApi, owner_uids, uid_of
 from functions.ledger import tombstones
 from functions.model import Outcome, Task
-from functions.runtimes import podspec
-from functions.runtimes.job_plan import JobPlan, KubernetesConfig
-from functions.runtimes.job_status import is_finished
+from functions.runtimes.kube import podspec
+from functions.runtimes.kube.job_plan import JobPlan, KubernetesConfig
+from functions.runtimes.kube.job_status import is_finished
 from functions.runtimes.labels import JOB_RUN_LABEL, REQUEST_DIGEST_ANNOTATION
 from functions.steps import stage_collect
 from functions.steps.outcome import failed

@@ -19,7 +19,7 @@ from functions.steps.budget import DEADLINE_SLACK_SECONDS, RESULT_WAIT_SECONDS, 
 from functions.steps.pod_contract import ReplyPlan
 
 if TYPE_CHECKING:
-    from functions.runtimes.name_files import NameFiles
+    from functions.runtimes.kube.name_files import NameFiles
     from functions.settings import Settings
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -109,7 +109,7 @@ class KubernetesConfig:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> KubernetesConfig:
-        from functions.runtimes import name_files
+        from functions.runtimes.kube import name_files
 
         return cls(
             namespace=settings.task_namespace,

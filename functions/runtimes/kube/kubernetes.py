@@ -41,17 +41,23 @@ from functions.runtimes.background import (
     InRequest,
     end_async_run,
 )
-from functions.runtimes.job_launch import JobLauncher
-from functions.runtimes.job_plan import JobPlan, KubernetesConfig, job_name, plan_for, secret_name
-from functions.runtimes.job_status import (
+from functions.runtimes.kube.job_launch import JobLauncher
+from functions.runtimes.kube.job_plan import (
+    JobPlan,
+    KubernetesConfig,
+    job_name,
+    plan_for,
+    secret_name,
+)
+from functions.runtimes.kube.job_status import (
     Verdict,
     judge,
     pod_phases,
     pod_started,
     started_at,
 )
+from functions.runtimes.kube.pod_watch import Pods, PodWatch
 from functions.runtimes.labels import MANAGED
-from functions.runtimes.pod_watch import Pods, PodWatch
 from functions.runtimes.warm.check import run_warm_check, wanted
 from functions.runtimes.warm.pods import PodCheck, WarmPods
 from functions.runtimes.warm.pool import WarmCounts

@@ -27,7 +27,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from functions.model import SCRIPTS, WORKDIRS
-from functions.runtimes.job_plan import JobPlan
+from functions.runtimes.kube.job_plan import JobPlan
 from functions.runtimes.labels import (
     ACTION_LABEL,
     JOB_RUN_LABEL,
@@ -71,7 +71,7 @@ from functions.steps.pod_contract import (
 )
 
 if TYPE_CHECKING:
-    from functions.runtimes.name_files import NameFiles
+    from functions.runtimes.kube.name_files import NameFiles
 
 STEP_UID = 65532  # stage/collect: the project image's non-root user
 BUILD_VOLUME = "build"

@@ -16,8 +16,8 @@ import docker.errors
 
 from functions.errors import Unavailable, pull_is_transient
 from functions.phases import PhaseClock
-from functions.runtimes.attach import ENGINE_ERRORS
-from functions.runtimes.image_ids import ImageIds
+from functions.runtimes.local.attach import ENGINE_ERRORS
+from functions.runtimes.local.image_ids import ImageIds
 
 
 class EngineImages:
