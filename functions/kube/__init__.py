@@ -4,6 +4,8 @@ authentication, the Tekton controller and artifacts service): the only package t
 
 - ``api``: the core objects as plain dicts in one namespace (Jobs, Pods, Secrets and their
   watches; Namespaces, TokenReviews), with errors translated (``KubeApi``, ``translate``).
-- ``tekton_api``: the Tekton controller's calls (CustomRuns and their watch, Events, Leases),
-  each counted, errors translated as ``api`` does.
+- ``custom_objects``: a custom resource's objects as a controller uses them (paged LIST,
+  watch, get, status writes, Events), each call counted, errors translated as ``api`` does.
+- ``tekton_api``: the Tekton controller's CustomRuns (``custom_objects``) and its Lease.
+- ``objects``: objects decoded one at a time from a LIST page or a watch line, within bounds.
 """

@@ -1,5 +1,5 @@
 """The Kubernetes API as the runtime uses it: plain dicts in one namespace, errors translated
-(with ``tekton_api``, the only modules that import ``kubernetes``).
+(with ``custom_objects`` and ``tekton_api``, the only modules that import ``kubernetes``).
 
 Every call goes through ``KubeApi._call``, which maps errors: 401/403 and 5xx, 429 or an
 unreachable API raise ``Unavailable`` (HTTP 503: Knative redelivers); 404, 409 and 410 are

@@ -1,36 +1,33 @@
-"""The Kubernetes API as the Tekton controller uses it: CustomRuns (list, watch, get, status),
-Events on them, and its leader Lease; plain dicts, errors translated as the runtime's are
-(``api.translate``: 404/409 ``NotFound``/``Conflict``, 401/403/5xx/unreachable
-``Unavailable``). Every call has a timeout; a watch ends when its server-side timeout does.
+"""The Kubernetes API as the Tekton controller uses it: CustomRuns (``custom_objects``: list,
+watch, get, status, Events on them) and its leader Lease.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
-import urllib3
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
-from functions.errors import Conflict, NotFound, Unavailable
-from functions.kube import objects
-from functions.kube.api import translate
+from functions.errors import NotFound
+from functions.kube.custom_objects import PAGE, CustomObjects, Kind
 from functions.kube.objects import Bounds, Decoded, ListEnd
 
-GROUP, VERSION, PLURAL = "tekton.dev", "v1beta1", "customruns"
-PAGE = 250  # CustomRuns a LIST page holds: memory is a page's, never the cluster's
 # What says whose a CustomRun is, read even from one that cannot be decoded.
 OWNER_MARKS = ("spec.customRef.apiVersion", "spec.customSpec.apiVersion")
-BOUNDS = Bounds()  # a CustomRun of ours is far smaller and shallower (params.py)
 DONE_MARK = "status.completionTime"  # set once a CustomRun has ended
-MARKS = (*OWNER_MARKS, DONE_MARK)  # what an undecodable one still tells (objects.Undecodable)
-COMPONENT = "resource-functions-tekton-controller"  # an Event's reporting controller
+CUSTOMRUNS = Kind(
+    "tekton.dev",
+    "v1beta1",
+    "customruns",
+    "CustomRun",
+    bounds=Bounds(),  # a CustomRun of ours is far smaller and shallower (params.py)
+    marks=(*OWNER_MARKS, DONE_MARK),  # what an undecodable one still tells
+    component="resource-functions-tekton-controller",
+)
 
 
-class TektonApi:
+class TektonApi(CustomObjects):
     def __init__(
         self,
         api_client: Any,
@@ -38,151 +35,19 @@ class TektonApi:
         counted: Callable[[], None] = lambda: None,
         page: int = PAGE,
     ) -> None:
-        self._objects = client.CustomObjectsApi(api_client)
-        self._core = client.CoreV1Api(api_client)
+        super().__init__(api_client, CUSTOMRUNS, timeout, counted, page)
         self._leases = client.CoordinationV1Api(api_client)
-        self._timeout = timeout
-        self._counted = counted  # called once per API request (the controller's metric)
-        self._page = page
-
-    # --- CustomRuns -------------------------------------------------------------------------
 
     def list_customruns(self) -> Iterator[Decoded | ListEnd]:
-        """Every CustomRun of the cluster, a page (``PAGE``) at a time, each decoded alone
-        (``objects``: one too deep or too large is ``Undecodable``); then the last page's
-        ``ListEnd`` (its resourceVersion, to watch from). An expired ``continue`` is
-        ``Gone``: list again."""
-        token = ""
-        while True:
-            response = self._stream(
-                "list",
-                self._objects.list_cluster_custom_object,
-                GROUP,
-                VERSION,
-                PLURAL,
-                limit=self._page,
-                _continue=token or None,
-            )
-            end = None
-            for found in self._decoded(response, objects.list_page, "list"):
-                if isinstance(found, ListEnd):
-                    end = found
-                else:
-                    yield found
-            if end is None or not end.continue_token:
-                yield end or ListEnd("", "")
-                return
-            token = end.continue_token
+        return self.list()
 
     def watch_customruns(
         self, resource_version: str, seconds: int
     ) -> Iterator[tuple[str, Decoded]]:
-        """``(type, object)`` of each change after ``resource_version`` for ``seconds``, each
-        decoded alone (``objects.watch_event``); ``ERROR`` (410 Gone and friends) means:
-        list again."""
-        response = self._stream(
-            "watch",
-            self._objects.list_cluster_custom_object,
-            GROUP,
-            VERSION,
-            PLURAL,
-            watch=True,
-            resource_version=resource_version,
-            allow_watch_bookmarks=True,
-            timeout_seconds=seconds,
-            _request_timeout=(self._timeout[0], seconds + 30),
-        )
-        yield from self._decoded(response, _watch_events, "watch")
+        return self.watch(resource_version, seconds)
 
     def read_customrun(self, namespace: str, name: str) -> Decoded | None:
-        """The CustomRun, decoded within bounds as the LIST's are; ``None`` when gone."""
-        try:
-            response = self._stream(
-                "get",
-                self._objects.get_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                namespace,
-                PLURAL,
-                name,
-                namespace_=namespace,
-            )
-        except NotFound:
-            return None
-        found: Decoded = next(self._decoded(response, objects.single, "get"))
-        return found
-
-    def replace_status(self, run: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
-        """Write ``status`` over ``run``'s, guarded by its resourceVersion (``Conflict`` when it
-        changed meanwhile, or came back past the bounds: read it again; ``NotFound`` when it
-        is gone); the object as written."""
-        meta = run["metadata"]
-        response = self._stream(
-            "update",
-            self._objects.replace_namespaced_custom_object_status,
-            GROUP,
-            VERSION,
-            meta["namespace"],
-            PLURAL,
-            meta["name"],
-            {**run, "status": status},
-            namespace_=meta["namespace"],
-        )
-        written: Decoded = next(self._decoded(response, objects.single, "update"))
-        if isinstance(written, objects.Undecodable):
-            raise Conflict(f"customrun {meta['name']} came back {written.reason}")
-        return written
-
-    def patch_status(self, run: dict[str, Any], status: dict[str, Any]) -> None:
-        """Merge ``status`` into ``run``'s, guarded by its resourceVersion (``Conflict``),
-        without reading the answer (the object may be one that cannot be decoded)."""
-        meta = run["metadata"]
-        response = self._stream(
-            "patch",
-            self._objects.patch_namespaced_custom_object_status,
-            GROUP,
-            VERSION,
-            meta["namespace"],
-            PLURAL,
-            meta["name"],
-            {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": status},
-            namespace_=meta["namespace"],
-        )
-        _done(response)
-
-    # --- Events -------------------------------------------------------------------------------
-
-    def event(self, run: dict[str, Any], warning: bool, reason: str, message: str) -> None:
-        """A Kubernetes Event on ``run`` (``kubectl describe customrun`` shows it)."""
-        meta = run["metadata"]
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{meta['name'][:200]}.", "namespace": meta["namespace"]},
-            "involvedObject": {
-                "apiVersion": run.get("apiVersion", f"{GROUP}/{VERSION}"),
-                "kind": "CustomRun",
-                "name": meta["name"],
-                "namespace": meta["namespace"],
-                "uid": meta.get("uid", ""),
-                "resourceVersion": meta.get("resourceVersion", ""),
-            },
-            "type": "Warning" if warning else "Normal",
-            "reason": reason[:128],
-            "message": message[:1024],
-            "source": {"component": COMPONENT},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
-        self._json(
-            "create",
-            self._core.create_namespaced_event,
-            meta["namespace"],
-            body,
-            namespace_=meta["namespace"],
-        )
+        return self.read(namespace, name)
 
     # --- the leader Lease ----------------------------------------------------------------------
 
@@ -216,76 +81,3 @@ class TektonApi:
             lease,
             namespace_=namespace,
         )
-
-    # --- the one request path ------------------------------------------------------------------
-
-    def _stream(
-        self,
-        verb: str,
-        method: Callable[..., Any],
-        *args: Any,
-        namespace_: str = "",
-        resource: str = PLURAL,
-        **kw: Any,
-    ) -> Any:
-        """The response of ``method`` unread (the caller reads and releases it)."""
-        kw.setdefault("_request_timeout", self._timeout)
-        self._counted()
-        try:
-            return method(*args, **kw, _preload_content=False)
-        except ApiException as err:
-            raise translate(err, verb, resource, namespace_) from err
-        except (urllib3.exceptions.HTTPError, OSError) as err:
-            raise Unavailable(f"Kubernetes API unreachable ({verb}): {err}") from err
-
-    def _decoded(
-        self, response: Any, decode: Callable[..., Iterator[Any]], verb: str
-    ) -> Iterator[Any]:
-        try:
-            yield from decode(response, BOUNDS, MARKS)
-        except ValueError as err:  # cut short or not JSON: the API's trouble, not an object's
-            raise Unavailable(f"{verb} {PLURAL}: {err}") from err
-        except (urllib3.exceptions.HTTPError, OSError) as err:
-            raise Unavailable(f"Kubernetes API unreachable ({verb}): {err}") from err
-        finally:
-            _done(response)
-
-    def _json(
-        self, verb: str, method: Callable[..., Any], *args: Any, namespace_: str = "", **kw: Any
-    ) -> dict[str, Any]:
-        response = self._stream(
-            verb, method, *args, namespace_=namespace_, resource=method.__name__, **kw
-        )
-        return cast(dict[str, Any], json.loads(response.data or b"{}"))
-
-
-def _done(response: Any) -> None:
-    """Close a response that may be unread (its connection is not reused) and free it."""
-    response.close()
-    response.release_conn()
-
-
-def _watch_events(
-    response: Any, bounds: Bounds, marks: tuple[str, ...]
-) -> Iterator[tuple[str, Decoded]]:
-    """Each line of a watch decoded alone (``ValueError``: not an event, the stream broken:
-    list again)."""
-    for line in _lines(response):
-        yield objects.watch_event(line, bounds, marks)
-
-
-def _lines(response: Any) -> Iterator[bytes]:
-    """The lines of a streamed response as they arrive (a watch: one event a line); a long
-    line is searched once, never again from its start for each chunk."""
-    pending = bytearray()
-    for chunk in response.stream(None, decode_content=False):
-        searched = len(pending)
-        pending += chunk
-        while (end := pending.find(b"\n", searched)) >= 0:
-            line = bytes(pending[:end])
-            del pending[: end + 1]
-            searched = 0
-            if line.strip():
-                yield line
-    if pending.strip():
-        yield bytes(pending)

@@ -98,7 +98,11 @@ def test_only_functions_kube_imports_kubernetes_and_it_imports_no_user_of_it() -
             )
             if any(n == "kubernetes" or n.startswith("kubernetes.") for n in names):
                 importers.add(name)
-    assert importers == {"functions.kube.api", "functions.kube.tekton_api"}
+    assert importers == {
+        "functions.kube.api",
+        "functions.kube.custom_objects",
+        "functions.kube.tekton_api",
+    }
     users = ("functions.runtimes", "functions.tekton", "functions.http", "functions.credentials")
     below = {
         name: {m for m in imported(path, top_level_only=False) if m.startswith(users)}
