@@ -154,7 +154,12 @@ def cmd_artifact(args: argparse.Namespace) -> int:
 
     url = os.environ.get("ARTIFACTS_URL", "")
     if not url:
-        print("error: ARTIFACTS_URL (the artifacts service) is not set", file=sys.stderr)
+        print(
+            "error: ARTIFACTS_URL (the artifacts service) is not set: artifact pack and unpack "
+            "are Tekton steps' (docs/tekton.md); locally, hand a directory to a put with "
+            "`run put ... --input NAME=DIR`, and take a get's with `run get ... --output DIR`",
+            file=sys.stderr,
+        )
         return 2
     service = artifact.ArtifactsService(
         url, os.environ.get("ARTIFACTS_TOKEN_FILE") or ARTIFACTS_TOKEN_FILE

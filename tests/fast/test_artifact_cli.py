@@ -299,7 +299,9 @@ def test_without_the_services_address_the_step_says_so(
 ) -> None:
     monkeypatch.delenv("ARTIFACTS_URL", raising=False)
     assert main(["artifact", "pack", str(tmp_path)]) == 2
-    assert "ARTIFACTS_URL" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert "ARTIFACTS_URL" in said
+    assert "--input NAME=DIR" in said  # what a local user runs instead
 
 
 def test_a_missing_token_file_names_the_projected_volume(
