@@ -125,14 +125,23 @@ class Controller:
 
     # --- running ------------------------------------------------------------------------------
 
-    def run(self, leader: LeaderElection | None = None) -> None:
+    def run(
+        self,
+        leader: LeaderElection | None = None,
+        alongside: Callable[[threading.Event], None] | None = None,
+    ) -> None:
         """Reconcile until ``stopped`` is set (or the Lease is lost): workers in threads, the
-        LIST and WATCH here."""
+        LIST and WATCH here; ``alongside(stopped)`` in a thread of its own while leading (the
+        Resources' scheduler)."""
         if leader is not None:
             if not leader.acquire(self.stopped):
                 return
             leader.keep(self.stopped, self._lose_lead)
         self.metrics.leader.set(1)
+        if alongside is not None:
+            threading.Thread(
+                target=alongside, args=(self.stopped,), name="alongside", daemon=True
+            ).start()
         threads = [
             threading.Thread(target=self._work, name=f"tekton-worker-{n}", daemon=True)
             for n in range(self._workers)

@@ -49,6 +49,9 @@ class ControllerConfig:
     identity: str = ""  # this replica's, in the Lease
     reply_audience: str = REPLY_AUDIENCE
     reply_senders: tuple[str, ...] = ()  # who may deliver replies (token usernames, globs)
+    # Resources (docs/resources.md): checks posted a second at most; 0: the resources' mean
+    # rate (Σ 1/interval), as Concourse's limiter does
+    resource_checks_per_second: float = 0.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ControllerConfig:
@@ -85,11 +88,23 @@ class ControllerConfig:
             reply_senders=patterns(env.get("TEKTON_REPLY_SENDERS"))
             if env.get("TEKTON_REPLY_SENDERS", "").strip()
             else (trigger_identity(namespace, REPLY_TRIGGER),),
+            resource_checks_per_second=rate(env.get("RESOURCE_CHECKS_PER_SECOND", "")),
         )
 
     @property
     def artifact_url_prefix(self) -> str:
         return keys.artifacts_url_prefix(self.store_url)
+
+
+def rate(text: str) -> float:
+    """RESOURCE_CHECKS_PER_SECOND: a number ≥ 0 (empty: 0, the resources' mean rate)."""
+    try:
+        value = float(text.strip() or "0")
+    except ValueError:
+        value = -1.0
+    if not value >= 0.0 or value == float("inf"):
+        raise ConfigError(f"RESOURCE_CHECKS_PER_SECOND must be a number >= 0, not {text!r}")
+    return value
 
 
 def trigger_identity(namespace: str, trigger: str) -> str:

@@ -71,8 +71,24 @@ class ControllerMetrics:
             "1 while this replica leads (reconciles), else 0",
             registry=self.registry,
         )
+        self.resource_posts = Counter(
+            "resource_functions_resource_checks_posted",
+            "Checks of Resources posted to the Broker, by outcome (posted, refused)",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.resource_replies = Counter(
+            "resource_functions_resource_replies",
+            "Replies to Resources' checks, by outcome (applied, stale, dropped: not the "
+            "check's function or team)",
+            ["outcome"],
+            registry=self.registry,
+        )
         for outcome in POST_OUTCOMES:
             self.posts.labels(outcome)
+            self.resource_posts.labels(outcome)
+        for outcome in ("applied", "stale", "dropped"):
+            self.resource_replies.labels(outcome)
         for outcome in REPLY_OUTCOMES:
             self.replies.labels(outcome)
         for reason in FAILURES:

@@ -20,18 +20,26 @@ from functions.errors import InvalidRequest, NotAuthenticated, SenderNotAllowed,
 from functions.events import MAX_BODY_BYTES, TYPE_PREFIX, read_event, reply_data_of
 from functions.http.senders import SenderCheck
 from functions.replies import TEAM_ATTRIBUTE
+from functions.resources.decisions import parse_subject as parse_resource_subject
+from functions.resources.scheduler import Scheduler
 from functions.tekton.controller import Controller
 from functions.tekton.decide import Reply, parse_subject
 
 log = logging.getLogger("functions.tekton")
 
 
-def reply_of(attributes: dict[str, Any], data: dict[str, Any]) -> tuple[str, str, Reply] | None:
-    """``(namespace, name, reply)`` of a reply event's attributes, or None for an event that
-    is no reply to a CustomRun (dropped)."""
+def reply_of(
+    attributes: dict[str, Any], data: dict[str, Any]
+) -> tuple[str, str, str, Reply] | None:
+    """``(kind, namespace, name, reply)`` of a reply event's attributes (kind: ``CustomRun``
+    or ``Resource``, by the subject), or None for an event that is no reply to either
+    (dropped)."""
     kind = str(attributes.get("type") or "")
     ended = kind.rpartition(".")[2]
-    where = parse_subject(str(attributes.get("subject") or ""))
+    subject = str(attributes.get("subject") or "")
+    owner, where = "CustomRun", parse_subject(subject)
+    if where is None:
+        owner, where = "Resource", parse_resource_subject(subject)
     request = attributes.get("requestid")
     if not kind.startswith(TYPE_PREFIX) or ended not in ("succeeded", "failed"):
         return None
@@ -46,13 +54,18 @@ def reply_of(attributes: dict[str, Any], data: dict[str, Any]) -> tuple[str, str
         source=str(attributes.get("source") or ""),
         team=str(attributes.get(TEAM_ATTRIBUTE) or ""),
     )
-    return (*where, reply)
+    return (owner, *where, reply)
 
 
 def serve(
-    controller: Controller, host: str, port: int, senders: SenderCheck
+    controller: Controller,
+    host: str,
+    port: int,
+    senders: SenderCheck,
+    scheduler: Scheduler | None = None,
 ) -> ThreadingHTTPServer:
-    """Start the receiver in a thread; ``shutdown()`` stops it."""
+    """Start the receiver in a thread; ``shutdown()`` stops it. Replies to Resources' checks
+    go to ``scheduler`` (dropped without one)."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # the Deployment's probes, and Prometheus
@@ -87,10 +100,15 @@ def serve(
             if found is None:
                 self._answer(202)
                 return
+            owner, namespace, name, reply = found
+            take = controller.reply if owner == "CustomRun" else scheduler and scheduler.reply
+            if not take:
+                self._answer(202)
+                return
             try:
-                controller.reply(*found)
+                take(namespace, name, reply)
             except Exception:
-                log.exception("reply to customrun %s/%s not written", found[0], found[1])
+                log.exception("reply to %s %s/%s not written", owner.lower(), namespace, name)
                 self._answer(503)
                 return
             self._answer(202)
@@ -124,7 +142,10 @@ def main() -> int:
 
     from functions import logs
     from functions.kube.api import KubeApi, api_client_from_env
+    from functions.kube.custom_objects import CustomObjects
     from functions.kube.tekton_api import TektonApi
+    from functions.resources.decisions import RESOURCES
+    from functions.resources.decisions import Context as ResourceContext
     from functions.tekton.controller_config import ControllerConfig
     from functions.tekton.controller_metrics import ControllerMetrics
     from functions.tekton.leader import LeaderElection
@@ -137,9 +158,22 @@ def main() -> int:
     api = TektonApi(api_client, counted=metrics.api_requests.inc)
     teams = NamespaceTeams(config.teams, KubeApi(api_client, "", (5.0, 30.0)).namespace_labels)
     controller = Controller(api, config, teams, metrics=metrics)
+    scheduler = Scheduler(
+        CustomObjects(api_client, RESOURCES, counted=metrics.api_requests.inc),
+        ResourceContext(
+            event_source=config.event_source,
+            team_of=teams.team_of,
+            resource_types=config.resource_types,
+            refusal=teams.refusal,
+            allowed_images=config.allowed_images,
+        ),
+        config.broker,
+        rate=config.resource_checks_per_second or None,
+        metrics=metrics,
+    )
     reviews = KubeApi(api_client, "", (5.0, 10.0)).review_token
     senders = SenderCheck(reviews, config.reply_audience, config.reply_senders)
-    server = serve(controller, config.host, config.port, senders)
+    server = serve(controller, config.host, config.port, senders, scheduler)
     leader = (
         LeaderElection(api, config.namespace, config.leader_lease, config.identity)
         if config.leader_lease
@@ -154,7 +188,7 @@ def main() -> int:
         config.broker,
     )
     try:
-        controller.run(leader)
+        controller.run(leader, alongside=scheduler.run)
     except KeyboardInterrupt:
         pass
     finally:

@@ -91,6 +91,7 @@ CLUSTER_SCOPED = {
     "ValidatingAdmissionPolicy",
     "ValidatingAdmissionPolicyBinding",
     "PriorityClass",
+    "CustomResourceDefinition",
 }
 # Prometheus Operator kinds (knative/monitoring/): checked by tests/fast/test_alert_rules.py.
 OPERATOR_GROUPS = {"monitoring.coreos.com"}
@@ -348,6 +349,10 @@ def test_document_has_valid_names(path: Path, doc: dict) -> None:
             assert doc["kind"] in CLUSTER_SCOPED, "namespaced objects name their namespace"
             continue
         assert isinstance(value, str), f"metadata.{field} must be a string: {value!r}"
+        if doc["kind"] == "CustomResourceDefinition" and field == "name":
+            spec = doc["spec"]  # named <plural>.<group>, a DNS subdomain
+            assert value == f"{spec['names']['plural']}.{spec['group']}"
+            continue
         assert len(value) <= 63, f"metadata.{field} {value!r} is longer than 63 characters"
         assert DNS_LABEL.fullmatch(value), (
             f"metadata.{field} {value!r} is not a DNS label ([a-z0-9]([-a-z0-9]*[a-z0-9])?)"
@@ -1557,7 +1562,8 @@ def test_the_controllers_trigger_takes_replies_to_customruns_only() -> None:
 
 def test_the_controller_may_read_customruns_and_write_their_status_not_touch_task_jobs() -> None:
     """It stops a run by a stop request through the Broker (functions.service.stop_requests):
-    it has no right in the task namespace."""
+    it has no right in the task namespace. It reads Resources and writes their status, not
+    the Resources themselves (their spec is their namespace's)."""
     role = _from_tekton("ClusterRole", TEKTON_CONTROLLER)
     granted = {
         (g, r): sorted(rule["verbs"])
@@ -1568,6 +1574,8 @@ def test_the_controller_may_read_customruns_and_write_their_status_not_touch_tas
     assert granted == {
         ("tekton.dev", "customruns"): ["get", "list", "watch"],
         ("tekton.dev", "customruns/status"): ["get", "patch", "update"],
+        ("resource-functions.dev", "resources"): ["get", "list", "watch"],
+        ("resource-functions.dev", "resources/status"): ["get", "patch", "update"],
         ("", "namespaces"): ["get"],  # the team label
         ("", "events"): ["create"],  # on its CustomRuns
         ("authentication.k8s.io", "tokenreviews"): ["create"],  # its replies' tokens

@@ -462,6 +462,7 @@ def test_reply_events_are_read_from_their_type_subject_and_requestid() -> None:
         "team": "main",
     }
     assert reply_of(attributes, {"error": {}}) == (
+        "CustomRun",
         "team-a",
         "pr-1-fetch",
         Reply(UID, False, {"error": {}}, "get", "/resource-functions/get", "main"),

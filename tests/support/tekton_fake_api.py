@@ -1,5 +1,5 @@
 """The Kubernetes API as ``functions.kube.tekton_api.TektonApi`` offers it, in memory, for
-the controller's shell in the fast tier: CustomRuns with resourceVersions (a stale write is a
+the controller's shell in the fast tier (and the Resources' scheduler's: any custom object): CustomRuns with resourceVersions (a stale write is a
 ``Conflict``, as the API server answers), a watch fed by every change, Events, Jobs deleted by
 label, Leases. kmock's emulator does not serve custom resources' status here; the real API
 server is the cluster tier's.
@@ -77,6 +77,21 @@ class FakeTektonApi:
             changed = copy.deepcopy(live)
         self._changes.put(("MODIFIED", changed))
 
+    def edit(self, namespace: str, name: str, spec: dict[str, Any]) -> None:
+        """As a user's ``kubectl patch``: ``spec`` merged into the object's spec."""
+        with self._lock:
+            live = self.runs[(namespace, name)]
+            live["spec"].update(spec)
+            live["metadata"]["resourceVersion"] = str(next(self._versions))
+            live["metadata"]["generation"] = live["metadata"].get("generation", 1) + 1
+            changed = copy.deepcopy(live)
+        self._changes.put(("MODIFIED", changed))
+
+    def delete(self, namespace: str, name: str) -> None:
+        with self._lock:
+            gone = self.runs.pop((namespace, name))
+        self._changes.put(("DELETED", gone))
+
     def status_of(self, namespace: str, name: str) -> dict[str, Any]:
         with self._lock:
             return copy.deepcopy(self.runs[(namespace, name)].get("status") or {})
@@ -125,6 +140,16 @@ class FakeTektonApi:
             written = copy.deepcopy(live)
         self._changes.put(("MODIFIED", copy.deepcopy(written)))
         return written
+
+    # ``custom_objects.CustomObjects``' names: the scheduler's Resources live here alike
+    def list(self) -> Iterator[Decoded | ListEnd]:
+        return self.list_customruns()
+
+    def watch(self, resource_version: str, seconds: int) -> Iterator[tuple[str, Decoded]]:
+        return self.watch_customruns(resource_version, seconds)
+
+    def read(self, namespace: str, name: str) -> Decoded | None:
+        return self.read_customrun(namespace, name)
 
     def patch_status(self, run: dict[str, Any], status: dict[str, Any]) -> None:
         self.requests += 1
