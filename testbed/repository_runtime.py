@@ -53,6 +53,11 @@ class RepositoryRuntime:
     def warm_counts(self) -> WarmCounts:
         return WarmCounts()  # no containers: nothing warm
 
+    adopting = True  # False: as a warm check's runtime, which would run a run id twice
+
+    def adopts(self, task: Task) -> bool:
+        return self.adopting
+
     def close(self) -> None:
         pass
 

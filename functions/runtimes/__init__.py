@@ -8,6 +8,7 @@
         def ready(self) -> None                    # Unavailable unless the engine/API answers
         def start_sweeps(self) -> None             # a serving process: remove leftovers, now and then
         def warm_counts(self) -> WarmCounts        # warm check containers (docs/warm-checks.md)
+        def adopts(self, task: Task) -> bool       # another delivery's start of its run attaches
         def close(self) -> None                    # drain: wait for runs and their cleanup
 
 Contract: ``run`` stores ``results/<run-id>.json`` and ``logs/<run-id>.log`` before it
@@ -58,6 +59,8 @@ class Runtime(Protocol):
     def start_sweeps(self) -> None: ...
 
     def warm_counts(self) -> WarmCounts: ...
+
+    def adopts(self, task: Task) -> bool: ...
 
     def close(self) -> None: ...
 

@@ -164,6 +164,10 @@ class AsyncPath:
             ttl=ttl,
             timeout=ttl,
             start=lambda held: self.runs.start(replace(work, lease=held), call.request.type_name),
+            # A lease this run holds already is an earlier delivery's: its task is found
+            # again where the runtime adopts it (a Job), else waited for (a warm check, run
+            # in that delivery's request on its replica, would run twice).
+            rejoin=self.runs.runtime.adopts(work),
         )
         if outcome is None:
             return None

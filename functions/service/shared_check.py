@@ -64,12 +64,14 @@ def start_or_wait(
     ttl: float,
     timeout: float,
     start: Callable[[LeaseHold], None],
+    rejoin: bool = True,
 ) -> tuple[Outcome | None, str]:
     """``start(held)`` of a task that holds the lease ``key`` for ``ttl`` (and releases it
     itself): ``(None, run)``; or the outcome of the run that held it, with that run's id. A
-    lease ``run`` holds already is its own earlier delivery's: started again (runtimes start
-    once per run id). A ``start`` that raises releases the lease this call took (not one an
-    earlier delivery took: its task may be running)."""
+    lease ``run`` holds already is its own earlier delivery's: started again when
+    ``rejoin`` (the runtime finds a run id's task once started: a Job), else waited for like
+    any other holder's. A ``start`` that raises releases the lease this call took (not one
+    an earlier delivery took: its task may be running)."""
 
     def lead(claim: lease.Claim) -> None:
         held = LeaseHold(key, claim.lease.holder)
@@ -79,10 +81,18 @@ def start_or_wait(
             lease.release_held(store, held)
             raise
 
-    def rejoin(claim: lease.Claim) -> None:
+    def start_again(claim: lease.Claim) -> None:
         start(LeaseHold(key, claim.lease.holder))
 
-    return lead_or_wait(store, key, run=run, ttl=ttl, timeout=timeout, lead=lead, rejoin=rejoin)
+    return lead_or_wait(
+        store,
+        key,
+        run=run,
+        ttl=ttl,
+        timeout=timeout,
+        lead=lead,
+        rejoin=start_again if rejoin else None,
+    )
 
 
 def lead_or_wait(

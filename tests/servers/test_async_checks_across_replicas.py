@@ -75,6 +75,26 @@ def test_a_redelivery_of_the_holders_event_attaches_to_its_task(
     assert check(services[1], "tick") == (200, {"versions": [{"ref": "1"}], "new": [{"ref": "1"}]})
 
 
+def test_a_redelivery_of_a_warm_checks_event_waits_for_it_and_never_runs_it_again(
+    store_url: str, sink: EventSink
+) -> None:
+    """A warm check runs in its delivery's request on one replica: the Broker's next
+    delivery, on another replica, finds the lease its run holds and waits for that run's
+    result (200), where a Job's would attach to the Job; the script runs once."""
+    store = open_store(store_url, StoreOptions())
+    runtime = AsyncRepositoryRuntime(store, sink.url, seconds=1.0)
+    runtime.adopting = False
+    services = async_replicas(store_url, runtime, 2)
+
+    first = check(services[0], "tick")
+    again = check(services[1], "tick")  # to another replica, while the first runs
+    runtime.join()
+
+    assert first == (202, {})
+    assert again == (200, {"versions": [{"ref": "1"}], "new": [{"ref": "1"}]})
+    assert len(runtime.starts) == 1 and len(runtime.stdins) == 1
+
+
 def test_a_holder_whose_start_raised_releases_the_lease(store_url: str, sink: EventSink) -> None:
     store = open_store(store_url, StoreOptions())
     runtime = AsyncRepositoryRuntime(store, sink.url)

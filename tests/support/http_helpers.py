@@ -30,6 +30,7 @@ class FakeRuntime:
         self.started: list[Task] = []
         self.stopped: list[tuple[str, str]] = []  # (run, action) of each stop
         self.unready = ""  # set: ready() raises Unavailable with it (the engine is down)
+        self.adopting = True  # False: as warm checks, a run started twice runs twice
 
     def run(self, task: Task) -> Outcome:
         self.ran.append(task)
@@ -53,6 +54,9 @@ class FakeRuntime:
 
     def warm_counts(self) -> WarmCounts:
         return WarmCounts()
+
+    def adopts(self, task: Task) -> bool:
+        return self.adopting
 
     def close(self) -> None:
         pass

@@ -131,6 +131,12 @@ class KubernetesRuntime:
     def warm_counts(self) -> WarmCounts:
         return self._warm.counts() if self._warm is not None else WarmCounts()
 
+    def adopts(self, task: Task) -> bool:
+        """A second start of ``task``'s run, another delivery's on any replica, finds the
+        first (its Job or container is named after the run); a warm check, run in its
+        request on one replica, would run again."""
+        return not wanted(self._warm, task)
+
     def close(self) -> None:
         """Stop following asynchronous tasks (``collect`` replies for them) and wait until
         the followers have ended (at most one watch request, ``watch_seconds``)."""

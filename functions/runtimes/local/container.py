@@ -127,6 +127,12 @@ class ContainerRuntime:
     def warm_counts(self) -> WarmCounts:
         return self._warm.counts() if self._warm is not None else WarmCounts()
 
+    def adopts(self, task: Task) -> bool:
+        """A second start of ``task``'s run, another delivery's on any replica, finds the
+        first (its Job or container is named after the run); a warm check, run in its
+        request on one replica, would run again."""
+        return not wanted(self._warm, task)
+
     def close(self) -> None:
         """Drain, then let go of the engine: wait for the asynchronous runs (they reply when
         done) and the synchronous ones under way (later ones get ``Unavailable``), then for
