@@ -8,7 +8,7 @@ repository, ``counter.py``, is read no more); many Resources are posted spread o
 interval (the Broker's sink sees every request).
 
 Sizes (``bench``): ``RF_RESOURCES`` Resources checked every ``RF_RESOURCES_EVERY`` seconds
-for the spread (1,000 every 60 s with ``RF_BENCH=full``; 60 every 20 s in CI).
+for the spread (1,000 every 60 s with ``RF_BENCH=full``; 40 every 10 s in CI).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from tests.support.bench import size
 TEAM_NAMESPACE = PIPELINE_TEAMS[0]  # labelled as its team; the controller may post for it
 STRAY = "resources-without-team"
 CANARY = "resources-canary-5e1b"  # a literal credential in a source: never shown
-SPREAD = size("RF_RESOURCES", 1000, 60)
-SPREAD_EVERY = size("RF_RESOURCES_EVERY", 60, 20)
+SPREAD = size("RF_RESOURCES", 1000, 40)
+SPREAD_EVERY = size("RF_RESOURCES_EVERY", 60, 10)
 
 
 @pytest.fixture(scope="module")
