@@ -41,7 +41,7 @@ from functions.resources.decisions import (
     interval_of,
     on_reply,
 )
-from functions.sink import post_reply
+from functions.sink import post_reply, session
 from functions.tekton.controller_metrics import ControllerMetrics
 from functions.tekton.decide import Posting, Reply
 from functions.tekton.work_queue import KeyLocks, WorkQueue
@@ -111,6 +111,7 @@ class Scheduler:
         self._locks = KeyLocks()
         self._posted: set[str] = set()  # request ids this process has posted (or is posting)
         self._posts = ThreadPoolExecutor(POST_THREADS, thread_name_prefix="resource-post")
+        self._session = session(3)  # one pool of connections to the Broker for every post
         self._limit = RateLimit(lambda: rate if rate else self.mean_rate())
         self.stopped = threading.Event()
         self.metrics = metrics or ControllerMetrics()
@@ -253,7 +254,7 @@ class Scheduler:
             return
         event = CloudEvent(attributes=posting.attributes, data=posting.data)
         try:
-            post_reply(self._broker, event, attempts=3, timeout=30)
+            post_reply(self._broker, event, timeout=30, through=self._session)
         except SinkRefused as err:  # posted again at its next look (decide's schedule)
             self.metrics.resource_posts.labels("refused").inc()
             log.warning("resource %s/%s: check %s not posted: %s", *key, posting.request_id, err)
