@@ -32,6 +32,7 @@ from functions.request_data import image_allowed, image_refusal, parse_request_d
 from functions.resources import schedule
 from functions.tekton import status as st
 from functions.tekton.decide import Posting, Reply, parse_duration
+from functions.tekton.decide import parse_subject as parse_object_subject
 
 API_VERSION = "resource-functions.dev/v1alpha1"
 KIND = "Resource"
@@ -91,10 +92,7 @@ def subject(namespace: str, name: str) -> str:
 
 def parse_subject(value: str) -> tuple[str, str] | None:
     """``(namespace, name)`` of a reply's subject, or None if it is not a Resource's."""
-    if not value.startswith(SUBJECT_PREFIX):
-        return None
-    namespace, _, name = value[len(SUBJECT_PREFIX) :].partition("/")
-    return (namespace, name) if namespace and name and "/" not in name else None
+    return parse_object_subject(value, SUBJECT_PREFIX)
 
 
 def interval_of(spec: Mapping[str, Any], minimum: int = MIN_INTERVAL) -> int:

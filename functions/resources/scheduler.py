@@ -44,7 +44,7 @@ from functions.resources.decisions import (
 from functions.sink import post_reply, session
 from functions.tekton.controller_metrics import ControllerMetrics
 from functions.tekton.decide import Posting, Reply
-from functions.tekton.work_queue import KeyLocks, WorkQueue
+from functions.tekton.work_queue import KeyLocks, WorkQueue, workers
 
 CONFLICT_TRIES = 5
 WORKERS = 2
@@ -123,28 +123,18 @@ class Scheduler:
         LIST and WATCH here."""
         if stopped is not None:
             self.stopped = stopped  # the leader's: set when it stops leading
-        threads = [
-            threading.Thread(target=self._work, name=f"resource-worker-{n}", daemon=True)
-            for n in range(self._workers)
-        ]
-        for thread in threads:
-            thread.start()
         try:
-            while not self.stopped.is_set():
-                try:
-                    self.list_and_watch()
-                except NotFound:
-                    log.info(
-                        "no Resource kind here (knative/tekton/resource-crd.yaml); again in 60s"
-                    )
-                    self.stopped.wait(60)
-                except Exception:  # the API away: take it up again from a fresh LIST
-                    log.exception("resource watch failed; listing again")
-                    self.stopped.wait(2)
+            with workers(self._work, self._workers, "resource-worker", self.queue):
+                while not self.stopped.is_set():
+                    try:
+                        self.list_and_watch()
+                    except NotFound:
+                        log.info("no Resource kind here (resource-crd.yaml); again in 60s")
+                        self.stopped.wait(60)
+                    except Exception:  # the API away: take it up again from a fresh LIST
+                        log.exception("resource watch failed; listing again")
+                        self.stopped.wait(2)
         finally:
-            self.queue.close()
-            for thread in threads:
-                thread.join(30)
             self._posts.shutdown(wait=False, cancel_futures=True)
 
     def list_and_watch(self) -> None:

@@ -56,7 +56,7 @@ from functions.tekton.decide import (
 from functions.tekton.leader import LeaderElection
 from functions.tekton.namespace_teams import NamespaceTeams
 from functions.tekton.params import API_VERSION, is_ours
-from functions.tekton.work_queue import KeyLocks, WorkQueue
+from functions.tekton.work_queue import KeyLocks, WorkQueue, workers
 
 REPOST_SECONDS = 5.0  # a request the Broker did not take is posted again this soon
 FINAL_REFUSALS = frozenset({400, 401, 403})  # the Broker will never take this post
@@ -142,24 +142,16 @@ class Controller:
             threading.Thread(
                 target=alongside, args=(self.stopped,), name="alongside", daemon=True
             ).start()
-        threads = [
-            threading.Thread(target=self._work, name=f"tekton-worker-{n}", daemon=True)
-            for n in range(self._workers)
-        ]
-        for thread in threads:
-            thread.start()
         try:
-            while not self.stopped.is_set():
-                try:
-                    self.list_and_watch()
-                except Exception:  # the API away: take it up again from a fresh LIST
-                    log.exception("customrun watch failed; listing again")
-                    self.stopped.wait(2)
+            with workers(self._work, self._workers, "tekton-worker", self.queue):
+                while not self.stopped.is_set():
+                    try:
+                        self.list_and_watch()
+                    except Exception:  # the API away: take it up again from a fresh LIST
+                        log.exception("customrun watch failed; listing again")
+                        self.stopped.wait(2)
         finally:
             self.metrics.leader.set(0)
-            self.queue.close()
-            for thread in threads:
-                thread.join(30)
             self._posts.shutdown(wait=False, cancel_futures=True)
 
     def _lose_lead(self) -> None:

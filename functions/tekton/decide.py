@@ -84,11 +84,12 @@ def subject(namespace: str, name: str) -> str:
     return f"{SUBJECT_PREFIX}{namespace}/{name}"
 
 
-def parse_subject(value: str) -> tuple[str, str] | None:
-    """``(namespace, name)`` of a reply's subject, or None if it is not a CustomRun's."""
-    if not value.startswith(SUBJECT_PREFIX):
+def parse_subject(value: str, prefix: str = SUBJECT_PREFIX) -> tuple[str, str] | None:
+    """``(namespace, name)`` of a reply's subject, or None if it is not an object's of
+    ``prefix`` (a CustomRun's unless told)."""
+    if not value.startswith(prefix):
         return None
-    namespace, _, name = value[len(SUBJECT_PREFIX) :].partition("/")
+    namespace, _, name = value[len(prefix) :].partition("/")
     return (namespace, name) if namespace and name and "/" not in name else None
 
 

@@ -10,6 +10,7 @@ that exist: a key leaves the queue when handed out, its backoff when forgotten.
     ...; queue.done(key); queue.forget(key)
 
 ``KeyLocks``: one lock per key, for whoever reconciles it or applies a reply to it.
+``workers``: the threads that take the keys, for a block.
 """
 
 from __future__ import annotations
@@ -154,3 +155,18 @@ class KeyLocks:
                     del self._locks[key]
                 else:
                     self._locks[key] = (lock, users - 1)
+
+
+@contextmanager
+def workers(work: Callable[[], None], count: int, name: str, queue: WorkQueue) -> Iterator[None]:
+    """``count`` threads running ``work`` (each takes keys from ``queue`` until it is closed)
+    for the block; at its end the queue is closed and they are joined."""
+    threads = [threading.Thread(target=work, name=f"{name}-{n}", daemon=True) for n in range(count)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield
+    finally:
+        queue.close()
+        for thread in threads:
+            thread.join(30)
