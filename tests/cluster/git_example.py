@@ -39,8 +39,7 @@ from tests.support.git_server import git
 USERS = PIPELINE_TEAMS[1]  # the example's tekton-main, as a user renames it: its team
 EXAMPLES = Path(__file__).resolve().parents[2] / "knative" / "tekton" / "examples"
 LISTENER = "new-versions"
-RESOURCE = "app"  # the example's Resource, in USERS
-EVERY = "10s"  # its checkEvery here (1m as shipped): the story waits for a few checks
+CHECK = "check-app"
 NEW_VERSIONS = "new-versions-to-tekton"  # the Trigger, the channel and the Subscription
 # The app's history under its two files, in MiB (bench/README.md: T2 with 50 by hand).
 REPO_MB = int(os.environ.get("RF_TEKTON_REPO_MB", "0"))
@@ -118,8 +117,9 @@ def applied_example(
     channel: dict[str, str] = IN_MEMORY_CHANNEL,
 ) -> Iterator[CustomTask]:
     """The user namespace, and the example adapted and applied with ``kubectl apply -k``
-    (its channel hop on ``channel``, its Resource checked every ``EVERY``). Deleted again at
-    the end, with the listener's PipelineRuns."""
+    (and its EventPolicy for the scheduled check, as sender authentication is on; its channel
+    hop on ``channel``); the CronJob suspended, so that only the test's ticks check. Deleted
+    again at the end, with the listener's PipelineRuns."""
     with custom_task_in(cluster, secured, USERS) as installed:
         copy = workdir / "examples"
         shutil.copytree(EXAMPLES, copy)
@@ -129,14 +129,28 @@ def applied_example(
                 .replace("tekton-main", USERS)
                 .replace("git://git.example/app.git", repository.uri)
                 .replace("docker.io/library/python:3.12-slim", tekton.shell_image)
-                .replace("checkEvery: 1m", f"checkEvery: {EVERY}")
             )
             path.write_text(text)
         hop = copy / "new-versions.yaml"
         docs = on_channel(list(yaml.safe_load_all(hop.read_text())), channel)
         hop.write_text(yaml.safe_dump_all(docs))
+        base = secured.deployment.overlay.parent / "knative" / "kustomization.yaml"
+        kustomization = yaml.safe_load((copy / "kustomization.yaml").read_text())
+        kustomization["images"] = yaml.safe_load(base.read_text())["images"]
+        kustomization["resources"].append("scheduled-check-policy.yaml")
+        (copy / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
         cluster.kubectl("apply", "-k", str(copy))
-        wait_ready(cluster, NAMESPACE, [f"trigger/{NEW_VERSIONS}", f"subscription/{NEW_VERSIONS}"])
+        suspend = json.dumps({"spec": {"suspend": True}})
+        cluster.kubectl("-n", NAMESPACE, "patch", "cronjob", CHECK, "-p", suspend)
+        wait_ready(
+            cluster,
+            NAMESPACE,
+            [
+                f"sinkbinding/{CHECK}",
+                f"trigger/{NEW_VERSIONS}",
+                f"subscription/{NEW_VERSIONS}",
+            ],
+        )
         wait_ready(cluster, USERS, [f"eventlistener/{LISTENER}"], timeout=180)
         try:
             yield installed
@@ -149,30 +163,13 @@ def applied_example(
             )
 
 
-def resource_status(example: CustomTask) -> dict:
-    return (example.get("resource", RESOURCE) or {}).get("status") or {}
-
-
-def checked(example: CustomTask, ref: str, timeout: float = 300) -> dict:
-    """The Resource's status once its latest version is ``ref``."""
-    deadline = time.monotonic() + timeout
-    while (status := resource_status(example)).get("latestVersion") != {"ref": ref}:
-        if time.monotonic() > deadline:
-            pytest.fail(f"the Resource never showed {ref}: {status}")
-        time.sleep(1)
-    return status
-
-
-def checked_again(example: CustomTask, times: int, timeout: float = 120) -> dict:
-    """The Resource's status after ``times`` more checks were answered."""
-    deadline = time.monotonic() + timeout
-    seen = {resource_status(example).get("answered")}
-    while len(seen) <= times:
-        if time.monotonic() > deadline:
-            pytest.fail(f"no {times} more checks of the Resource: {resource_status(example)}")
-        time.sleep(1)
-        seen.add(resource_status(example).get("answered"))
-    return resource_status(example)
+def tick(example: CustomTask, name: str) -> dict:
+    """One scheduled check, started from the CronJob; its reply's data once answered."""
+    example.cluster.kubectl("-n", NAMESPACE, "create", "job", name, f"--from=cronjob/{CHECK}")
+    replies = example.deployment.sink.wait(
+        requestid=name, type="dev.resourcefunctions.check.succeeded", timeout=300
+    )
+    return replies[0].get_data()
 
 
 def runs_of(example: CustomTask, ref: str) -> list[dict]:
@@ -207,33 +204,32 @@ def printed_by_tests(example: CustomTask, run: dict) -> str:
     )
 
 
-def a_commit_is_built_once(example: CustomTask, repository: Repository, secured: Secured) -> None:
-    """The example's story: the Resource's first check finds the head, which one PipelineRun
-    gets, tests and tags; a pushed commit is found by a later check (its status shows it) and
-    built by exactly one more; two more checks find nothing new and start none. Meanwhile no
-    PersistentVolumeClaim exists anywhere and no Secret holding a store key in the pipeline
-    namespace. Paused at the end: the module's figures commit more, unchecked."""
+def a_commit_is_built_once(
+    example: CustomTask, repository: Repository, secured: Secured, ticks: str = "tick"
+) -> None:
+    """The example's story: the first tick's head is got, tested and tagged by one
+    PipelineRun; a pushed commit is found by the next tick and built by exactly one more; a
+    third tick finds nothing new and starts none. Meanwhile no PersistentVolumeClaim exists
+    anywhere and no Secret holding a store key in the pipeline namespace. The ticks' Jobs are
+    ``<ticks>-1`` to ``-3`` (their names are the requests' ids: one per session's sink)."""
     store_keys = NoStoreKeys(example.cluster, secured.deployment.s3.keys, (USERS,))
     with NoClaims(example.cluster) as claims, store_keys:
         first = repository.head()
-        assert checked(example, first)["versionsSeen"] == 1
+        assert tick(example, f"{ticks}-1")["versions"] == [{"ref": first}]
         run = built(example, first)
         assert "tests of version 1 passed" in printed_by_tests(example, run)
         assert repository.tag(f"tested-{first}") == first
 
         second = repository.commit("2")
-        assert checked(example, second)["versionsSeen"] == 2
+        assert {"ref": second} in tick(example, f"{ticks}-2")["versions"]
         run = built(example, second)
         assert "tests of version 2 passed" in printed_by_tests(example, run)
         assert repository.tag(f"tested-{second}") == second
 
-        after = checked_again(example, 2)  # nothing new: no PipelineRun
-        assert after["versionsSeen"] == 2 and after["latestVersion"] == {"ref": second}
+        tick(example, f"{ticks}-3")  # nothing new: no PipelineRun
         time.sleep(5)  # what a new version would have started by now, it would have
         assert len(runs_of(example, second)) == 1
         listener = example.list("pipelinerun", f"triggers.tekton.dev/eventlistener={LISTENER}")
         assert len(listener) == 2, [r["metadata"]["name"] for r in listener]
-    pause = json.dumps({"spec": {"paused": True}})
-    example.cluster.kubectl("-n", USERS, "patch", "resource", RESOURCE, "--type=merge", "-p", pause)
     assert claims.polls > 10 and claims.seen == set(), claims.seen
     assert store_keys.polls > 10 and store_keys.found == {}, store_keys.found

@@ -400,7 +400,7 @@ def test_the_tekton_example_runs_on_the_kafka_broker_through_a_kafka_channel(
     KafkaChannel to the EventListener: one PipelineRun per new commit, no volume claim, no
     store key in the pipeline namespace."""
     example, repository = kafka_example
-    a_commit_is_built_once(example, repository, on_kafka)
+    a_commit_is_built_once(example, repository, on_kafka, ticks="kafka-tick")
 
 
 # --- faults --------------------------------------------------------------------------------

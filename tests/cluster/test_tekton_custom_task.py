@@ -719,7 +719,7 @@ DISCOVERED = "dev.resourcefunctions.version.discovered"
 
 def new_version_route() -> list[dict]:
     """``knative/tekton/examples/new-versions.yaml`` as a user adapts it: their namespace for
-    tekton-main (so the Resource's subject becomes ``resource-functions.dev/resources/<namespace>/app``), and their
+    tekton-main (so the check's subject becomes ``pipelines/<namespace>/app``), and their
     Pipeline in the TriggerTemplate (here fetch-and-read)."""
     text = (EXAMPLES / "new-versions.yaml").read_text().replace("tekton-main", USERS)
     docs = [d for d in yaml.safe_load_all(text) if d]
@@ -756,7 +756,7 @@ def test_a_new_version_starts_one_pipeline_run_however_often_delivered(
     from cloudevents.core.v1.event import CloudEvent
 
     cluster, deployment = custom_task.cluster, custom_task.deployment
-    subject = f"resource-functions.dev/resources/{USERS}/app"  # the example's, adapted
+    subject = f"pipelines/{USERS}/app"  # the example's Trigger, namespace adapted
     apply(cluster, new_version_route())
     wait_ready(
         cluster,

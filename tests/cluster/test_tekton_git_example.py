@@ -1,16 +1,18 @@
 """The shipped git example of the Tekton Custom Task (``knative/tekton/examples/``) on the real
 cluster, applied as a user adapts it (their namespace, repository, builder image and the
-project image; ``kubectl apply -k``), with Concourse's real git resource, on the ``secured``
-deployment (``authentication-oidc`` on, NetworkPolicies enforced):
+project image; ``kubectl apply -k``; with sender authentication on, the scheduled check's
+EventPolicy too), with Concourse's real git resource, on the ``secured`` deployment
+(``authentication-oidc`` on, NetworkPolicies enforced):
 
 - a repository served by ``git daemon`` on the gateway (task pods may reach its port: the
   egress rule a user adds for a private git server); its tests are ``./test.sh``;
-- the repository is the example's ``Resource`` (checked every 10 s here, 1 minute as
-  shipped; no CronJob): its first check discovers the head, whose PipelineRun gets it, runs
-  its tests in the fetched tree and pushes the tag ``tested-<commit>``;
-- a commit pushed to the daemon is found by a later check (the Resource's status shows it)
-  and starts exactly one PipelineRun (two more checks find nothing new and start none), whose
-  test Task saw that commit's files and whose put created its tag in the served repository;
+- the scheduled check is the example's CronJob, suspended, each tick started as
+  ``kubectl create job --from=cronjob/check-app`` (what the schedule does, on the test's
+  clock): the first tick discovers the head, whose PipelineRun gets it, runs its tests in the
+  fetched tree and pushes the tag ``tested-<commit>``;
+- a commit pushed to the daemon is found by the next tick and starts exactly one PipelineRun
+  (a third tick finds nothing new and starts none), whose test Task saw that commit's files
+  and whose put created its tag in the served repository;
 - no PersistentVolumeClaim exists in any namespace, and no Secret holding a store key in the
   pipeline namespace, at any time during these runs.
 

@@ -95,7 +95,6 @@ CLUSTER_SCOPED = {
 }
 # Prometheus Operator kinds (knative/monitoring/): checked by tests/fast/test_alert_rules.py.
 OPERATOR_GROUPS = {"monitoring.coreos.com"}
-OWN_GROUP = "resource-functions.dev"  # the project's CRDs (knative/tekton/resource-crd.yaml)
 # Knative kinds whose CRD schema is not in KNATIVE_SCHEMAS_DIR: read from the release source
 # the cluster tests build (../shared/third_party), member by member.
 RELEASE_CRDS = {
@@ -188,7 +187,7 @@ NOT_MANIFESTS = {KNATIVE / "monitoring" / "rules.yaml"} | {
     for entry in (yaml.safe_load(k.read_text()) or {}).get("configurations", [])
 }
 # Manifests applied by hand beside a kustomization, never by it (documented where they are).
-APPLIED_BY_HAND: set[Path] = set()
+APPLIED_BY_HAND = {TEKTON_EXAMPLES / "scheduled-check-policy.yaml"}
 YAML_FILES = sorted(
     p
     for p in KNATIVE.rglob("*")
@@ -386,31 +385,10 @@ def test_document_has_valid_names(path: Path, doc: dict) -> None:
 @pytest.mark.parametrize("version", K8S_VERSIONS)
 @pytest.mark.parametrize(
     ("path", "doc"),
-    [p for p in _params(knative=False) if _group(p.values[1]) not in {*OPERATOR_GROUPS, OWN_GROUP}],
+    [p for p in _params(knative=False) if _group(p.values[1]) not in OPERATOR_GROUPS],
 )
 def test_core_kind_validates_strictly(path: Path, doc: dict, version: str) -> None:
     _validate_core(doc, version)
-
-
-@pytest.mark.parametrize(
-    ("path", "doc"), [p for p in _params(knative=False) if _group(p.values[1]) == OWN_GROUP]
-)
-def test_our_kinds_validate_against_our_crds(path: Path, doc: dict) -> None:
-    """A Resource (the examples') against the CRD's openAPIV3Schema, as the API server reads
-    it (its CEL rule, one of type and image, is checked here by hand)."""
-    crds = [d for _, d in DOCS if _kind(d) == "CustomResourceDefinition"]
-    (crd,) = [c for c in crds if c["spec"]["names"]["kind"] == doc["kind"]]
-    (version,) = [
-        v for v in crd["spec"]["versions"] if f"{OWN_GROUP}/{v['name']}" == doc["apiVersion"]
-    ]
-    validator = jsonschema.Draft7Validator(version["schema"]["openAPIV3Schema"])
-    errors = [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(doc)]
-    assert not errors, errors
-    spec = doc["spec"]
-    assert ("type" in spec) != ("image" in spec)
-    _validate_core(
-        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": doc["metadata"]}, K8S_VERSIONS[1]
-    )
 
 
 def _validate_core(doc: dict, version: str) -> None:
@@ -1844,34 +1822,27 @@ def test_new_versions_reach_the_event_listener_through_a_channel_with_no_reply()
 
 
 def test_the_git_example_checks_what_its_route_and_pipeline_take() -> None:
-    """knative/tekton/examples/git-pipeline.yaml: its Resource is one the scheduler posts
-    checks of (judged by ``resources.decisions`` against the shipped catalogue), with the
-    subject and team new-versions.yaml's Trigger routes on, for the repository the Pipeline
-    builds, in the Pipeline's namespace; the TriggerTemplate runs that Pipeline with params it
-    has; the tag is put only after the tests, from the Get's own artifact. No CronJob."""
-    from datetime import UTC, datetime
-
-    from functions.resources.decisions import Context, decide
-    from functions.settings import Settings
+    """knative/tekton/examples/git-pipeline.yaml: the CronJob's check is a request the CLI
+    parses, with the subject new-versions.yaml's Trigger routes on, for the repository the
+    Pipeline builds; the TriggerTemplate runs that Pipeline with params it has; the tag is put
+    only after the tests, from the Get's own artifact."""
+    from functions.cli.commands import build_parser
 
     docs = {(_kind(d), _name(d)): d for p, d in DOCS if p.parent == TEKTON_EXAMPLES}
-    assert not [key for key in docs if key[0] in ("CronJob", "SinkBinding")]
-    resource = docs[("Resource", "app")]
-    namespace = resource["metadata"]["namespace"]
-    catalogue = Settings.from_env({**_config_data(), "CACHE_SECRET": "x" * 32}).resource_types
-    ctx = Context(event_source="/x", team_of=lambda ns: ns, resource_types=catalogue)
-    looked = {**resource, "metadata": {**resource["metadata"], "uid": "u-1"}}
-    step = decide(looked, datetime.now(UTC), ctx, lambda _: False)
-    assert step.post is not None, step.status
+    cron = docs[("CronJob", "check-app")]["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    (container,) = cron["containers"]
+    assert container["command"][:3] == ["python", "-m", "functions"]
+    argv = [*container["command"][3:], *container["args"]]  # the kubelet expands $(EVENT_ID)
+    args = build_parser().parse_args([a.replace("$(EVENT_ID)", "check-app-1") for a in argv])
+    request = json.loads(args.data)
     trigger = docs[("Trigger", "new-versions-to-tekton")]["spec"]["filter"]["attributes"]
-    attributes, request = step.post.attributes, step.post.data
-    assert (attributes["subject"], attributes["team"]) == (trigger["subject"], trigger["team"])
-    assert attributes["team"] == namespace == docs[("Pipeline", "build")]["metadata"]["namespace"]
-    assert request["type"] == "git"
+    assert (args.action, args.id, args.subject) == ("check", "check-app-1", trigger["subject"])
+    assert request["type"] == "git" and request["version"] == "latest-known"
 
     pipeline = docs[("Pipeline", "build")]["spec"]
     defaults = {p["name"]: p.get("default") for p in pipeline["params"]}
     assert request["source"] == {"uri": defaults["repository"], "branch": defaults["branch"]}
+    assert request["build"]["team"] == docs[("Pipeline", "build")]["metadata"]["namespace"]
     (run,) = docs[("TriggerTemplate", "build-new-version")]["spec"]["resourcetemplates"]
     assert run["spec"]["pipelineRef"]["name"] == "build"
     assert {p["name"] for p in run["spec"]["params"]} <= set(defaults)
@@ -1882,6 +1853,9 @@ def test_the_git_example_checks_what_its_route_and_pipeline_take() -> None:
     assert not any("workingDir" in step for step in steps), "unpack could not write into it"
     inputs = {p["name"]: p["value"] for p in tasks["tag"]["params"]}["inputs"]
     assert inputs == '{"app": $(tasks.fetch.results.artifact)}'
+    bound = docs[("SinkBinding", "check-app")]["spec"]["subject"]["selector"]["matchLabels"]
+    job = docs[("CronJob", "check-app")]["spec"]["jobTemplate"]["metadata"]
+    assert bound.items() <= job["labels"].items(), "the SinkBinding reaches the check's Jobs"
 
 
 # --- the kafka component -----------------------------------------------------------------------
