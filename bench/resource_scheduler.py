@@ -1,6 +1,6 @@
 """The Resources' scheduler's own cost (issue 51): N Resources checked every minute by the real
 ``functions.resources.scheduler.Scheduler`` against an in-memory Kubernetes API
-(``tests/support/tekton_fake_api.py``, which counts the requests it is sent), posting to an HTTP
+(``testbed/tekton_fake_api.py``, which counts the requests it is sent), posting to an HTTP
 sink on loopback that answers 202, each check answered at once through ``Scheduler.reply`` as the
 controller's receiver would. After a first minute (every Resource's first slot), one minute is
 measured:
@@ -37,7 +37,7 @@ from functions.model import ResourceType
 from functions.resources.decisions import API_VERSION, Context
 from functions.resources.scheduler import Scheduler
 from functions.tekton.decide import Reply
-from tests.support.tekton_fake_api import FakeTektonApi
+from testbed.tekton_fake_api import FakeTektonApi
 
 IMAGE = "registry.test/git@sha256:" + "c" * 64
 

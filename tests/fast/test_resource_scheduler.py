@@ -1,7 +1,7 @@
 """The Resources' scheduler in-process (functions/resources/scheduler.py): each Resource
 checked once a slot, its status from the reply, a restart that neither skips a slot nor posts
 a second request in one, pausing and deleting that stop the checks. The Kubernetes API is
-tests/support/tekton_fake_api.py (any custom object), the Broker a real HTTP sink; intervals
+testbed/tekton_fake_api.py (any custom object), the Broker a real HTTP sink; intervals
 of a few seconds (``min_interval`` lowered), real time."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from functions.resources.decisions import API_VERSION, Context, condition_of
 from functions.resources.scheduler import RateLimit, Scheduler
 from functions.tekton.decide import Reply
 from testbed.event_sink import EventSink
-from tests.support.tekton_fake_api import FakeTektonApi
+from testbed.tekton_fake_api import FakeTektonApi
 
 IMAGE = "registry.test/mock@sha256:" + "b" * 64
 SECRET = "literal-credential-in-a-source"

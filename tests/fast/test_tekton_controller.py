@@ -1,6 +1,6 @@
 """The Tekton controller's shell (functions/tekton/controller.py) in-process: a work queue of
 CustomRuns, each one's trouble its own; requests posted again until answered; Events and
-metrics. The Kubernetes API is tests/support/tekton_fake_api.py (kmock serves no custom
+metrics. The Kubernetes API is testbed/tekton_fake_api.py (kmock serves no custom
 resource status here; the cluster tier runs the real one), the Broker a real HTTP sink."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from functions.tekton.decide import Reply
 from functions.tekton.leader import LeaderElection
 from functions.tekton.namespace_teams import TEAM_LABEL, NamespaceTeams
 from testbed.event_sink import EventSink
-from tests.support.tekton_fake_api import FakeTektonApi
+from testbed.tekton_fake_api import FakeTektonApi
 from tests.support.tekton_pipelines import custom_run
 
 IMAGE = "registry.test/git@sha256:" + "a" * 64
