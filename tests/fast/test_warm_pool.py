@@ -122,38 +122,6 @@ def test_checks_that_find_a_container_starting_wait_for_it_not_for_a_job():
     assert warm.counts().starts == 1
 
 
-def test_a_check_waits_past_its_wait_for_its_keys_container_while_it_starts():
-    """A burst (tests/cluster/test_check_burst.py): pods start slowly on a loaded node, and a
-    check that gave up after WARM_CHECK_WAIT_SECONDS became a Job, one more pod to start. While
-    one of its key's containers starts, a check waits on; a start that fails lets a waiter
-    start one itself."""
-    warm, _, _ = pool(checks_at_once=8)
-    starter = warm.take("k", "t", "s0")
-    got: list[Slot] = []
-    waiter = threading.Thread(target=lambda: got.append(warm.take("k", "t", "s1", wait=0.1)))
-    waiter.start()
-    time.sleep(0.5)  # five times its wait
-    assert got == [] and waiter.is_alive()
-    container = warm.admit(starter, "c1")
-    waiter.join(5)
-    assert [s.warm for s in got] == [container]
-    failed = warm.take("k2", "t", "s2")  # another key: its start fails
-    errors: list[BaseException] = []
-
-    def take() -> None:
-        try:
-            warm.take("k2", "t", "s3", wait=0.1)
-        except BaseException as err:  # noqa: BLE001 - the test reads it
-            errors.append(err)
-
-    second = threading.Thread(target=take)
-    second.start()
-    time.sleep(0.3)
-    warm.not_started(failed)  # nothing starting any more: it may start one itself
-    second.join(5)
-    assert not second.is_alive() and errors == []
-
-
 def test_with_no_room_within_its_wait_a_check_runs_without_reuse():
     warm, _, _ = pool(checks_at_once=1, per_replica=1)
     busy = warm.admit(warm.take("k", "t", "a"), "c1")

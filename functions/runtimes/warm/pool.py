@@ -139,10 +139,7 @@ class WarmPool:
         """A slot for ``source``'s check in one of ``key``'s warm containers. Its ``warm`` is
         None when the caller is to start one (and ``admit`` it, or ``not_started``).
         ``Busy`` if the source's previous check still runs; ``NoRoom`` if none had room
-        within ``wait`` seconds, nor is one of ``key``'s starting (a starting one brings room:
-        it is waited for past ``wait``, as long as its start takes, which its starter's
-        budget bounds; a Job would be one more pod to start); ``RunStopped`` if its sender
-        stopped it meanwhile."""
+        within ``wait`` seconds; ``RunStopped`` if its sender stopped it meanwhile."""
         deadline = time.monotonic() + wait  # real time, whatever clock ages the containers
         gone: list[Warm] = []
         slot = Slot(key, team, source, run)
@@ -165,9 +162,9 @@ class WarmPool:
                             starting = True
                             return slot
                         left = deadline - time.monotonic()
-                        if left <= 0 and key not in self._starting:
+                        if left <= 0:
                             raise NoRoom(f"no warm container had room within {wait:g} s")
-                        self._changed.wait(min(max(left, 0.05), 1.0))
+                        self._changed.wait(min(left, 1.0))
                 finally:
                     if not starting:
                         self._pending.remove(slot)
