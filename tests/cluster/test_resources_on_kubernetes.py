@@ -4,8 +4,9 @@ schedules them: a Resource is checked on its interval through the Broker and the
 Service, and a commit shows in its status within one interval, in ``kubectl get resources``
 too; a source's literal credential shows nowhere a user or operator reads; a namespace
 without a team is refused in the status; pausing and deleting stop its checks (its
-repository, ``counter.py``, is read no more); many Resources are posted spread over their
-interval (the Broker's sink sees every request).
+repository, ``counter.py``, is read no more); the leading controller killed neither skips a
+slot nor posts a second check in one; many Resources are posted spread over their interval
+(the Broker's sink sees every request).
 
 Sizes (``bench``): ``RF_RESOURCES`` Resources checked every ``RF_RESOURCES_EVERY`` seconds
 for the spread (1,000 every 60 s with ``RF_BENCH=full``; 40 every 10 s in CI).
@@ -156,6 +157,52 @@ def test_pausing_and_deleting_stop_a_resources_checks(users: CustomTask, counted
     time.sleep(25)  # two intervals and more
     assert {name: counted.reads(url) for name, url in urls.items()} == reads
     assert status_of(cluster, TEAM_NAMESPACE, "paused")["latest"] == latest["paused"]  # kept
+
+
+def test_a_leader_change_neither_skips_a_slot_nor_posts_a_second_check_in_one(
+    users: CustomTask, counted: Counter
+) -> None:
+    """The leading controller replica killed (no grace) while a Resource is checked every
+    30 s: the other takes the Lease over (15 s) and goes on. Every slot from the first check
+    to the last one begun has one request id at the Broker's sink (a claim posted again by the
+    new leader is the same id), and the script ran once for each."""
+    from functions.resources import schedule
+
+    cluster, d = users.cluster, users.deployment
+    url = counted.url_for(uuid.uuid4().hex)
+    apply(cluster, [resource("steady", TEAM_NAMESPACE, {"count_url": url}, every="30s")])
+    wait_for("a first check", lambda: counted.reads(url) >= 1, timeout=90)
+    lease = json.loads(
+        cluster.kubectl("-n", NAMESPACE, "get", "lease", "tekton-controller", "-o", "json")
+    )
+    killed = lease["spec"]["holderIdentity"]
+    cluster.kubectl("-n", NAMESPACE, "delete", "pod", killed, "--force", "--grace-period=0")
+    time.sleep(80)  # the Lease runs out, and two slots more
+    uid = json.loads(
+        cluster.kubectl("-n", TEAM_NAMESPACE, "get", "resource", "steady", "-o", "json")
+    )["metadata"]["uid"]
+    cluster.kubectl("-n", TEAM_NAMESPACE, "delete", "resource", "steady")
+    time.sleep(5)  # a check posted just before has read by now
+    subject = f"resource-functions.dev/resources/{TEAM_NAMESPACE}/steady"
+    ids = {
+        e.get_id()
+        for e in d.sink.matching(subject=subject, type="dev.resourcefunctions.check.requested")
+    }
+    now, offset = time.time(), schedule.offset_of(uid, 30)
+    slots = {schedule.slot_start(now - 30 * k, 30, offset): k for k in range(12)}
+    by_slot = {slot: schedule.request_id(uid, slot) for slot in slots}
+    posted = sorted(slot for slot, rid in by_slot.items() if rid in ids)
+    assert len(posted) == len(ids), "an id of no slot of this Resource"
+    assert posted == list(range(posted[0], posted[-1] + 1, 30)), posted  # none skipped
+    assert len(posted) >= 3  # before, across and after the change of leader
+    assert counted.reads(url) == len(posted)  # each slot's script once
+    new = json.loads(
+        cluster.kubectl("-n", NAMESPACE, "get", "lease", "tekton-controller", "-o", "json")
+    )
+    assert new["spec"]["holderIdentity"] != killed
+    cluster.kubectl(
+        "-n", NAMESPACE, "rollout", "status", "deployment/tekton-controller", "--timeout=180s"
+    )
 
 
 @pytest.mark.bench
