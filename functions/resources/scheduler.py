@@ -50,6 +50,7 @@ CONFLICT_TRIES = 5
 WORKERS = 2
 POST_THREADS = 8
 RATE_FLOOR = 1.0  # posts a second the limiter allows at least
+RATE_READ_SECONDS = 1.0  # how often the limiter reads the resources' mean rate again
 RESYNC_SECONDS = 300
 log = logging.getLogger("functions.resources")
 Key = tuple[str, str]
@@ -60,8 +61,9 @@ def utcnow() -> datetime:
 
 
 class RateLimit:
-    """A token bucket: ``rate()`` tokens a second (read at each take: the resources' mean
-    rate moves as they come and go), at most one second's worth saved up."""
+    """A token bucket: ``rate()`` tokens a second (read again each second at most: the
+    resources' mean rate moves as they come and go, and reading it walks them all), at most
+    one second's worth saved up."""
 
     def __init__(self, rate: Callable[[], float], clock: Callable[[], float] = time.monotonic):
         self._rate = rate
@@ -69,13 +71,21 @@ class RateLimit:
         self._tokens = 0.0
         self._at = clock()
         self._lock = threading.Lock()
+        self._known = (0.0, -RATE_READ_SECONDS)  # (rate, when read)
+
+    def _current(self, now: float) -> float:
+        rate, read = self._known
+        if now - read >= RATE_READ_SECONDS:
+            rate = max(self._rate(), 1e-3)
+            self._known = (rate, now)
+        return rate
 
     def take(self, stopped: threading.Event) -> bool:
         """Wait for a token; False if ``stopped`` was set first."""
         while not stopped.is_set():
             with self._lock:
-                rate = max(self._rate(), 1e-3)
                 now = self._clock()
+                rate = self._current(now)
                 self._tokens = min(rate, self._tokens + (now - self._at) * rate)
                 self._at = now
                 if self._tokens >= 1.0 - 1e-9:  # float sums fall just short of 1

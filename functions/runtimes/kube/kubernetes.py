@@ -58,7 +58,7 @@ from functions.runtimes.kube.job_status import (
 )
 from functions.runtimes.kube.pod_watch import Pods, PodWatch
 from functions.runtimes.labels import MANAGED
-from functions.runtimes.warm.check import run_warm_check, wanted
+from functions.runtimes.warm.check import adoptable, run_warm_check, wanted
 from functions.runtimes.warm.pods import PodCheck, WarmPods
 from functions.runtimes.warm.pool import WarmCounts
 from functions.steps.outcome import failed, final_failure, task_deadline
@@ -132,10 +132,7 @@ class KubernetesRuntime:
         return self._warm.counts() if self._warm is not None else WarmCounts()
 
     def adopts(self, task: Task) -> bool:
-        """A second start of ``task``'s run, another delivery's on any replica, finds the
-        first (its Job or container is named after the run); a warm check, run in its
-        request on one replica, would run again."""
-        return not wanted(self._warm, task)
+        return adoptable(self._warm, task)
 
     def close(self) -> None:
         """Stop following asynchronous tasks (``collect`` replies for them) and wait until

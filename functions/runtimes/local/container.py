@@ -48,7 +48,7 @@ from functions.runtimes.local.container_script import feed_and_wait, read_logs, 
 from functions.runtimes.local.engine_images import EngineImages
 from functions.runtimes.local.sweep import Sweeper
 from functions.runtimes.output import Output
-from functions.runtimes.warm.check import run_warm_check, wanted
+from functions.runtimes.warm.check import adoptable, run_warm_check, wanted
 from functions.runtimes.warm.engine import WarmContainers
 from functions.runtimes.warm.pool import WARM_OFF, WarmCounts
 from functions.settings import WarmLimits
@@ -128,10 +128,7 @@ class ContainerRuntime:
         return self._warm.counts() if self._warm is not None else WarmCounts()
 
     def adopts(self, task: Task) -> bool:
-        """A second start of ``task``'s run, another delivery's on any replica, finds the
-        first (its Job or container is named after the run); a warm check, run in its
-        request on one replica, would run again."""
-        return not wanted(self._warm, task)
+        return adoptable(self._warm, task)
 
     def close(self) -> None:
         """Drain, then let go of the engine: wait for the asynchronous runs (they reply when

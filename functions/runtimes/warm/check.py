@@ -66,6 +66,13 @@ def wanted(warm: object | None, task: Task) -> bool:
     return warm is not None and task.action == "check" and task.history is not None
 
 
+def adoptable(warm: object | None, task: Task) -> bool:
+    """Whether a second start of ``task``'s run, another delivery's on any replica, finds the
+    first (its Job or container is named after the run): not for a warm check, which runs in
+    its request on one replica and would run again (``Runtime.adopts``)."""
+    return not wanted(warm, task)
+
+
 def pool_key(*, team: str, image_digest: str, settings: ResourceType) -> str:
     """The key of the warm containers a check may run in (32 hex chars): a hash of its team,
     the image's digest and what the type's settings make of the container
